@@ -1,0 +1,31 @@
+"""``neo``: the command line. Each subcommand lives in ``neo/commands/<name>.py`` as ``main(argv)``.
+
+    neo plan CONFIG --world-size W --local-world-size L [--out plan.json]
+    neo train CONFIG [key=value ...]        (later)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import List, Optional
+
+COMMANDS = {
+    "plan": ("neo.commands.plan", "print the sharding plan of a config's embedding tables"),
+    "train": ("neo.commands.train", "train a model from a config file"),
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: neo COMMAND [ARGS]\n\ncommands:")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:8s} {help_text}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Typed configuration of embedding tables and their fused sparse optimizers.
+
+These dataclasses are what library code receives (never a raw dict). Each validates
+itself on construction and names the field and the valid values when it is wrong.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration value that is invalid; the message names the field."""
+
+
+def _enum(cls, value, where: str):
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        raise ConfigError(f"{where}: {value!r} is not one of {[m.value for m in cls]}") from None
+
+
+class PoolingMode(str, enum.Enum):
+    """How the rows of one bag are reduced to one vector."""
+
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class WeightDType(str, enum.Enum):
+    """Storage type of a table's weights (optimizer state is always fp32)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self.value]
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is WeightDType.FP32 else 2
+
+
+class OptimizerType(str, enum.Enum):
+    """Sparse optimizers fused into the embedding backward pass.
+
+    Update rules, for a row ``w`` whose aggregated gradient in this step is ``g``
+    (sum over every occurrence of the row in the batch), at global step ``t`` (1-based):
+
+    - ``sgd``: ``w -= lr * g``
+    - ``adagrad``: ``s += g*g; w -= lr * g / (sqrt(s) + eps)`` (torch.optim.Adagrad)
+    - ``rowwise_adagrad``: ``s_row += mean(g*g); w -= lr * g / (sqrt(s_row) + eps)``
+      (one state value per row, as FBGEMM's EXACT_ROWWISE_ADAGRAD)
+    - ``adam``: ``m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+      w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`` (torch.optim.Adam on the touched rows)
+    - ``lamb``: the Adam direction ``u = m_hat / (sqrt(v_hat) + eps) + wd * w`` scaled by the
+      row's trust ratio ``||w|| / ||u||`` (1 where either norm is 0): ``w -= lr * ratio * u``
+
+    Weight decay (``weight_decay > 0``) is L2 added to the gradient (``g += wd * w``) for
+    sgd, adagrad, rowwise_adagrad and adam, as torch.optim does, and decoupled (inside
+    ``u``) for lamb. It applies to rows present in the batch only: rows a step does not
+    touch are not read or written (that is what makes the update sparse).
+    """
+
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAM = "adam"
+    LAMB = "lamb"
+
+    def state_names(self) -> Tuple[str, ...]:
+        """Names of the optimizer state tensors, each stored like the weights (or per row)."""
+        return {
+            OptimizerType.SGD: (),
+            OptimizerType.ADAGRAD: ("sum",),
+            OptimizerType.ROWWISE_ADAGRAD: ("sum",),
+            OptimizerType.ADAM: ("exp_avg", "exp_avg_sq"),
+            OptimizerType.LAMB: ("exp_avg", "exp_avg_sq"),
+        }[self]
+
+    @property
+    def rowwise_state(self) -> bool:
+        """True where the state is one value per row rather than one per element."""
+        return self is OptimizerType.ROWWISE_ADAGRAD
+
+    def state_floats_per_row(self, dim: int) -> int:
+        """fp32 values of optimizer state kept per row of dimension ``dim``."""
+        n = len(self.state_names())
+        return n if self.rowwise_state else n * dim
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Hyper-parameters of a fused sparse optimizer."""
+
+    type: OptimizerType = OptimizerType.SGD
+    """Which update rule; see :class:`OptimizerType`."""
+    lr: float = 0.01
+    """Learning rate."""
+    eps: float = 1e-8
+    """Added to the denominator of adaptive optimizers (adagrad, rowwise_adagrad, adam, lamb)."""
+    beta1: float = 0.9
+    """First-moment decay of adam and lamb."""
+    beta2: float = 0.999
+    """Second-moment decay of adam and lamb."""
+    weight_decay: float = 0.0
+    """L2 penalty (decoupled for lamb); see :class:`OptimizerType`."""
+    initial_accumulator_value: float = 0.0
+    """Starting value of adagrad's and rowwise_adagrad's sum of squares."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "type", _enum(OptimizerType, self.type, "optimizer.type"))
+        for name in ("lr", "eps", "weight_decay", "initial_accumulator_value"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"optimizer.{name} must be a number >= 0, got {v!r}")
+        for name in ("beta1", "beta2"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"optimizer.{name} must be in [0, 1), got {v!r}")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table."""
+
+    name: str
+    """Unique table name; appears in every error about the table."""
+    num_rows: int
+    """Rows (ids 0 .. num_rows - 1 are valid)."""
+    dim: int
+    """Embedding dimension D; any positive multiple of 4."""
+    feature_names: Tuple[str, ...] = ()
+    """Sparse features that look this table up; defaults to one feature named like the table."""
+    pooling: PoolingMode = PoolingMode.SUM
+    """How a bag's rows are reduced: sum or mean."""
+    dtype: WeightDType = WeightDType.FP32
+    """Weight storage: fp32, fp16 or bf16."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Fused sparse optimizer of this table."""
+    stochastic_rounding: bool = True
+    """Round fp16/bf16 weights stochastically when the optimizer writes them (unbiased)."""
+    init_scale: Optional[float] = None
+    """Weights start uniform in [-s, s]; default s = 1 / sqrt(num_rows)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"table.name must be a non-empty string, got {self.name!r}")
+        where = f"table '{self.name}'"
+        if not isinstance(self.num_rows, int) or self.num_rows <= 0:
+            raise ConfigError(f"{where}: num_rows must be a positive integer, got {self.num_rows!r}")
+        if not isinstance(self.dim, int) or self.dim <= 0 or self.dim % 4:
+            raise ConfigError(f"{where}: dim must be a positive multiple of 4, got {self.dim!r}")
+        feats = tuple(self.feature_names) or (self.name,)
+        if len(set(feats)) != len(feats):
+            raise ConfigError(f"{where}: feature_names repeat: {list(feats)}")
+        object.__setattr__(self, "feature_names", feats)
+        object.__setattr__(self, "pooling", _enum(PoolingMode, self.pooling, f"{where}: pooling"))
+        object.__setattr__(self, "dtype", _enum(WeightDType, self.dtype, f"{where}: dtype"))
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise ConfigError(f"{where}: optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")

@@ -1,0 +1,4 @@
+"""Table-batched embeddings with fused sparse optimizers, and their backends."""
+
+from neo.embedding.checks import EmbeddingInputError  # noqa: F401
+from neo.embedding.module import TableBatchedEmbedding  # noqa: F401

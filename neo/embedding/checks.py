@@ -1,0 +1,58 @@
+"""Input checks of the embedding module: every failure names the feature and the table."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from neo.sparse import KeyedJaggedBatch
+
+
+class EmbeddingInputError(ValueError):
+    """Bad input to an embedding module (unknown feature, id out of range, wrong dtype)."""
+
+
+def check_features(batch: KeyedJaggedBatch, expected: Sequence[str], feature_table: dict) -> None:
+    keys = set(batch.keys)
+    unread = [k for k in batch.keys if k not in feature_table]
+    if unread:
+        raise EmbeddingInputError(
+            f"feature(s) {unread} are read by no table of this module (its features: {list(expected)})"
+        )
+    missing = [k for k in expected if k not in keys]
+    if missing:
+        raise EmbeddingInputError(
+            f"the batch lacks feature(s) {missing}, read by table(s) {[feature_table[k] for k in missing]}"
+        )
+    if batch.values.dtype not in (torch.int32, torch.int64):
+        raise EmbeddingInputError(f"ids must be int32 or int64, got {batch.values.dtype}")
+    if batch.weights is not None and not batch.weights.is_floating_point():
+        raise EmbeddingInputError(f"per-id weights must be floating point, got {batch.weights.dtype}")
+
+
+def check_ids(
+    values: torch.Tensor,            # (N,) ids, feature-major in `features` order
+    offsets: torch.Tensor,           # (F * B + 1,)
+    batch_size: int,
+    features: Sequence[str],
+    rows: Sequence[int],             # rows of the table each feature reads
+    tables: Sequence[str],           # name of that table
+) -> None:
+    """Raise :class:`EmbeddingInputError` on the first id outside ``[0, rows)`` of its table."""
+    if values.numel() == 0:
+        return
+    B = batch_size
+    starts = offsets[:: B] if B else offsets[:1].repeat(len(features) + 1)       # (F + 1,)
+    counts = (starts[1:] - starts[:-1]).to(values.device)                       # (F,)
+    limit = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64, device=values.device), counts)
+    bad = (values < 0) | (values >= limit)
+    if not bool(bad.any()):
+        return
+    pos = int(bad.nonzero()[0])
+    f = int(torch.searchsorted(starts[1:].contiguous().cpu(), torch.tensor(pos), right=True))
+    bag = int(torch.searchsorted(offsets.cpu(), torch.tensor(pos), right=True)) - 1
+    raise EmbeddingInputError(
+        f"feature '{features[f]}' (table '{tables[f]}'): id {int(values[pos])} at sample {bag - f * B} "
+        f"is out of range [0, {rows[f]}); {int(bad.sum())} id(s) out of range in this batch"
+    )

@@ -1,0 +1,286 @@
+"""Keyed jagged batch: the currency between data, kernels and the distributed runtime.
+
+A batch of ``B`` samples with ``F`` sparse features stores, for every (feature, sample)
+pair, a variable-length *bag* of ids. All bags are laid out flat, feature-major
+(every sample of feature 0, then every sample of feature 1, ...), the same layout as
+TorchRec's ``KeyedJaggedTensor``.
+
+Worked example: keys ``["user", "item"]``, batch size ``B = 3``::
+
+    sample        0        1      2
+    "user"     [10, 11]   []     [12]
+    "item"     [7]        [8, 9] []
+
+    keys    = ("user", "item")
+    values  = [10, 11, 12,  7, 8, 9]        # (N,)  N = 6 ids in all
+    lengths = [2, 0, 1,     1, 2, 0]        # (F * B,)  bag sizes, feature-major
+    offsets = [0, 2, 2, 3,  4, 6, 6]        # (F * B + 1,)  cumsum of lengths, starts at 0
+    weights = None or a float tensor of shape (N,), one weight per id
+
+Bag ``(f, b)`` holds ``values[offsets[f * B + b] : offsets[f * B + b + 1]]``.
+
+Construction validates the layout (dtypes, shapes, non-negative lengths, offsets that
+start at 0, never decrease and end at N, lengths that match offsets) and names the
+offending feature; pass ``validate=False`` to skip the checks on a hot path whose
+input is already known to be good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["KeyedJaggedBatch", "JaggedValidationError", "concat_features"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class JaggedValidationError(ValueError):
+    """A keyed jagged batch whose layout is inconsistent."""
+
+
+def _feature_of(position: int, keys: Sequence[str], batch_size: int) -> str:
+    if batch_size <= 0 or not keys:
+        return "?"
+    return keys[min(position // batch_size, len(keys) - 1)]
+
+
+@dataclass
+class KeyedJaggedBatch:
+    """Sparse features of one batch in the flat, feature-major jagged layout (see module doc).
+
+    Attributes:
+        keys: feature names, in layout order (F of them).
+        values: ids, int64 or int32, shape (N,).
+        lengths: bag sizes, shape (F * B,), feature-major.
+        batch_size: B, samples in the batch.
+        weights: optional per-id weights, floating point, shape (N,).
+        offsets: (F * B + 1,) exclusive cumulative sum of ``lengths``; derived when omitted.
+    """
+
+    keys: Tuple[str, ...]
+    values: torch.Tensor
+    lengths: torch.Tensor
+    batch_size: int
+    weights: Optional[torch.Tensor] = None
+    offsets: Optional[torch.Tensor] = None
+    validate: bool = field(default=True, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keys = tuple(self.keys)
+        if self.offsets is None:
+            if self.validate:
+                self._check_lengths()
+            self.offsets = _offsets_from_lengths(self.lengths)
+        if self.validate:
+            self.check()
+
+    # ------------------------------------------------------------------ checks
+    def _check_lengths(self) -> None:
+        if not isinstance(self.lengths, torch.Tensor) or self.lengths.dtype not in _INDEX_DTYPES:
+            raise JaggedValidationError(
+                f"lengths must be an int32 or int64 tensor, got {getattr(self.lengths, 'dtype', type(self.lengths))}"
+            )
+        if self.lengths.dim() != 1:
+            raise JaggedValidationError(f"lengths must be 1-D, got shape {tuple(self.lengths.shape)}")
+
+    def check(self) -> None:
+        """Validate the layout; raise :class:`JaggedValidationError` naming the feature at fault."""
+        keys, B = self.keys, self.batch_size
+        if len(set(keys)) != len(keys):
+            raise JaggedValidationError(f"duplicate feature keys: {list(keys)}")
+        if B < 0:
+            raise JaggedValidationError(f"batch_size must be >= 0, got {B}")
+        if not isinstance(self.values, torch.Tensor) or self.values.dtype not in _INDEX_DTYPES:
+            raise JaggedValidationError(
+                f"values (ids) must be an int32 or int64 tensor, got {getattr(self.values, 'dtype', type(self.values))}"
+            )
+        if self.values.dim() != 1:
+            raise JaggedValidationError(f"values must be 1-D, got shape {tuple(self.values.shape)}")
+        self._check_lengths()
+        n_bags = len(keys) * B
+        if self.lengths.numel() != n_bags:
+            raise JaggedValidationError(
+                f"lengths has {self.lengths.numel()} entries, expected F * B = {len(keys)} * {B} = {n_bags}"
+            )
+        offsets = self.offsets
+        if offsets.dtype not in _INDEX_DTYPES or offsets.dim() != 1 or offsets.numel() != n_bags + 1:
+            raise JaggedValidationError(
+                f"offsets must be a 1-D integer tensor of F * B + 1 = {n_bags + 1} entries, "
+                f"got dtype {offsets.dtype} shape {tuple(offsets.shape)}"
+            )
+        if n_bags:
+            neg = (self.lengths < 0).nonzero()
+            if neg.numel():
+                p = int(neg[0])
+                raise JaggedValidationError(
+                    f"feature '{_feature_of(p, keys, B)}': negative length {int(self.lengths[p])} at sample {p % B}"
+                )
+        if int(offsets[0]) != 0:
+            raise JaggedValidationError(f"offsets must start at 0, got {int(offsets[0])}")
+        steps = offsets[1:] - offsets[:-1]
+        bad = (steps < 0).nonzero()
+        if bad.numel():
+            p = int(bad[0])
+            raise JaggedValidationError(
+                f"feature '{_feature_of(p, keys, B)}': offsets decrease at sample {p % B} "
+                f"({int(offsets[p])} -> {int(offsets[p + 1])})"
+            )
+        if int(offsets[-1]) != self.values.numel():
+            raise JaggedValidationError(
+                f"offsets end at {int(offsets[-1])} but there are {self.values.numel()} ids (values)"
+            )
+        mismatch = (steps != self.lengths.to(steps.dtype)).nonzero()
+        if mismatch.numel():
+            p = int(mismatch[0])
+            raise JaggedValidationError(
+                f"feature '{_feature_of(p, keys, B)}': lengths[{p}] = {int(self.lengths[p])} does not match "
+                f"offsets ({int(steps[p])} ids) at sample {p % B}"
+            )
+        if self.weights is not None:
+            w = self.weights
+            if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+                raise JaggedValidationError("weights must be a floating-point tensor")
+            if w.shape != self.values.shape:
+                raise JaggedValidationError(
+                    f"weights has shape {tuple(w.shape)}, expected one weight per id {tuple(self.values.shape)}"
+                )
+
+    # --------------------------------------------------------------- accessors
+    @property
+    def num_features(self) -> int:
+        return len(self.keys)
+
+    def length_per_key(self) -> List[int]:
+        """Number of ids of each feature, in key order."""
+        B = self.batch_size
+        return [int(self.offsets[(f + 1) * B] - self.offsets[f * B]) for f in range(len(self.keys))]
+
+    def offset_per_key(self) -> List[int]:
+        """Start of each feature's ids in ``values``, plus N at the end (F + 1 entries)."""
+        B = self.batch_size
+        return [int(self.offsets[f * B]) for f in range(len(self.keys) + 1)]
+
+    def feature(self, key: str) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(values, lengths, weights) of one feature."""
+        f = self.keys.index(key)
+        B = self.batch_size
+        lo, hi = int(self.offsets[f * B]), int(self.offsets[(f + 1) * B])
+        w = None if self.weights is None else self.weights[lo:hi]
+        return self.values[lo:hi], self.lengths[f * B : (f + 1) * B], w
+
+    def to_dict(self) -> Dict[str, List[List[int]]]:
+        """{key: [bag of sample 0, bag of sample 1, ...]} as Python lists (for tests and debugging)."""
+        out: Dict[str, List[List[int]]] = {}
+        for key in self.keys:
+            values, lengths, _ = self.feature(key)
+            out[key] = [v.tolist() for v in torch.split(values, lengths.tolist())]
+        return out
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def from_lists(
+        cls,
+        bags: Dict[str, Sequence[Sequence[int]]],
+        weights: Optional[Dict[str, Sequence[Sequence[float]]]] = None,
+    ) -> "KeyedJaggedBatch":
+        """Build from ``{key: [bag per sample]}``; every key must list the same number of samples."""
+        keys = list(bags)
+        sizes = {len(v) for v in bags.values()}
+        if len(sizes) > 1:
+            raise JaggedValidationError(f"features list different numbers of samples: { {k: len(v) for k, v in bags.items()} }")
+        B = sizes.pop() if sizes else 0
+        flat = [i for k in keys for bag in bags[k] for i in bag]
+        lengths = [len(bag) for k in keys for bag in bags[k]]
+        w = None
+        if weights is not None:
+            w = torch.tensor([x for k in keys for bag in weights[k] for x in bag], dtype=torch.float32)
+        return cls(
+            keys=tuple(keys),
+            values=torch.tensor(flat, dtype=torch.int64),
+            lengths=torch.tensor(lengths, dtype=torch.int64),
+            batch_size=B,
+            weights=w,
+        )
+
+    # ---------------------------------------------------------- transforms
+    def permute(self, keys: Sequence[str]) -> "KeyedJaggedBatch":
+        """A batch holding only ``keys``, in that order (a key may not repeat)."""
+        keys = list(keys)
+        if keys == list(self.keys):
+            return self
+        missing = [k for k in keys if k not in self.keys]
+        if missing:
+            raise KeyError(f"features {missing} are not in the batch (it has {list(self.keys)})")
+        B = self.batch_size
+        idx = [self.keys.index(k) for k in keys]
+        starts = self.offset_per_key()
+        pieces_v, pieces_w, pieces_l = [], [], []
+        for f in idx:
+            pieces_v.append(self.values[starts[f] : starts[f + 1]])
+            pieces_l.append(self.lengths[f * B : (f + 1) * B])
+            if self.weights is not None:
+                pieces_w.append(self.weights[starts[f] : starts[f + 1]])
+        values = torch.cat(pieces_v) if pieces_v else self.values[:0]
+        lengths = torch.cat(pieces_l) if pieces_l else self.lengths[:0]
+        weights = torch.cat(pieces_w) if self.weights is not None and pieces_w else None
+        return KeyedJaggedBatch(tuple(keys), values, lengths, B, weights=weights, validate=False)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "KeyedJaggedBatch":
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return KeyedJaggedBatch(
+            self.keys, move(self.values), move(self.lengths), self.batch_size,
+            weights=move(self.weights), offsets=move(self.offsets), validate=False,
+        )
+
+    def pin_memory(self) -> "KeyedJaggedBatch":
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return KeyedJaggedBatch(
+            self.keys, pin(self.values), pin(self.lengths), self.batch_size,
+            weights=pin(self.weights), offsets=pin(self.offsets), validate=False,
+        )
+
+    # ------------------------------------------------------------ torchrec
+    def to_torchrec(self):
+        """Convert to ``torchrec.KeyedJaggedTensor`` (requires torchrec)."""
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        return KeyedJaggedTensor(
+            keys=list(self.keys), values=self.values, lengths=self.lengths,
+            offsets=self.offsets, weights=self.weights,
+        )
+
+    @classmethod
+    def from_torchrec(cls, kjt, validate: bool = True) -> "KeyedJaggedBatch":
+        """Convert from a ``torchrec.KeyedJaggedTensor`` (its stride is the batch size)."""
+        return cls(
+            keys=tuple(kjt.keys()), values=kjt.values(), lengths=kjt.lengths(),
+            batch_size=kjt.stride(), weights=kjt.weights_or_none(), offsets=kjt.offsets(),
+            validate=validate,
+        )
+
+
+def _offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return offsets
+
+
+def concat_features(batches: Iterable[KeyedJaggedBatch]) -> KeyedJaggedBatch:
+    """Concatenate batches with disjoint keys and the same batch size, feature-wise."""
+    batches = list(batches)
+    B = batches[0].batch_size
+    if any(b.batch_size != B for b in batches):
+        raise JaggedValidationError("concat_features needs equal batch sizes")
+    has_w = [b.weights is not None for b in batches]
+    weights = None
+    if any(has_w):
+        weights = torch.cat([b.weights if b.weights is not None else torch.ones_like(b.values, dtype=torch.float32) for b in batches])
+    return KeyedJaggedBatch(
+        tuple(k for b in batches for k in b.keys),
+        torch.cat([b.values for b in batches]),
+        torch.cat([b.lengths for b in batches]),
+        B, weights=weights,
+    )

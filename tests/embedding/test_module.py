@@ -1,0 +1,109 @@
+"""TableBatchedEmbedding behaviour: groups, output order, errors naming feature and table, state access."""
+
+import pytest
+import torch
+
+from neo.config.embedding import ConfigError, OptimizerConfig, TableConfig
+from neo.embedding import EmbeddingInputError, TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+
+def mixed_tables():
+    return [
+        TableConfig("a", 6, 4, optimizer=OptimizerConfig("adagrad", lr=0.1)),
+        TableConfig("b", 5, 8, feature_names=("b1", "b2"), dtype="fp16", pooling="mean"),
+        TableConfig("c", 4, 12, optimizer=OptimizerConfig("adagrad", lr=0.1)),
+    ]
+
+
+def test_groups_and_table_order():
+    emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
+    assert len(emb.groups) == 2                       # (fp32, adagrad) and (fp16, sgd)
+    assert emb.feature_names == ["a", "b1", "b2", "c"]
+    batch = KeyedJaggedBatch.from_lists({"c": [[1], [2]], "b2": [[0], []], "a": [[5], [1, 1]], "b1": [[4, 3], [0]]})
+    out = emb(batch)
+    assert out.shape == (2, 4 + 8 + 8 + 12)
+    wa, wb, wc = (emb.table_weight(n).float() for n in "abc")
+    torch.testing.assert_close(out[1, 0:4], 2 * wa[1])
+    torch.testing.assert_close(out[0, 4:12], (wb[4] + wb[3]) / 2)
+    torch.testing.assert_close(out[1, 12:20], torch.zeros(8))
+    torch.testing.assert_close(out[0, 20:32], wc[1])
+
+
+def test_errors_name_feature_and_table():
+    emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
+    good = {"a": [[1]], "b1": [[1]], "b2": [[1]], "c": [[1]]}
+    with pytest.raises(EmbeddingInputError, match=r"feature 'b2' \(table 'b'\): id 5 at sample 1 is out of range \[0, 5\)"):
+        emb(KeyedJaggedBatch.from_lists({**{k: v * 2 for k, v in good.items()}, "b2": [[1], [0, 5]]}))
+    with pytest.raises(EmbeddingInputError, match=r"feature 'a' \(table 'a'\): id -1"):
+        emb(KeyedJaggedBatch.from_lists({**good, "a": [[-1]]}))
+    with pytest.raises(EmbeddingInputError, match=r"\['zzz'\] are read by no table"):
+        emb(KeyedJaggedBatch.from_lists({**good, "zzz": [[0]]}))
+    with pytest.raises(EmbeddingInputError, match=r"lacks feature\(s\) \['c'\], read by table\(s\) \['c'\]"):
+        emb(KeyedJaggedBatch.from_lists({k: v for k, v in good.items() if k != "c"}))
+
+
+def test_unchecked_mode_ignores_bad_ids_without_crashing():
+    tables = [TableConfig("a", 4, 4)]
+    emb = TableBatchedEmbedding(tables, backend="reference", validate=False)
+    before = emb.table_weight("a").clone()
+    out = emb(KeyedJaggedBatch.from_lists({"a": [[1, 99, -3]]}))
+    torch.testing.assert_close(out[0], before[1])
+    out.sum().backward()
+    assert torch.equal(emb.table_weight("a")[[0, 2, 3]], before[[0, 2, 3]])
+
+
+def test_no_update_without_grad_or_in_eval():
+    emb = TableBatchedEmbedding([TableConfig("a", 4, 4)], backend="reference")
+    batch = KeyedJaggedBatch.from_lists({"a": [[1]]})
+    before = emb.table_weight("a").clone()
+    with torch.no_grad():
+        assert not emb(batch).requires_grad
+    emb.eval()
+    assert not emb(batch).requires_grad
+    emb.train()
+    emb(batch).sum().backward()
+    assert not torch.equal(emb.table_weight("a"), before)
+
+
+def test_state_is_readable_writable_and_checkpointable():
+    tables = [TableConfig("a", 4, 4, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.5)),
+              TableConfig("b", 3, 8, optimizer=OptimizerConfig("adam", lr=0.5))]
+    emb = TableBatchedEmbedding(tables, backend="reference", seed=1)
+    batch = KeyedJaggedBatch.from_lists({"a": [[1, 2]], "b": [[0]]})
+    emb(batch).sum().backward()
+    assert emb.table_optimizer_state("a")["sum"].shape == (4,)
+    assert set(emb.table_optimizer_state("b")) == {"exp_avg", "exp_avg_sq"}
+    saved = {k: v.clone() for k, v in emb.state_dict().items()}
+    twin = TableBatchedEmbedding(tables, backend="reference", seed=99)
+    twin.load_state_dict(saved)
+    assert twin.optimizer_steps() == emb.optimizer_steps()
+    emb(batch).sum().backward()
+    twin(batch).sum().backward()
+    for t in "ab":
+        assert torch.equal(twin.table_weight(t), emb.table_weight(t))
+    emb.table_optimizer_state("a")["sum"].fill_(7.0)       # views write through
+    assert float(emb.state_dict()[f"group0_sum"][0]) == 7.0
+
+
+def test_learning_rate_can_change():
+    tables = [TableConfig("a", 4, 4, optimizer=OptimizerConfig("sgd", lr=1.0))]
+    emb = TableBatchedEmbedding(tables, backend="reference")
+    batch = KeyedJaggedBatch.from_lists({"a": [[1]]})
+    w0 = emb.table_weight("a")[1].clone()
+    emb.set_learning_rate(0.25)
+    emb(batch).sum().backward()
+    torch.testing.assert_close(emb.table_weight("a")[1], w0 - 0.25)
+
+
+def test_config_validation_names_fields():
+    with pytest.raises(ConfigError, match=r"table 't': dim must be a positive multiple of 4, got 6"):
+        TableConfig("t", 10, 6)
+    with pytest.raises(ConfigError, match=r"table 't': pooling: 'max' is not one of \['sum', 'mean'\]"):
+        TableConfig("t", 10, 8, pooling="max")
+    with pytest.raises(ConfigError, match=r"optimizer.type: 'rmsprop' is not one of"):
+        OptimizerConfig("rmsprop")
+    with pytest.raises(ConfigError, match=r"num_rows must be a positive integer"):
+        TableConfig("t", 0, 8)
+    with pytest.raises(ValueError, match=r"feature 'x' is read by tables 'a' and 'b'"):
+        TableBatchedEmbedding([TableConfig("a", 2, 4, feature_names=("x",)), TableConfig("b", 2, 4, feature_names=("x",))])
