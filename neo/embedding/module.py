@@ -63,6 +63,9 @@ class _PooledLookup(torch.autograd.Function):
         owner = runner.owner
         ctx.runner, ctx.batch_size = runner, batch_size
         ctx.save_for_backward(indices, offsets, per_sample_weights)
+        prepare = getattr(owner.backend, "prepare", None)   # backends that wrap storage (fbgemm)
+        if prepare is not None:
+            prepare(runner.layout, runner.weights, runner.states)
         return owner.backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
 
     @staticmethod
