@@ -1,0 +1,1 @@
+"""Training: trainer, pipelined step, metrics, checkpoints."""
