@@ -1,0 +1,171 @@
+"""``neo-data``: Criteo preprocessing, synthetic data, MLPerf multi-hot, inspection.
+
+    neo-data criteo-preprocess day_0.gz ... day_23.gz --output out/ --split mlperf --max-ids mlperf
+    neo-data multihot --input out/train --output out_mh/train --cache-dir /scratch/mh
+    neo-data synth --output syn/ --samples 100000000 --preset production-2021
+    neo-data inspect out/train
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from .schema import MLPERF_MULTI_HOT_SIZES, MLPERF_TABLE_SIZES
+from .writer import WriterOptions
+
+__all__ = ["main", "build_parser"]
+
+
+def _ints(text: str, mlperf: Sequence[int]) -> List[int]:
+    if text == "mlperf":
+        return list(mlperf)
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> List[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def _progress(args: argparse.Namespace):
+    if args.no_progress:
+        return None
+    from tqdm import tqdm
+    return lambda **kw: tqdm(file=sys.stderr, **kw)
+
+
+def _emit(summary: Dict[str, Any], path: Optional[str], quiet: bool = False) -> None:
+    text = json.dumps(summary, indent=2, default=float)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    if not path or not quiet:
+        print(text if not path else f"summary written to {path}")
+
+
+def _writer_args(p: argparse.ArgumentParser) -> None:
+    d = WriterOptions()
+    p.add_argument("--rows-per-file", type=int, default=d.rows_per_file, help="rows per Parquet file")
+    p.add_argument("--row-group-rows", type=int, default=d.row_group_rows, help="rows per row group")
+    p.add_argument("--compression", default=d.compression, choices=["lz4", "snappy", "zstd", "none"])
+
+
+def _writer(args: argparse.Namespace) -> WriterOptions:
+    return WriterOptions(rows_per_file=args.rows_per_file, row_group_rows=args.row_group_rows,
+                         compression=args.compression)
+
+
+def _default_stats(year: str) -> Optional[str]:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root in (os.getcwd(), here):
+        p = os.path.join(root, "..", "shared", "data", f"dlrm_datasets_{year}_locality_stats.txt")
+        if os.path.exists(p):
+            return os.path.normpath(p)
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="neo-data", description="Criteo preprocessing, synthetic data, "
+                                 "MLPerf multi-hot and inspection of Neo's Parquet data sets.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("criteo-preprocess", help="raw Criteo TSV (plain or gzip) to Parquet shards")
+    c.add_argument("inputs", nargs="+", help="raw files in day order (day_0 .. day_23, or train.txt)")
+    c.add_argument("--output", "-o", required=True, help="output directory (<output>/<split>/part-*.parquet)")
+    c.add_argument("--split", default="none", choices=["none", "mlperf"],
+                   help="none: all to train; mlperf: last file halved into validation and test")
+    c.add_argument("--policy", default="skip", choices=["skip", "error"], help="malformed lines")
+    c.add_argument("--max-ids", default=None, help="fold ids modulo: one number, 26 comma-separated, or 'mlperf'")
+    c.add_argument("--vocab-min-count", type=int, default=0,
+                   help="remap ids to contiguous ids seen at least this often in training files (0: off)")
+    c.add_argument("--workers", type=int, default=2, help="parser threads / processes")
+    c.add_argument("--executor", default="thread", choices=["thread", "process"])
+    c.add_argument("--block-mb", type=float, default=8.0, help="MiB of raw text per parsed block")
+    _writer_args(c)
+
+    m = sub.add_parser("multihot", help="MLPerf DLRM-DCNv2 multi-hot Parquet from one-hot Parquet")
+    m.add_argument("--input", "-i", required=True, help="directory of one-hot Parquet files")
+    m.add_argument("--output", "-o", required=True)
+    m.add_argument("--sizes", default="mlperf", help="ids per bag per feature, comma-separated, or 'mlperf'")
+    m.add_argument("--table-sizes", default="mlperf", help="rows per table, comma-separated, or 'mlperf'")
+    m.add_argument("--seed", type=int, default=0, help="legacy NumPy seed (MLPerf: 0)")
+    m.add_argument("--cache-dir", default=None, help="where large lookup tables are memory-mapped")
+    m.add_argument("--memory-limit-gb", type=float, default=1.0, help="tables above this go to --cache-dir")
+    _writer_args(m)
+
+    s = sub.add_parser("synth", help="synthetic data with a planted teacher model")
+    s.add_argument("--output", "-o", required=True)
+    s.add_argument("--samples", type=int, required=True)
+    s.add_argument("--preset", default=None, choices=["criteo", "production-2021", "production-2022"])
+    s.add_argument("--locality-stats", default=None,
+                   help="stats file of the production presets (default: ../shared/data/dlrm_datasets_<year>_...)")
+    s.add_argument("--dense", type=int, default=13, help="dense features")
+    s.add_argument("--tables", type=int, default=26, help="sparse features (tables)")
+    s.add_argument("--rows", default="100000", help="rows per table: one value or one per table")
+    s.add_argument("--ids-per-bag", default="1", help="one value or one per table")
+    s.add_argument("--variable-bags", action="store_true", help="bag sizes uniform in [0, 2k]")
+    s.add_argument("--distribution", default="zipf", choices=["zipf", "uniform"])
+    s.add_argument("--skew", default="1.05", help="Zipf skew: one value or one per table")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--executor", default="thread", choices=["thread", "process"])
+    s.add_argument("--auc-samples", type=int, default=1_000_000)
+    _writer_args(s)
+
+    i = sub.add_parser("inspect", help="schema, row count and feature statistics")
+    i.add_argument("paths", nargs="+", help="Parquet files or directories")
+    i.add_argument("--max-rows", type=int, default=1_000_000, help="rows scanned for statistics (0: all)")
+
+    for p in (c, m, s, i):
+        p.add_argument("--summary", default=None, help="write the JSON summary to this file (else print it)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    prog = _progress(args)
+    if args.command == "criteo-preprocess":
+        from .criteo import CriteoOptions, preprocess_criteo
+        max_ids = None if args.max_ids is None else _ints(args.max_ids, MLPERF_TABLE_SIZES)
+        opts = CriteoOptions(inputs=args.inputs, output=args.output, split=args.split, policy=args.policy,
+                             max_ids=max_ids, vocab_min_count=args.vocab_min_count, workers=args.workers,
+                             executor=args.executor,
+                             block_bytes=int(args.block_mb * (1 << 20)), writer=_writer(args))
+        log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+        summary = preprocess_criteo(opts, log=log, progress_factory=prog)
+        _emit(summary, args.summary)
+    elif args.command == "multihot":
+        from .multihot import MultiHotOptions, convert_to_multihot
+        opts = MultiHotOptions(sizes=_ints(args.sizes, MLPERF_MULTI_HOT_SIZES),
+                               table_sizes=_ints(args.table_sizes, MLPERF_TABLE_SIZES), seed=args.seed,
+                               cache_dir=args.cache_dir, memory_limit_bytes=int(args.memory_limit_gb * 2**30))
+        _emit(convert_to_multihot(args.input, args.output, opts, _writer(args), prog), args.summary)
+    elif args.command == "synth":
+        from .synthetic import SynthOptions, apply_preset, generate
+        o = SynthOptions(num_samples=args.samples, output=args.output, num_dense=args.dense,
+                         table_rows=_ints(args.rows, []), ids_per_bag=_ints(args.ids_per_bag, []),
+                         variable_bags=args.variable_bags, distribution=args.distribution,
+                         skew=_floats(args.skew), seed=args.seed, workers=args.workers, executor=args.executor,
+                         auc_samples=args.auc_samples, writer=_writer(args))
+        if len(o.table_rows) == 1:
+            o.table_rows = o.table_rows * args.tables
+        if args.preset:
+            stats = args.locality_stats
+            if args.preset.startswith("production") and stats is None:
+                stats = _default_stats(args.preset.split("-")[1])
+                if stats is None:
+                    raise SystemExit(f"preset {args.preset}: give --locality-stats FILE")
+            apply_preset(o, args.preset, stats, num_tables=args.tables)
+        _emit(generate(o, prog), args.summary)
+    elif args.command == "inspect":
+        from .stats import inspect_dataset
+        _emit(inspect_dataset(args.paths, args.max_rows or None, prog), args.summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,328 @@
+"""Streaming loader: Parquet shards -> batches of (dense, KeyedJaggedBatch, labels).
+
+Sharding: the files (sorted by name when a directory is given) form one sequence of ``N``
+samples; rank ``r`` of ``W`` owns the contiguous range ``[r*N//W, (r+1)*N//W)`` (sizes differ by
+at most one), so one epoch over all ranks covers every sample exactly once.
+
+Order: a rank's range is cut into windows of ``shuffle_window`` samples (``read_rows`` when not
+shuffling); with ``shuffle`` each window is permuted by ``default_rng([seed, epoch, window])``.
+Batches are consecutive ``batch_size`` samples of that order, across window and file boundaries;
+the last batch of an epoch holds the remainder (dropped only with ``drop_last``).
+
+Position: ``(epoch, samples of the rank's range already yielded in this epoch)``; ``state_dict()``
+/ ``load_state_dict()`` save and restore it, and a restored loader yields exactly the samples an
+uninterrupted one would have yielded next (the window containing the position is re-read and
+re-permuted, its consumed part skipped).
+
+A background thread reads row groups, builds batches and puts at most ``prefetch_batches`` of
+them in a queue (pinned when CUDA is available), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from neo.sparse import KeyedJaggedBatch
+
+from .reader import list_parquet_files, take_rows, table_to_columns
+from .schema import read_meta
+from .writer import Columns
+
+__all__ = ["LoaderOptions", "Batch", "ParquetLoader", "list_parquet_files"]  # the last re-exported from .reader
+
+
+@dataclass
+class LoaderOptions:
+    """Options of :class:`ParquetLoader`."""
+
+    batch_size: int = 4096
+    """Samples per batch (the last batch of an epoch may hold fewer, see ``drop_last``)."""
+    rank: int = 0
+    """This process's rank."""
+    world_size: int = 1
+    """Number of ranks sharing the data."""
+    shuffle: bool = False
+    """Permute samples within windows of ``shuffle_window`` samples (seeded per epoch and window)."""
+    shuffle_window: int = 262144
+    """Samples per shuffle window (memory: one window of decoded samples)."""
+    read_rows: int = 262144
+    """Samples read per step when not shuffling."""
+    seed: int = 0
+    """Seed of the shuffle."""
+    drop_last: bool = False
+    """Drop the final partial batch of each epoch instead of yielding it."""
+    prefetch_batches: int = 8
+    """Batches the background thread may hold ready (0 = no background thread)."""
+    pin_memory: Optional[bool] = None
+    """Pin batch tensors; None = when CUDA is available."""
+    arrow_threads: bool = False
+    """Let Arrow decode a row group's columns with its own thread pool."""
+
+
+@dataclass
+class Batch:
+    """One training batch."""
+
+    dense: torch.Tensor  # (B, D) float32
+    sparse: KeyedJaggedBatch  # F features, feature-major
+    labels: torch.Tensor  # (B,) float32
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class ParquetLoader:
+    """Iterable over the batches of one epoch of this rank's shard; see the module docstring."""
+
+    def __init__(self, paths: Union[str, Sequence[str]], options: Optional[LoaderOptions] = None) -> None:
+        o = options or LoaderOptions()
+        if not (0 <= o.rank < o.world_size):
+            raise ValueError(f"rank {o.rank} not in [0, {o.world_size})")
+        if o.batch_size <= 0:
+            raise ValueError("batch_size must be > 0")
+        self.options = o
+        self.files = list_parquet_files(paths)
+        self.meta = read_meta(pq.read_schema(self.files[0]), self.files[0])
+        groups: List[Tuple[int, int, int]] = []  # (file index, row group, rows)
+        for fi, f in enumerate(self.files):
+            md = pq.ParquetFile(f).metadata
+            m = read_meta(md.schema.to_arrow_schema(), f)
+            if m.sparse_names != self.meta.sparse_names or m.num_dense != self.meta.num_dense:
+                raise ValueError(f"{f}: layout differs from {self.files[0]}")
+            for g in range(md.num_row_groups):
+                groups.append((fi, g, md.row_group(g).num_rows))
+        self._groups = groups
+        self._group_start = np.zeros(len(groups) + 1, np.int64)  # global index of each group's first row
+        np.cumsum([g[2] for g in groups], out=self._group_start[1:])
+        self.num_samples = int(self._group_start[-1])
+        N, W, r = self.num_samples, o.world_size, o.rank
+        self.shard_begin, self.shard_end = r * N // W, (r + 1) * N // W
+        self.epoch = 0
+        self.position = 0
+        self.pin = torch.cuda.is_available() if o.pin_memory is None else o.pin_memory
+        self._handle: Optional[Tuple[int, pq.ParquetFile]] = None  # the one open file
+        self._cache: Optional[Tuple[int, Columns]] = None
+        self._const: Dict[Tuple[int, str], torch.Tensor] = {}
+
+    # ----------------------------------------------------------------- bookkeeping
+    @property
+    def shard_size(self) -> int:
+        return self.shard_end - self.shard_begin
+
+    def __len__(self) -> int:
+        """Batches in one full epoch of this rank."""
+        n, b = self.shard_size, self.options.batch_size
+        return n // b if self.options.drop_last else (n + b - 1) // b
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Position after the last batch handed out (epoch, samples of this epoch)."""
+        o = self.options
+        return {"epoch": self.epoch, "position": self.position, "num_samples": self.num_samples,
+                "rank": o.rank, "world_size": o.world_size, "seed": o.seed, "shuffle": o.shuffle,
+                "shuffle_window": o.shuffle_window if o.shuffle else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        o = self.options
+        for k, mine in (("num_samples", self.num_samples), ("rank", o.rank), ("world_size", o.world_size),
+                        ("seed", o.seed), ("shuffle", o.shuffle),
+                        ("shuffle_window", o.shuffle_window if o.shuffle else None)):
+            if state.get(k) != mine:
+                raise ValueError(f"loader state has {k}={state.get(k)!r}, this loader has {mine!r}")
+        if not 0 <= state["position"] <= self.shard_size:
+            raise ValueError(f"position {state['position']} outside this rank's {self.shard_size} samples")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning."""
+        self.epoch, self.position = int(epoch), 0
+
+    # ----------------------------------------------------------------- reading
+    def _read_group(self, gi: int) -> Columns:
+        if self._cache is not None and self._cache[0] == gi:
+            return self._cache[1]
+        fi, g, _ = self._groups[gi]
+        if self._handle is None or self._handle[0] != fi:
+            self._handle = (fi, pq.ParquetFile(self.files[fi], memory_map=False))
+        pf = self._handle[1]
+        cols = table_to_columns(pf.read_row_group(g, use_threads=self.options.arrow_threads), self.meta)
+        self._cache = (gi, cols)
+        return cols
+
+    def _read_range(self, a: int, b: int) -> List[Columns]:
+        """Samples [a, b) of the global sequence, as one slice per row group."""
+        parts = []
+        gi = int(np.searchsorted(self._group_start, a, side="right")) - 1
+        while a < b:
+            g0, g1 = int(self._group_start[gi]), int(self._group_start[gi + 1])
+            if g1 > a:
+                cols = self._read_group(gi)
+                parts.append(cols.slice(a - g0, min(b, g1) - g0))
+                a = min(b, g1)
+            gi += 1
+        return parts
+
+    def _windows(self, epoch: int, start: int) -> Iterator[Columns]:
+        """The rank's samples from position ``start`` on, in epoch order, as consecutive blocks."""
+        o = self.options
+        win = o.shuffle_window if o.shuffle else o.read_rows
+        k = start // win
+        skip = start - k * win
+        while k * win < self.shard_size:
+            a, b = k * win, min(self.shard_size, (k + 1) * win)
+            parts = self._read_range(self.shard_begin + a, self.shard_begin + b)
+            if o.shuffle:
+                perm = np.random.default_rng([o.seed, epoch, k]).permutation(b - a)
+                yield take_rows(Columns.concat(parts), perm[skip:])
+            else:
+                for cols in parts:
+                    if skip >= len(cols):
+                        skip -= len(cols)
+                        continue
+                    yield cols.slice(skip, len(cols)) if skip else cols
+                    skip = 0
+            skip = 0
+            k += 1
+
+    # ----------------------------------------------------------------- batches
+    def _const_tensor(self, key: Tuple[int, str], make) -> torch.Tensor:
+        t = self._const.get(key)
+        if t is None:
+            t = make()
+            if self.pin:
+                t = t.pin_memory()
+            self._const[key] = t
+        return t
+
+    def _to_batch(self, cols: Columns) -> Batch:
+        B = len(cols)
+        F = len(cols.sparse)
+        if all(not isinstance(s, tuple) and s.ndim == 1 for s in cols.sparse):
+            values = np.stack(cols.sparse).reshape(-1)  # (F * B,) feature-major
+            lengths = self._const_tensor((B, "len1"), lambda: torch.ones(F * B, dtype=torch.int64))
+            offsets = self._const_tensor((B, "off1"), lambda: torch.arange(F * B + 1, dtype=torch.int64))
+        else:
+            vals, lens = [], []
+            fixed = True
+            for s in cols.sparse:
+                if isinstance(s, tuple):
+                    fixed = False
+                    vals.append(s[0])
+                    lens.append(np.diff(s[1]))
+                else:
+                    k = 1 if s.ndim == 1 else s.shape[1]
+                    vals.append(s.reshape(-1))
+                    lens.append(np.full(B, k, np.int64))
+            values = np.concatenate(vals)  # (N,)
+            if fixed:
+                lengths = self._const_tensor((B, "lenk"), lambda: torch.from_numpy(np.concatenate(lens)))
+                offsets = self._const_tensor((B, "offk"), lambda: torch.from_numpy(
+                    np.concatenate([[0], np.cumsum(np.concatenate(lens))]).astype(np.int64)))
+            else:
+                ln = np.concatenate(lens).astype(np.int64)
+                off = np.zeros(len(ln) + 1, np.int64)
+                np.cumsum(ln, out=off[1:])
+                lengths, offsets = torch.from_numpy(ln), torch.from_numpy(off)
+        dense_np = np.ascontiguousarray(cols.dense, dtype=np.float32)  # (B, D)
+        if not dense_np.flags.writeable:  # a view of Arrow's (read-only) buffer
+            dense_np = dense_np.copy()
+        dense = torch.from_numpy(dense_np)
+        labels = torch.from_numpy(cols.label.astype(np.float32))
+        values_t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        if self.pin:
+            dense, labels, values_t = dense.pin_memory(), labels.pin_memory(), values_t.pin_memory()
+            if lengths.numel() and not lengths.is_pinned():
+                lengths, offsets = lengths.pin_memory(), offsets.pin_memory()
+        kjb = KeyedJaggedBatch(keys=tuple(self.meta.sparse_names), values=values_t, lengths=lengths,
+                               batch_size=B, offsets=offsets, validate=False)
+        return Batch(dense, kjb, labels)
+
+    def _batches(self, epoch: int, start: int) -> Iterator[Tuple[Batch, int]]:
+        """(batch, position after it) from ``start`` to the end of the epoch."""
+        B = self.options.batch_size
+        pending: List[Columns] = []
+        have = 0
+        pos = start
+        for cols in self._windows(epoch, start):
+            off = 0
+            if have and have + len(cols) >= B:  # complete the pending batch
+                take = B - have
+                batch = Columns.concat(pending + [cols.slice(0, take)])
+                pending, have, off = [], 0, take
+                pos += B
+                yield self._to_batch(batch), pos
+            while len(cols) - off >= B:
+                pos += B
+                yield self._to_batch(cols.slice(off, off + B)), pos
+                off += B
+            if off < len(cols):
+                pending.append(cols.slice(off, len(cols)))
+                have += len(cols) - off
+        if have and not self.options.drop_last:
+            pos += have
+            yield self._to_batch(Columns.concat(pending)), pos
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches from the current position to the end of the epoch; then the next epoch begins.
+
+        A position at the end of an epoch (nothing, or under ``drop_last`` less than a batch, left)
+        means that epoch is done: iteration starts with the next one."""
+        left = self.shard_size - self.position
+        if self.position > 0 and (left == 0 or (self.options.drop_last and left < self.options.batch_size)):
+            self.epoch, self.position = self.epoch + 1, 0
+        epoch, start = self.epoch, self.position
+        if self.options.prefetch_batches <= 0:
+            source: Iterator[Tuple[Batch, int]] = self._batches(epoch, start)
+            for batch, pos in source:
+                self.position = pos
+                yield batch
+        else:
+            yield from self._iter_threaded(epoch, start)
+        if self.epoch == epoch:
+            self.epoch, self.position = epoch + 1, 0
+
+    def _iter_threaded(self, epoch: int, start: int) -> Iterator[Batch]:
+        q: "queue.Queue[Any]" = queue.Queue(maxsize=self.options.prefetch_batches)
+        stop = threading.Event()
+        done = object()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for item in self._batches(epoch, start):
+                    if not put(item):
+                        return
+                put(done)
+            except BaseException as e:  # handed to the consumer
+                put(e)
+
+        th = threading.Thread(target=produce, name="neo-data-loader", daemon=True)
+        th.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                batch, pos = item
+                self.position = pos
+                yield batch
+        finally:
+            stop.set()
+            th.join()

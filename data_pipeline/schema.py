@@ -1,0 +1,116 @@
+"""Parquet layout shared by every writer (Criteo, synthetic, multi-hot) and the loader.
+
+One row per sample::
+
+    label      int8                         0 or 1
+    dense      fixed_size_list<float32>[D]  D dense features (13 for Criteo), already transformed
+    cat_0 ...  int64                        one-hot: one id per sample and table
+    cat_{F-1}  or fixed_size_list<int64>[k] multi-hot with a fixed bag size k (MLPerf multi-hot)
+               or list<int64>               multi-hot with variable bag sizes (synthetic)
+
+The file-level key-value metadata ``neo.data`` holds a JSON object (:class:`DatasetMeta`)
+with the counts, names, table sizes and the producer's extra information (for synthetic
+data: the teacher's best achievable AUC).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import pyarrow as pa
+
+__all__ = [
+    "META_KEY",
+    "FORMAT_VERSION",
+    "CRITEO_NUM_DENSE",
+    "CRITEO_NUM_SPARSE",
+    "MLPERF_TABLE_SIZES",
+    "MLPERF_MULTI_HOT_SIZES",
+    "DatasetMeta",
+    "sparse_names",
+    "arrow_schema",
+    "read_meta",
+]
+
+META_KEY = b"neo.data"
+FORMAT_VERSION = 1
+CRITEO_NUM_DENSE = 13
+CRITEO_NUM_SPARSE = 26
+
+#: Rows of the 26 embedding tables in MLPerf DLRM-DCNv2 (Criteo 1TB, ids folded modulo these).
+MLPERF_TABLE_SIZES: List[int] = [
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+]
+#: Ids per bag of the 26 features in the MLPerf DLRM-DCNv2 multi-hot data set.
+MLPERF_MULTI_HOT_SIZES: List[int] = [
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+]
+
+
+def sparse_names(num_sparse: int) -> List[str]:
+    """Column names of the sparse features: ``cat_0 .. cat_{F-1}``."""
+    return [f"cat_{i}" for i in range(num_sparse)]
+
+
+@dataclass
+class DatasetMeta:
+    """What a data set's Parquet files say about themselves (stored as JSON under ``neo.data``)."""
+
+    num_dense: int
+    """D, the length of the ``dense`` list column."""
+    sparse_names: List[str]
+    """Names of the sparse columns, in layout order (F of them)."""
+    source: str
+    """Producer: ``criteo``, ``synthetic`` or ``multihot``."""
+    table_sizes: Optional[List[int]] = None
+    """Rows of each embedding table (ids are < this), when known."""
+    multi_hot_sizes: Optional[List[int]] = None
+    """Fixed bag size per feature; None for one-hot or variable-size bags."""
+    extra: Dict[str, Any] = field(default_factory=dict)
+    """Producer-specific information (transform, split, teacher AUC, ...)."""
+    format_version: int = FORMAT_VERSION
+    """Layout version of this module."""
+
+    @property
+    def num_sparse(self) -> int:
+        return len(self.sparse_names)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "DatasetMeta":
+        obj = json.loads(text)
+        return cls(**obj)
+
+
+def arrow_schema(meta: DatasetMeta, sparse_kind: str = "onehot") -> pa.Schema:
+    """Arrow schema of a data set; ``sparse_kind``: ``onehot``, ``fixed`` (needs multi_hot_sizes) or ``list``."""
+    fields = [pa.field("label", pa.int8(), nullable=False),
+              pa.field("dense", pa.list_(pa.float32(), meta.num_dense), nullable=False)]
+    for i, name in enumerate(meta.sparse_names):
+        if sparse_kind == "onehot":
+            t = pa.int64()
+        elif sparse_kind == "fixed":
+            assert meta.multi_hot_sizes is not None, "fixed multi-hot needs multi_hot_sizes"
+            t = pa.list_(pa.int64(), meta.multi_hot_sizes[i])
+        elif sparse_kind == "list":
+            t = pa.list_(pa.int64())
+        else:
+            raise ValueError(f"unknown sparse_kind {sparse_kind!r}")
+        fields.append(pa.field(name, t, nullable=False))
+    return pa.schema(fields, metadata={META_KEY: meta.to_json().encode()})
+
+
+def read_meta(schema: pa.Schema, path: str = "?") -> DatasetMeta:
+    """The :class:`DatasetMeta` of a Parquet file's Arrow schema; a clear error if it is not ours."""
+    md = schema.metadata or {}
+    if META_KEY not in md:
+        raise ValueError(f"{path}: no '{META_KEY.decode()}' metadata; not written by data_pipeline")
+    meta = DatasetMeta.from_json(md[META_KEY])
+    if meta.format_version != FORMAT_VERSION:
+        raise ValueError(f"{path}: layout version {meta.format_version}, this code reads {FORMAT_VERSION}")
+    return meta

@@ -1,0 +1,160 @@
+"""Sharded Parquet writer: fixed-size row groups, a new file every ``rows_per_file`` rows."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import DatasetMeta, arrow_schema
+
+__all__ = ["WriterOptions", "ShardWriter", "Columns", "columns_to_table"]
+
+
+@dataclass
+class WriterOptions:
+    """How Parquet shards are cut and encoded."""
+
+    rows_per_file: int = 4 * 1024 * 1024
+    """Rows per Parquet file (the last file of a split may hold fewer)."""
+    row_group_rows: int = 128 * 1024
+    """Rows per row group, the unit the loader reads (the last group of a file may hold fewer)."""
+    compression: str = "lz4"
+    """Parquet codec: lz4, snappy, zstd or none."""
+
+
+@dataclass
+class Columns:
+    """A block of rows in memory, column-wise.
+
+    ``sparse[f]`` is either a (n,) int64 array (one-hot) or a (n, k) int64 array
+    (fixed-size multi-hot) or a pair (values (nnz,), offsets (n + 1,)) for variable bags.
+    """
+
+    label: np.ndarray  # (n,) int8
+    dense: np.ndarray  # (n, D) float32
+    sparse: List[object]
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+    def slice(self, a: int, b: int) -> "Columns":
+        sp: List[object] = []
+        for s in self.sparse:
+            if isinstance(s, tuple):
+                vals, offs = s
+                sp.append((vals[offs[a]:offs[b]], offs[a:b + 1] - offs[a]))
+            else:
+                sp.append(s[a:b])
+        return Columns(self.label[a:b], self.dense[a:b], sp)
+
+    @staticmethod
+    def concat(parts: Sequence["Columns"]) -> "Columns":
+        if len(parts) == 1:
+            return parts[0]
+        sp: List[object] = []
+        for f in range(len(parts[0].sparse)):
+            first = parts[0].sparse[f]
+            if isinstance(first, tuple):
+                vals = np.concatenate([p.sparse[f][0] for p in parts])
+                lens = np.concatenate([np.diff(p.sparse[f][1]) for p in parts])
+                offs = np.zeros(len(lens) + 1, np.int64)
+                np.cumsum(lens, out=offs[1:])
+                sp.append((vals, offs))
+            else:
+                sp.append(np.concatenate([p.sparse[f] for p in parts]))
+        return Columns(np.concatenate([p.label for p in parts]),
+                       np.concatenate([p.dense for p in parts]), sp)
+
+
+def columns_to_table(cols: Columns, schema: pa.Schema) -> pa.Table:
+    """Arrow table of a block (no copies beyond Arrow's wrapping of the numpy buffers)."""
+    n = len(cols)
+    d = cols.dense.shape[1]
+    arrays = [pa.array(cols.label.astype(np.int8, copy=False)),
+              pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(cols.dense, np.float32).reshape(-1)), d)]
+    for f, s in enumerate(cols.sparse):
+        t = schema.field(2 + f).type
+        if pa.types.is_list(t):  # variable bags; dense blocks are turned into (values, offsets)
+            if isinstance(s, tuple):
+                vals, offs = s
+            else:
+                k = 1 if s.ndim == 1 else s.shape[1]
+                vals, offs = s.reshape(-1), np.arange(0, n * k + 1, k, dtype=np.int64)
+            arrays.append(pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)),
+                                                   pa.array(np.asarray(vals, np.int64))))
+        elif pa.types.is_fixed_size_list(t):
+            if isinstance(s, tuple) or s.reshape(n, -1).shape[1] != t.list_size:
+                raise ValueError(f"{schema.field(2 + f).name}: expected bags of exactly {t.list_size} ids")
+            arrays.append(pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(s, np.int64).reshape(-1)), t.list_size))
+        else:
+            if isinstance(s, tuple) or s.ndim != 1:
+                raise ValueError(f"{schema.field(2 + f).name}: one-hot column needs one id per sample")
+            arrays.append(pa.array(s.astype(np.int64, copy=False)))
+    assert all(len(a) == n for a in arrays)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class ShardWriter:
+    """Writes blocks of rows to ``<directory>/part-00000.parquet``, ``part-00001`` ..., in order."""
+
+    def __init__(self, directory: str, meta: DatasetMeta, sparse_kind: str, options: WriterOptions) -> None:
+        self.directory = directory
+        self.options = options
+        self.schema = arrow_schema(meta, sparse_kind)
+        os.makedirs(directory, exist_ok=True)
+        self._pending: List[Columns] = []
+        self._pending_rows = 0
+        self._writer: Optional[pq.ParquetWriter] = None
+        self._rows_in_file = 0
+        self.files: List[str] = []
+        self.rows_written = 0
+
+    def write(self, cols: Columns) -> None:
+        if len(cols) == 0:
+            return
+        self._pending.append(cols)
+        self._pending_rows += len(cols)
+        while self._pending_rows >= self._next_group_rows():
+            self._flush_group(self._next_group_rows())
+
+    def _next_group_rows(self) -> int:
+        room = self.options.rows_per_file - self._rows_in_file
+        return min(self.options.row_group_rows, room)
+
+    def _flush_group(self, rows: int) -> None:
+        block = Columns.concat(self._pending)
+        head, tail = block.slice(0, rows), block.slice(rows, len(block))
+        self._pending = [tail] if len(tail) else []
+        self._pending_rows = len(tail)
+        if self._writer is None:
+            path = os.path.join(self.directory, f"part-{len(self.files):05d}.parquet")
+            self.files.append(path)
+            comp = None if self.options.compression == "none" else self.options.compression
+            self._writer = pq.ParquetWriter(path, self.schema, compression=comp, use_dictionary=False,
+                                            write_statistics=False)
+        self._writer.write_table(columns_to_table(head, self.schema), row_group_size=rows)
+        self._rows_in_file += rows
+        self.rows_written += rows
+        if self._rows_in_file >= self.options.rows_per_file:
+            self._writer.close()
+            self._writer = None
+            self._rows_in_file = 0
+
+    def close(self) -> List[str]:
+        """Flush the last partial row group and close; returns the files written."""
+        if self._pending_rows:
+            self._flush_group(self._pending_rows)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if not self.files:  # an empty split still gets one (empty) file carrying the schema
+            path = os.path.join(self.directory, "part-00000.parquet")
+            pq.write_table(self.schema.empty_table(), path)
+            self.files.append(path)
+        return self.files

@@ -1,0 +1,43 @@
+"""The ``neo-data`` command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dp_helpers import shared_file
+from data_pipeline.cli import main
+
+
+def test_missing_reference_data_fails_not_skips():
+    with pytest.raises(pytest.fail.Exception, match="reference data missing"):
+        shared_file("no_such_file.tsv")
+
+
+def test_commands_end_to_end(tmp_path, criteo_sample, capsys):
+    out = tmp_path / "criteo"
+    assert main(["criteo-preprocess", criteo_sample, criteo_sample, "-o", str(out), "--split", "mlperf",
+                 "--max-ids", "mlperf", "--workers", "1", "--summary", str(tmp_path / "c.json"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "c.json").read_text())
+    assert s["lines_read"] == 400 and {k: v["rows_written"] for k, v in s["splits"].items()} == \
+        {"train": 200, "validation": 100, "test": 100}
+
+    assert main(["inspect", str(out / "train"), "--summary", str(tmp_path / "i.json"), "--no-progress"]) == 0
+    i = json.loads((tmp_path / "i.json").read_text())
+    assert i["rows"] == 200 and i["statistics"]["label_mean"] == pytest.approx(49 / 200)
+    assert i["meta"]["table_sizes"][0] == 40000000 and len(i["statistics"]["dense"]) == 13
+    assert all(f["max_id"] < 40000000 for f in i["statistics"]["sparse"] if f["max_id"] is not None)
+    assert i["statistics"]["sparse"][5]["max_id"] < 3  # table 5 of MLPerf has 3 rows
+
+    sizes = ",".join(["2"] * 26)
+    rows = ",".join(["100"] * 26)
+    assert main(["multihot", "-i", str(out / "validation"), "-o", str(tmp_path / "mh"), "--sizes", sizes,
+                 "--table-sizes", rows, "--summary", str(tmp_path / "m.json"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["rows"] == 100
+
+    capsys.readouterr()
+    assert main(["synth", "-o", str(tmp_path / "syn"), "--samples", "5000", "--tables", "3", "--dense", "2",
+                 "--rows", "10,20,30", "--ids-per-bag", "1,2,3", "--workers", "1", "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rows_written"] == 5000 and 0.5 < printed["best_auc"] < 1

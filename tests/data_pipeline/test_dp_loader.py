@@ -1,0 +1,173 @@
+"""Loader: exact-once coverage across ranks, resumption, determinism, layouts, partial batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline.loader import LoaderOptions, ParquetLoader
+from data_pipeline.schema import DatasetMeta, sparse_names
+from data_pipeline.writer import Columns, ShardWriter, WriterOptions
+
+N = 1003  # not divisible by 2, 3 or the batch sizes used
+
+
+def write_indexed(directory, n=N, jagged=False, rows_per_file=300, row_group_rows=64):
+    """Sample i: dense[0] = i, label = i % 2, cat_0 = i, cat_1 = 7 * i (+ a jagged cat_2: bag of i % 4 ids)."""
+    idx = np.arange(n)
+    dense = np.stack([idx, -idx], 1).astype(np.float32)  # (n, 2)
+    sparse = [idx.astype(np.int64), 7 * idx.astype(np.int64)]
+    if jagged:
+        lens = idx % 4
+        offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        vals = np.concatenate([np.arange(k) + 10 * i for i, k in enumerate(lens)]).astype(np.int64)
+        sparse.append((vals, offs))
+    meta = DatasetMeta(num_dense=2, sparse_names=sparse_names(len(sparse)), source="synthetic")
+    w = ShardWriter(str(directory), meta, "list" if jagged else "onehot",
+                    WriterOptions(rows_per_file=rows_per_file, row_group_rows=row_group_rows))
+    full = Columns((idx % 2).astype(np.int8), dense, sparse)
+    for a in range(0, n, 250):  # several writes, crossing row groups and files
+        w.write(full.slice(a, min(n, a + 250)))
+    return w.close()
+
+
+def sample_ids(batches):
+    return [int(x) for b in batches for x in b.dense[:, 0].tolist()]
+
+
+@pytest.fixture
+def data(tmp_path):
+    files = write_indexed(tmp_path / "d")
+    assert len(files) == 4
+    return str(tmp_path / "d")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_exact_once_across_ranks(data, world, shuffle):
+    seen = []
+    for r in range(world):
+        L = ParquetLoader(data, LoaderOptions(batch_size=37, rank=r, world_size=world, shuffle=shuffle,
+                                              shuffle_window=100, read_rows=90, seed=5))
+        batches = list(L)
+        assert len(batches) == len(L)
+        assert all(b.batch_size == 37 for b in batches[:-1]) and 0 < batches[-1].batch_size <= 37
+        ids = sample_ids(batches)
+        assert len(ids) == L.shard_size and abs(L.shard_size - N / world) < 1
+        seen.extend(ids)
+        for b in batches:  # every field of a sample agrees with its index
+            i = b.dense[:, 0].long()
+            assert torch.equal(b.labels, (i % 2).float()) and torch.equal(b.dense[:, 1], -b.dense[:, 0])
+            b.sparse.check()
+            B = b.batch_size
+            assert torch.equal(b.sparse.values[:B], i) and torch.equal(b.sparse.values[B:], 7 * i)
+            assert b.sparse.keys == ("cat_0", "cat_1") and torch.equal(b.sparse.lengths, torch.ones(2 * B, dtype=torch.int64))
+    assert sorted(seen) == list(range(N))  # union is everything, no duplicates
+
+
+def test_drop_last_and_len(data):
+    L = ParquetLoader(data, LoaderOptions(batch_size=100, drop_last=True))
+    b = list(L)
+    assert len(b) == len(L) == 10 and all(x.batch_size == 100 for x in b)
+    assert sample_ids(b) == list(range(1000))  # the last 3 samples are dropped, only under drop_last
+    assert len(list(ParquetLoader(data, LoaderOptions(batch_size=100)))) == 11
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_resume_identical(data, shuffle, prefetch):
+    opts = dict(batch_size=29, rank=1, world_size=2, shuffle=shuffle, shuffle_window=64, read_rows=50, seed=3,
+                prefetch_batches=prefetch)
+    ref = ParquetLoader(data, LoaderOptions(**opts))
+    full = [sample_ids(list(ref)) for _ in range(2)]  # two epochs
+    assert ref.epoch == 2
+    for stop in (0, 1, 5, 17):
+        L = ParquetLoader(data, LoaderOptions(**opts))
+        got = []
+        it = iter(L)
+        for _ in range(stop):
+            got.extend(sample_ids([next(it)]))
+        state = L.state_dict()
+        del it
+        L2 = ParquetLoader(data, LoaderOptions(**opts))
+        L2.load_state_dict(state)
+        got.extend(sample_ids(list(L2)))  # the rest of epoch 0
+        assert got == full[0], stop
+        assert sample_ids(list(L2)) == full[1]  # then epoch 1 as uninterrupted
+    # a resumed loader may use another batch size: positions count samples
+    L3 = ParquetLoader(data, LoaderOptions(**dict(opts, batch_size=64)))
+    L3.load_state_dict(dict(state))
+    assert sample_ids(list(L3)) == full[0][17 * 29:]
+
+
+def test_state_mismatch_rejected(data):
+    L = ParquetLoader(data, LoaderOptions(world_size=2))
+    with pytest.raises(ValueError, match="world_size"):
+        ParquetLoader(data, LoaderOptions(world_size=3)).load_state_dict(L.state_dict())
+
+
+def test_determinism_and_epochs(data):
+    o = LoaderOptions(batch_size=50, shuffle=True, shuffle_window=128, seed=11)
+    a = ParquetLoader(data, o)
+    b = ParquetLoader(data, o)
+    e0a, e0b = sample_ids(list(a)), sample_ids(list(b))
+    assert e0a == e0b and e0a != list(range(N)) and sorted(e0a) == list(range(N))
+    e1 = sample_ids(list(a))
+    assert e1 != e0a and sorted(e1) == list(range(N))
+    c = ParquetLoader(data, LoaderOptions(batch_size=50, shuffle=True, shuffle_window=128, seed=12))
+    assert sample_ids(list(c)) != e0a
+    # shuffling stays within windows of 128 samples
+    pos = {s: p for p, s in enumerate(e0a)}
+    assert all(pos[s] // 128 == s // 128 for s in range(N))
+    # unshuffled order is the file order
+    assert sample_ids(list(ParquetLoader(data, LoaderOptions(batch_size=64)))) == list(range(N))
+
+
+def test_jagged_layout(tmp_path):
+    write_indexed(tmp_path / "j", jagged=True)
+    L = ParquetLoader(str(tmp_path / "j"), LoaderOptions(batch_size=13, shuffle=True, shuffle_window=50))
+    seen = []
+    for b in L:
+        b.sparse.check()
+        d = b.sparse.to_dict()
+        ids = b.dense[:, 0].long().tolist()
+        seen.extend(ids)
+        assert d["cat_0"] == [[i] for i in ids] and d["cat_1"] == [[7 * i] for i in ids]
+        assert d["cat_2"] == [[10 * i + j for j in range(i % 4)] for i in ids]
+    assert sorted(seen) == list(range(N))
+
+
+def test_early_stop_releases_thread(data):
+    L = ParquetLoader(data, LoaderOptions(batch_size=10, prefetch_batches=2))
+    for k, _ in enumerate(L):
+        if k == 3:
+            break
+    assert L.position == 40 and L.epoch == 0
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_state_at_end_of_epoch_starts_next_epoch(data, drop_last):
+    opts = LoaderOptions(batch_size=100, shuffle=True, shuffle_window=300, drop_last=drop_last)
+    ref = ParquetLoader(data, opts)
+    e0, e1 = sample_ids(list(ref)), sample_ids(list(ref))
+    L = ParquetLoader(data, opts)
+    it = iter(L)
+    got = sample_ids([next(it) for _ in range(len(L))])  # every batch, generator not exhausted
+    assert got == e0 and L.epoch == 0
+    L2 = ParquetLoader(data, opts)
+    L2.load_state_dict(L.state_dict())
+    assert sample_ids(list(L2)) == e1 and L2.epoch == 2
+
+
+def test_reader_error_reaches_the_consumer(tmp_path):
+    files = write_indexed(tmp_path / "e")
+    L = ParquetLoader(str(tmp_path / "e"), LoaderOptions(batch_size=100, prefetch_batches=2))
+    with open(files[1], "r+b") as f:  # corrupt the second file after the footers were read
+        f.truncate(100)
+    got = []
+    with pytest.raises(Exception):
+        for b in L:
+            got.extend(sample_ids([b]))
+    assert got == list(range(len(got))) and len(got) < 300  # the first file's samples, then the error
+    assert L.epoch == 0

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Benchmark of the data pipeline: Criteo preprocessing lines/s and loader samples/s.
+
+    python tools/bench_data.py --json bench.json [--rows 2000000] [--tsv-lines 2000000] [--workdir DIR]
+
+1. Raw TSV: the 200 real rows of ``../shared/data/criteo_kaggle_sample.tsv`` replicated with varied
+   ids (each copy XORs the hex ids with a per-copy constant) up to ``--tsv-lines`` lines; then
+   ``criteo-preprocess`` with 1 worker, 2 worker threads and 2 worker processes (target: 200k lines/s per core); the fixed
+   start-up cost (measured on the 200-line sample) is reported and excluded from the "steady" rates.
+2. A Criteo-layout synthetic data set (13 dense, 26 one-hot sparse, ``--rows`` samples); then the
+   loader, batch ``--batch-size``: one loader with one background thread (one core), one loader
+   with Arrow's thread pool, and two ranks in two processes at once, as under DDP (two cores)
+   (target: 1M samples/s per core).
+
+Wall time and CPU time are recorded; "per core" rates divide by the cores used (1 or 2), "per CPU-s"
+rates divide by the CPU seconds used (the honest per-core figure on a machine shared with other jobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+PREPROCESS_TARGET = 200_000  # lines / s / core
+LOADER_TARGET = 1_000_000  # samples / s / core
+
+
+def cpu_seconds() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def make_tsv(sample: str, path: str, lines: int) -> int:
+    with open(sample, "rb") as f:
+        rows = [ln.split(b"\t") for ln in f.read().split(b"\n") if ln]
+    block: List[bytes] = []
+    copies = 0
+    while len(block) < min(lines, 20000):
+        x = (copies * 2654435761) & 0xFFFFFFFF
+        for r in rows:
+            cats = [b"%08x" % (int(c, 16) ^ x) if c else b"" for c in r[14:]]
+            block.append(b"\t".join(r[:14] + cats))
+        copies += 1
+    text = b"\n".join(block) + b"\n"
+    written = 0
+    with open(path, "wb") as f:
+        while written < lines:
+            take = min(len(block), lines - written)
+            f.write(text if take == len(block) else b"\n".join(block[:take]) + b"\n")
+            written += take
+    return written
+
+
+def bench_preprocess(tsv: str, tiny: str, out: str, workers: int, lines: int, executor: str) -> Dict[str, Any]:
+    """Preprocess ``tsv``; the fixed cost (spawning workers, imports, opening writers) is measured on
+    ``tiny`` (200 lines) with the same settings and reported, and subtracted for the steady rate."""
+    from data_pipeline.criteo import CriteoOptions, preprocess_criteo
+
+    def run(path: str):
+        shutil.rmtree(out, ignore_errors=True)
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        s = preprocess_criteo(CriteoOptions(inputs=[path], output=out, workers=workers, executor=executor), log=lambda m: None)
+        return s, time.perf_counter() - t0, cpu_seconds() - c0
+
+    _, w0, c0 = run(tiny)
+    s, wall, cpu = run(tsv)
+    assert s["rows_written"] == lines, s["rows_written"]
+    cores = min(workers, os.cpu_count() or 1)
+    rate = lines / wall
+    steady = lines / max(wall - w0, 1e-9)
+    return {"name": f"criteo-preprocess workers={workers}" + (f" ({executor} pool)" if workers > 1 else ""), "lines": lines, "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3), "lines_per_s": round(rate), "cores": cores,
+            "lines_per_s_per_core": round(rate / cores), "lines_per_cpu_s": round(lines / cpu) if cpu > 0 else None,
+            "startup_wall_s": round(w0, 3), "startup_cpu_s": round(c0, 3),
+            "steady_lines_per_s_per_core": round(steady / cores),
+            "steady_lines_per_cpu_s": round(lines / max(cpu - c0, 1e-9)),
+            "target_per_core": PREPROCESS_TARGET, "ratio_to_target": round(rate / cores / PREPROCESS_TARGET, 2)}
+
+
+def _drain(path: str, opts) -> int:
+    from data_pipeline.loader import ParquetLoader
+    n = 0
+    for b in ParquetLoader(path, opts):
+        n += b.batch_size
+    return n
+
+
+def _rank_job(job: tuple) -> tuple:
+    """One rank in its own process (as under DDP): warm-up epoch, then a timed epoch."""
+    path, batch, rank, world, barrier_time = job
+    import torch
+    torch.set_num_threads(1)
+    from data_pipeline.loader import LoaderOptions
+    o = LoaderOptions(batch_size=batch, rank=rank, world_size=world)
+    _drain(path, o)
+    while time.time() < barrier_time:  # start both ranks together
+        time.sleep(0.001)
+    c0, t0 = time.process_time(), time.perf_counter()
+    n = _drain(path, o)
+    return n, time.perf_counter() - t0, time.process_time() - c0
+
+
+def bench_loader(path: str, batch: int, mode: str, rows: int) -> Dict[str, Any]:
+    from data_pipeline.loader import LoaderOptions
+    if mode == "2 ranks (2 processes)":
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(2) as pool:
+            start = time.time() + 8.0
+            res = pool.map(_rank_job, [(path, batch, r, 2, start) for r in range(2)])
+        n = sum(r[0] for r in res)
+        wall, cpu, cores = max(r[1] for r in res), sum(r[2] for r in res), 2
+    else:
+        o = LoaderOptions(batch_size=batch, arrow_threads=(mode == "1 loader + arrow threads"))
+        cores = 1 if mode == "1 thread" else 2
+        _drain(path, o)  # warm the page cache
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        n = _drain(path, o)
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    assert n == rows, (n, rows)
+    rate = n / wall
+    return {"name": f"loader {mode} batch={batch}", "samples": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "samples_per_s": round(rate), "cores": cores, "samples_per_s_per_core": round(rate / cores),
+            "samples_per_cpu_s": round(n / cpu) if cpu > 0 else None,
+            "target_per_core": LOADER_TARGET, "ratio_to_target": round(rate / cores / LOADER_TARGET, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=2_000_000, help="samples of the loader data set")
+    ap.add_argument("--tsv-lines", type=int, default=2_000_000, help="lines of the raw TSV")
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    ap.add_argument("--sample", default=os.path.join(REPO, "..", "shared", "data", "criteo_kaggle_sample.tsv"))
+    ap.add_argument("--json", default=None, help="write the records to this file")
+    args = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from data_pipeline.synthetic import SynthOptions, generate
+    work = args.workdir or tempfile.mkdtemp(prefix="neo_bench_")
+    os.makedirs(work, exist_ok=True)
+    records: List[Dict[str, Any]] = []
+    try:
+        tsv = os.path.join(work, "raw.tsv")
+        lines = make_tsv(args.sample, tsv, args.tsv_lines)
+        for w, ex in ((1, "thread"), (2, "thread"), (2, "process")):
+            records.append(bench_preprocess(tsv, args.sample, os.path.join(work, f"pre{w}"), w, lines, ex))
+            print(json.dumps(records[-1]), flush=True)
+        syn = os.path.join(work, "syn")
+        t0 = time.perf_counter()
+        o = SynthOptions(num_samples=args.rows, output=syn, num_dense=13, table_rows=[1_000_000] * 26,
+                         ids_per_bag=[1], skew=[1.05], workers=2, auc_samples=100_000)
+        generate(o)
+        g = time.perf_counter() - t0
+        records.append({"name": "synth (26 one-hot, 13 dense) 2 threads", "samples": args.rows, "wall_s": round(g, 3),
+                        "samples_per_s": round(args.rows / g)})
+        print(json.dumps(records[-1]), flush=True)
+        for mode in ("1 thread", "1 loader + arrow threads", "2 ranks (2 processes)"):
+            records.append(bench_loader(os.path.join(syn, "train"), args.batch_size, mode, args.rows))
+            print(json.dumps(records[-1]), flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    env = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg()}
+    print(f"\nload average {os.getloadavg()}")
+    print("%-45s %12s %12s %12s %8s" % ("benchmark", "rate/s", "per core", "per CPU-s", "x target"))
+    for r in records:
+        rate = r.get("lines_per_s", r.get("samples_per_s"))
+        per = r.get("lines_per_s_per_core", r.get("samples_per_s_per_core", ""))
+        cpu = r.get("lines_per_cpu_s", r.get("samples_per_cpu_s", ""))
+        print("%-45s %12s %12s %12s %8s" % (r["name"], f"{rate:,}", f"{per:,}" if per != "" else "",
+                                            f"{cpu:,}" if cpu else "", r.get("ratio_to_target", "")))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "records": records}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
