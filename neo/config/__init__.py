@@ -8,3 +8,6 @@ from neo.config.embedding import (  # noqa: F401
     TableConfig,
     WeightDType,
 )
+from neo.config.loader import NeoConfig, apply_overrides, config_from_dict, load_config  # noqa: F401,E402
+from neo.config.tables import OptimizerEntry, TableEntry  # noqa: F401,E402
+from neo.config.topology import DeviceGroupEntry, TopologyConfig  # noqa: F401,E402

@@ -1,0 +1,147 @@
+"""The ``tables`` section of Neo's YAML config: one entry per embedding table.
+
+An entry carries the embedding module's per-table fields (:class:`TableConfig`,
+:class:`OptimizerConfig`), the planner's statistics (pooling factor, access skew) and the
+sharding constraints. Choices are plain strings in YAML (``dtype: fp16``) validated
+against the enums; errors name the field (``tables[3].dim``) and the valid values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from neo.config.embedding import (ConfigError, OptimizerConfig, OptimizerType, PoolingMode, TableConfig,
+                                  WeightDType)
+
+__all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS"]
+
+SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
+"""Valid ``sharding_types`` values (see docs/planner.md)."""
+PLACEMENTS = ("device", "host")
+"""Valid ``placement`` values."""
+
+
+def _choice(value: str, valid, where: str) -> str:
+    v = str(value).lower()
+    if v not in valid:
+        raise ConfigError(f"{where}: {value!r} is not one of {list(valid)}")
+    return v
+
+
+@dataclass
+class OptimizerEntry:
+    """A table's fused sparse optimizer (see :class:`neo.config.embedding.OptimizerType`)."""
+
+    type: str = "sgd"
+    """Update rule: sgd, adagrad, rowwise_adagrad, adam or lamb."""
+    lr: float = 0.01
+    """Learning rate (>= 0)."""
+    eps: float = 1e-8
+    """Denominator epsilon of the adaptive optimizers."""
+    beta1: float = 0.9
+    """First-moment decay of adam and lamb, in [0, 1)."""
+    beta2: float = 0.999
+    """Second-moment decay of adam and lamb, in [0, 1)."""
+    weight_decay: float = 0.0
+    """L2 penalty (decoupled for lamb)."""
+    initial_accumulator_value: float = 0.0
+    """Starting sum of squares of adagrad and rowwise_adagrad."""
+
+    def to_config(self, where: str = "optimizer") -> OptimizerConfig:
+        t = _choice(self.type, [m.value for m in OptimizerType], f"{where}.type")
+        try:
+            return OptimizerConfig(OptimizerType(t), self.lr, self.eps, self.beta1, self.beta2,
+                                   self.weight_decay, self.initial_accumulator_value)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+
+@dataclass
+class TableEntry:
+    """One embedding table of the ``tables`` list."""
+
+    name: str = ""
+    """Unique table name."""
+    num_rows: int = 0
+    """Rows (ids 0 .. num_rows - 1); > 0."""
+    dim: int = 0
+    """Embedding dimension; a positive multiple of 4."""
+    feature_names: List[str] = field(default_factory=list)
+    """Sparse features that read this table; empty = one feature named like the table."""
+    pooling: str = "sum"
+    """Bag reduction: sum or mean."""
+    dtype: str = "fp32"
+    """Weight storage: fp32, fp16 or bf16."""
+    optimizer: OptimizerEntry = field(default_factory=OptimizerEntry)
+    """Fused sparse optimizer."""
+    stochastic_rounding: bool = True
+    """Stochastic rounding of fp16/bf16 weight updates."""
+    init_scale: Optional[float] = None
+    """Initial weights uniform in [-s, s]; default 1 / sqrt(num_rows)."""
+    pooling_factor: float = 1.0
+    """Planner statistic: mean ids per sample per feature (> 0)."""
+    access_skew: float = 0.0
+    """Planner statistic: Zipf exponent of the ids (0 = uniform, ~1 typical); sets the cache
+    hit rate of host placement."""
+    sharding_types: List[str] = field(default_factory=list)
+    """Allowed sharding types (empty = all): data_parallel, table_wise, row_wise, column_wise,
+    table_row_wise, table_column_wise."""
+    ranks: List[int] = field(default_factory=list)
+    """Pinned ranks (empty = any); honoured by table_wise and column_wise only."""
+    column_shard_width: Optional[int] = None
+    """Width of column shards (positive multiple of 4, <= dim); null = planner's choice."""
+    placement: str = "device"
+    """Where the weights live: device (HBM) or host (UVM with an HBM cache)."""
+
+    def validate(self, where: str = "table") -> None:
+        """Raise :class:`ConfigError` naming the field (``where.field``) and the valid values."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{where}.name: must be a non-empty string, got {self.name!r}")
+        if self.num_rows <= 0:
+            raise ConfigError(f"{where}.num_rows: must be a positive integer, got {self.num_rows!r}")
+        if self.dim <= 0 or self.dim % 4:
+            raise ConfigError(f"{where}.dim: must be a positive multiple of 4, got {self.dim!r}")
+        _choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")
+        _choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")
+        if not self.pooling_factor > 0:
+            raise ConfigError(f"{where}.pooling_factor: must be > 0, got {self.pooling_factor!r}")
+        if self.access_skew < 0:
+            raise ConfigError(f"{where}.access_skew: must be >= 0 (Zipf exponent), got {self.access_skew!r}")
+        for k, s in enumerate(self.sharding_types):
+            _choice(s, SHARDING_TYPES, f"{where}.sharding_types[{k}]")
+        for k, r in enumerate(self.ranks):
+            if r < 0:
+                raise ConfigError(f"{where}.ranks[{k}]: must be >= 0, got {r!r}")
+        w = self.column_shard_width
+        if w is not None and (w <= 0 or w % 4 or w > self.dim):
+            raise ConfigError(f"{where}.column_shard_width: must be a positive multiple of 4 and <= dim "
+                              f"({self.dim}), got {w!r}")
+        _choice(self.placement, PLACEMENTS, f"{where}.placement")
+        if self.init_scale is not None and self.init_scale <= 0:
+            raise ConfigError(f"{where}.init_scale: must be > 0 or null, got {self.init_scale!r}")
+        self.to_table_config(where)
+
+    def to_table_config(self, where: str = "table") -> TableConfig:
+        """The embedding module's :class:`TableConfig` of this entry."""
+        opt = self.optimizer.to_config(f"{where}.optimizer")
+        try:
+            return TableConfig(self.name, int(self.num_rows), int(self.dim), tuple(self.feature_names),
+                               PoolingMode(_choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")),
+                               WeightDType(_choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")),
+                               opt, bool(self.stochastic_rounding), self.init_scale)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    def to_table_spec(self, where: str = "table"):
+        """The planner's :class:`neo.planner.TableSpec` (statistics and constraints included)."""
+        from neo.planner.types import Placement, ShardingType, TableConstraints, TableSpec
+
+        tc = self.to_table_config(where)
+        opt = tc.optimizer.type
+        cons = TableConstraints(tuple(ShardingType(s.lower()) for s in self.sharding_types),
+                                tuple(int(r) for r in self.ranks), self.column_shard_width,
+                                Placement(self.placement.lower()))
+        return TableSpec(tc.name, tc.num_rows, tc.dim, tc.dtype.itemsize, opt.state_floats_per_row(tc.dim),
+                         not opt.rowwise_state and bool(opt.state_names()), len(tc.feature_names),
+                         float(self.pooling_factor), float(self.access_skew), cons)

@@ -1,0 +1,202 @@
+"""Stage 1 + 2: enumerate the sharding options of each table and estimate their costs.
+
+An :class:`Option` is one way to split a table (a sharding type and, for column shards,
+a width) together with the cost of each of its shards ("parts"). Its ``scope`` says how
+the partitioner places the parts:
+
+- ``rank``: each part goes to any allowed rank (table_wise, column_wise);
+- ``node``: all parts go to the ranks of ONE node (table_row_wise: part j on local rank j;
+  table_column_wise: parts on the node's least-loaded ranks);
+- ``fixed``: part k on rank k (row_wise, data_parallel).
+
+After TorchRec's ``EmbeddingEnumerator`` (torchrec/distributed/planner/enumerators.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from neo.planner.cost import PartCosts, estimate_parts
+from neo.planner.types import GIB, CostConstants, PlanningError, ShardingType, TableSpec, Topology
+
+__all__ = ["Option", "enumerate_options", "split_evenly", "column_widths"]
+
+_MODEL_PARALLEL_PINNABLE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+_ALL_TYPES = tuple(ShardingType)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One sharding option of one table, with the estimated cost of each part."""
+
+    table: int
+    """Index of the table in the planner's input list."""
+    sharding_type: ShardingType
+    scope: str
+    """``rank``, ``node`` or ``fixed`` (see module docstring)."""
+    row_offset: np.ndarray
+    rows: np.ndarray
+    col_offset: np.ndarray
+    cols: np.ndarray
+    costs: PartCosts
+    allowed_ranks: Optional[Tuple[int, ...]] = None
+    """Pinned ranks (scope ``rank`` only); None = any rank."""
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.rows)
+
+    def part_seconds(self, speed: float = 1.0) -> np.ndarray:
+        return self.costs.compute / speed + self.costs.comm
+
+    @property
+    def total_seconds(self) -> float:
+        """Sum of the parts' times (the work this option adds to the whole cluster)."""
+        return float(self.part_seconds().sum())
+
+    @property
+    def max_part_seconds(self) -> float:
+        return float(self.part_seconds().max())
+
+    @property
+    def max_part_hbm(self) -> float:
+        return float(self.costs.hbm.max())
+
+
+def split_evenly(n: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Offsets and sizes of ``k`` contiguous ranges covering ``n``; sizes differ by at most 1."""
+    sizes = np.full(k, n // k, dtype=np.int64)
+    sizes[: n % k] += 1
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return offsets, sizes
+
+
+def column_widths(dim: int, width: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Offsets and widths of column shards of ``width`` (the last one may be narrower)."""
+    n = -(-dim // width)
+    widths = np.full(n, width, dtype=np.int64)
+    widths[-1] = dim - width * (n - 1)
+    return np.arange(n, dtype=np.int64) * width, widths
+
+
+def _round4(x: float) -> int:
+    return max(4, int(-(-x // 4)) * 4)
+
+
+def _default_cw_widths(dim: int, max_shards: int) -> List[int]:
+    """Widths giving 2, 4, 8, ... shards (at most ``max_shards``), each a multiple of 4."""
+    out, k = [], 2
+    while k <= max_shards and dim // k >= 4:
+        w = _round4(dim / k)
+        if w < dim and w not in out:
+            out.append(w)
+        k *= 2
+    return out
+
+
+def _check_constraints(idx: int, t: TableSpec, topo: Topology) -> Tuple[ShardingType, ...]:
+    cons = t.constraints
+    allowed = tuple(cons.sharding_types) or _ALL_TYPES
+    W = topo.world_size
+    bad = [r for r in cons.ranks if not 0 <= r < W]
+    if bad:
+        raise PlanningError(f"table '{t.name}': pinned ranks {bad} out of range [0, {W})")
+    if cons.column_shard_width is not None:
+        w = cons.column_shard_width
+        if w <= 0 or w % 4 or w > t.dim:
+            raise PlanningError(f"table '{t.name}': column_shard_width {w} must be a positive multiple "
+                                f"of 4 and at most dim {t.dim}")
+    if cons.ranks:
+        pinnable = tuple(s for s in allowed if s in _MODEL_PARALLEL_PINNABLE)
+        if not pinnable:
+            raise PlanningError(
+                f"table '{t.name}': pinned ranks {list(cons.ranks)} are only honoured by "
+                f"{[s.value for s in _MODEL_PARALLEL_PINNABLE]}, but sharding_types is "
+                f"{[s.value for s in allowed]}")
+        allowed = pinnable
+    if t.rows <= 0 or t.dim <= 0 or t.dim % 4:
+        raise PlanningError(f"table '{t.name}': rows must be > 0 and dim a positive multiple of 4, "
+                            f"got rows={t.rows} dim={t.dim}")
+    return allowed
+
+
+def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, topo, c, pins=None) -> Option:
+    costs = estimate_parts(t, st, rs, cs, topo, c, t.constraints.placement)
+    return Option(idx, st, scope, np.asarray(ro), np.asarray(rs), np.asarray(co), np.asarray(cs), costs, pins)
+
+
+def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants) -> List[Option]:
+    """All options of one table allowed by its constraints (before the memory filter)."""
+    allowed = _check_constraints(idx, t, topo)
+    W, L = topo.world_size, topo.local_world_size
+    pins = tuple(sorted(set(t.constraints.ranks))) or None
+    width = t.constraints.column_shard_width
+    opts: List[Option] = []
+    full_r, full_c = np.array([t.rows]), np.array([t.dim])
+    zero = np.array([0])
+    for st in allowed:
+        if st is ShardingType.TABLE_WISE:
+            opts.append(_make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins))
+        elif st is ShardingType.DATA_PARALLEL:
+            opts.append(_make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
+                              np.zeros(W, np.int64), np.full(W, t.dim), topo, c))
+        elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            k = W if st is ShardingType.ROW_WISE else L
+            ro, rs = split_evenly(t.rows, k)
+            opts.append(_make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
+                              ro, rs, np.zeros(k, np.int64), np.full(k, t.dim), topo, c))
+        elif st is ShardingType.COLUMN_WISE:
+            widths = [width] if width else _default_cw_widths(t.dim, len(pins) if pins else W)
+            if not widths and st in t.constraints.sharding_types:
+                widths = [t.dim]  # forced but too narrow to split: a single column shard
+            for w in widths:
+                co, cs = column_widths(t.dim, w)
+                opts.append(_make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+                                  co, cs, topo, c, pins))
+        elif st is ShardingType.TABLE_COLUMN_WISE:
+            w = width or _round4(t.dim / min(L, max(1, t.dim // 4)))
+            co, cs = column_widths(t.dim, w)
+            opts.append(_make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+                              co, cs, topo, c))
+    return opts
+
+
+def _capacity(topo: Topology, c: CostConstants) -> np.ndarray:
+    return np.array([d.hbm_bytes for d in topo.devices], dtype=np.float64) * (1.0 - c.memory_headroom)
+
+
+def _shortfall(opt: Option, topo: Topology, hbm_cap: np.ndarray, host_cap: np.ndarray) -> float:
+    """Bytes by which the option's largest part exceeds the best device it may use (<= 0: fits)."""
+    if opt.scope == "fixed":
+        return float(max((opt.costs.hbm - hbm_cap).max(), (opt.costs.host - host_cap).max()))
+    ranks = list(opt.allowed_ranks) if opt.allowed_ranks else slice(None)
+    return float(max(opt.costs.hbm.max() - hbm_cap[ranks].max(), opt.costs.host.max() - host_cap[ranks].max()))
+
+
+def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConstants) -> List[List[Option]]:
+    """Options of every table whose parts fit a device; raises :class:`PlanningError` naming
+    the table and the memory missing when none does."""
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise PlanningError(f"duplicate table names: {dup}")
+    hbm_cap = _capacity(topo, c)
+    host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
+    out: List[List[Option]] = []
+    for idx, t in enumerate(tables):
+        opts = table_options(idx, t, topo, c)
+        fits = [o for o in opts if _shortfall(o, topo, hbm_cap, host_cap) <= 0]
+        if not fits:
+            best = min(opts, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))
+            miss = _shortfall(best, topo, hbm_cap, host_cap)
+            need = best.max_part_hbm
+            raise PlanningError(
+                f"table '{t.name}' cannot be placed: its smallest shard ({best.sharding_type.value}, "
+                f"{t.constraints.placement.value} placement) needs {need:.0f} bytes ({need / GIB:.2f} GiB) "
+                f"on one device; {miss:.0f} bytes ({miss / GIB:.2f} GiB) missing. Allowed sharding types: "
+                f"{[o.value for o in (t.constraints.sharding_types or tuple(ShardingType))]}")
+        out.append(fits)
+    return out

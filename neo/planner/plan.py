@@ -1,0 +1,114 @@
+"""The planner's output: a :class:`Plan` that serializes to JSON and back.
+
+JSON shape (documented in docs/planner.md)::
+
+    {"world_size": W, "local_world_size": L,
+     "tables": {NAME: {"sharding_type": "table_wise", "placement": "device",
+                       "shards": [{"rank": r, "row_offset": o, "rows": n, "col_offset": c, "cols": d}]}},
+     "ranks": [{"rank": r, "memory_bytes": m, "host_memory_bytes": h, "predicted_ms": t,
+                "compute_ms": x, "comm_ms": y, "comm_bytes_intra": a, "comm_bytes_inter": b}],
+     "summary": {"partitioner": "...", "proposal": "...", "max_ms": .., "mean_ms": .., "imbalance": ..,
+                 "objective_ms": .., "candidates": [...]}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from neo.planner.types import Placement, Shard, ShardingType
+
+__all__ = ["TablePlan", "RankStats", "Plan"]
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """How one table is sharded and where its shards live."""
+
+    sharding_type: ShardingType
+    shards: Tuple[Shard, ...]
+    placement: Placement = Placement.DEVICE
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"sharding_type": self.sharding_type.value, "placement": self.placement.value,
+                "shards": [asdict(s) for s in self.shards]}
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "TablePlan":
+        return TablePlan(ShardingType(d["sharding_type"]), tuple(Shard(**s) for s in d["shards"]),
+                         Placement(d.get("placement", "device")))
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """Predicted per-step numbers of one rank."""
+
+    rank: int
+    memory_bytes: int
+    """Device memory (HBM): weights, optimizer state, buffers, caches."""
+    predicted_ms: float
+    """compute_ms + comm_ms + the collectives' fixed latency."""
+    compute_ms: float = 0.0
+    comm_ms: float = 0.0
+    comm_bytes_intra: float = 0.0
+    comm_bytes_inter: float = 0.0
+    host_memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    local_world_size: int
+    tables: Dict[str, TablePlan]
+    ranks: Tuple[RankStats, ...]
+    summary: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_ms(self) -> float:
+        return max(r.predicted_ms for r in self.ranks)
+
+    @property
+    def mean_ms(self) -> float:
+        return sum(r.predicted_ms for r in self.ranks) / len(self.ranks)
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean predicted rank time (1.0 = perfectly balanced)."""
+        mean = self.mean_ms
+        return self.max_ms / mean if mean > 0 else 1.0
+
+    def shards_on(self, rank: int) -> List[Tuple[str, Shard]]:
+        return [(name, s) for name, t in self.tables.items() for s in t.shards if s.rank == rank]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "local_world_size": self.local_world_size,
+            "tables": {name: t.to_dict() for name, t in self.tables.items()},
+            "ranks": [asdict(r) for r in self.ranks],
+            "summary": self.summary,
+        }
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "Plan":
+        return Plan(int(d["world_size"]), int(d["local_world_size"]),
+                    {name: TablePlan.from_dict(t) for name, t in d["tables"].items()},
+                    tuple(RankStats(**r) for r in d["ranks"]), dict(d.get("summary", {})))
+
+    def to_json(self, indent: int = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        return Plan.from_dict(json.loads(text))
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+            f.write("\n")
+
+    @staticmethod
+    def load(path: str) -> "Plan":
+        with open(path) as f:
+            return Plan.from_json(f.read())

@@ -1,0 +1,284 @@
+"""The staged planner: enumerate -> estimate -> propose -> partition -> pick -> plan.
+
+Each stage is a function returning new objects. :func:`plan_tables` is the entry point.
+
+Proposals choose one option per table. Proposal ``theta`` takes, for each table, the option
+of least total work (sum of its parts' times over the cluster) among those whose largest
+part is at most ``theta`` x the ideal per-rank load (total work / W), else the option with
+the smallest largest part: small tables stay whole (or data-parallel when replicas are
+cheaper than the ids/pooled AlltoAlls), heavy ones are split column/row-wise so that no
+single shard dominates a rank (the Neo paper's hierarchical mix). A memory-aware variant
+also caps each part at a fraction of the device memory. Every proposal is partitioned by
+greedy, Karmarkar-Karp and the refinement; the feasible result with the lowest objective
+(max + imbalance_weight x (max - mean) predicted rank time) wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from neo.planner.cost import collective_latency, estimate_parts, input_side_cost
+from neo.planner.enumerate import Option, enumerate_options
+from neo.planner.partition import Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp, objective
+from neo.planner.refine import refine
+from neo.planner.plan import Plan, RankStats, TablePlan
+from neo.planner.types import GIB, CostConstants, PlanningError, Shard, ShardingType, TableSpec, Topology
+
+__all__ = ["plan_tables", "evaluate_plan", "propose", "build_problem", "PARTITIONERS"]
+
+PARTITIONERS = ("greedy", "karmarkar_karp", "refine")
+_THETAS = (float("inf"), 1.0, 0.25, 0.05)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    name: str
+    choice: Tuple[int, ...]
+    """Index into each table's option list."""
+
+
+def _input_side(tables: Sequence[TableSpec], opts: Sequence[Option], topo: Topology, c: CostConstants):
+    t = bi = bo = m = 0.0
+    for o in opts:
+        s, a, b, mem = input_side_cost(tables[o.table], o.sharding_type, topo, c)
+        t, bi, bo, m = t + s, bi + a, bo + b, m + mem
+    return t, bi, bo, m
+
+
+def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
+            c: CostConstants) -> List[Proposal]:
+    """Candidate option choices (deduplicated), see the module docstring."""
+    W = topo.world_size
+    # work an option adds to the cluster: its parts plus the input side every rank pays (0 for DP)
+    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
+                        for o in opts]) for opts in options]
+    maxpart = [np.array([o.max_part_seconds for o in opts]) for opts in options]
+    maxhbm = [np.array([o.max_part_hbm for o in opts]) for opts in options]
+    min_cap = min(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    out: List[Proposal] = []
+    seen = set()
+    for mem_frac in (1.0, 0.5):
+        for theta in _THETAS:
+            choice = [int(np.argmin(t)) for t in totals]
+            for _ in range(2):
+                chosen = [options[k][j] for k, j in enumerate(choice)]
+                target = sum(float(totals[k][j]) for k, j in enumerate(choice)) / W
+                new = []
+                for t, mp, mh in zip(totals, maxpart, maxhbm):
+                    ok = (mp <= theta * target) & (mh <= mem_frac * min_cap)
+                    new.append(int(np.argmin(np.where(ok, t, np.inf))) if ok.any() else
+                               int(np.argmin(np.where(mh <= mem_frac * min_cap, mp, np.inf)))
+                               if (mh <= mem_frac * min_cap).any() else int(np.argmin(mh)))
+                if new == choice:
+                    break
+                choice = new
+            key = tuple(choice)
+            if key not in seen:
+                seen.add(key)
+                out.append(Proposal(f"theta={theta:g},mem={mem_frac:g}", key))
+    return out
+
+
+def build_problem(tables: Sequence[TableSpec], chosen: Sequence[Option], topo: Topology, c: CostConstants):
+    """The partitioning problem of one proposal, and the maps back from items to options."""
+    W, L = topo.world_size, topo.local_world_size
+    speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
+    hbm_cap = np.array([d.hbm_bytes for d in topo.devices], dtype=np.float64) * (1 - c.memory_headroom)
+    host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
+    in_t, _, _, in_m = _input_side(tables, chosen, topo, c)
+    base_load, base_hbm, base_host = np.full(W, in_t), np.full(W, in_m), np.zeros(W)
+    single_rows: List[Tuple[int, int]] = []  # (option position, part)
+    groups: List[Group] = []
+    group_of: List[int] = []
+    for pos, o in enumerate(chosen):
+        pc = o.costs
+        if o.scope == "fixed":
+            base_load = base_load + pc.compute / speed + pc.comm
+            base_hbm, base_host = base_hbm + pc.hbm, base_host + pc.host
+        elif o.scope == "node":
+            groups.append(Group(tables[o.table].name, pc.compute, pc.comm, pc.hbm, pc.host,
+                                ordered=o.sharding_type is ShardingType.TABLE_ROW_WISE))
+            group_of.append(pos)
+        else:
+            single_rows.extend((pos, k) for k in range(o.num_parts))
+    n = len(single_rows)
+    pos_arr = np.array([p for p, _ in single_rows], dtype=np.int64)
+    part_arr = np.array([k for _, k in single_rows], dtype=np.int64)
+
+    def gather(attr):
+        return np.array([getattr(chosen[p].costs, attr)[k] for p, k in single_rows], dtype=np.float64)
+
+    allowed = np.ones((n, W), dtype=bool)
+    for i, (p, _) in enumerate(single_rows):
+        if chosen[p].allowed_ranks:
+            allowed[i] = False
+            allowed[i, list(chosen[p].allowed_ranks)] = True
+    names = tuple(tables[chosen[p].table].name for p, _ in single_rows)
+    prob = Problem(L, speed, hbm_cap, host_cap, base_load, base_hbm, base_host, gather("compute"),
+                   gather("comm"), gather("hbm"), gather("host"), allowed, names, tuple(groups))
+    return prob, pos_arr, part_arr, group_of
+
+
+def _over_bytes(prob: Problem, hbm: np.ndarray, host: np.ndarray) -> float:
+    """Largest excess of a rank's memory over its capacity (<= 0: fits)."""
+    return float(max((hbm - prob.hbm_cap).max(), (host - prob.host_cap).max()))
+
+
+def _run_partitioners(prob: Problem, c: CostConstants, allowed_algos: Sequence[str]):
+    """[(algorithm, assignment, loads, fits, bytes over capacity)], [errors]."""
+    cost = prob.cost_matrix()
+    results = []
+    starts = []
+    errors = []
+    for name, fn in (("greedy", greedy), ("karmarkar_karp", karmarkar_karp)):
+        try:
+            a = fn(prob, cost)
+        except PlanningError as e:
+            errors.append(e)
+            continue
+        loads, hbm, host = evaluate(prob, a, cost)
+        ok = fits(prob, hbm, host)
+        results.append((name, a, loads, ok, _over_bytes(prob, hbm, host)))
+        starts.append((not ok, objective(loads, c.imbalance_weight), a))
+    refined = []
+    for _, _, start in starts:  # refine from both starts, keep the better
+        a = refine(prob, start, cost, imbalance_weight=c.imbalance_weight)
+        loads, hbm, host = evaluate(prob, a, cost)
+        ok = fits(prob, hbm, host)
+        refined.append((not ok, objective(loads, c.imbalance_weight), a, loads, ok, _over_bytes(prob, hbm, host)))
+    if refined:
+        _, _, a, loads, ok, over = min(refined, key=lambda r: (r[0], r[1]))
+        results.append(("refine", a, loads, ok, over))
+    return [r for r in results if r[0] in allowed_algos], errors
+
+
+def _check_total_memory(tables, options, topo: Topology, c: CostConstants) -> None:
+    """Raise when even the most compact option of every table cannot fit the whole cluster."""
+    cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    need_each = [min(float(o.costs.hbm.sum()) for o in opts) for opts in options]
+    need = sum(need_each) + _input_side(tables, [opts[0] for opts in options], topo, c)[3] * topo.world_size
+    if need > cap:
+        big = sorted(range(len(tables)), key=lambda k: -need_each[k])[:3]
+        names = ", ".join(f"'{tables[k].name}' ({need_each[k] / GIB:.2f} GiB)" for k in big)
+        raise PlanningError(
+            f"the tables need at least {need:.0f} bytes ({need / GIB:.2f} GiB) of device memory in total but the "
+            f"{topo.world_size} ranks have {cap:.0f} bytes ({cap / GIB:.2f} GiB): {need - cap:.0f} bytes "
+            f"({(need - cap) / GIB:.2f} GiB) missing; largest tables: {names} (placement: host moves a table "
+            f"to host memory)")
+
+
+def plan_tables(tables: Sequence[TableSpec], topo: Topology, constants: Optional[CostConstants] = None,
+                partitioners: Sequence[str] = PARTITIONERS) -> Plan:
+    """Plan every table; raises :class:`PlanningError` when one cannot be placed."""
+    c = constants or CostConstants()
+    bad = [p for p in partitioners if p not in PARTITIONERS]
+    if bad:
+        raise PlanningError(f"unknown partitioners {bad}; valid: {list(PARTITIONERS)}")
+    if not tables:
+        raise PlanningError("no tables to plan")
+    options = enumerate_options(tables, topo, c)
+    _check_total_memory(tables, options, topo, c)
+    proposals = propose(tables, options, topo, c)
+    best = None
+    candidates = []
+    errors: List[PlanningError] = []
+    for prop in proposals:
+        chosen = [options[k][j] for k, j in enumerate(prop.choice)]
+        prob, pos_arr, part_arr, group_of = build_problem(tables, chosen, topo, c)
+        results, errs = _run_partitioners(prob, c, partitioners)
+        errors.extend(errs)
+        lat = collective_latency([o.sharding_type for o in chosen], topo, c)
+        for algo, a, loads, ok, over in results:
+            loads = loads + lat
+            obj = objective(loads, c.imbalance_weight)
+            candidates.append({"proposal": prop.name, "partitioner": algo, "feasible": ok,
+                               "max_ms": float(loads.max()) * 1e3,
+                               "max_over_mean": float(loads.max() / max(loads.mean(), 1e-30)),
+                               "over_bytes": max(0.0, over)})
+            if ok and (best is None or obj < best[0]):
+                best = (obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo)
+    if best is None:
+        algos = "/".join(partitioners)
+        if candidates:
+            least = min(x["over_bytes"] for x in candidates)
+            extra = f"; a greedy attempt failed with: {errors[0]}" if errors else ""
+            raise PlanningError(
+                f"no {algos} plan fits device memory: each of the {len(candidates)} candidates over-fills a rank, "
+                f"the least by {least:.0f} bytes ({least / GIB:.2f} GiB){extra}")
+        if errors:
+            raise errors[0]
+        raise PlanningError(f"no {algos} plan could be built")
+    _, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo = best
+    part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
+    return _to_plan(tables, topo, c, chosen, part_ranks,
+                    {"partitioner": algo, "proposal": prop.name, "candidates": candidates})
+
+
+def _part_ranks(chosen, a: Assignment, pos_arr, part_arr, group_of, W: int) -> List[np.ndarray]:
+    part_ranks: List[np.ndarray] = []
+    for o in chosen:
+        part_ranks.append(np.arange(W) if o.scope == "fixed" else np.full(o.num_parts, -1, dtype=np.int64))
+    for i in range(len(pos_arr)):
+        part_ranks[pos_arr[i]][part_arr[i]] = a.rank[i]
+    for g, pos in enumerate(group_of):
+        part_ranks[pos] = a.group_ranks[g]
+    return part_ranks
+
+
+def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict[str, TablePlan],
+                  constants: Optional[CostConstants] = None, summary: Optional[dict] = None) -> Plan:
+    """Score any placement (e.g. another planner's, or a saved plan's) with Neo's cost model."""
+    c = constants or CostConstants()
+    chosen, part_ranks, eff = [], [], []
+    for idx, t in enumerate(tables):
+        tp = table_plans[t.name]
+        sh = tp.shards
+        arr = lambda f: np.array([getattr(s, f) for s in sh], dtype=np.int64)  # noqa: E731
+        t_eff = t if tp.placement is t.constraints.placement else TableSpec(
+            t.name, t.rows, t.dim, t.weight_bytes, t.state_floats_per_row, t.state_per_element, t.num_features,
+            t.pooling_factor, t.access_skew, replace(t.constraints, placement=tp.placement))
+        eff.append(t_eff)
+        costs = estimate_parts(t_eff, tp.sharding_type, arr("rows"), arr("cols"), topo, c, tp.placement)
+        chosen.append(Option(idx, tp.sharding_type, "rank", arr("row_offset"), arr("rows"), arr("col_offset"),
+                             arr("cols"), costs))
+        part_ranks.append(arr("rank"))
+    return _to_plan(eff, topo, c, chosen, part_ranks, dict(summary or {}))
+
+
+def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dict) -> Plan:
+    W = topo.world_size
+    speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
+    compute, comm = np.zeros(W), np.zeros(W)
+    b_in, b_out = np.zeros(W), np.zeros(W)
+    hbm, host = np.zeros(W), np.zeros(W)
+    in_t, in_bi, in_bo, in_m = _input_side(tables, chosen, topo, c)
+    comm += in_t
+    b_in += in_bi
+    b_out += in_bo
+    hbm += in_m
+    out_tables: Dict[str, TablePlan] = {}
+    for o, ranks in zip(chosen, part_ranks):
+        pc = o.costs
+        np.add.at(compute, ranks, pc.compute / speed[ranks])
+        np.add.at(comm, ranks, pc.comm)
+        np.add.at(b_in, ranks, pc.bytes_intra)
+        np.add.at(b_out, ranks, pc.bytes_inter)
+        np.add.at(hbm, ranks, pc.hbm)
+        np.add.at(host, ranks, pc.host)
+        t = tables[o.table]
+        shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
+                       for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
+        out_tables[t.name] = TablePlan(o.sharding_type, shards, t.constraints.placement)
+    lat = collective_latency([o.sharding_type for o in chosen], topo, c)
+    pred = compute + comm + lat
+    ranks = tuple(RankStats(r, int(hbm[r]), float(pred[r] * 1e3), float(compute[r] * 1e3),
+                            float((comm[r] + lat) * 1e3), float(b_in[r]), float(b_out[r]), int(host[r]))
+                  for r in range(W))
+    summary = dict(summary, max_ms=float(pred.max() * 1e3), mean_ms=float(pred.mean() * 1e3),
+                   imbalance=float(pred.max() / max(pred.mean(), 1e-30)),
+                   objective_ms=float(objective(pred, c.imbalance_weight) * 1e3), latency_ms=lat * 1e3,
+                   uniform_ms=float((in_t + lat) * 1e3))
+    return Plan(W, topo.local_world_size, out_tables, ranks, summary)

@@ -1,0 +1,272 @@
+"""Inputs of the sharding planner: topology, tables, constraints, cost constants, shards.
+
+Pure Python (no torch, no process group). Every class is an immutable dataclass; the
+planner stages return new objects and never mutate their inputs.
+
+Design after TorchRec's planner (``torchrec/distributed/planner/types.py``:
+``Topology``, ``ParameterConstraints``, ``ShardingOption``) and the Neo paper
+(Mudigere et al., "Software-Hardware Co-design for Fast and Scalable Training of Deep
+Learning Recommendation Models", ISCA 2022), written from scratch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Dict, Optional, Sequence, Tuple
+
+__all__ = [
+    "ShardingType",
+    "Placement",
+    "PlanningError",
+    "Device",
+    "Topology",
+    "TableConstraints",
+    "TableSpec",
+    "Shard",
+    "CostConstants",
+    "GIB",
+]
+
+GIB = 1024**3
+
+
+class PlanningError(ValueError):
+    """A table cannot be placed; the message names the table, the constraint or the
+    memory missing, and how much."""
+
+
+class ShardingType(str, enum.Enum):
+    """How one table is split (see docs/planner.md for the exact shard semantics)."""
+
+    DATA_PARALLEL = "data_parallel"
+    """A full replica on every rank; gradients are AllReduced."""
+    TABLE_WISE = "table_wise"
+    """One shard (all rows, all columns) on one rank."""
+    ROW_WISE = "row_wise"
+    """Contiguous row ranges on ALL ranks (W shards, sizes differ by at most one row)."""
+    COLUMN_WISE = "column_wise"
+    """Column slices of ``column_shard_width`` (multiple of 4), each placed on some rank."""
+    TABLE_ROW_WISE = "table_row_wise"
+    """Contiguous row ranges on the ``local_world_size`` ranks of ONE node."""
+    TABLE_COLUMN_WISE = "table_column_wise"
+    """Column slices, all placed on the ranks of ONE node."""
+
+
+class Placement(str, enum.Enum):
+    """Where a table's weights live."""
+
+    DEVICE = "device"
+    """Device memory (HBM)."""
+    HOST = "host"
+    """Host memory (UVM) with a device-side cache of ``CostConstants.cache_load_factor`` of the rows."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One rank's accelerator."""
+
+    hbm_bytes: int = 80 * GIB
+    """Device memory available to embeddings (weights, optimizer state, buffers, cache)."""
+    host_bytes: int = 256 * GIB
+    """Host memory available to this rank's host-placed (UVM) tables."""
+    speed: float = 1.0
+    """Relative speed (1.0 = the CostConstants' reference device); lookup time is divided by it."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Ranks numbered node-major: ``rank = node * local_world_size + local``."""
+
+    world_size: int
+    local_world_size: int
+    devices: Tuple[Device, ...] = ()
+    """One per rank; empty means ``world_size`` default devices."""
+    batch_size_per_rank: int = 512
+    """Samples per rank per step (global batch = world_size x this)."""
+
+    def __post_init__(self) -> None:
+        if self.world_size <= 0 or self.local_world_size <= 0:
+            raise PlanningError(f"topology: world_size and local_world_size must be > 0, got "
+                                f"{self.world_size}, {self.local_world_size}")
+        if self.world_size % self.local_world_size:
+            raise PlanningError(f"topology: world_size {self.world_size} is not a multiple of "
+                                f"local_world_size {self.local_world_size}")
+        devs = tuple(self.devices) or tuple(Device() for _ in range(self.world_size))
+        if len(devs) != self.world_size:
+            raise PlanningError(f"topology: {len(devs)} devices given for world_size {self.world_size}")
+        if any(d.speed <= 0 for d in devs):
+            raise PlanningError("topology: every device speed must be > 0")
+        if self.batch_size_per_rank <= 0:
+            raise PlanningError(f"topology: batch_size_per_rank must be > 0, got {self.batch_size_per_rank}")
+        object.__setattr__(self, "devices", devs)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.local_world_size
+
+    def node_ranks(self, node: int) -> range:
+        lws = self.local_world_size
+        return range(node * lws, (node + 1) * lws)
+
+    @staticmethod
+    def uniform(world_size: int, local_world_size: int, hbm_gib: float = 80.0, host_gib: float = 256.0,
+                speed: float = 1.0, batch_size_per_rank: int = 512) -> "Topology":
+        dev = Device(int(hbm_gib * GIB), int(host_gib * GIB), speed)
+        return Topology(world_size, local_world_size, tuple(dev for _ in range(world_size)), batch_size_per_rank)
+
+
+@dataclass(frozen=True)
+class TableConstraints:
+    """User constraints of one table (after TorchRec's ``ParameterConstraints``)."""
+
+    sharding_types: Tuple[ShardingType, ...] = ()
+    """Allowed sharding types; empty = all."""
+    ranks: Tuple[int, ...] = ()
+    """Pinned ranks: the table's shards may only live on these ranks (empty = any).
+    Only table_wise and column_wise honour a pin (the others' ranks are fixed by the type)."""
+    column_shard_width: Optional[int] = None
+    """Width of column shards (multiple of 4) for column_wise / table_column_wise; None = planner's choice."""
+    placement: Placement = Placement.DEVICE
+    """Where the weights live: device (HBM) or host (UVM + HBM cache)."""
+
+    def __post_init__(self) -> None:
+        try:
+            types = tuple(ShardingType(str(getattr(s, "value", s)).lower()) for s in self.sharding_types)
+        except ValueError:
+            raise PlanningError(f"sharding_types {list(self.sharding_types)}: valid values are "
+                                f"{[m.value for m in ShardingType]}") from None
+        try:
+            placement = Placement(str(getattr(self.placement, "value", self.placement)).lower())
+        except ValueError:
+            raise PlanningError(f"placement {self.placement!r}: valid values are {[m.value for m in Placement]}") from None
+        object.__setattr__(self, "sharding_types", types)
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        object.__setattr__(self, "placement", placement)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What the planner needs to know about one embedding table."""
+
+    name: str
+    rows: int
+    dim: int
+    weight_bytes: int = 4
+    """Bytes per weight element (4 fp32, 2 fp16/bf16)."""
+    state_floats_per_row: int = 0
+    """fp32 optimizer state values per row (0 sgd, 1 rowwise_adagrad, D adagrad, 2D adam)."""
+    state_per_element: bool = False
+    """True when the state scales with the columns (adagrad, adam): a column shard keeps its share."""
+    num_features: int = 1
+    """Features reading the table (each produces one pooled output per sample)."""
+    pooling_factor: float = 1.0
+    """Mean ids per sample per feature."""
+    access_skew: float = 0.0
+    """Zipf exponent of the id distribution (0 = uniform); sets the cache hit rate of host placement."""
+    constraints: TableConstraints = field(default_factory=TableConstraints)
+
+    def state_floats(self, cols: int) -> int:
+        """Optimizer state floats per row for a shard of ``cols`` columns."""
+        if self.state_per_element and self.dim:
+            return self.state_floats_per_row * cols // self.dim
+        return self.state_floats_per_row
+
+    def bytes_per_row(self, cols: int) -> int:
+        return cols * self.weight_bytes + 4 * self.state_floats(cols)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A block of a table: rows ``[row_offset, row_offset+rows)`` x cols ``[col_offset, col_offset+cols)`` on ``rank``."""
+
+    rank: int
+    row_offset: int
+    rows: int
+    col_offset: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Bandwidths, latencies and factors of the cost model (defaults: an H100 node).
+
+    Calibrate by measuring and writing a JSON with any subset of these fields
+    (:meth:`from_json`). Bandwidths are bytes/second, latencies seconds.
+    """
+
+    hbm_bw: float = 3.0e12
+    """Effective device memory bandwidth of embedding lookups (H100 HBM3 ~3.35 TB/s peak)."""
+    hbm_efficiency: float = 0.5
+    """Fraction of ``hbm_bw`` that random row gathers achieve."""
+    host_bw: float = 25e9
+    """Bandwidth of device reads from host memory (UVM over PCIe 5 ~ 25-50 GB/s)."""
+    intra_bw: float = 450e9
+    """Per-direction bandwidth between two GPUs of a node (NVLink4 ~ 450 GB/s)."""
+    inter_bw: float = 25e9
+    """Per-GPU bandwidth across nodes (one 200-400 Gb/s NIC per GPU ~ 25-50 GB/s)."""
+    intra_latency: float = 10e-6
+    """Fixed cost of one collective within a node."""
+    inter_latency: float = 30e-6
+    """Fixed cost of one collective across nodes."""
+    bwd_factor: float = 2.0
+    """Backward + fused optimizer time / forward lookup time (reads grads, reads+writes weights and state)."""
+    kernel_overhead: float = 5e-6
+    """Fixed compute cost per shard per step (kernel launch, bucketization)."""
+    id_bytes: int = 8
+    """Bytes per id sent in the ids AlltoAll (int64)."""
+    act_bytes: int = 4
+    """Bytes per element of pooled embeddings and their gradients (fp32)."""
+    cache_load_factor: float = 0.2
+    """Fraction of a host-placed table's rows cached in HBM."""
+    imbalance_weight: float = 0.25
+    """Objective = max rank time + imbalance_weight x (max - mean) rank time."""
+    memory_headroom: float = 0.0
+    """Fraction of each device's memory kept free (0 = use all of ``Device.hbm_bytes``)."""
+
+    @property
+    def lookup_bw(self) -> float:
+        return self.hbm_bw * self.hbm_efficiency
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Dict[str, float]) -> "CostConstants":
+        names = {f.name for f in fields(CostConstants)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise PlanningError(f"cost constants: unknown fields {unknown}; valid: {sorted(names)}")
+        return replace(CostConstants(), **d)
+
+    @staticmethod
+    def from_json(path: str) -> "CostConstants":
+        with open(path) as f:
+            return CostConstants.from_dict(json.load(f))
+
+
+def check_shards_tile(table: TableSpec, sharding_type: ShardingType, shards: Sequence[Shard], world_size: int) -> None:
+    """Raise AssertionError unless the shards tile rows x cols exactly (DP: one full shard per rank)."""
+    if sharding_type is ShardingType.DATA_PARALLEL:
+        assert sorted(s.rank for s in shards) == list(range(world_size)), table.name
+        assert all((s.row_offset, s.rows, s.col_offset, s.cols) == (0, table.rows, 0, table.dim) for s in shards)
+        return
+    covered = 0
+    for s in shards:
+        assert 0 <= s.rank < world_size, (table.name, s)
+        assert s.cols % 4 == 0 and s.cols > 0, (table.name, s)
+        assert 0 <= s.row_offset and s.row_offset + s.rows <= table.rows, (table.name, s)
+        assert 0 <= s.col_offset and s.col_offset + s.cols <= table.dim, (table.name, s)
+        covered += s.rows * s.cols
+    assert covered == table.rows * table.dim, (table.name, covered)
+    # no overlap: sort blocks and check pairwise disjointness (cheap: shards per table are few)
+    blocks = sorted((s.row_offset, s.col_offset, s.rows, s.cols) for s in shards if s.rows)
+    for i, a in enumerate(blocks):
+        for b in blocks[i + 1:]:
+            rows_overlap = a[0] < b[0] + b[2] and b[0] < a[0] + a[2]
+            cols_overlap = a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+            assert not (rows_overlap and cols_overlap), (table.name, a, b)

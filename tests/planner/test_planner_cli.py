@@ -1,0 +1,48 @@
+"""``neo plan`` end to end through neo.cli.main."""
+
+import json
+from pathlib import Path
+
+from neo.cli import main
+from neo.planner import Plan, ShardingType
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "configs" / "plan_example.yaml")
+
+
+def test_neo_plan_example_end_to_end(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = main(["plan", EXAMPLE, "--world-size", "8", "--local-world-size", "4", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "Sharding plan: 36 tables on 8 ranks (2 nodes x 4)" in text
+    assert "user_id" in text and "imbalance max/mean" in text and "comm ms" in text
+    d = json.loads(out.read_text())
+    assert d["world_size"] == 8 and d["local_world_size"] == 4
+    assert len(d["tables"]) == 36 and len(d["ranks"]) == 8
+    allowed = {s.value for s in ShardingType}
+    for name, t in d["tables"].items():
+        assert t["sharding_type"] in allowed
+        for s in t["shards"]:
+            assert set(s) >= {"rank", "row_offset", "rows", "col_offset", "cols"} and s["cols"] % 4 == 0
+        if t["sharding_type"] == "data_parallel":
+            assert sorted(s["rank"] for s in t["shards"]) == list(range(8))
+    plan = Plan.load(str(out))
+    assert plan.tables["user_id"].sharding_type is not ShardingType.TABLE_WISE  # 143 GiB: must be split
+    assert plan.tables["hashtag"].sharding_type is ShardingType.COLUMN_WISE
+    assert {s.rank for s in plan.tables["group_ids"].shards} <= {0, 1}
+    assert all(r.memory_bytes <= 64 * 2**30 for r in plan.ranks)
+
+
+def test_neo_plan_overrides_and_world_size(capsys):
+    rc = main(["plan", EXAMPLE, "--world-size", "16", "--local-world-size", "8",
+               "topology.hbm_gib=80", "--max-tables", "5"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "on 16 ranks (2 nodes x 8)" in text and "31 more tables" in text
+
+
+def test_neo_plan_errors(capsys):
+    rc = main(["plan", EXAMPLE, "tables[0].dim=7"])
+    assert rc == 2 and "tables[0].dim" in capsys.readouterr().err
+    rc = main(["plan", EXAMPLE, "topology.hbm_gib=1", "tables[0].sharding_types=[table_wise]"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'user_id'" in err and "GiB" in err and "missing" in err

@@ -1,0 +1,116 @@
+"""The tables/topology YAML sections: loading, overrides, validation messages, conversions."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from neo.config import ConfigError, NeoConfig, TableConfig, config_from_dict, load_config
+from neo.config.embedding import OptimizerType, WeightDType
+from neo.planner import Placement, ShardingType
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "configs" / "plan_example.yaml")
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+def base(**table):
+    t = {"name": "a", "num_rows": 10, "dim": 8}
+    t.update(table)
+    return {"tables": [t, {"name": "b", "num_rows": 20, "dim": 4}], "topology": {"world_size": 2, "local_world_size": 2}}
+
+
+def test_example_config_loads():
+    cfg = load_config(EXAMPLE)
+    assert isinstance(cfg, NeoConfig)
+    assert len(cfg.tables) >= 30
+    assert cfg.topology.world_size == 8 and cfg.topology.local_world_size == 4
+    tcs = cfg.table_configs()
+    assert all(isinstance(t, TableConfig) for t in tcs)
+    specs = cfg.table_specs()
+    user = specs[0]
+    assert user.name == "user_id" and user.state_floats_per_row == 2 * 128 and user.state_per_element
+    assert user.access_skew == 1.1
+    by = {s.name: s for s in specs}
+    assert by["url_hash"].constraints.placement is Placement.HOST and by["url_hash"].weight_bytes == 2
+    assert by["hashtag"].constraints.sharding_types == (ShardingType.COLUMN_WISE,)
+    assert by["group_ids"].constraints.ranks == (0, 1)
+    assert by["item_history"].num_features == 2
+
+
+def test_tiny_config_loads():
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"))
+    assert [t.name for t in cfg.tables] == ["user", "item", "category", "country"]
+
+
+def test_table_entry_to_table_config():
+    cfg = config_from_dict(base(dtype="fp16", optimizer={"type": "adam", "lr": 0.1}, feature_names=["f1", "f2"]))
+    tc = cfg.tables[0].to_table_config()
+    assert tc.dtype is WeightDType.FP16 and tc.optimizer.type is OptimizerType.ADAM and tc.optimizer.lr == 0.1
+    assert tc.feature_names == ("f1", "f2")
+
+
+def test_overrides():
+    cfg = load_config(EXAMPLE, ["topology.hbm_gib=40", "tables[1].dim=64", "tables.2.pooling_factor=7",
+                                "tables[0].sharding_types=[row_wise]"])
+    assert cfg.topology.hbm_gib == 40
+    assert cfg.tables[1].dim == 64 and cfg.tables[2].pooling_factor == 7
+    assert cfg.tables[0].sharding_types == ["row_wise"]
+
+
+@pytest.mark.parametrize("override,match", [
+    ("tables[3].dim=6", r"tables\[3\]\.dim: must be a positive multiple of 4"),
+    ("tables[3].dim=abc", r"tables\[3\]\.dim"),
+    ("tables[2].dtype=fp8", r"tables\[2\]\.dtype: 'fp8' is not one of \['fp32', 'fp16', 'bf16'\]"),
+    ("tables[0].sharding_types=[diagonal]", r"tables\[0\]\.sharding_types\[0\]: 'diagonal' is not one of .*row_wise"),
+    ("tables[0].placement=disk", r"tables\[0\]\.placement: 'disk' is not one of \['device', 'host'\]"),
+    ("tables[0].optimizer.type=rmsprop", r"tables\[0\]\.optimizer\.type: 'rmsprop' is not one of"),
+    ("tables[0].optimizer.beta1=2", r"tables\[0\]\.optimizer.*beta1"),
+    ("tables[0].column_shard_width=6", r"tables\[0\]\.column_shard_width"),
+    ("tables[0].pooling_factor=0", r"tables\[0\]\.pooling_factor: must be > 0"),
+    ("tables[1].name=user_id", r"tables\[1\]\.name: 'user_id' already used by tables\[0\]"),
+    ("tables[0].colour=red", r"tables\[0\]\.colour"),
+    ("topology.world_size=7", r"topology\.world_size: 7 is not a multiple of local_world_size 4"),
+    ("topology.inter_node_bandwidth_gbps=-1", r"topology\.inter_node_bandwidth_gbps: must be > 0"),
+    ("topology.memory_headroom=1.5", r"topology\.memory_headroom"),
+    ("nonsense", r"expected key=value"),
+])
+def test_validation_errors_name_the_field(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(EXAMPLE, [override])
+
+
+def test_unknown_section_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown sections \['modle'\]; valid: \['tables', 'topology'\]"):
+        config_from_dict({"tables": [], "modle": {}})
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "tables: [\n"))
+    with pytest.raises(ConfigError, match="tables: expected a list"):
+        config_from_dict({"tables": {"a": 1}})
+
+
+def test_heterogeneous_devices_to_topology():
+    cfg = config_from_dict({"tables": [], "topology": {"world_size": 4, "local_world_size": 2, "hbm_gib": 10,
+                                                      "devices": [{"ranks": [3], "speed": 0.5, "hbm_gib": 5}]}})
+    topo = cfg.topology.to_topology()
+    assert [d.speed for d in topo.devices] == [1.0, 1.0, 1.0, 0.5]
+    assert topo.devices[3].hbm_bytes == 5 * 2**30 and topo.devices[0].hbm_bytes == 10 * 2**30
+    assert cfg.topology.to_topology(8, 4).world_size == 8
+    with pytest.raises(ConfigError, match=r"topology.devices\[0\].ranks: \[9\] out of range"):
+        config_from_dict({"topology": {"world_size": 4, "local_world_size": 2, "devices": [{"ranks": [9]}]}})
+
+
+def test_cost_constants_from_topology(tmp_path):
+    calib = tmp_path / "calib.json"
+    calib.write_text('{"bwd_factor": 3.0, "inter_bw": 1e9}')
+    cfg = config_from_dict({"topology": {"cost_constants": str(calib), "inter_node_bandwidth_gbps": 50}})
+    c = cfg.topology.to_cost_constants()
+    assert c.bwd_factor == 3.0 and c.inter_bw == 50e9
+    bad = config_from_dict({"topology": {"cost_constants": str(tmp_path / "missing.json")}})
+    with pytest.raises(ConfigError, match="topology.cost_constants"):
+        bad.topology.to_cost_constants()

@@ -1,0 +1,212 @@
+"""End-to-end planner tests: invariants, constraints, memory, heterogeneity, hierarchy."""
+
+import json
+
+import numpy as np
+import pytest
+
+from neo.planner import (GIB, CostConstants, Device, Plan, PlanningError, ShardingType, Topology, check_shards_tile,
+                         format_report, plan_tables)
+from neo.planner.types import Placement, TableConstraints, TableSpec
+
+
+def assert_invariants(plan: Plan, tables, topo: Topology):
+    assert plan.world_size == topo.world_size and plan.local_world_size == topo.local_world_size
+    assert set(plan.tables) == {t.name for t in tables}, "every table covered exactly once"
+    for t in tables:
+        tp = plan.tables[t.name]
+        check_shards_tile(t, tp.sharding_type, tp.shards, topo.world_size)
+        if tp.sharding_type is ShardingType.ROW_WISE:
+            assert sorted(s.rank for s in tp.shards) == list(range(topo.world_size))
+            sizes = [s.rows for s in tp.shards]
+            assert max(sizes) - min(sizes) <= 1
+        if tp.sharding_type in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE):
+            assert len({topo.node_of(s.rank) for s in tp.shards}) == 1, "one node"
+        if tp.sharding_type is ShardingType.TABLE_ROW_WISE:
+            assert len({s.rank for s in tp.shards}) == topo.local_world_size
+    assert [r.rank for r in plan.ranks] == list(range(topo.world_size))
+    for r, d in zip(plan.ranks, topo.devices):
+        assert r.memory_bytes <= d.hbm_bytes
+        assert r.host_memory_bytes <= d.host_bytes
+        assert r.predicted_ms > 0
+
+
+def test_production_like_invariants_and_json_round_trip(make_tables):
+    tables = make_tables(120, seed=3)
+    topo = Topology.uniform(16, 8, hbm_gib=80)
+    plan = plan_tables(tables, topo)
+    assert_invariants(plan, tables, topo)
+    back = Plan.from_json(plan.to_json())
+    assert back == plan
+    d = json.loads(plan.to_json())
+    assert set(d) >= {"world_size", "local_world_size", "tables", "ranks"}
+    some = next(iter(d["tables"].values()))
+    assert set(some["shards"][0]) == {"rank", "row_offset", "rows", "col_offset", "cols"}
+    assert set(d["ranks"][0]) >= {"rank", "memory_bytes", "predicted_ms"}
+    assert plan.imbalance <= 1.05
+    text = format_report(plan)
+    assert "imbalance" in text and "t0" in text
+
+
+@pytest.mark.parametrize("st", list(ShardingType))
+def test_each_sharding_type_honoured(st, make_table):
+    tables = [make_table("forced", 10_000, 64, types=[st], pf=5)] + [make_table(f"o{i}", 1000 * (i + 1), 32)
+                                                                     for i in range(6)]
+    topo = Topology.uniform(8, 4, hbm_gib=8)
+    plan = plan_tables(tables, topo)
+    assert plan.tables["forced"].sharding_type is st
+    assert_invariants(plan, tables, topo)
+    shards = plan.tables["forced"].shards
+    if st is ShardingType.DATA_PARALLEL:
+        assert len(shards) == 8
+    if st is ShardingType.TABLE_WISE:
+        assert len(shards) == 1
+    if st is ShardingType.ROW_WISE:
+        assert len(shards) == 8 and all(s.cols == 64 for s in shards)
+
+
+def test_column_shard_width_and_pinned_ranks(make_table):
+    tables = [make_table("cw", 5000, 128, types=["column_wise"], width=32),
+              make_table("pin", 5000, 64, ranks=[5]), make_table("pin2", 5000, 64, types=["column_wise"],
+                                                                  ranks=[2, 3], width=32)]
+    tables = [TableSpec(t.name, t.rows, t.dim, constraints=TableConstraints(
+        tuple(ShardingType(s) for s in t.constraints.sharding_types), t.constraints.ranks,
+        t.constraints.column_shard_width)) for t in tables]
+    topo = Topology.uniform(8, 4, hbm_gib=4)
+    plan = plan_tables(tables, topo)
+    assert [s.cols for s in plan.tables["cw"].shards] == [32, 32, 32, 32]
+    assert all(s.rank == 5 for s in plan.tables["pin"].shards)
+    assert plan.tables["pin"].sharding_type in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+    assert {s.rank for s in plan.tables["pin2"].shards} <= {2, 3}
+    assert_invariants(plan, tables, topo)
+
+
+def test_pinned_ranks_with_incompatible_type_is_an_error(make_table):
+    t = TableSpec("bad", 100, 16, constraints=TableConstraints((ShardingType.ROW_WISE,), (1,)))
+    with pytest.raises(PlanningError, match=r"'bad'.*pinned ranks \[1\].*table_wise"):
+        plan_tables([t], Topology.uniform(2, 2))
+
+
+def test_huge_table_is_split_because_it_does_not_fit_one_device(make_table):
+    big = make_table("huge", 100_000_000, 128)  # 100M x 128 x 4 B = 47.7 GiB + state
+    topo = Topology.uniform(8, 4, hbm_gib=16)
+    plan = plan_tables([big, make_table("small", 1000, 16)], topo)
+    assert plan.tables["huge"].sharding_type not in (ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL)
+    assert len(plan.tables["huge"].shards) > 1
+    assert_invariants(plan, [big, make_table("small", 1000, 16)], topo)
+
+
+def test_memory_error_names_table_and_missing_bytes(make_table):
+    big = make_table("giant", 100_000_000, 128, types=["table_wise"])
+    with pytest.raises(PlanningError) as e:
+        plan_tables([big], Topology.uniform(4, 4, hbm_gib=16))
+    msg = str(e.value)
+    assert "'giant'" in msg and "GiB" in msg and "missing" in msg and "table_wise" in msg
+    # what is missing: needed - 16 GiB
+    need = 100_000_000 * (128 * 4 + 4)
+    assert f"{(need - 16 * GIB) / GIB:.2f} GiB" in msg or "missing" in msg
+
+
+def test_total_memory_too_small_names_tables_and_missing_bytes(make_table):
+    tables = [make_table(f"m{i}", 20_000_000, 64) for i in range(6)]  # ~4.8 GiB each
+    with pytest.raises(PlanningError, match=r"need at least \d+ bytes \(\d+\.\d\d GiB\).*GiB\) missing; "
+                                            r"largest tables: 'm\d'"):
+        plan_tables(tables, Topology.uniform(2, 2, hbm_gib=10))
+
+
+def test_packing_failure_names_a_table(make_table):
+    # 3 table-wise-only tables of ~5.6 GiB on 2 ranks of 10 GiB: the total fits, no packing does
+    tables = [make_table(f"p{i}", 23_000_000, 64, types=["table_wise"]) for i in range(3)]
+    with pytest.raises(PlanningError, match=r"table 'p\d'.*no rank has room.*GiB\) missing"):
+        plan_tables(tables, Topology.uniform(2, 2, hbm_gib=10))
+
+
+def test_heterogeneous_speeds_shift_load(make_tables):
+    tables = make_tables(80, seed=5, max_rows=1e6)
+    devs = tuple(Device(80 * GIB, 256 * GIB, 0.25 if r == 0 else 1.0) for r in range(4))
+    plan = plan_tables(tables, Topology(4, 4, devs))
+    assert plan.imbalance < 1.1, "times stay balanced"
+    fast = np.mean([r.compute_ms for r in plan.ranks[1:]])
+    # lookup work on a rank = its compute time x its speed: the 4x slower rank gets far less
+    assert plan.ranks[0].compute_ms * 0.25 < 0.6 * fast
+    assert plan.ranks[0].compute_ms <= 1.5 * fast
+    uniform = plan_tables(tables, Topology.uniform(4, 4))
+    assert uniform.max_ms <= plan.max_ms
+
+
+def test_hierarchical_table_row_wise_stays_in_one_node(make_table):
+    tables = [make_table(f"twrw{i}", 1_000_000, 64, types=["table_row_wise"], pf=20) for i in range(4)]
+    tables += [make_table(f"tw{i}", 100_000, 32, pf=2) for i in range(10)]
+    topo = Topology.uniform(16, 4)
+    plan = plan_tables(tables, topo)
+    nodes = set()
+    for i in range(4):
+        tp = plan.tables[f"twrw{i}"]
+        assert tp.sharding_type is ShardingType.TABLE_ROW_WISE
+        node = {topo.node_of(s.rank) for s in tp.shards}
+        assert len(node) == 1 and sorted(s.rank % 4 for s in tp.shards) == [0, 1, 2, 3]
+        nodes |= node
+    assert len(nodes) == 4, "the 4 groups are spread over the 4 nodes"
+    assert_invariants(plan, tables, topo)
+
+
+def test_host_placement_uses_host_memory(make_table):
+    t = TableSpec("uvm", 10_000_000, 64, constraints=TableConstraints(placement=Placement.HOST), access_skew=1.1)
+    plan = plan_tables([t], Topology.uniform(2, 2, hbm_gib=1))
+    assert sum(r.host_memory_bytes for r in plan.ranks) >= 10_000_000 * 64 * 4
+    assert plan.tables["uvm"].placement is Placement.HOST
+
+
+def test_cost_constants_from_json(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"inter_bw": 50e9, "bwd_factor": 3.0}))
+    c = CostConstants.from_json(str(p))
+    assert c.inter_bw == 50e9 and c.bwd_factor == 3.0 and c.hbm_bw == CostConstants().hbm_bw
+    p.write_text(json.dumps({"nope": 1}))
+    with pytest.raises(PlanningError, match="nope"):
+        CostConstants.from_json(str(p))
+
+
+def test_tiny_table_with_many_ids_goes_data_parallel(make_table):
+    """A replica's AllReduce (100 x 16 x 4 B) is cheaper than AlltoAll-ing 50 ids per sample."""
+    t = [make_table("tiny", 100, 16, pf=50), make_table("x", 10000, 64)]
+    plan = plan_tables(t, Topology.uniform(8, 4))
+    assert plan.tables["tiny"].sharding_type is ShardingType.DATA_PARALLEL
+    # ... but a big table never is: its AllReduce would dwarf the lookups
+    assert plan.tables["x"].sharding_type is not ShardingType.DATA_PARALLEL
+
+
+def test_inputs_not_mutated(make_tables):
+    tables = make_tables(20, seed=1)
+    before = list(tables)
+    topo = Topology.uniform(4, 2)
+    p1 = plan_tables(tables, topo)
+    p2 = plan_tables(tables, topo)
+    assert tables == before and p1 == p2, "deterministic, inputs untouched"
+
+
+def test_evaluate_plan_reproduces_the_planners_numbers(make_tables):
+    from neo.planner import evaluate_plan
+
+    tables = make_tables(60, seed=11)
+    topo = Topology.uniform(8, 4)
+    plan = plan_tables(tables, topo)
+    again = evaluate_plan(tables, topo, plan.tables)
+    for a, b in zip(plan.ranks, again.ranks):
+        assert a.memory_bytes == pytest.approx(b.memory_bytes, rel=1e-9, abs=2)
+        assert a.predicted_ms == pytest.approx(b.predicted_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("st", list(ShardingType))
+def test_plans_pass_the_runtimes_plan_view(st):
+    """Integration: the runtime's validator (neo.distributed.plan_view, another module) accepts the plans."""
+    from neo.distributed import plan_view
+    from neo.config import config_from_dict
+
+    tables = [{"name": "forced", "num_rows": 1003, "dim": 64, "sharding_types": [st.value], "pooling_factor": 5},
+              {"name": "a", "num_rows": 5000, "dim": 32}, {"name": "b", "num_rows": 7, "dim": 16},
+              {"name": "c", "num_rows": 200000, "dim": 128, "pooling_factor": 20}]
+    cfg = config_from_dict({"tables": tables, "topology": {"world_size": 8, "local_world_size": 4, "hbm_gib": 2}})
+    plan = plan_tables(cfg.table_specs(), cfg.topology.to_topology(), cfg.topology.to_cost_constants())
+    view = plan_view.PlanView.from_plan(plan.to_json(), cfg.table_configs())
+    assert view.tables["forced"].sharding_type.value == st.value

@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Benchmark Neo's sharding planner.
+
+    python tools/bench_planner.py [--json out.json] [--quick] [--no-torchrec]
+
+1. Speed: 1,000 production-like tables on 128 ranks (16 nodes x 8), full pipeline
+   (enumerate, estimate, propose, partition x3, pick, plan), best of ``--repeat`` runs.
+2. Quality: for several production-like sets (rows log-uniform 10..100M, dims 16..256,
+   Pareto-skewed pooling factors, fp16/fp32), the predicted max and max/mean rank time of
+   the plan restricted to greedy, Karmarkar-Karp and the refinement, side by side, and,
+   where torchrec is importable, TorchRec's ``EmbeddingShardingPlanner`` on the same tables
+   (its plan translated into Neo shards and scored by Neo's cost model).
+
+Everything is printed as a markdown table; ``--json FILE`` writes the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+import warnings
+from typing import Dict, List, Optional
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
+                         TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
+
+
+def production_like_tables(n: int, seed: int = 0, max_rows: float = 1e8) -> List[TableSpec]:
+    """Rows log-uniform in [10, max_rows]; dims 16..256; pooling factors 1 + Pareto(1.2) capped at 200."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows = int(10 ** rng.uniform(1, np.log10(max_rows)))
+        dim = int(rng.choice([16, 32, 64, 128, 256], p=[0.15, 0.25, 0.35, 0.2, 0.05]))
+        pf = float(min(200.0, rng.pareto(1.2) + 1.0))
+        out.append(TableSpec(f"t{i}", rows, dim, weight_bytes=int(rng.choice([2, 4])), state_floats_per_row=1,
+                             pooling_factor=pf, access_skew=1.0, constraints=TableConstraints()))
+    return out
+
+
+def torchrec_plan(tables: List[TableSpec], topo: Topology) -> Dict[str, TablePlan]:
+    """Run TorchRec's planner on the same tables and translate its plan into Neo shards."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    from torchrec.distributed.planner import Topology as TRTopology
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                                  feature_names=[f"{t.name}_f{k}" for k in range(t.num_features)],
+                                  data_type=DataType.FP16 if t.weight_bytes == 2 else DataType.FP32) for t in tables]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    tr_topo = TRTopology(world_size=topo.world_size, compute_device="cuda", local_world_size=topo.local_world_size,
+                         hbm_cap=int(topo.devices[0].hbm_bytes), ddr_cap=int(topo.devices[0].host_bytes))
+    cons = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor] * t.num_features) for t in tables}
+    planner = EmbeddingShardingPlanner(topology=tr_topo, batch_size=topo.batch_size_per_rank, constraints=cons)
+    plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+    params = next(iter(plan.plan.values()))
+    out: Dict[str, TablePlan] = {}
+    for t in tables:
+        ps = params[t.name]
+        st = ShardingType(ps.sharding_type)
+        placement = Placement.HOST if "uvm" in str(ps.compute_kernel) else Placement.DEVICE
+        if ps.sharding_spec is None:
+            ranks = ps.ranks if ps.ranks else list(range(topo.world_size))
+            shards = tuple(Shard(int(r), 0, t.rows, 0, t.dim) for r in ranks)
+        else:
+            shards = tuple(Shard(int(s.placement.rank()), int(s.shard_offsets[0]), int(s.shard_sizes[0]),
+                                 int(s.shard_offsets[1]), int(s.shard_sizes[1])) for s in ps.sharding_spec.shards)
+        out[t.name] = TablePlan(st, shards, placement)
+    return out
+
+
+def _record(name, plan, seconds, topo) -> dict:
+    fits = all(r.memory_bytes <= d.hbm_bytes for r, d in zip(plan.ranks, topo.devices))
+    u = plan.summary.get("uniform_ms", 0.0)  # input side + latency: the same on every rank
+    work = (plan.max_ms - u) / max(plan.mean_ms - u, 1e-12)
+    return {"planner": name, "max_ms": round(plan.max_ms, 4), "mean_ms": round(plan.mean_ms, 4),
+            "max_over_mean": round(plan.imbalance, 4), "placed_max_over_mean": round(work, 4),
+            "seconds": round(seconds, 3),
+            "max_hbm_gib": round(max(r.memory_bytes for r in plan.ranks) / GIB, 2), "fits": fits}
+
+
+def run_case(name: str, n: int, W: int, L: int, hbm_gib: float, seed: int, torchrec: bool) -> dict:
+    tables = production_like_tables(n, seed)
+    topo = Topology.uniform(W, L, hbm_gib=hbm_gib)
+    case = {"case": name, "tables": n, "world_size": W, "local_world_size": L, "hbm_gib": hbm_gib,
+            "total_weights_gib": round(sum(t.rows * t.bytes_per_row(t.dim) for t in tables) / GIB, 1),
+            "results": []}
+    for algo in ("greedy", "karmarkar_karp", "refine"):
+        t0 = time.perf_counter()
+        try:
+            plan = plan_tables(tables, topo, partitioners=(algo,))
+        except PlanningError as e:
+            case["results"].append({"planner": algo, "error": str(e)[:200]})
+            continue
+        case["results"].append(_record(algo, plan, time.perf_counter() - t0, topo))
+    t0 = time.perf_counter()
+    plan = plan_tables(tables, topo)
+    case["results"].append(_record("neo (auto)", plan, time.perf_counter() - t0, topo))
+    if torchrec:
+        try:
+            logging.disable(logging.WARNING)
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            tp = torchrec_plan(tables, topo)
+            secs = time.perf_counter() - t0
+            case["results"].append(_record("torchrec", evaluate_plan(tables, topo, tp), secs, topo))
+        except Exception as e:  # noqa: BLE001 - report, do not crash the benchmark
+            case["results"].append({"planner": "torchrec", "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        finally:
+            logging.disable(logging.NOTSET)
+            warnings.resetwarnings()
+    return case
+
+
+def speed(n: int, W: int, L: int, repeat: int) -> dict:
+    tables = production_like_tables(n, seed=0)
+    topo = Topology.uniform(W, L, hbm_gib=80)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = plan_tables(tables, topo)
+        times.append(time.perf_counter() - t0)
+    return {"tables": n, "world_size": W, "local_world_size": L, "seconds_best": round(min(times), 3),
+            "seconds_all": [round(t, 3) for t in times], "max_over_mean": round(plan.imbalance, 4),
+            "partitioner": plan.summary["partitioner"], "proposal": plan.summary["proposal"]}
+
+
+def torchrec_available() -> Optional[str]:
+    try:
+        import torchrec  # noqa: F401
+        from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: F401
+        return getattr(torchrec, "__version__", "unknown")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None, help="write the records to this file")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the speed case (best reported)")
+    ap.add_argument("--quick", action="store_true", help="small cases only")
+    ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
+    ap.add_argument("--torchrec-max-tables", type=int, default=200,
+                    help="skip TorchRec above this many tables (its planner takes ~3 min for 200 tables here)")
+    args = ap.parse_args(argv)
+
+    trv = None if args.no_torchrec else torchrec_available()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "numpy": np.__version__, "torchrec": trv}
+    print(f"# Neo planner benchmark ({meta['date']}, {meta['cpus']} CPUs, python {meta['python']}, "
+          f"torchrec {trv or 'not available: column skipped'})\n")
+    records = {"meta": meta}
+    if not args.quick:
+        sp = speed(1000, 128, 8, args.repeat)
+        records["speed"] = sp
+        print(f"Speed: {sp['tables']} tables on {sp['world_size']} ranks ({sp['world_size'] // 8} x 8): "
+              f"best {sp['seconds_best']} s of {sp['seconds_all']} (max/mean {sp['max_over_mean']})\n")
+    cases = [("200 tables, 2x8, 80 GiB", 200, 16, 8, 80, 1), ("200 tables, 2x8, 24 GiB", 200, 16, 8, 24, 2),
+             ("500 tables, 4x8, 80 GiB", 500, 32, 8, 80, 3)]
+    if not args.quick:
+        cases += [("1000 tables, 16x8, 80 GiB", 1000, 128, 8, 80, 0), ("1000 tables, 8x8, 24 GiB", 1000, 64, 8, 24, 4)]
+    records["cases"] = []
+    print("| case | weights GiB | planner | max ms | mean ms | max/mean | placed max/mean | max HBM GiB | fits | plan s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, n, W, L, hbm, seed in cases:
+        case = run_case(name, n, W, L, hbm, seed, trv is not None and n <= args.torchrec_max_tables)
+        records["cases"].append(case)
+        for r in case["results"]:
+            if "error" in r:
+                print(f"| {name} | {case['total_weights_gib']} | {r['planner']} | error: {r['error'][:80]} ||||||")
+            else:
+                print(f"| {name} | {case['total_weights_gib']} | {r['planner']} | {r['max_ms']} | {r['mean_ms']} | "
+                      f"{r['max_over_mean']} | {r['placed_max_over_mean']} | {r['max_hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {r['seconds']} |")
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"\nrecords written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
