@@ -1,0 +1,240 @@
+"""The triton backend against the reference oracle, step by step.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors. ``TRITON_INTERPRET=1``
+must be in the environment before triton decorates the kernels (``@triton.jit`` picks the
+compiled or the interpreted implementation when the kernel module is imported), so it is
+set here, at the top of the module, before anything can import triton; pytest imports test
+modules before running any test. With CUDA, the kernels are compiled and run on "cuda".
+The interpreter is slow: shapes here are tiny (the file runs in well under 90 s on 2 cores).
+
+Tolerances: fp32 compares at 1e-5 relative (forward pools in a different order than the
+reference). fp16/bf16 weights compare bit for bit, with stochastic rounding on and off,
+for sgd, adagrad and adam, whose updates are elementwise: the kernel uses IEEE division and
+square root, the reference's evaluation order and no FMA contraction. rowwise_adagrad
+(mean of g*g over the row) and lamb (row norms) reduce across the row, and a reduction
+order cannot match torch's vectorised CPU reduction: their fp32 results can differ in the
+last bit, which can move a 16-bit weight by one ulp (or flip a stochastic-rounding choice,
+also one ulp). Those two allow <= 1 ulp; modules are re-synchronised after every step so
+differences do not compound.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: see the module docstring
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType  # noqa: E402
+from neo.embedding import TableBatchedEmbedding  # noqa: E402
+from neo.sparse import KeyedJaggedBatch  # noqa: E402
+from tests.embedding.harness import clone_weights, random_batch, run_steps  # noqa: E402
+from neo.embedding.backends.reference import round_weights, sr_uniform  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from neo.embedding.backends import triton_kernels as tk  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+OPTS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lamb"]
+ELEMENTWISE = {"sgd", "adagrad", "adam"}
+
+
+def make_tables(opt: str, dtype: str = "fp32", sr: bool = False, wd: float = 0.0):
+    """Mixed dims 4 / 12 / 36, sum and mean pooling, one table read by two features."""
+    o = OptimizerConfig(opt, lr=0.05, weight_decay=wd, initial_accumulator_value=0.1 if "adagrad" in opt else 0.0)
+    common = dict(optimizer=o, dtype=dtype, stochastic_rounding=sr)
+    return [
+        TableConfig("a", num_rows=11, dim=4, **common),
+        TableConfig("b", num_rows=7, dim=12, feature_names=("b1", "b2"), pooling="mean", **common),
+        TableConfig("c", num_rows=5, dim=36, **common),
+    ]
+
+
+# ------------------------------------------------------------------------ helpers
+def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """16-bit floats as integers ordered like the values (so |a - b| counts ulps)."""
+    b = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    return torch.where(b >= 0x8000, 0x8000 - b, b)
+
+
+def _max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((_ordered_bits(a) - _ordered_bits(b)).abs().max())
+
+
+def train_and_compare(tables, batches, max_ulp=0, validate=True, seed=0, state_rtol=1e-5):
+    """Like harness.run_steps, but 16-bit weights compare in ulps (see the module docstring)
+    and the modules are re-synchronised after each step."""
+    ref = TableBatchedEmbedding(tables, backend="reference", seed=seed, validate=validate)
+    fast = TableBatchedEmbedding(tables, backend="triton", seed=seed, device=DEVICE, validate=validate)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(seed + 7)
+    for step, batch in enumerate(batches):
+        out_ref = ref(batch)
+        out_fast = fast(batch.to(DEVICE))
+        torch.testing.assert_close(out_fast.cpu(), out_ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} forward: {m}")
+        grad = torch.randn(out_ref.shape, generator=gen)
+        out_ref.backward(grad)
+        out_fast.backward(grad.to(DEVICE))
+        for t in tables:
+            wr, wf = ref.table_weight(t.name), fast.table_weight(t.name).cpu()
+            if t.dtype is WeightDType.FP32:
+                torch.testing.assert_close(wf, wr, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} {t.name}: {m}")
+            else:
+                ulp = _max_ulp(wf, wr)
+                assert ulp <= max_ulp, f"step {step} table {t.name}: weights differ by {ulp} ulp (allowed {max_ulp})"
+            sr_, sf = ref.table_optimizer_state(t.name), fast.table_optimizer_state(t.name)
+            for k in sr_:
+                if max_ulp == 0:
+                    assert torch.equal(sf[k].cpu(), sr_[k]), f"step {step} table {t.name} state {k} not bit-exact"
+                else:
+                    torch.testing.assert_close(sf[k].cpu(), sr_[k], rtol=state_rtol, atol=1e-7)
+        # re-synchronise: one-ulp differences must not compound
+        clone_weights(ref, fast)
+        for t in tables:
+            for k, v in ref.table_optimizer_state(t.name).items():
+                fast.table_optimizer_state(t.name)[k].copy_(v)
+
+
+def _batches(tables, n=2, batch_size=6, weighted=False, long_bag=0, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [random_batch(tables, batch_size, gen, weighted=weighted, long_bag=long_bag) for _ in range(n)]
+
+
+@triton.jit
+def _round_probe(x_ptr, elem_ptr, u_ptr, bits_ptr, key, WKIND: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i)
+    e = tl.load(elem_ptr + i)
+    key64 = key.to(tl.int64).to(tl.uint64, bitcast=True)
+    tl.store(u_ptr + i, tk._sr_uniform(key64, e))
+    tl.store(bits_ptr + i, tk._round_to_storage(x, e, key64, WKIND, SR))
+
+
+# ------------------------------------------------------------------------ tests
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy: inf - inf, nan on the edge values
+@pytest.mark.parametrize("dtype", [WeightDType.FP16, WeightDType.BF16])
+@pytest.mark.parametrize("seed,step", [(0, 1), (7, 3), (2**63 + 5, 2**20)])
+def test_hash_and_rounding_helpers_match_reference(dtype, seed, step):
+    """The in-kernel splitmix64 (uint64) and 16-bit rounding, on edge values and huge indices."""
+    xs = [0.1, -0.1, 1 / 3, -2.7183, 1e-6, 300.123, 65504.0, 65519.9, 70000.0, float("inf"), float("-inf"),
+          float("nan"), 0.0, -0.0, 1e-8, 5.96e-8, -3e-8, 3.0e38, 3.4e38, -1e-40, 1.0, 1 + 2**-12, 2.5e-3, -7.77]
+    elems = [0, 1, 2, 12345, 2**31 + 7, 2**32 - 1, 2**40 + 3, 2**62 + 11]
+    n = 32
+    x = torch.tensor((xs * 2)[:n], dtype=torch.float32, device=DEVICE)
+    e = torch.tensor((elems * 4)[:n], dtype=torch.int64, device=DEVICE)
+    u = torch.empty(n, dtype=torch.float32, device=DEVICE)
+    bits = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    key = ((seed & (2**64 - 1)) ^ ((step * 0x9E3779B97F4A7C15) & (2**64 - 1)))
+    key = key - 2**64 if key >= 2**63 else key
+    for sr in (False, True):
+        _round_probe[(1,)](x, e, u, bits, key, WKIND=1 if dtype is WeightDType.FP16 else 2, SR=sr, BLOCK=n)
+        u_ref = sr_uniform(seed, step, e.cpu())
+        assert torch.equal(u.cpu(), u_ref)
+        want = round_weights(x.cpu(), dtype, sr, u_ref)
+        got = bits.cpu().to(torch.int16).view(dtype.torch_dtype)
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), f"sr={sr}: {x.cpu()[~same]} -> {got[~same]} want {want[~same]}"
+
+
+@pytest.mark.parametrize("wd,weighted", [(0.0, False), (0.01, True)])
+@pytest.mark.parametrize("opt", OPTS)
+def test_fp32_matches_reference(opt, wd, weighted):
+    run_steps(make_tables(opt, wd=wd), "triton", steps=2, batch_size=6, weighted=weighted, device=DEVICE)
+
+
+@pytest.mark.parametrize("sr", [False, True])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("opt", OPTS)
+def test_16bit_weights_bit_exact(opt, dtype, sr):
+    tables = make_tables(opt, dtype=dtype, sr=sr, wd=0.01 if opt in ("adam", "lamb") else 0.0)
+    exact = opt in ELEMENTWISE
+    train_and_compare(tables, _batches(tables, weighted=True), max_ulp=0 if exact else 1, seed=3)
+
+
+def test_stochastic_rounding_large_seed_and_long_bags():
+    """A seed above 2^63 (uint64 hash paths), long bags (several id tiles) and hot rows."""
+    tables = make_tables("adagrad", dtype="bf16", sr=True)
+    train_and_compare(tables, _batches(tables, n=2, batch_size=4, long_bag=40), max_ulp=0, seed=2**63 + 5)
+
+
+def test_long_bags_fp32():
+    run_steps(make_tables("rowwise_adagrad"), "triton", steps=2, batch_size=4, long_bag=70, device=DEVICE)
+
+
+def test_duplicates_shared_table_and_empty_bags():
+    tables = make_tables("adam")
+    batch = KeyedJaggedBatch.from_lists(
+        {
+            "a": [[3, 3, 3], [], [3, 0]],
+            "b1": [[1, 1], [6], []],
+            "b2": [[], [1, 6, 1], [6]],        # table b read by b1 and b2: rows 1 and 6 shared
+            "c": [[], [], []],                 # feature with only empty bags
+        },
+        weights={"a": [[1.0, 0.5, 2.0], [], [1.5, 1.0]], "b1": [[1.0, 3.0], [0.25], []],
+                 "b2": [[], [1.0, 2.0, 0.5], [4.0]], "c": [[], [], []]},
+    )
+    run_steps(tables, "triton", batches=[batch, batch], steps=2, device=DEVICE)
+
+
+def test_all_empty_batch():
+    tables = make_tables("lamb")
+    keys = [f for t in tables for f in t.feature_names]
+    empty = KeyedJaggedBatch.from_lists({k: [[], [], []] for k in keys})
+    full = random_batch(tables, 3, torch.Generator().manual_seed(0))
+    run_steps(tables, "triton", batches=[empty, full, empty], steps=3, device=DEVICE)
+
+
+def test_batch_of_one_and_single_row_table():
+    """B = 1 and a 1-row table (ints equal to 1 are specialised as constants by triton)."""
+    o = OptimizerConfig("adam", lr=0.05)
+    tables = [TableConfig("one", num_rows=1, dim=8, optimizer=o, pooling="mean"),
+              TableConfig("x", num_rows=9, dim=4, optimizer=o, feature_names=("x1", "x2"))]
+    batch = KeyedJaggedBatch.from_lists({"one": [[0, 0, 0]], "x1": [[8, 1, 8]], "x2": [[]]})
+    run_steps(tables, "triton", batches=[batch, batch], steps=2, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_invalid_ids_unchecked(dtype):
+    """validate=False: ids < 0 or >= rows contribute zero and get no update (no OOB access)."""
+    tables = make_tables("adagrad", dtype=dtype, sr=True)
+    batch = KeyedJaggedBatch.from_lists(
+        {
+            "a": [[-1, 2, 11], [2**40], [10, 10, -5]],
+            "b1": [[7, 1], [-2**62], []],
+            "b2": [[6, 100], [], [0]],
+            "c": [[5], [4, 5, 2**31], [-1]],
+        },
+        weights={"a": [[1.0, 1.0, 1.0], [1.0], [1.0, 2.0, 1.0]], "b1": [[1.0, 1.0], [1.0], []],
+                 "b2": [[1.0, 1.0], [], [1.0]], "c": [[1.0], [1.0, 1.0, 1.0], [1.0]]},
+    )
+    all_bad = KeyedJaggedBatch.from_lists({"a": [[-1], [11]], "b1": [[7, 7], []], "b2": [[-3], []], "c": [[], [99]]})
+    train_and_compare(tables, [batch, all_bad, batch], max_ulp=0, validate=False)
+
+
+def test_eval_forward_only():
+    tables = make_tables("sgd")
+    ref = TableBatchedEmbedding(tables, backend="reference")
+    fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE)
+    clone_weights(ref, fast)
+    batch = random_batch(tables, 5, torch.Generator().manual_seed(2), weighted=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(batch.to(DEVICE)).cpu(), ref(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_import_neo_does_not_import_triton():
+    code = (
+        "import sys, neo, neo.embedding, neo.embedding.backends.triton as tb\n"
+        "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
+        "assert tb.TritonBackend.name == 'triton'\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
