@@ -1,0 +1,331 @@
+"""Collectives of the sharded runtime, each returning an :class:`Awaitable`.
+
+Every collective Neo's runtime uses lives here, launched with ``async_op=True`` so that a
+training pipeline can overlap it with compute; ``Awaitable.wait()`` is named in profiler
+traces (``neo.wait/<name>``).
+
+Two families:
+
+- plain collectives on integer payloads (input distribution: lengths and ids), no autograd:
+  :func:`all_to_all`;
+- differentiable collectives on pooled embeddings (output distribution), whose backward
+  runs the reverse collective: :func:`all_to_all_pooled` (backward: the AlltoAll with the
+  splits swapped), :func:`reduce_scatter_pooled` (backward: AllGather) and
+  :func:`slice_local_pooled` (forward: keep this rank's rows; backward: AllGather of the
+  gradient, used by data-parallel tables).
+
+Quantized communication (:class:`CommConfig`): pooled payloads may travel as fp16 or bf16,
+separately for the forward and the backward pass; values are cast back to fp32 on
+arrival, and every sum is taken in fp32 (a quantized ReduceScatter is an AlltoAll of the
+16-bit partial sums followed by a local fp32 sum, never a 16-bit reduction).
+
+Ordering of backward collectives. Collectives on one process group must be issued in the
+same order on every rank. The forward order is fixed by the code; the backward order is
+fixed by a :class:`BackwardOrder` token chain: each differentiable collective's wait node
+consumes the token of the previous one, so autograd runs their backwards strictly in
+reverse creation order on every rank, whatever else the graph holds.
+
+All collectives verified on gloo (torch 2.13, CPU): all_to_all_single with uneven splits
+(int64, fp32, fp16, bf16), reduce_scatter_single, all_gather_single, all_reduce. On gloo
+the ReduceScatter runs as AlltoAll + local sum (faster there, see
+``_launch_reduce_scatter``); on other backends as reduce_scatter_single.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Generic, Optional, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+__all__ = [
+    "Awaitable",
+    "CollectiveError",
+    "CommPrecision",
+    "CommConfig",
+    "BackwardOrder",
+    "all_to_all",
+    "all_to_all_pooled",
+    "reduce_scatter_pooled",
+    "slice_local_pooled",
+    "all_reduce",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out (usually: another rank failed first); names this rank."""
+
+
+def _is_comm_error(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(k in text for k in ("gloo", "timed out", "timeout", "connection", "nccl", "peer"))
+
+
+class Awaitable(Generic[T]):
+    """A result that may not be ready yet. ``wait()`` blocks once, then returns the cached value.
+
+    ``then(fn)`` chains a continuation (run on ``wait()``), which is how two-stage
+    collectives (hierarchical output distribution) compose.
+    """
+
+    def __init__(self, fn: Callable[[], T], name: str):
+        self._fn: Optional[Callable[[], T]] = fn
+        self._value: Optional[T] = None
+        self.name = name
+
+    @staticmethod
+    def ready(value: T, name: str = "ready") -> "Awaitable[T]":
+        a: Awaitable[T] = Awaitable(lambda: value, name)
+        return a
+
+    def wait(self) -> T:
+        if self._fn is not None:
+            with record_function(f"neo.wait/{self.name}"):
+                try:
+                    self._value = self._fn()
+                except RuntimeError as e:
+                    if isinstance(e, CollectiveError) or not _is_comm_error(e):
+                        raise
+                    rank = dist.get_rank() if dist.is_initialized() else "?"
+                    raise CollectiveError(
+                        f"rank {rank}: collective '{self.name}' failed or timed out: a peer rank has probably "
+                        f"failed or stalled (see the other ranks' errors). Cause: {e}") from e
+            self._fn = None
+        return self._value  # type: ignore[return-value]
+
+    def then(self, fn: Callable[[T], U], name: Optional[str] = None) -> "Awaitable[U]":
+        return Awaitable(lambda: fn(self.wait()), name or self.name)
+
+
+class CommPrecision(str, enum.Enum):
+    """Precision of pooled-embedding payloads on the wire."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def wire_dtype(self) -> Optional[torch.dtype]:
+        return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.value]
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """Precision of the pooled AlltoAll / ReduceScatter / AllGather payloads."""
+
+    forward: CommPrecision = CommPrecision.FP32
+    """Wire precision of pooled embeddings in the forward pass."""
+    backward: CommPrecision = CommPrecision.FP32
+    """Wire precision of their gradients in the backward pass."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward"):
+            v = getattr(self, name)
+            try:
+                object.__setattr__(self, name, CommPrecision(str(getattr(v, "value", v)).lower()))
+            except ValueError:
+                raise ValueError(f"comm.{name}: {v!r} is not one of {[p.value for p in CommPrecision]}") from None
+
+
+# ------------------------------------------------------------------------------ launching
+class _Launched:
+    """A launched collective: its work handle and the function producing the fp32 result."""
+
+    def __init__(self, work, finish: Callable[[], torch.Tensor]):
+        self.work, self.finish = work, finish
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.finish()
+
+
+def _cast(x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return x.contiguous() if dtype is None else x.to(dtype).contiguous()
+
+
+def _launch_a2a(x: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int], group,
+                dtype: Optional[torch.dtype]) -> _Launched:
+    """AlltoAll of rows of ``x`` (split along dim 0): ``in_splits[r]`` rows go to rank r."""
+    send = _cast(x, dtype)
+    out = send.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
+    if dist.get_world_size(group) == 1:
+        out.copy_(send)
+        work = None
+    else:
+        work = dist.all_to_all_single(out, send, list(out_splits), list(in_splits), group=group, async_op=True)
+    return _Launched(work, lambda: out if dtype is None else out.to(x.dtype))
+
+
+def _launch_reduce_scatter(x: torch.Tensor, group, dtype: Optional[torch.dtype]) -> _Launched:
+    """Sum over ranks of ``x`` (W * n, ...) ; rank r keeps rows r*n .. (r+1)*n - 1."""
+    W = dist.get_world_size(group)
+    n = x.shape[0] // W
+    if dtype is None and (W == 1 or dist.get_backend(group) != "gloo"):
+        send = x.contiguous()
+        out = send.new_empty((n,) + tuple(send.shape[1:]))
+        if W == 1:
+            out.copy_(send)
+            return _Launched(None, lambda: out)
+        work = dist.reduce_scatter_single(out, send, group=group, async_op=True)
+        return _Launched(work, lambda: out)
+    # AlltoAll of the partial sums (16-bit when quantized) and a local fp32 sum. On gloo this is
+    # also the fp32 path: gloo's reduce_scatter measured 62 ms vs 32 ms for AlltoAll + sum
+    # ((4 x 2048, 512) fp32, W = 4, 2-core CPU); equal at W = 2.
+    inner = _launch_a2a(x, [n] * W, [n] * W, group, dtype)
+    return _Launched(inner.work, lambda: inner.finish().view((W, n) + tuple(x.shape[1:])).to(torch.float32).sum(0))
+
+
+def _launch_all_gather(x: torch.Tensor, group, dtype: Optional[torch.dtype]) -> _Launched:
+    W = dist.get_world_size(group)
+    send = _cast(x, dtype)
+    out = send.new_empty((W * send.shape[0],) + tuple(send.shape[1:]))
+    if W == 1:
+        out.copy_(send)
+        work = None
+    else:
+        work = dist.all_gather_single(out, send, group=group, async_op=True)
+    return _Launched(work, lambda: out if dtype is None else out.to(x.dtype))
+
+
+def all_to_all(x: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int], group,
+               name: str = "all_to_all") -> Awaitable[torch.Tensor]:
+    """Plain (non-differentiable) AlltoAll of ``x`` along dim 0; for lengths and ids."""
+    launched = _launch_a2a(x, out_splits, in_splits, group, None)
+    return Awaitable(launched.wait, name)
+
+
+def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, name: str = "all_reduce") -> Awaitable[torch.Tensor]:
+    """In-place AllReduce of ``x``; the awaitable returns ``x``."""
+    if dist.get_world_size(group) == 1:
+        return Awaitable.ready(x, name)
+    work = dist.all_reduce(x, op=op, group=group, async_op=True)
+
+    def finish() -> torch.Tensor:
+        work.wait()
+        return x
+
+    return Awaitable(finish, name)
+
+
+# ------------------------------------------------------------------- differentiable pairs
+class BackwardOrder:
+    """Token chain that fixes the order of backward collectives (see module docstring).
+
+    One per forward pass; pass the same object to every differentiable collective of it.
+    """
+
+    def __init__(self) -> None:
+        self.token: Optional[torch.Tensor] = None
+
+
+class _Request:
+    def __init__(self, forward: Callable[[torch.Tensor], _Launched], backward: Callable[[torch.Tensor], _Launched]):
+        self.forward, self.backward = forward, backward
+        self.pending: Optional[_Launched] = None
+        self.grad_pending: Optional[_Launched] = None
+
+
+class _Start(torch.autograd.Function):
+    """Launches the forward collective; its backward waits for the reverse collective."""
+
+    @staticmethod
+    def forward(ctx, req: _Request, x: torch.Tensor):
+        ctx.req = req
+        req.pending = req.forward(x)
+        return x.new_empty(0)                                   # dummy: links Start and Wait in the graph
+
+    @staticmethod
+    def backward(ctx, _grad_dummy):
+        grad = ctx.req.grad_pending.wait()
+        ctx.req.grad_pending = None
+        return None, grad
+
+
+class _Wait(torch.autograd.Function):
+    """Waits for the forward collective; its backward launches the reverse collective."""
+
+    @staticmethod
+    def forward(ctx, req: _Request, dummy: torch.Tensor, prev_token: Optional[torch.Tensor]):
+        ctx.req, ctx.has_prev = req, prev_token is not None
+        out = req.pending.wait()
+        req.pending = None
+        return out, dummy.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_token):
+        ctx.req.grad_pending = ctx.req.backward(grad_out.contiguous())
+        return None, grad_out.new_empty(0), (grad_out.new_empty(0) if ctx.has_prev else None)
+
+
+def _differentiable(x: torch.Tensor, forward: Callable[[torch.Tensor], _Launched],
+                    backward: Callable[[torch.Tensor], _Launched], order: Optional[BackwardOrder],
+                    name: str) -> Awaitable[torch.Tensor]:
+    req = _Request(forward, backward)
+    if torch.is_grad_enabled() and not x.requires_grad:
+        # a rank with nothing to differentiate here must still join the backward collective
+        x = x.detach().requires_grad_()
+    with record_function(f"neo.launch/{name}"):
+        dummy = _Start.apply(req, x)
+
+    def finish() -> torch.Tensor:
+        out, token = _Wait.apply(req, dummy, None if order is None else order.token)
+        if order is not None and token.requires_grad:
+            order.token = token
+        return out
+
+    return Awaitable(finish, name)
+
+
+def all_to_all_pooled(x: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int], group,
+                      comm: CommConfig = CommConfig(), order: Optional[BackwardOrder] = None,
+                      name: str = "pooled_all_to_all") -> Awaitable[torch.Tensor]:
+    """Differentiable AlltoAll of rows of ``x`` (n, D); backward: AlltoAll with the splits swapped."""
+    fwd, bwd = comm.forward.wire_dtype, comm.backward.wire_dtype
+    out_s, in_s = list(out_splits), list(in_splits)
+    return _differentiable(
+        x,
+        lambda t: _launch_a2a(t, out_s, in_s, group, fwd),
+        lambda g: _launch_a2a(g, in_s, out_s, group, bwd),
+        order, name,
+    )
+
+
+def reduce_scatter_pooled(x: torch.Tensor, group, comm: CommConfig = CommConfig(),
+                          order: Optional[BackwardOrder] = None,
+                          name: str = "pooled_reduce_scatter") -> Awaitable[torch.Tensor]:
+    """Differentiable ReduceScatter (sum) of ``x`` (W * n, D) over dim 0; backward: AllGather."""
+    fwd, bwd = comm.forward.wire_dtype, comm.backward.wire_dtype
+    return _differentiable(
+        x,
+        lambda t: _launch_reduce_scatter(t, group, fwd),
+        lambda g: _launch_all_gather(g, group, bwd),
+        order, name,
+    )
+
+
+def slice_local_pooled(x: torch.Tensor, group, comm: CommConfig = CommConfig(),
+                       order: Optional[BackwardOrder] = None,
+                       name: str = "pooled_slice_local") -> Awaitable[torch.Tensor]:
+    """Forward: rows ``rank*n .. (rank+1)*n - 1`` of ``x`` (W * n, D), no communication.
+
+    Backward: AllGather of the (n, D) gradients, so that every rank sees the gradient of
+    every rank's samples (data-parallel replicas then apply the same global update).
+    """
+    W, rank = dist.get_world_size(group), dist.get_rank(group)
+    n = x.shape[0] // W
+    bwd = comm.backward.wire_dtype
+    return _differentiable(
+        x,
+        lambda t: _Launched(None, lambda: t[rank * n:(rank + 1) * n].clone()),
+        lambda g: _launch_all_gather(g, group, bwd),
+        order, name,
+    )
+
+

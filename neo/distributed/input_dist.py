@@ -1,0 +1,210 @@
+"""Input distribution: send each feature's ids to the ranks that hold its shards.
+
+Routing, per slot (one feature of one shard, see :mod:`neo.distributed.slots`):
+
+- table_wise: all of the feature's ids to the owner;
+- row_wise / table_row_wise: bucketized by row range, each id to the shard that holds
+  its row, re-based to the shard (``id - row_offset``);
+- column_wise / table_column_wise: all ids duplicated to every column shard;
+- data_parallel: all ids to every rank (each replica pools the global batch, so that its
+  fused optimizer sees the global-batch gradient; see :mod:`.sharding.data_parallel`).
+
+Two AlltoAll calls per batch, whatever the plan:
+
+1. lengths: to every rank, a 6-int header ``[B, has_weights, error, feature, id, sample]``
+   then the B bag lengths of each of its slots (int64). The header carries this rank's
+   input-validation result, so that every rank learns of bad input on any rank in a
+   collective it takes part in anyway, and raises (naming the failing rank, feature, table,
+   id) instead of hanging.
+2. ids: the selected ids of each slot, followed by their per-id weights (fp32 bits) when
+   the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
+   bytes of int64; ids are validated, or clamped when validation is off), else int64.
+
+On arrival a rank holds, for each of its slots, the bags of every rank's samples, source-
+major; it regroups them into one :class:`~neo.sparse.KeyedJaggedBatch` of ``W * B``
+samples (sample ``s * B + b`` is sample b of rank s), keys = its slots' local features.
+Every rank must pass batches of the same size B with the same features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from neo.distributed.comms import Awaitable, all_to_all
+from neo.distributed.process_groups import ProcessGroups
+from neo.distributed.slots import Slot, SlotLayout
+from neo.embedding.checks import EmbeddingInputError
+from neo.sparse import KeyedJaggedBatch
+
+__all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
+
+_HEADER = 6   # B, has_weights, error, feature index, id, sample
+
+
+class DistributedInputError(EmbeddingInputError):
+    """Bad input on some rank; raised on every rank, naming the failing one."""
+
+
+@dataclass
+class DistributedBatch:
+    """What a rank looks up after input distribution."""
+
+    local: KeyedJaggedBatch
+    """Keys: this rank's slot features (``feature#shard``), in slot order; ``W * B`` samples, source-major."""
+    batch_size: int
+    """B, samples per rank."""
+    source_lengths: Dict[str, torch.Tensor]
+    """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    if x.numel() > 1:
+        torch.cumsum(x[:-1], 0, out=out[1:])
+    return out
+
+
+class InputDist:
+    """Routes a rank's :class:`KeyedJaggedBatch` to the slots of every rank (see module doc)."""
+
+    def __init__(self, layout: SlotLayout, pg: ProcessGroups, validate: bool = True):
+        self.layout, self.pg, self.validate = layout, pg, validate
+        self.W = pg.world_size
+        self.rows = [layout.feature_table[f].num_rows for f in layout.features]
+        self.wire = torch.int32 if max(self.rows) < 2 ** 31 else torch.int64      # dtype of ids on the wire
+        self.mean_row_split = [f for f in layout.features
+                               if layout.feature_table[f].pooling.value == "mean"
+                               and layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows]
+
+    # ---------------------------------------------------------------- source side
+    def _first_bad_id(self, values: torch.Tensor, starts: List[int]) -> Optional[Tuple[int, int, int]]:
+        """(feature index, id, position in values) of the first id outside its table, or None."""
+        for f, rows in enumerate(self.rows):
+            v = values[starts[f]:starts[f + 1]]
+            if v.numel() == 0:
+                continue
+            lo, hi = torch.aminmax(v)                                      # one pass per feature
+            if int(lo) < 0 or int(hi) >= rows:
+                pos = int(((v < 0) | (v >= rows)).nonzero()[0])
+                return f, int(v[pos]), starts[f] + pos
+        return None
+
+    def _message(self, rank: int, f: int, bad_id: int, sample: int) -> str:
+        feat = self.layout.features[f]
+        table = self.layout.feature_table[feat]
+        return (f"rank {rank}: feature '{feat}' (table '{table.name}'): id {bad_id} at sample {sample} "
+                f"is out of range [0, {table.num_rows})")
+
+    def __call__(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
+        layout, W = self.layout, self.W
+        batch = batch.permute(layout.features)                              # global feature order
+        B = batch.batch_size
+        values = batch.values.to(torch.int64)
+        offsets = batch.offsets.to(torch.int64)
+        lengths = batch.lengths.to(torch.int64)
+        weights = None if batch.weights is None else batch.weights.to(torch.float32)
+        starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
+        header_err = [0, 0, 0, 0]
+        if self.validate and values.numel():
+            bad = self._first_bad_id(values, starts)
+            if bad is not None:
+                f, bad_id, pos = bad
+                bag = int(torch.searchsorted(offsets, torch.tensor(pos, device=offsets.device), right=True)) - 1
+                header_err = [1, f, bad_id, bag - f * B]
+
+        if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
+            values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)
+        fidx = {f: i for i, f in enumerate(layout.features)}
+        cache: Dict[tuple, tuple] = {}
+
+        def select(slot: Slot):
+            key = (slot.feature, slot.row_offset, slot.rows)
+            if key in cache:
+                return cache[key]
+            f = fidx[slot.feature]
+            lo, hi = starts[f], starts[f + 1]
+            v = values[lo:hi]
+            w = None if weights is None else weights[lo:hi]
+            lens = lengths[f * B:(f + 1) * B]
+            if not slot.full_rows:
+                m = (v >= slot.row_offset) & (v < slot.row_offset + slot.rows)
+                cm = torch.zeros(v.numel() + 1, dtype=torch.int64, device=v.device)
+                torch.cumsum(m, 0, out=cm[1:])
+                bag_off = offsets[f * B:(f + 1) * B + 1] - lo
+                lens = cm[bag_off[1:]] - cm[bag_off[:-1]]
+                v = v[m] - slot.row_offset
+                w = None if w is None else w[m]
+            cache[key] = (lens, v, w)
+            return cache[key]
+
+        head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
+        len_parts, id_parts, id_splits = [], [], []
+        for d in range(W):
+            sel = [select(s) for s in layout.slots_on[d]]
+            len_parts.append(head)
+            len_parts.extend(x[0] for x in sel)
+            ids = [x[1] for x in sel]
+            n = sum(int(i.numel()) for i in ids)
+            id_parts.extend(ids)
+            if weights is not None:
+                id_parts.extend(x[2].view(torch.int32).to(self.wire) for x in sel)
+            id_splits.append(n * (2 if weights is not None else 1))
+        send_lengths = torch.cat(len_parts)
+        send_ids = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
+        K = len(layout.slots_on[self.pg.rank])
+        len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
+        len_out = [_HEADER + B * K] * W
+        lengths_aw = all_to_all(send_lengths, len_out, len_in, self.pg.world, name="input_dist.lengths")
+        source_lengths = {f: lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
+
+        def finish() -> DistributedBatch:
+            recv = lengths_aw.wait().view(W, _HEADER + B * K)               # (W, header + K * B)
+            heads = recv[:, :_HEADER]
+            self._raise_on_bad_input(heads, B, weights is not None)
+            lens = recv[:, _HEADER:].reshape(W, K, B)                       # (W, K, B) source-major
+            sizes = lens.sum(-1)                                            # (W, K) ids per (source, slot)
+            per_source = sizes.sum(-1)                                      # (W,)
+            weighted = weights is not None
+            out_splits = (per_source * (2 if weighted else 1)).tolist()
+            ids_aw = all_to_all(send_ids, out_splits, id_splits, self.pg.world, name="input_dist.ids")
+            buf = ids_aw.wait()
+            # regroup (source, slot) segments into (slot, source) order: feature-major jagged layout;
+            # segments are contiguous, so this is K * W slice copies
+            src_base = _exclusive_cumsum(per_source * (2 if weighted else 1))           # (W,)
+            old_start = (src_base.unsqueeze(1) + (sizes.cumsum(1) - sizes)).tolist()    # (W, K)
+            size_l, n_src = sizes.tolist(), per_source.tolist()
+            order = [(s, k) for k in range(K) for s in range(W)]
+            if W == 1 and not weighted:
+                local_values = buf
+            else:
+                local_values = torch.cat([buf[old_start[s][k]:old_start[s][k] + size_l[s][k]] for s, k in order]) \
+                    if order else buf[:0]
+            local_weights = None
+            if weighted:                                                                # weights follow the ids
+                pieces = [buf[old_start[s][k] + n_src[s]:old_start[s][k] + n_src[s] + size_l[s][k]] for s, k in order]
+                local_weights = (torch.cat(pieces) if pieces else buf[:0]).to(torch.int32).view(torch.float32)
+            local_lengths = lens.permute(1, 0, 2).reshape(-1)                            # (K * W * B,)
+            keys = tuple(s.local_feature for s in self.layout.slots_on[self.pg.rank])
+            local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
+            return DistributedBatch(local, B, source_lengths)
+
+        return Awaitable(finish, "input_dist")
+
+    # ---------------------------------------------------------------- agreement
+    def _raise_on_bad_input(self, heads: torch.Tensor, B: int, weighted: bool) -> None:
+        me = self.pg.rank
+        failed = [r for r in range(self.W) if int(heads[r, 2])]
+        if failed:
+            msgs = [self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
+            who = "this rank" if me in failed else f"rank(s) {failed}"
+            raise DistributedInputError(
+                f"input distribution stopped on rank {me}: bad input on {who}: " + "; ".join(msgs))
+        sizes = heads[:, 0].tolist()
+        if any(s != B for s in sizes):
+            raise DistributedInputError(f"rank {me}: every rank must pass the same batch size; got {sizes} per rank")
+        ws = heads[:, 1].tolist()
+        if any(bool(w) != weighted for w in ws):
+            raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")

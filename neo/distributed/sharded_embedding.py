@@ -1,0 +1,310 @@
+"""ShardedEmbeddingCollection: embedding tables sharded by a 4D plan, trained across ranks.
+
+A batch's path (rank r, B local samples, W ranks)::
+
+    batch (B samples, every feature)
+      -> input_dist(batch)        two AlltoAlls (lengths + header, ids [+ weights]): each slot
+                                  (feature x shard) receives its ids from all W ranks
+      -> compute(dist_batch)      ONE TableBatchedEmbedding with all of this rank's shards pools
+                                  (W * B, local columns), samples source-major
+      -> output_dist(pooled)      per sharding type: AlltoAll (table/column-wise), ReduceScatter
+                                  (row-wise), intra-node then cross-node (table_row_wise,
+                                  table_column_wise), local slice (data-parallel)
+      -> (B, sum D)               features in table order, as TableBatchedEmbedding(tables)(batch)
+
+Backward runs the reverse collectives (autograd Functions in :mod:`.comms`) and each
+shard's fused optimizer updates it in place.
+
+Gradient scale (``average_gradients=True``, the default). Each rank's loss is the MEAN
+over its B samples and DistributedDataParallel AVERAGES dense gradients across ranks: that
+is single-process training with the mean over the global batch of W * B samples. The
+embedding gradient arriving at a shard from rank s is d(mean_s)/d(pooled) = W x
+d(global mean)/d(pooled), so the collection multiplies the gradient of its output by 1 / W
+before it is sent back: every fused update then equals the unsharded one. With
+``average_gradients=False`` the gradients are summed (for a loss that is a SUM over the
+global batch, with DDP gradients scaled to match).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from neo.config.embedding import TableConfig
+from neo.distributed.comms import Awaitable, BackwardOrder, CommConfig
+from neo.distributed.input_dist import DistributedBatch, InputDist
+from neo.distributed.plan_view import PlanError, PlanView, ShardingType
+from neo.distributed.process_groups import ProcessGroups
+from neo.distributed.sharding.data_parallel import DataParallelOutputDist
+from neo.distributed.sharding.hierarchical import TableColumnWiseOutputDist, TableRowWiseOutputDist
+from neo.distributed.sharding.row_wise import RowWiseOutputDist
+from neo.distributed.sharding.table_wise import AllToAllOutputDist
+from neo.distributed.slots import SlotLayout
+from neo.embedding import TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+__all__ = ["ShardedEmbeddingCollection"]
+
+
+def _column_blocks(order: Sequence[int]):
+    """Runs of consecutive columns: (source start, target start, width) with out[:, t:t+n] = x[:, s:s+n]."""
+    blocks, s = [], 0
+    while s < len(order):
+        n = 1
+        while s + n < len(order) and order[s + n] == order[s] + n:
+            n += 1
+        blocks.append((s, order[s], n))
+        s += n
+    return blocks
+
+
+def _split_blocks(runs, widths):
+    """Cut column runs at piece boundaries: (flat index, piece index in flat, src col, dst col, n)."""
+    pieces, acc = [], 0                                     # (flat, piece, start col in concat order, width)
+    for fi, ws in enumerate(widths):
+        for pi, w in enumerate(ws):
+            pieces.append((fi, pi, acc, w))
+            acc += w
+    out = []
+    for s, t, n in runs:
+        while n:
+            fi, pi, p0, w = next(p for p in pieces if p[2] <= s < p[2] + p[3])
+            m = min(n, p0 + w - s)
+            out.append((fi, pi, s - p0, t, m))
+            s, t, n = s + m, t + m, n - m
+    return {"blocks": out, "widths": widths}
+
+
+def _piece_views(flat: torch.Tensor, ws, B: int):
+    views, off = [], 0
+    for w in ws:
+        views.append(flat[off:off + B * w].view(B, w))
+        off += B * w
+    return views
+
+
+class _Assemble(torch.autograd.Function):
+    """Copies every piece's column runs into the (B, D) output in table order, in one pass.
+
+    Backward: the same block copies the other way, with the 1 / W gradient scale folded in
+    (no zero fill, no index_add, no separate scaling pass).
+    """
+
+    @staticmethod
+    def forward(ctx, B: int, D: int, spec, scale: float, *flats: torch.Tensor):
+        ctx.B, ctx.spec, ctx.scale = B, spec, scale
+        ctx.numels = [f.numel() for f in flats]
+        views = [_piece_views(f, ws, B) for f, ws in zip(flats, spec["widths"])]
+        blocks = spec["blocks"]
+        if len(blocks) == 1 and len(flats) == 1:                       # already (B, D) in order
+            return flats[0].view(B, D)
+        out = flats[0].new_empty(B, D)
+        for fi, pi, s, t, n in blocks:
+            out[:, t:t + n].copy_(views[fi][pi][:, s:s + n])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        B, spec, scale = ctx.B, ctx.spec, ctx.scale
+        grads = [grad.new_empty(n) for n in ctx.numels]
+        views = [_piece_views(g, ws, B) for g, ws in zip(grads, spec["widths"])]
+        for fi, pi, s, t, n in spec["blocks"]:
+            torch.mul(grad[:, t:t + n], scale, out=views[fi][pi][:, s:s + n])
+        return (None, None, None, None, *grads)
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """Embedding tables sharded across ranks by a plan; see the module docstring.
+
+    Args:
+        tables: the model's tables (same configs as the unsharded TableBatchedEmbedding).
+        plan: the planner's plan (dict, JSON, object with to_dict/to_json, or PlanView).
+        pg: this rank's :class:`ProcessGroups`; the plan's world and local sizes must match it.
+        backend: embedding backend of the local module ("auto", "reference", "cpu", ...).
+        comm: wire precision of pooled embeddings, forward and backward.
+        validate: check ids at the source before any collective; bad input raises on every
+            rank (naming rank, feature, table and id) instead of hanging.
+        average_gradients: divide embedding gradients by W (mean-loss semantics; see module doc).
+        seed: seed of the local shards' initial weights (data-parallel replicas are then
+            broadcast from rank 0, so that they start identical).
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
+                 comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
+                 seed: int = 0, device: Optional[torch.device | str] = None):
+        super().__init__()
+        self.tables = list(tables)
+        self.plan = PlanView.from_plan(plan, self.tables)
+        if (self.plan.world_size, self.plan.local_world_size) != (pg.world_size, pg.local_world_size):
+            raise PlanError(f"plan is for world_size {self.plan.world_size} / local_world_size "
+                            f"{self.plan.local_world_size}, but the process groups have {pg.world_size} / "
+                            f"{pg.local_world_size}")
+        self.pg, self.comm = pg, comm
+        self.layout = SlotLayout(self.tables, self.plan)
+        self.grad_scale = 1.0 / pg.world_size if average_gradients else 1.0
+        shard_tables = self.layout.shard_tables_on[pg.rank]
+        self.lookup: Optional[TableBatchedEmbedding] = None
+        if shard_tables:
+            self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
+                                                seed=seed + pg.rank)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
+        self._input_dist = InputDist(self.layout, pg, validate=validate)
+        self.output_dists = self._build_output_dists()
+        order = [c for od in self.output_dists for c in od.global_columns]
+        assert sorted(order) == list(range(self.layout.output_dim)), "output columns must tile the output"
+        self._blocks = _column_blocks(order)                                     # cat[:, s:s+n] -> out[:, g:g+n]
+        self._local_widths = [od.local_width for od in self.output_dists]
+        self._block_cache: Dict[tuple, dict] = {}
+        assert sum(self._local_widths) == self._local_dim
+        self._broadcast_replicas()
+
+    def _build_output_dists(self) -> List[Any]:
+        types = set(self.plan.types())
+        T = ShardingType
+        dists: List[Any] = []
+        a2a = tuple(t for t in (T.TABLE_WISE, T.COLUMN_WISE) if t in types)
+        if a2a:  # table_wise and column_wise share one AlltoAll
+            dists.append(AllToAllOutputDist(self.layout, self.pg, a2a, self.comm,
+                                            name="_".join(t.value for t in a2a)))
+        if T.ROW_WISE in types:
+            dists.append(RowWiseOutputDist(self.layout, self.pg, self.comm))
+        if T.TABLE_ROW_WISE in types:
+            dists.append(TableRowWiseOutputDist(self.layout, self.pg, self.comm))
+        if T.TABLE_COLUMN_WISE in types:
+            dists.append(TableColumnWiseOutputDist(self.layout, self.pg, self.comm))
+        if T.DATA_PARALLEL in types:
+            dists.append(DataParallelOutputDist(self.layout, self.pg, self.comm))
+        return dists
+
+    # ------------------------------------------------------------------ the three stages
+    def input_dist(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
+        """Launch the lengths AlltoAll now; ``wait()`` sends the ids and builds the local batch."""
+        return self._input_dist(batch)
+
+    def compute(self, batch: DistributedBatch) -> torch.Tensor:
+        """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order."""
+        if self.lookup is None:
+            return torch.zeros(batch.local.batch_size, 0, device=batch.local.values.device)
+        return self.lookup(batch.local)
+
+    def output_dist(self, pooled: torch.Tensor, batch: DistributedBatch) -> Awaitable[torch.Tensor]:
+        """Launch every sharding type's first collective now; ``wait()`` returns (B, sum D)."""
+        order = BackwardOrder()
+        # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
+        xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
+        launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]
+
+        def assemble() -> torch.Tensor:
+            pieces = [a.wait() for a in launched]                                     # in a fixed order
+            flats = [p[0] for p in pieces]
+            widths = tuple(tuple(p[1]) for p in pieces)
+            blocks = self._block_cache.get(widths)
+            if blocks is None:
+                blocks = self._block_cache[widths] = _split_blocks(self._blocks, widths)
+            return _Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
+
+        return Awaitable(assemble, "output_dist")
+
+    def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
+        """Pooled embeddings (B, sum D) of this rank's samples, features in table order."""
+        dist_batch = self.input_dist(batch).wait()
+        return self.output_dist(self.compute(dist_batch), dist_batch).wait()
+
+    @property
+    def output_dim(self) -> int:
+        return self.layout.output_dim
+
+    # ------------------------------------------------------------------ weights
+    def _local_shards(self, name: str):
+        """(shard index, ShardView) of table ``name`` on this rank."""
+        return [(k, s) for k, s in enumerate(self.plan.tables[name].shards) if s.rank == self.pg.rank]
+
+    @torch.no_grad()
+    def load_full_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Copy each table's slice into this rank's shards (``weights[name]``: (rows, D), full table)."""
+        for name, full in weights.items():
+            for k, s in self._local_shards(name):
+                w = self.lookup.table_weight(f"{name}#{k}")
+                w.copy_(full[s.row_offset:s.row_offset + s.rows, s.col_offset:s.col_offset + s.cols])
+
+    @torch.no_grad()
+    def full_weights(self, names: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
+        """Gather full tables (fp32) on every rank. Collective: every rank must call it alike.
+
+        Sums zero-padded shards with an AllReduce: meant for tests and small tables.
+        Data-parallel tables come from rank 0's replica.
+        """
+        return self._gather(names, lambda local: self.lookup.table_weight(local).to(torch.float32), state=None)
+
+    @torch.no_grad()
+    def full_optimizer_state(self, names: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, torch.Tensor]]:
+        """Gather optimizer state per table: (rows, D) per element, (rows,) per row. Collective.
+
+        Per-row state of column-split tables comes from the first column shard.
+        """
+        out: Dict[str, Dict[str, torch.Tensor]] = {}
+        for t in (self.tables if names is None else [x for x in self.tables if x.name in names]):
+            out[t.name] = {}
+            for sname in t.optimizer.type.state_names():
+                g = self._gather([t.name], lambda local, n=sname: self.lookup.table_optimizer_state(local)[n], state=t)
+                out[t.name][sname] = g[t.name]
+        return out
+
+    def _gather(self, names, read, state: Optional[TableConfig]) -> Dict[str, torch.Tensor]:
+        out = {}
+        for t in self.tables:
+            if names is not None and t.name not in names:
+                continue
+            rowwise = state is not None and t.optimizer.type.rowwise_state
+            buf = torch.zeros((t.num_rows,) if rowwise else (t.num_rows, t.dim), dtype=torch.float32,
+                              device=self.device)
+            st = self.plan.tables[t.name].sharding_type
+            for k, s in self._local_shards(t.name):
+                if st is ShardingType.DATA_PARALLEL and s.rank != 0:
+                    continue
+                if rowwise and s.col_offset != 0:
+                    continue
+                v = read(f"{t.name}#{k}").to(torch.float32)
+                if rowwise:
+                    buf[s.row_offset:s.row_offset + s.rows] = v
+                else:
+                    buf[s.row_offset:s.row_offset + s.rows, s.col_offset:s.col_offset + s.cols] = v
+            if self.pg.world_size > 1:
+                dist.all_reduce(buf, group=self.pg.world)
+            out[t.name] = buf
+        return out
+
+    @torch.no_grad()
+    def _broadcast_replicas(self) -> None:
+        if self.pg.world_size == 1:
+            return
+        for t in self.tables:
+            if self.plan.tables[t.name].sharding_type is ShardingType.DATA_PARALLEL:
+                (k, _), = self._local_shards(t.name)
+                w = self.lookup.table_weight(f"{t.name}#{k}")
+                buf = w.to(torch.float32).contiguous()
+                dist.broadcast(buf, src=0, group=self.pg.world)
+                w.copy_(buf)
+
+    def replica_drift(self) -> float:
+        """Largest |difference| between data-parallel replicas and rank 0's (0.0 when identical). Collective."""
+        worst = torch.zeros(1, device=self.device)
+        for t in self.tables:
+            if self.plan.tables[t.name].sharding_type is ShardingType.DATA_PARALLEL:
+                (k, _), = self._local_shards(t.name)
+                w = self.lookup.table_weight(f"{t.name}#{k}").to(torch.float32).contiguous()
+                ref = w.clone()
+                if self.pg.world_size > 1:
+                    dist.broadcast(ref, src=0, group=self.pg.world)
+                worst = torch.maximum(worst, (w - ref).abs().max().reshape(1))
+        if self.pg.world_size > 1:
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.pg.world)
+        return float(worst)
+
+    def set_learning_rate(self, lr: float) -> None:
+        if self.lookup is not None:
+            self.lookup.set_learning_rate(lr)

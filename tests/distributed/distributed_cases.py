@@ -1,0 +1,191 @@
+"""Training cases shared by the distributed tests: the same model trained sharded and unsharded.
+
+Model: pooled embeddings (B, sum D) -> Linear(D, 8) -> ReLU -> Linear(8, 1), BCE-with-logits
+loss. The global batch is the concatenation of every rank's local batch (rank r holds
+samples r*B .. (r+1)*B-1). Unsharded: one TableBatchedEmbedding over the global batch,
+loss = mean over the W*B samples. Sharded: each rank's loss = mean over its B samples,
+DDP averages dense gradients, the collection divides embedding gradients by W.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.distributed import CommConfig, ProcessGroups, ShardedEmbeddingCollection, even_plan
+from neo.embedding import TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+ALL_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
+
+
+@dataclass
+class Case:
+    name: str
+    tables: List[TableConfig]
+    types: Dict[str, str]
+    world_size: int
+    local_world_size: int
+    batch_size: int = 6
+    steps: int = 3
+    weighted: bool = False
+    comm: CommConfig = field(default_factory=CommConfig)
+    seed: int = 0
+    dense_lr: float = 0.1
+    bad_id_rank: Optional[int] = None
+    """Put an out-of-range id into this rank's first batch (expects every rank to raise)."""
+    use_parallelize: bool = False
+    """Build the model unsharded, then neo.distributed.parallelize it (instead of DDP by hand)."""
+
+    def plan(self) -> Dict[str, Any]:
+        return even_plan(self.tables, self.types, self.world_size, self.local_world_size)
+
+
+def tables(n: int = 6, optimizer: OptimizerConfig = OptimizerConfig("sgd", lr=0.5), mean=(), dims=None) -> List[TableConfig]:
+    """n small tables, rows 20..45, dims cycling 8, 16, 12 (12 splits unevenly into column shards)."""
+    dims = dims or [8, 16, 12]
+    out = []
+    for i in range(n):
+        feats = (f"f{i}a", f"f{i}b") if i % 3 == 0 else (f"f{i}",)
+        out.append(TableConfig(f"t{i}", num_rows=20 + 5 * i, dim=dims[i % len(dims)], feature_names=feats,
+                               pooling="mean" if i in mean else "sum", optimizer=optimizer))
+    return out
+
+
+def global_batches(case: Case) -> List[KeyedJaggedBatch]:
+    gen = torch.Generator().manual_seed(1000 + case.seed)
+    GB = case.batch_size * case.world_size
+    out = []
+    for _ in range(case.steps):
+        keys, values, lengths = [], [], []
+        for t in case.tables:
+            for f in t.feature_names:
+                lens = torch.randint(0, 5, (GB,), generator=gen)
+                ids = torch.randint(0, t.num_rows, (int(lens.sum()),), generator=gen)
+                hot = torch.rand(ids.numel(), generator=gen) < 0.3
+                ids[hot] = torch.randint(0, 3, (int(hot.sum()),), generator=gen)        # repeated rows
+                keys.append(f)
+                values.append(ids)
+                lengths.append(lens)
+        v = torch.cat(values)
+        w = torch.rand(v.numel(), generator=gen) + 0.5 if case.weighted else None
+        out.append(KeyedJaggedBatch(tuple(keys), v, torch.cat(lengths), GB, weights=w))
+    return out
+
+
+def labels(case: Case) -> List[torch.Tensor]:
+    gen = torch.Generator().manual_seed(2000 + case.seed)
+    return [torch.randint(0, 2, (case.batch_size * case.world_size,), generator=gen).float() for _ in range(case.steps)]
+
+
+def local_slice(batch: KeyedJaggedBatch, rank: int, B: int) -> KeyedJaggedBatch:
+    """Samples rank*B .. (rank+1)*B-1 of a global batch."""
+    GB = batch.batch_size
+    vals, lens, ws = [], [], []
+    for f in range(len(batch.keys)):
+        lo, hi = f * GB + rank * B, f * GB + (rank + 1) * B
+        a, b = int(batch.offsets[lo]), int(batch.offsets[hi])
+        vals.append(batch.values[a:b])
+        lens.append(batch.lengths[lo:hi])
+        if batch.weights is not None:
+            ws.append(batch.weights[a:b])
+    return KeyedJaggedBatch(batch.keys, torch.cat(vals), torch.cat(lens), B,
+                            weights=torch.cat(ws) if ws else None)
+
+
+def dense(case: Case) -> nn.Module:
+    torch.manual_seed(3000 + case.seed)
+    D = sum(t.dim * len(t.feature_names) for t in case.tables)
+    return nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def initial_tables(case: Case) -> Dict[str, torch.Tensor]:
+    emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
+    return {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables}
+
+
+def train_reference(case: Case) -> Dict[str, Any]:
+    """Single-process training on the global batches."""
+    emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
+    mlp = dense(case)
+    opt = torch.optim.SGD(mlp.parameters(), lr=case.dense_lr)
+    losses = []
+    for batch, y in zip(global_batches(case), labels(case)):
+        loss = nn.functional.binary_cross_entropy_with_logits(mlp(emb(batch)).squeeze(1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    states = {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()} for t in case.tables}
+    return {"losses": losses, "weights": {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables},
+            "states": states, "dense": [p.detach().clone() for p in mlp.parameters()]}
+
+
+class ToyModel(nn.Module):
+    """Embedding + MLP, no distributed code (what parallelize receives)."""
+
+    def __init__(self, case: Case):
+        super().__init__()
+        self.embedding = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
+        self.mlp = dense(case)
+
+    def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
+        return self.mlp(self.embedding(batch))
+
+
+def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from neo.distributed.parallelize import parallelize
+
+    W, B = case.world_size, case.batch_size
+    sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", comm=case.comm, seed=case.seed)
+    if case.use_parallelize:
+        toy = ToyModel(case)
+        sec.load_full_weights({t.name: toy.embedding.table_weight(t.name) for t in case.tables})
+        model = parallelize(toy, "embedding", sec, pg)
+        mlp, step_fn = toy.mlp, model
+        opt = torch.optim.SGD(model.parameters(), lr=case.dense_lr)
+    else:
+        sec.load_full_weights(initial_tables(case))
+        ddp = DDP(dense(case), process_group=pg.dense)
+        mlp, step_fn = ddp.module, lambda b: ddp(sec(b))
+        opt = torch.optim.SGD(ddp.parameters(), lr=case.dense_lr)
+    losses, error = [], None
+    for step, (batch, y) in enumerate(zip(global_batches(case), labels(case))):
+        local = local_slice(batch, rank, B)
+        if case.bad_id_rank == rank and step == 0:
+            local.values[-1] = 10_000                                     # out of range on this rank only
+        try:
+            logits = step_fn(local)
+        except ValueError as e:
+            error = str(e)
+            break
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.squeeze(1), y[rank * B:(rank + 1) * B])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        g = loss.detach().clone()
+        dist.all_reduce(g, group=pg.world)
+        losses.append(float(g) / W)
+    return {"losses": losses, "error": error, "weights": sec.full_weights(), "states": sec.full_optimizer_state(),
+            "dense": [p.detach().clone() for p in mlp.parameters()], "drift": sec.replica_drift()}
+
+
+def train_sharded(rank: int, world_size: int, cases: List[Case]) -> List[Dict[str, Any]]:
+    """Worker for tests.multiprocess: run every case in this one process group."""
+    groups: Dict[int, ProcessGroups] = {}
+    out = []
+    for case in cases:
+        assert case.world_size == world_size, case.name
+        L = case.local_world_size
+        if L not in groups:
+            groups[L] = ProcessGroups.build(L, timeout=datetime.timedelta(seconds=60))
+        out.append(_train_sharded_case(rank, case, groups[L]))
+    return out

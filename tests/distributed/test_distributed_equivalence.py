@@ -1,0 +1,120 @@
+"""Sharded training == single-process training, for every sharding type and a mixed plan.
+
+Each test spawns ONE gloo process group (tests.multiprocess) and runs all its cases in it;
+the unsharded reference runs in the pytest process. fp32 cases: losses, final full
+weights (gathered from the shards), optimizer state and dense weights within 1e-5
+relative. Quantized communication (fp16 / bf16 pooled payloads, forward and backward):
+within the documented tolerance (docs/distributed.md): 2e-2 relative on losses, 1e-2
+absolute on weights after 3 steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed_cases import ALL_TYPES, Case, tables, train_reference, train_sharded
+from neo.config.embedding import OptimizerConfig
+from neo.distributed import CommConfig
+from tests.multiprocess import run_multiprocess
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _mixed_types(ts) -> dict:
+    return {t.name: ALL_TYPES[i % len(ALL_TYPES)] for i, t in enumerate(ts)}
+
+
+def _check(case: Case, got: dict, rtol: float = RTOL, atol: float = ATOL, loss_rtol: float = RTOL,
+           states: bool = True) -> None:
+    ref = train_reference(case)
+    msg = lambda what: (lambda m: f"[{case.name}] {what}: {m}")  # noqa: E731
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=loss_rtol, atol=atol,
+                               msg=msg("losses"))
+    for name, w in ref["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, rtol=rtol, atol=atol, msg=msg(f"table {name} weights"))
+    if states:
+        for name, st in ref["states"].items():
+            for k, v in st.items():
+                torch.testing.assert_close(got["states"][name][k], v, rtol=rtol, atol=atol,
+                                           msg=msg(f"table {name} optimizer state {k}"))
+    for i, (a, b) in enumerate(zip(got["dense"], ref["dense"])):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=msg(f"dense parameter {i}"))
+    assert got["drift"] == 0.0, f"[{case.name}] data-parallel replicas differ by {got['drift']}"
+
+
+def _cases(W: int, L: int) -> list:
+    sgd = tables(3)
+    cases = [Case(f"W{W} {st} sgd", sgd, {t.name: st for t in sgd}, W, L) for st in ALL_TYPES]
+    ada = tables(6, OptimizerConfig("adagrad", lr=0.3), mean=(1, 2, 3, 4))
+    cases.append(Case(f"W{W} mixed adagrad mean weighted", ada, _mixed_types(ada), W, L, weighted=True))
+    adam = tables(6, OptimizerConfig("adam", lr=0.05), mean=(0, 5))
+    cases.append(Case(f"W{W} mixed adam via parallelize()", adam, _mixed_types(adam), W, L, use_parallelize=True))
+    return cases
+
+
+def _run_and_check(cases, W, L_for_spawn):
+    results = run_multiprocess(train_sharded, W, cases, local_world_size=L_for_spawn, timeout_s=240)
+    for r, per_rank in enumerate(results[1:], 1):          # every rank gathered the same tables
+        for a, b in zip(per_rank, results[0]):
+            assert a["losses"] == b["losses"], f"rank {r} sees other losses"
+    return results[0]
+
+
+def test_world_size_2():
+    W = 2
+    cases = _cases(W, 2)
+    rw = tables(3, OptimizerConfig("rowwise_adagrad", lr=0.3), mean=(0,))
+    cases.append(Case("W2 row_wise + table_row_wise rowwise_adagrad mean", rw,
+                      {"t0": "row_wise", "t1": "table_row_wise", "t2": "row_wise"}, W, 2))
+    mixed = tables(6, OptimizerConfig("adagrad", lr=0.3), mean=(2, 4))
+    cases.append(Case("W2 mixed, two nodes of one rank", mixed, _mixed_types(mixed), W, 1, weighted=True))
+    cases.append(Case("W2 mixed fp16 comm", mixed, _mixed_types(mixed), W, 2,
+                      comm=CommConfig(forward="fp16", backward="fp16")))
+    cases.append(Case("W2 mixed bf16 comm (fwd) fp16 (bwd)", mixed, _mixed_types(mixed), W, 2,
+                      comm=CommConfig(forward="bf16", backward="fp16")))
+    got = _run_and_check(cases, W, 2)
+    for case, g in zip(cases, got):
+        if case.comm.forward.value == "fp32" and case.comm.backward.value == "fp32":
+            _check(case, g)
+        else:
+            _check(case, g, rtol=0, atol=1e-2, loss_rtol=2e-2, states=False)
+
+
+def test_world_size_4_two_nodes():
+    W, L = 4, 2
+    cases = _cases(W, L)
+    mixed = tables(6, OptimizerConfig("sgd", lr=0.5), mean=(2, 4))
+    cases.append(Case("W4 mixed bf16 comm", mixed, _mixed_types(mixed), W, L,
+                      comm=CommConfig(forward="bf16", backward="bf16")))
+    got = _run_and_check(cases, W, L)
+    for case, g in zip(cases, got):
+        if case.comm.forward.value == "fp32":
+            _check(case, g)
+        else:
+            _check(case, g, rtol=0, atol=1e-2, loss_rtol=2e-2, states=False)
+
+
+def test_quantized_comm_is_not_exact():
+    """Sanity check of the tolerance test: 16-bit payloads do change the result."""
+    W = 2
+    mixed = tables(6, OptimizerConfig("sgd", lr=0.5))
+    case = Case("W2 fp16", mixed, {t.name: "table_wise" for t in mixed}, W, 2,
+                comm=CommConfig(forward="fp16", backward="fp16"))
+    got = run_multiprocess(train_sharded, W, [case])[0][0]
+    ref = train_reference(case)
+    diffs = [float((got["weights"][n] - w).abs().max()) for n, w in ref["weights"].items()]
+    assert 0 < max(diffs) < 1e-2, diffs
+
+
+@pytest.mark.parametrize("W", [2])
+def test_bad_id_raises_on_every_rank(W):
+    ts = tables(6)
+    cases = [Case("bad input", ts, _mixed_types(ts), W, 2, bad_id_rank=1),
+             Case("after bad input the group still works", ts, _mixed_types(ts), W, 2)]
+    got = run_multiprocess(train_sharded, W, cases, local_world_size=2, collective_timeout_s=20)
+    for rank, res in enumerate(got):
+        err = res[0]["error"]
+        assert err is not None, f"rank {rank} did not raise"
+        assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
+    _check(cases[1], got[0][1])

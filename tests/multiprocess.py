@@ -1,0 +1,149 @@
+"""Run a function in W gloo processes on CPU: the one helper every multi-process test of Neo uses.
+
+Example::
+
+    from tests.multiprocess import run_multiprocess
+
+    def _body(rank, world_size, scale):          # module level: spawn pickles it by name
+        t = torch.ones(1) * rank * scale
+        torch.distributed.all_reduce(t)
+        return float(t)
+
+    def test_all_reduce():
+        assert run_multiprocess(_body, 2, 10.0) == [10.0, 10.0]
+
+Each process: spawned (not forked), one torch thread (``threads``), ``init_process_group``
+on gloo with a TCP rendezvous on a free port of 127.0.0.1 and a short collective
+``timeout`` (so a rank waiting on a dead peer fails instead of hanging), environment
+RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT set as
+torchrun would. ``fn(rank, world_size, *args, **kwargs)`` runs; its return value
+(anything ``torch.save`` can write) comes back in rank order.
+
+Failures: if any rank raises, the test fails with an AssertionError that holds every
+failing rank's traceback (ranks are named). After the first failure the other ranks get
+``grace_s`` to finish or fail (their collectives time out); then they are terminated. The
+whole run is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+__all__ = ["run_multiprocess", "free_port", "MultiProcessError"]
+
+
+class MultiProcessError(AssertionError):
+    """One or more ranks failed; the message holds their tracebacks."""
+
+    def __init__(self, message: str, failures: Dict[int, str]):
+        super().__init__(message)
+        self.failures = failures
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Callable, args, kwargs,
+            results, collective_timeout_s: float, threads: int, env: Dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank % local_world_size), LOCAL_WORLD_SIZE=str(local_world_size))
+    torch.set_num_threads(threads)
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        out = fn(rank, world_size, *args, **kwargs)
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, True, buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - report everything, including KeyboardInterrupt/SystemExit
+        results.put((rank, False, f"rank {rank} of {world_size} failed:\n{traceback.format_exc()}"))
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size: Optional[int] = None,
+                     timeout_s: float = 240.0, collective_timeout_s: float = 60.0, grace_s: Optional[float] = None,
+                     threads: int = 1, env: Optional[Dict[str, str]] = None, **kwargs: Any) -> List[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks; results in rank order.
+
+    Args:
+        local_world_size: ranks per simulated node (sets LOCAL_RANK / LOCAL_WORLD_SIZE); default W.
+        timeout_s: bound on the whole run.
+        collective_timeout_s: timeout of every collective (``init_process_group(timeout=...)``).
+        grace_s: after a rank fails, how long the others may still run (default: collective timeout + 15 s).
+        threads: torch intra-op threads per process.
+        env: extra environment variables for the processes.
+    """
+    L = local_world_size or world_size
+    if world_size % L:
+        raise ValueError(f"world_size {world_size} is not a multiple of local_world_size {L}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, name=f"neo-rank{r}", daemon=True,
+                         args=(r, world_size, L, port, fn, args, kwargs, results, collective_timeout_s, threads,
+                               dict(env or {})))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    grace = collective_timeout_s + 15.0 if grace_s is None else grace_s
+    deadline = time.monotonic() + timeout_s
+    outputs: Dict[int, Any] = {}
+    failures: Dict[int, str] = {}
+    try:
+        while len(outputs) + len(failures) < world_size:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            try:
+                rank, ok, payload = results.get(timeout=min(1.0, deadline - now))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if not p.is_alive() and p.exitcode not in (0, None) and r not in outputs and r not in failures]
+                for r in dead:  # died without reporting (killed, segfault)
+                    time.sleep(0.5)
+                    if results.empty():
+                        failures[r] = f"rank {r} exited with code {procs[r].exitcode} without a result"
+                if dead and failures:
+                    deadline = min(deadline, time.monotonic() + grace)
+                continue
+            if ok:
+                outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                failures[rank] = payload
+                deadline = min(deadline, time.monotonic() + grace)
+    finally:
+        for p in procs:
+            p.join(timeout=5.0 if not failures else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+    missing = [r for r in range(world_size) if r not in outputs and r not in failures]
+    for r in missing:
+        failures[r] = f"rank {r} did not finish in time (timeout {timeout_s:.0f} s or {grace:.0f} s after another rank failed)"
+    if failures:
+        first = sorted(failures)
+        body = "\n\n".join(failures[r] for r in first)
+        raise MultiProcessError(f"{len(failures)} of {world_size} ranks failed: {first}\n\n{body}", failures)
+    return [outputs[r] for r in range(world_size)]

@@ -1,0 +1,275 @@
+"""Benchmark Neo's sharded embedding runtime against TorchRec's DistributedModelParallel (CPU, gloo).
+
+    python tools/bench_sharded.py                                    # W = 2 and 4, all types, TorchRec TW/CW
+    python tools/bench_sharded.py --world-sizes 2 --types table_wise --steps 5 --json bench_out/sharded.json
+    python tools/bench_sharded.py --quick                            # small smoke run (seconds)
+
+Workload (defaults, as the issue states): 8 tables of 100k rows, D = 64, fp32, one feature
+each, sum pooling, batch 2048 per rank, bag lengths uniform in 1..39 (20 on average), ids
+uniform; fused SGD (lr 0.01); one training step = forward + backward (+ fused update) of
+the embeddings with a fixed random upstream gradient (no dense layers).
+
+Each world size runs in one spawned gloo group (``tests/multiprocess.py``), one torch
+thread per process (OMP_NUM_THREADS=1). Per system and sharding type: ``--warmup`` steps,
+then ``--steps`` timed steps, a barrier before each (not timed); Neo's and TorchRec's
+steps alternate (step i of one, then step i of the other) so that load from other
+processes on a shared machine hits both alike. Neo's step is split into
+its phases: input distribution (both AlltoAlls, until the local batch is built), lookup
+(local forward), output distribution (pooled collectives), backward (reverse collectives
++ fused update). Reported per phase: the median over steps, averaged over ranks;
+``step_ms`` is the slowest rank's median step. TorchRec: table_wise and column_wise
+(its planner forced by ParameterConstraints, compute device cpu, fused EXACT_SGD), forward
+and backward timed separately. Column-wise uses shards of ``--cw-dim`` columns in both.
+
+Output: a table on stdout and, with ``--json``, a list of records with ``system``,
+``sharding_type``, ``world_size``, ``step_ms`` (and the phases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
+TORCHREC_TYPES = ("table_wise", "column_wise")
+
+
+def _batches(args, rank: int, n: int = 3):
+    from neo.sparse import KeyedJaggedBatch
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    keys = tuple(f"f{t}" for t in range(args.tables))
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(1, 2 * args.mean_ids, (args.tables * args.batch,), generator=gen)
+        ids = torch.randint(0, args.rows, (int(lengths.sum()),), generator=gen)
+        out.append(KeyedJaggedBatch(keys, ids, lengths, args.batch))
+    return out
+
+
+def _tables(args):
+    from neo.config.embedding import OptimizerConfig, TableConfig
+
+    return [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",),
+                        optimizer=OptimizerConfig("sgd", lr=0.01)) for t in range(args.tables)]
+
+
+def _summary(times: Dict[str, List[float]]) -> Dict[str, float]:
+    """Median over the timed steps, in ms (robust to the spikes of a shared machine)."""
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+class _Runner:
+    """One system x sharding type: ``step(i)`` runs training step i and returns its phase times (s)."""
+
+    def __init__(self, system: str, sharding_type: str, step):
+        self.system, self.sharding_type, self.step = system, sharding_type, step
+        self.times: Dict[str, List[float]] = {}
+
+    def record(self, phases: Dict[str, float]) -> None:
+        for k, v in phases.items():
+            self.times.setdefault(k, []).append(v)
+
+
+def _neo_runner(args, st: str, pg) -> _Runner:
+    from neo.distributed import ShardedEmbeddingCollection, even_plan
+
+    tables = _tables(args)
+    plan = even_plan(tables, {t.name: st for t in tables}, pg.world_size, pg.local_world_size,
+                     column_shards=args.dim // args.cw_dim)
+    from neo.distributed import CommConfig
+
+    sec = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=not args.no_validate,
+                                     comm=CommConfig(forward=args.comm, backward=args.comm))
+    batches = _batches(args, pg.rank)
+    grad = torch.randn(args.batch, sec.output_dim, generator=torch.Generator().manual_seed(7))
+
+    def step(i: int) -> Dict[str, float]:
+        t0 = time.perf_counter()
+        db = sec.input_dist(batches[i % len(batches)]).wait()
+        t1 = time.perf_counter()
+        pooled = sec.compute(db)
+        t2 = time.perf_counter()
+        out = sec.output_dist(pooled, db).wait()
+        t3 = time.perf_counter()
+        out.backward(grad)
+        t4 = time.perf_counter()
+        return {"input_dist_ms": t1 - t0, "lookup_ms": t2 - t1, "output_dist_ms": t3 - t2,
+                "backward_ms": t4 - t3, "step_ms": t4 - t0}
+
+    return _Runner("neo" if args.comm == "fp32" else f"neo-{args.comm}", st, step)
+
+
+def _torchrec_runner(args, st: str, pg) -> _Runner:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+
+    W = pg.world_size
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim,
+                                                            num_embeddings=args.rows, feature_names=[f"f{t}"])
+                                         for t in range(args.tables)], device=torch.device("meta"))
+    constraints = {f"t{t}": ParameterConstraints(sharding_types=[st],
+                                                 min_partition=args.cw_dim if st == "column_wise" else None)
+                   for t in range(args.tables)}
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
+                                       constraints=constraints)
+    plan = planner.collective_plan(ebc, [sharder], pg.world)
+    model = DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg.world), plan=plan,
+                                     sharders=[sharder], device=torch.device("cpu"))
+    kjts = [b.to_torchrec() for b in _batches(args, pg.rank)]
+    grad = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(7))
+
+    def step(i: int) -> Dict[str, float]:
+        t0 = time.perf_counter()
+        out = model(kjts[i % len(kjts)]).values()
+        t1 = time.perf_counter()
+        out.backward(grad)
+        t2 = time.perf_counter()
+        return {"forward_ms": t1 - t0, "backward_ms": t2 - t1, "step_ms": t2 - t0}
+
+    return _Runner("torchrec", st, step)
+
+
+def _quiet() -> None:
+    """Silence TorchRec's planner warnings and torch.fx notices (they would bury the table)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("torchrec", "torch.fx", "torch.fx._symbolic_trace"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
+    """Per sharding type: Neo and TorchRec built side by side, their steps interleaved."""
+    import datetime
+
+    from neo.distributed import ProcessGroups
+
+    torch.set_num_threads(args.threads)
+    _quiet()
+    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300))
+    records = []
+    for st in args.types:
+        runners = [_neo_runner(args, st, pg)]
+        notes = {}
+        if not args.no_torchrec and st in TORCHREC_TYPES:
+            try:
+                runners.append(_torchrec_runner(args, st, pg))
+            except ImportError as e:                       # torchrec / fbgemm not installed
+                notes["torchrec"] = f"skipped: {type(e).__name__}: {e}"
+        for i in range(args.warmup + args.steps):
+            for r in runners:                              # interleaved: machine load hits both alike
+                dist.barrier(group=pg.world)
+                phases = r.step(i)
+                if i >= args.warmup:
+                    r.record(phases)
+        for r in runners:
+            mine = _summary(r.times)
+            gathered: List[Any] = [None] * world_size
+            dist.all_gather_object(gathered, mine, group=pg.world)
+            rec = {"system": r.system, "sharding_type": st, "world_size": world_size,
+                   "step_ms": max(g["step_ms"] for g in gathered), "steps": args.steps,
+                   "glibc_tuning": bool(args.glibc_tuning)}
+            if r.system.startswith("neo"):
+                from neo.embedding.backends import resolve_backend_name
+
+                rec["backend"] = resolve_backend_name(args.backend, torch.device("cpu"))
+            for k in mine:
+                if k != "step_ms":
+                    rec[k] = statistics.mean(g[k] for g in gathered)
+            records.append(rec)
+        for system, note in notes.items():
+            records.append({"system": system, "sharding_type": st, "world_size": world_size, "step_ms": None, "note": note})
+        del runners
+    return records
+
+
+def _print(records: List[Dict[str, Any]]) -> None:
+    cols = ("input_dist_ms", "lookup_ms", "output_dist_ms", "forward_ms", "backward_ms")
+    print(f"{'system':9} {'sharding_type':18} {'W':>2} {'step_ms':>8} " + " ".join(f"{c[:-3]:>11}" for c in cols))
+    for r in records:
+        if r["step_ms"] is None:
+            print(f"{r['system']:9} {r['sharding_type']:18} {r['world_size']:>2} {'-':>8} {r.get('note', '')}")
+            continue
+        vals = " ".join(f"{r[c]:11.1f}" if c in r else f"{'':11}" for c in cols)
+        print(f"{r['system']:9} {r['sharding_type']:18} {r['world_size']:>2} {r['step_ms']:8.1f} {vals}")
+    by = {(r["system"], r["sharding_type"], r["world_size"]): r["step_ms"] for r in records}
+    for (system, st, W), ms in sorted(by.items()):
+        other = by.get(("torchrec", st, W))
+        if system.startswith("neo") and ms and other:
+            print(f"W={W} {st}: TorchRec / {system} = {other / ms:.2f}x")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=2048, help="samples per rank")
+    p.add_argument("--mean-ids", type=int, default=20, help="mean bag length (lengths uniform in 1 .. 2m-1)")
+    p.add_argument("--cw-dim", type=int, default=32, help="columns per column shard (Neo and TorchRec)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--backend", default="auto", help="Neo embedding backend")
+    p.add_argument("--no-validate", action="store_true", help="skip Neo's id validation at the source")
+    p.add_argument("--comm", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="Neo's pooled-embedding wire precision, forward and backward (system name neo-fp16 ...)")
+    p.add_argument("--no-torchrec", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
+    p.add_argument("--glibc-tuning", action="store_true",
+                   help="start the ranks with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_/MALLOC_TOP_PAD_ raised, so "
+                        "large tensors are not mmap'ed and page-faulted afresh every step (applies to both systems)")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    if args.glibc_tuning:   # read by glibc at process start: set before the ranks are spawned
+        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(1 << 32), MALLOC_TRIM_THRESHOLD_=str(1 << 36),
+                          MALLOC_TOP_PAD_=str(1 << 29))
+    from tests.multiprocess import run_multiprocess
+
+    from neo.embedding.backends import resolve_backend_name
+
+    print(f"Neo embedding backend: {resolve_backend_name(args.backend, torch.device('cpu'))}; "
+          f"{args.tables} tables x {args.rows} rows, D={args.dim}, batch {args.batch}/rank, ~{args.mean_ids} ids/bag; "
+          f"{args.steps} timed steps (median){'; glibc malloc tuning' if args.glibc_tuning else ''}")
+    records: List[Dict[str, Any]] = []
+    for W in args.world_sizes:
+        t0 = time.time()
+        out = run_multiprocess(_rank_main, W, args, timeout_s=3600, collective_timeout_s=600, threads=args.threads,
+                               env={"OMP_NUM_THREADS": str(args.threads)})
+        records.extend(out[0])
+        print(f"[world size {W}: {time.time() - t0:.0f} s]")
+    _print(records)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
