@@ -1,0 +1,28 @@
+// Python bindings of neo._C (the CPU embedding kernels). The GIL is released while a kernel
+// runs (the kernels use at::parallel_for, which respects torch.set_num_threads).
+#include <torch/extension.h>
+
+#include "embedding_kernels.h"
+
+namespace neo { bool advise_hugepages(const at::Tensor& t); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Neo CPU embedding kernels: pooled forward, fused backward + sparse optimizer";
+  m.def("embedding_forward", &neo::embedding_forward, py::call_guard<py::gil_scoped_release>(),
+        "Pooled lookup of a group; returns (out (B, total_dim) fp32, invalid id count)",
+        py::arg("weights"), py::arg("indices"), py::arg("offsets"), py::arg("per_sample_weights"),
+        py::arg("table_rows"), py::arg("table_dims"), py::arg("weight_offsets"), py::arg("row_offsets"),
+        py::arg("feature_table"), py::arg("output_offsets"), py::arg("feature_mean"), py::arg("batch_size"));
+  m.def("embedding_backward_update", &neo::embedding_backward_update, py::call_guard<py::gil_scoped_release>(),
+        "Fused backward + sparse optimizer step, in place; returns the invalid id count",
+        py::arg("weights"), py::arg("states"), py::arg("grad_output"), py::arg("indices"), py::arg("offsets"),
+        py::arg("per_sample_weights"), py::arg("table_rows"), py::arg("table_dims"), py::arg("weight_offsets"),
+        py::arg("row_offsets"), py::arg("feature_table"), py::arg("output_offsets"), py::arg("feature_mean"),
+        py::arg("batch_size"), py::arg("opt_kind"), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("step"), py::arg("seed"), py::arg("stochastic_rounding"));
+  m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
+        "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
+  m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead) {
+        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead};
+      }, "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead)");
+}

@@ -1,0 +1,287 @@
+"""Benchmark Neo's CPU embedding kernels against FBGEMM's CPU TBE and plain PyTorch.
+
+    python tools/bench_embedding.py                     # default workload (~8 GB of RAM, a few minutes)
+    python tools/bench_embedding.py --quick             # small smoke test, well under a minute
+    python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
+
+Workload (defaults): 8 tables of 1M rows, D = 64, fp32 weights, batch 4096, one feature
+per table; bag lengths uniform in 1 .. 2 * pooling_factor - 1 (mean = pooling factor, 20),
+ids uniform in [0, rows); sum pooling; row-wise Adagrad (lr 0.01, eps 1e-8).
+
+Backends, same tables, ids and offsets:
+
+- ``neo``: ``TableBatchedEmbedding(tables, backend="cpu")`` with its default input
+  validation ON (the honest configuration); ``neo-noval`` is the same module timed with
+  validate=False (one copy of the tables serves both).
+- ``fbgemm``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST/CPU,
+  EXACT_ROWWISE_ADAGRAD), skipped with a note where fbgemm_gpu is not importable.
+- ``torch``: 8 x ``nn.EmbeddingBag(mode="sum", sparse=True)`` + ``torch.optim.Adagrad``
+  (per-element Adagrad: the closest stock PyTorch has; it does more work per row).
+
+Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backward and
+optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
+``--iters`` timed iterations with the backends interleaved (iteration i of every backend
+runs before iteration i + 1 of any, in an order rotated every iteration), so load on a
+shared machine and cache pollution by the previous backend hit all alike; the median is
+reported. Batches rotate over a few pre-generated ones.
+
+On a CUDA machine a separate section also times the ``triton`` backend against plain
+PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-device copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
+from neo.embedding import TableBatchedEmbedding  # noqa: E402
+from neo.sparse import KeyedJaggedBatch  # noqa: E402
+
+LR, EPS = 0.01, 1e-8
+
+
+# ----------------------------------------------------------------------------- workload
+def make_batches(args, n_batches: int, device: str = "cpu") -> List[KeyedJaggedBatch]:
+    gen = torch.Generator().manual_seed(0)
+    keys = tuple(f"f{t}" for t in range(args.tables))
+    out = []
+    for _ in range(n_batches):
+        lengths = torch.randint(1, 2 * args.pooling_factor, (args.tables * args.batch,), generator=gen)
+        n = int(lengths.sum())
+        ids = torch.randint(0, args.rows, (n,), generator=gen)
+        out.append(KeyedJaggedBatch(keys, ids, lengths, args.batch).to(device))
+    return out
+
+
+class Runner:
+    """One backend: ``fwd(batch)`` and ``fwd_bwd(batch)``."""
+
+    def __init__(self, name: str, fwd: Callable, fwd_bwd: Callable):
+        self.name, self.fwd, self.fwd_bwd = name, fwd, fwd_bwd
+
+
+def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu") -> List[Runner]:
+    """One module (memory: one copy of the tables) timed twice: validate on, then off."""
+    tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",),
+                          optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
+    emb = TableBatchedEmbedding(tables, backend=backend, device=device)
+    grad = torch.randn(args.batch, args.tables * args.dim, device=device)
+
+    def make(validate: bool, name: str) -> Runner:
+        def fwd(b):
+            emb.validate = validate
+            with torch.no_grad():
+                return emb(b)
+
+        def fwd_bwd(b):
+            emb.validate = validate
+            emb(b).backward(grad)
+
+        return Runner(name, fwd, fwd_bwd)
+
+    return [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else [])
+
+
+def fbgemm_runner(args) -> Optional[Runner]:
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+    except Exception as e:  # noqa: BLE001 - any import failure means: no fbgemm
+        print(f"note: fbgemm_gpu not importable ({type(e).__name__}: {e}); FBGEMM skipped")
+        return None
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * args.tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, eps=EPS,
+        weights_precision=SparseType.FP32, pooling_mode=PoolingMode.SUM,
+    )
+    grad = torch.randn(args.batch, args.tables * args.dim)
+
+    def fwd(b):
+        with torch.no_grad():
+            return tbe(b.values, b.offsets)
+
+    def fwd_bwd(b):
+        tbe(b.values, b.offsets).backward(grad)
+
+    return Runner("fbgemm", fwd, fwd_bwd)
+
+
+def torch_runner(args, device: str = "cpu") -> Runner:
+    bags = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True) for _ in range(args.tables)).to(device)
+    opt = torch.optim.Adagrad(bags.parameters(), lr=LR, eps=EPS)
+    grad = torch.randn(args.batch, args.tables * args.dim, device=device)
+    B = args.batch
+
+    def split(b):
+        # per feature: its ids and the B bag starts, relative to the feature's first id
+        starts = b.offsets[::B].tolist()
+        return [(b.values[starts[f]:starts[f + 1]], b.offsets[f * B:(f + 1) * B] - starts[f]) for f in range(args.tables)]
+
+    def lookup(b):
+        return torch.cat([bag(ids, offs) for bag, (ids, offs) in zip(bags, split(b))], dim=1)
+
+    def fwd(b):
+        with torch.no_grad():
+            return lookup(b)
+
+    def fwd_bwd(b):
+        lookup(b).backward(grad)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Runner("torch", fwd, fwd_bwd)
+
+
+# ----------------------------------------------------------------------------- timing
+def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, iters: int,
+                     sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
+    times: Dict[str, List[float]] = {r.name: [] for r in runners}
+    k = 0
+    for i in range(warmup + iters):
+        # rotate the order every iteration: each backend follows each other equally often
+        # (a backend that thrashes the caches, like the PyTorch baseline, slows the next one)
+        for r in runners[i % len(runners):] + runners[:i % len(runners)]:
+            b = batches[k % len(batches)]
+            fn = getattr(r, phase)
+            sync()
+            t0 = time.perf_counter()
+            fn(b)
+            sync()
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                times[r.name].append(dt)
+        k += 1
+    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+
+
+def workload_fields(args, ids_per_batch: float) -> dict:
+    return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
+                pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype="fp32",
+                optimizer="rowwise_adagrad", iters=args.iters)
+
+
+def run_cpu(args) -> List[dict]:
+    batches = make_batches(args, 4)
+    n_ids = statistics.mean(b.values.numel() for b in batches)
+    print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} fp32, batch {args.batch}, "
+          f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
+          f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
+    runners = neo_runners(args)
+    fb = None if args.no_fbgemm else fbgemm_runner(args)
+    if fb is not None:
+        runners.append(fb)
+    if not args.no_torch:
+        runners.append(torch_runner(args))
+    records = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for phase in ("fwd", "fwd_bwd"):
+            res = time_interleaved(runners, phase, batches, args.warmup, args.iters)
+            for name, ms in res.items():
+                records.append(dict(backend=name, threads=threads, phase=phase, ms=ms,
+                                    lookups_per_s=n_ids / (ms / 1e3), device="cpu", **workload_fields(args, n_ids)))
+    print_table(records)
+    return records
+
+
+def print_table(records: List[dict]) -> None:
+    print(f"\n{'backend':<11} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11}")
+    for r in records:
+        print(f"{r['backend']:<11} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} {r['lookups_per_s'] / 1e6:>11.2f}")
+    by = {(r["backend"], r["threads"], r["phase"]): r["ms"] for r in records}
+    threads = sorted({r["threads"] for r in records})
+    print("\nspeed-up of neo (validate on) = other ms / neo ms   [neo-noval in brackets]")
+    for other in ("fbgemm", "torch"):
+        for t in threads:
+            for phase in ("fwd", "fwd_bwd"):
+                if (other, t, phase) in by and ("neo", t, phase) in by:
+                    o = by[(other, t, phase)]
+                    print(f"  neo/{other:<7} threads={t} {phase:<8} {o / by[('neo', t, phase)]:6.2f}x"
+                          f"   [{o / by[('neo-noval', t, phase)]:.2f}x]")
+
+
+# ----------------------------------------------------------------------------- CUDA
+def run_cuda(args) -> List[dict]:
+    """Triton backend vs plain PyTorch on the GPU; bandwidth as a share of a D2D copy."""
+    print("\n== CUDA: triton backend vs PyTorch on", torch.cuda.get_device_name())
+    sync = torch.cuda.synchronize
+    buf = torch.empty(256 * 2 ** 20, dtype=torch.float32, device="cuda")   # 1 GiB
+    dst = torch.empty_like(buf)
+    for _ in range(3):
+        dst.copy_(buf)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(buf)
+    sync()
+    copy_bw = 2 * buf.numel() * 4 * 10 / (time.perf_counter() - t0)      # read + write bytes/s
+    del buf, dst
+    print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
+    batches = make_batches(args, 4, device="cuda")
+    n_ids = statistics.mean(b.values.numel() for b in batches)
+    row_bytes = args.dim * 4
+    moved = {  # bytes: forward reads the rows; the update reads + writes weights and the row-wise state
+        "fwd": n_ids * row_bytes,
+        "fwd_bwd": n_ids * row_bytes + 2 * n_ids * (row_bytes + 4),
+    }
+    runners = []
+    try:
+        runners += neo_runners(args, names=("triton",), backend="triton", device="cuda")
+    except Exception as e:  # noqa: BLE001
+        print(f"note: triton backend unavailable ({type(e).__name__}: {e})")
+    runners.append(torch_runner(args, device="cuda"))
+    records = []
+    for phase in ("fwd", "fwd_bwd"):
+        res = time_interleaved(runners, phase, batches, args.warmup, args.iters, sync=sync)
+        for name, ms in res.items():
+            bw = moved[phase] / (ms / 1e3)
+            records.append(dict(backend=name, threads=0, phase=phase, ms=ms, lookups_per_s=n_ids / (ms / 1e3),
+                                bandwidth_gbs=bw / 1e9, bandwidth_share_of_copy=bw / copy_bw, device="cuda",
+                                **workload_fields(args, n_ids)))
+            print(f"{name:<8} {phase:<8} {ms:9.3f} ms  {bw / 1e9:8.1f} GB/s  {100 * bw / copy_bw:5.1f}% of copy")
+    return records
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--pooling-factor", type=int, default=20, help="mean bag length (lengths uniform in 1..2L-1)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    p.add_argument("--quick", action="store_true", help="small workload for a smoke test")
+    p.add_argument("--no-fbgemm", action="store_true")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json", metavar="FILE", help="write the records (a JSON list) to FILE")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tables, args.rows, args.batch, args.iters, args.warmup = 4, 20_000, 256, 3, 1
+    records = run_cpu(args)
+    if torch.cuda.is_available():
+        records += run_cuda(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
