@@ -178,8 +178,13 @@ class TableBatchedEmbedding(nn.Module):
         values = batch.values.to(torch.int64)
         offsets = batch.offsets.to(torch.int64)
         psw = None if batch.weights is None else batch.weights.to(torch.float32)
-        if self.validate:
-            check_ids(values, offsets, B, self._group_order, self._feature_rows, self._feature_table_names)
+        # Backends that count invalid ids in their forward pass (cpu) make the separate id
+        # check unnecessary on good input: it runs only to name the culprit once one is seen.
+        counted = self.validate and getattr(self.backend, "counts_invalid_ids", False)
+        id_check = lambda: check_ids(values, offsets, B, self._group_order,  # noqa: E731
+                                     self._feature_rows, self._feature_table_names)
+        if self.validate and not counted:
+            id_check()
         anchor = None
         if torch.is_grad_enabled() and self.training:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
@@ -190,6 +195,9 @@ class TableBatchedEmbedding(nn.Module):
             g_off = offsets[f0 * B : (f0 + nf) * B + 1] - lo
             g_psw = None if psw is None else psw[lo:hi]
             outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B))
+            if counted and self.backend.last_invalid_count:
+                id_check()          # raises, naming feature, table and id
+                raise AssertionError("the kernel counted invalid ids that the id check did not find")
             f0 += nf
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)   # (B, sum D) group order
         if self._out_perm is not None:

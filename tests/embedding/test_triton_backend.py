@@ -31,7 +31,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-pytest.importorskip("triton")
+import triton  # noqa: E402,F401  (a core dependency: missing must fail, not skip)
 
 from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType  # noqa: E402
 from neo.embedding import TableBatchedEmbedding  # noqa: E402

@@ -64,6 +64,7 @@ _HUGEPAGE_MIN_BYTES = 64 << 20
 
 class CpuBackend:
     name = "cpu"
+    counts_invalid_ids = True   # forward sets last_invalid_count: the module's id check rides on it
 
     def __init__(self) -> None:
         self.last_invalid_count = 0

@@ -83,6 +83,16 @@ def round_weights(x: torch.Tensor, dtype: WeightDType, stochastic: bool, u: Opti
 
 
 # ----------------------------------------------------------------------------------------
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 square root (IEEE), whatever math library torch was built with.
+
+    The square root of an fp32 value computed in fp64 and rounded once to fp32 is exactly
+    the IEEE fp32 result; the C++ (``std::sqrt``) and Triton (``sqrt_rn``) backends compute
+    the same value, so adaptive optimizers can match bit for bit.
+    """
+    return x.double().sqrt().float()
+
+
 def apply_optimizer(
     opt: OptimizerConfig,
     w: torch.Tensor,            # (U, D) fp32, the touched rows
@@ -99,16 +109,16 @@ def apply_optimizer(
         return w - lr * g, []
     if kind is OptimizerType.ADAGRAD:
         s = states[0] + g * g
-        return w - lr * g / (s.sqrt() + eps), [s]
+        return w - lr * g / (_sqrt(s) + eps), [s]
     if kind is OptimizerType.ROWWISE_ADAGRAD:
         s = states[0] + (g * g).mean(dim=1)
-        return w - (lr / (s.sqrt() + eps)).unsqueeze(1) * g, [s]
+        return w - (lr / (_sqrt(s) + eps)).unsqueeze(1) * g, [s]
     b1, b2 = opt.beta1, opt.beta2
     m = b1 * states[0] + (1 - b1) * g
     v = b2 * states[1] + (1 - b2) * g * g
     m_hat = m / (1 - b1 ** step)
     v_hat = v / (1 - b2 ** step)
-    u = m_hat / (v_hat.sqrt() + eps)
+    u = m_hat / (_sqrt(v_hat) + eps)
     if kind is OptimizerType.ADAM:
         return w - lr * u, [m, v]
     u = u + wd * w                                               # LAMB: decoupled decay
