@@ -1,7 +1,7 @@
 """A typed, validated view of a sharding plan, read from the planner's JSON shape.
 
-The runtime does not import ``neo.planner``: it reads the plain data the planner's ``Plan``
-serializes to (a dict, a JSON string, or any object with ``to_dict()`` / ``to_json()``)::
+The runtime reads the plain data the planner's ``Plan`` serializes to (it shares only the
+planner's ``ShardingType`` enum) (a dict, a JSON string, or any object with ``to_dict()`` / ``to_json()``)::
 
     {"world_size": 4, "local_world_size": 2,
      "tables": {"t0": {"sharding_type": "row_wise",
@@ -20,41 +20,19 @@ one full replica on every rank; the table_* types on the ranks of one node).
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from neo.config.embedding import TableConfig
+from neo.planner.types import ShardingType
 
 __all__ = ["ShardingType", "ShardView", "TablePlanView", "PlanView", "PlanError", "even_plan"]
 
 
+
 class PlanError(ValueError):
     """A plan the runtime cannot execute; the message names the table and the rule."""
-
-
-class ShardingType(str, enum.Enum):
-    """How one table is split (same names as the planner's)."""
-
-    DATA_PARALLEL = "data_parallel"
-    TABLE_WISE = "table_wise"
-    ROW_WISE = "row_wise"
-    COLUMN_WISE = "column_wise"
-    TABLE_ROW_WISE = "table_row_wise"
-    TABLE_COLUMN_WISE = "table_column_wise"
-
-    @property
-    def splits_rows(self) -> bool:
-        return self in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
-
-    @property
-    def splits_cols(self) -> bool:
-        return self in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
-
-    @property
-    def within_node(self) -> bool:
-        return self in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,18 @@ class ShardingType(str, enum.Enum):
     TABLE_COLUMN_WISE = "table_column_wise"
     """Column slices, all placed on the ranks of ONE node."""
 
+    @property
+    def splits_rows(self) -> bool:
+        return self in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+
+    @property
+    def splits_cols(self) -> bool:
+        return self in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+
+    @property
+    def within_node(self) -> bool:
+        return self in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)
+
 
 class Placement(str, enum.Enum):
     """Where a table's weights live."""
