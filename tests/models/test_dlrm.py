@@ -49,5 +49,5 @@ def test_dlrm_end_to_end_learns():
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         assert losses[-1] < 0.5 * losses[0], (interaction, losses[0], losses[-1])
