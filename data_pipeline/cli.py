@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        print(f"neo-data {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     prog = _progress(args)
     if args.command == "criteo-preprocess":
         from .criteo import CriteoOptions, preprocess_criteo

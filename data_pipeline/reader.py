@@ -25,7 +25,13 @@ def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
         else:
             out.append(p)
     if not out:
-        raise FileNotFoundError(f"no Parquet files in {list(paths)}")
+        splits = [os.path.join(p, d) for p in paths if os.path.isdir(p) for d in sorted(os.listdir(p))
+                  if os.path.isdir(os.path.join(p, d)) and any(f.endswith(".parquet") for f in os.listdir(os.path.join(p, d)))]
+        hint = f"; it has split folders {splits}: pass one of them" if splits else ""
+        raise FileNotFoundError(f"no Parquet files in {list(paths)}{hint}")
+    missing = [p for p in out if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"no such file: {missing[0]}")
     return out
 
 

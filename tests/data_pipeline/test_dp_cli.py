@@ -41,3 +41,17 @@ def test_commands_end_to_end(tmp_path, criteo_sample, capsys):
                  "--rows", "10,20,30", "--ids-per-bag", "1,2,3", "--workers", "1", "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["rows_written"] == 5000 and 0.5 < printed["best_auc"] < 1
+
+
+def test_inspect_names_the_split_folders(tmp_path, capsys):
+    """A dataset's top folder holds split folders, not files: the error says which to pass."""
+    from data_pipeline.cli import main
+
+    assert main(["synth", "-o", str(tmp_path / "ds"), "--samples", "500", "--tables", "2", "--rows", "10",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert "no Parquet files" in err and "split folders" in err and str(tmp_path / "ds" / "train") in err
+    assert main(["inspect", str(tmp_path / "nope.parquet")]) == 2
+    assert "no such file" in capsys.readouterr().err
