@@ -21,8 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from neo.config.embedding import ConfigError
+from neo.config.data import DataConfig
+from neo.config.model import ModelConfig
 from neo.config.tables import TableEntry
 from neo.config.topology import TopologyConfig
+from neo.config.train import OptimConfig, ShardingConfig, TrainConfig
 
 __all__ = ["NeoConfig", "load_config", "config_from_dict", "apply_overrides"]
 
@@ -35,6 +38,16 @@ class NeoConfig:
     """Embedding tables (see :class:`neo.config.tables.TableEntry`)."""
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     """Cluster the tables are planned for (see :class:`neo.config.topology.TopologyConfig`)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """``neo train``: DLRM / DCNv2 architecture (see :class:`neo.config.model.ModelConfig`)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """``neo train``: synthetic or Parquet data (see :class:`neo.config.data.DataConfig`)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """``neo train``: dense optimizer and LR schedule (see :class:`neo.config.train.OptimConfig`)."""
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    """``neo train``: planner mode and pinned sharding types (see :class:`neo.config.train.ShardingConfig`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """``neo train``: batch, length, cadences, checkpoints (see :class:`neo.config.train.TrainConfig`)."""
 
     def validate(self) -> None:
         """Validate every section (its ``validate(where)``), then cross-section rules."""

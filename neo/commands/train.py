@@ -1,0 +1,71 @@
+"""``neo train CONFIG [key=value ...]``: train the config's model (one process, or under torchrun).
+
+    neo train configs/train_tiny.yaml
+    neo train configs/train_tiny.yaml model.dense_arch=[64,16] optim.lr=0.01 train.steps=100
+    torchrun --standalone --nproc-per-node 2 -m neo.train configs/main_job.yaml
+
+Prints the sharding plan, a progress bar (rank 0, on stderr) and, last on stdout, one line of
+JSON with the final metrics (``samples_per_s``, ``auc``, ``logloss``, ``steps``, ``best_auc``...).
+Exit status: 0; 2 for a config error; 1 when ``train.target_auc_delta`` is set and the final
+AUC is below ``best_auc - target_auc_delta``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from neo.config import ConfigError, load_config
+
+__all__ = ["main", "run"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neo train", description="Train DLRM / DCNv2 from a config file.")
+    p.add_argument("config", help="Neo YAML config (sections tables, topology, model, data, optim, sharding, train)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=0.01 model.dense_arch=[512,256,64]")
+    return p
+
+
+def run(cfg, pg=None) -> int:
+    """Train ``cfg``; print the final JSON line (rank 0); return the exit status."""
+    import torch.distributed as dist
+
+    from neo.train.trainer import Trainer
+
+    trainer = Trainer(cfg, pg=pg)
+    final = trainer.fit()
+    status = 0
+    delta = cfg.train.target_auc_delta
+    if delta is not None and final.get("best_auc") is not None:
+        target = final["best_auc"] - delta
+        final["target_auc"] = round(target, 6)
+        final["target_met"] = bool(final["auc"] is not None and final["auc"] >= target)
+        status = 0 if final["target_met"] else 1
+    if trainer.rank == 0:
+        if "target_met" in final:
+            verdict = "reached" if final["target_met"] else "did NOT reach"
+            print(f"neo train: auc {final['auc']:.4f} {verdict} best_auc {final['best_auc']:.4f} - {delta} "
+                  f"= {final['target_auc']:.4f}", file=sys.stderr, flush=True)
+        print(json.dumps(final), flush=True)
+    if pg is None and dist.is_initialized():
+        dist.destroy_process_group()
+    return status
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        for section in ("model", "data", "optim", "sharding", "train"):
+            if not hasattr(cfg, section):
+                raise ConfigError(f"config: this Neo build has no '{section}' section (neo/config/loader.py)")
+        from neo.train.build import validate_training_config
+
+        validate_training_config(cfg)
+    except ConfigError as e:
+        print(f"neo train: error: {e}", file=sys.stderr)
+        return 2
+    return run(cfg)

@@ -1,0 +1,177 @@
+"""The ``optim``, ``sharding`` and ``train`` sections of Neo's YAML config.
+
+``optim``: the dense optimizer (SGD, Adagrad, Adam) and the learning-rate schedule (linear
+warmup, constant, polynomial decay; :class:`neo.train.schedule.LRSchedule`). The schedule
+multiplies every learning rate, the sparse ones included: at step t each table's fused
+optimizer runs at ``table lr x schedule(t) / optim.lr``. Sparse optimizers are per table
+(``tables[k].optimizer``); ``optim.sparse``, when given, replaces the optimizer of every
+table that leaves its ``optimizer`` at the default.
+
+``sharding``: ``planner: auto`` lets the planner choose every table's sharding (within the
+``tables[k].sharding_types`` constraints); ``types: {table: sharding_type}`` pins tables
+(fed to the planner as constraints). ``planner: explicit`` requires a type for every table.
+
+``train``: batch size per rank, length (steps or epochs), evaluation and checkpoint cadence,
+run directory, seed, backends.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from neo.config.embedding import ConfigError
+from neo.config.model import choice
+from neo.config.tables import SHARDING_TYPES, OptimizerEntry
+
+__all__ = ["DenseOptimizerType", "OptimConfig", "ShardingConfig", "TrainConfig"]
+
+
+class DenseOptimizerType(str, enum.Enum):
+    """Optimizer of the dense (MLP) parameters, as torch.optim implements it."""
+
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ADAM = "adam"
+
+
+@dataclass
+class OptimConfig:
+    """Dense optimizer and learning-rate schedule."""
+
+    type: str = "adagrad"
+    """Dense optimizer: sgd, adagrad or adam."""
+    lr: float = 0.01
+    """Dense learning rate; the schedule's base (sparse lrs scale with it, see module doc)."""
+    momentum: float = 0.0
+    """SGD momentum."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's (beta1, beta2)."""
+    eps: float = 1e-8
+    """Denominator epsilon of adagrad and adam."""
+    weight_decay: float = 0.0
+    """L2 penalty of the dense parameters."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from lr / warmup_steps to lr."""
+    decay_start: int = 0
+    """Step at which polynomial decay starts (after warmup)."""
+    decay_steps: int = 0
+    """Steps of decay (0 = no decay)."""
+    decay_power: float = 2.0
+    """Exponent of the polynomial decay."""
+    end_ratio: float = 0.0
+    """Floor of the decayed lr, as a fraction of lr."""
+    sparse: Optional[OptimizerEntry] = None
+    """Sparse optimizer for every table whose ``optimizer`` is left at the default (null = per table)."""
+
+    def validate(self, where: str = "optim") -> None:
+        self.type = choice(self.type, [m.value for m in DenseOptimizerType], f"{where}.type")
+        for name in ("lr", "eps", "weight_decay", "momentum", "end_ratio"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"{where}.betas: must be two values in [0, 1), got {list(self.betas)}")
+        for name in ("warmup_steps", "decay_start", "decay_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.sparse is not None:
+            self.sparse.to_config(f"{where}.sparse")
+
+
+class PlannerMode(str, enum.Enum):
+    AUTO = "auto"
+    """The planner picks each table's sharding (honouring ``types`` and the tables' constraints)."""
+    EXPLICIT = "explicit"
+    """Every table's type comes from ``types``; the planner only places the shards."""
+
+
+@dataclass
+class ShardingConfig:
+    """How the embedding tables are sharded across ranks."""
+
+    planner: str = "auto"
+    """``auto`` (planner chooses) or ``explicit`` (``types`` gives every table's sharding type)."""
+    types: Dict[str, str] = field(default_factory=dict)
+    """Sharding type per table name: data_parallel, table_wise, row_wise, column_wise,
+    table_row_wise, table_column_wise (planner constraints)."""
+    partitioner: str = "auto"
+    """Restrict the planner to one partitioner (``auto`` = the best of all)."""
+    plan_file: Optional[str] = None
+    """Use this plan JSON (``neo plan --out``) instead of planning."""
+
+    def validate(self, where: str = "sharding") -> None:
+        self.planner = choice(self.planner, [m.value for m in PlannerMode], f"{where}.planner")
+        for name, t in self.types.items():
+            self.types[name] = choice(t, SHARDING_TYPES, f"{where}.types.{name}")
+
+    def check_tables(self, names, where: str = "sharding") -> None:
+        unknown = [n for n in self.types if n not in names]
+        if unknown:
+            raise ConfigError(f"{where}.types: unknown tables {unknown}; tables: {list(names)}")
+        if self.planner == "explicit":
+            missing = [n for n in names if n not in self.types]
+            if missing:
+                raise ConfigError(f"{where}.types: planner: explicit needs a type for every table; missing {missing}")
+
+
+@dataclass
+class TrainConfig:
+    """Length, cadence, checkpoints and runtime of a training run."""
+
+    batch_size: int = 512
+    """Samples per rank per step (the global batch is batch_size x world size)."""
+    steps: int = 0
+    """Training steps (0 = ``epochs`` full epochs)."""
+    epochs: int = 1
+    """Epochs over the training data when ``steps`` is 0."""
+    eval_every: int = 0
+    """Evaluate every this many steps (0 = only at the end; the end is always evaluated)."""
+    eval_batches: int = 0
+    """Validation batches per rank per evaluation (0 = the whole validation set)."""
+    log_every: int = 50
+    """Write training loss and throughput to the metrics file every this many steps."""
+    checkpoint_dir: Optional[str] = None
+    """Checkpoint directory (null = none); ``DIR/step-<N>`` and ``DIR/latest``."""
+    checkpoint_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end when checkpoint_dir is set)."""
+    resume: bool = True
+    """Resume from ``checkpoint_dir``'s latest checkpoint when there is one."""
+    run_dir: str = "runs/neo"
+    """Metrics (``metrics.jsonl``), TensorBoard events and the plan go here."""
+    seed: int = 0
+    """Seed of dense initialisation, embedding initialisation and the data shuffle."""
+    embedding_backend: str = "auto"
+    """Embedding kernels: auto, reference, cpu, triton, fbgemm."""
+    dist_backend: str = "gloo"
+    """torch.distributed backend: gloo (CPU) or nccl (GPU)."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    dense_dtype: str = "fp32"
+    """Compute type of the MLPs and the interaction: fp32, or bf16 (autocast; fp32 weights and embeddings)."""
+    pipelined: bool = True
+    """Overlap data, input distribution and compute across steps (see neo/train/pipeline.py)."""
+    progress: bool = True
+    """tqdm progress bar on rank 0."""
+    threads: int = 0
+    """torch intra-op threads per process (0 = leave torch's default)."""
+    target_auc_delta: Optional[float] = None
+    """When set and the data reports its best AUC: fail (exit 1) unless auc >= best_auc - delta."""
+
+    def validate(self, where: str = "train") -> None:
+        if self.batch_size <= 0:
+            raise ConfigError(f"{where}.batch_size: must be > 0, got {self.batch_size}")
+        for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.log_every <= 0:
+            raise ConfigError(f"{where}.log_every: must be > 0, got {self.log_every}")
+        if self.steps == 0 and self.epochs <= 0:
+            raise ConfigError(f"{where}.epochs: must be > 0 when steps is 0, got {self.epochs}")
+        self.embedding_backend = choice(self.embedding_backend, ["auto", "reference", "cpu", "triton", "fbgemm"],
+                                        f"{where}.embedding_backend")
+        self.dist_backend = choice(self.dist_backend, ["gloo", "nccl"], f"{where}.dist_backend")
+        self.device = choice(self.device, ["cpu", "cuda"], f"{where}.device")
+        self.dense_dtype = choice(self.dense_dtype, ["fp32", "bf16"], f"{where}.dense_dtype")
+        if self.target_auc_delta is not None and self.target_auc_delta < 0:
+            raise ConfigError(f"{where}.target_auc_delta: must be >= 0 or null, got {self.target_auc_delta}")

@@ -1,0 +1,10 @@
+"""``python -m neo.train CONFIG [key=value ...]``, the entry point torchrun launches on every rank.
+
+    torchrun --standalone --nproc-per-node 2 -m neo.train configs/main_job.yaml
+"""
+
+import sys
+
+from neo.commands.train import main
+
+sys.exit(main())

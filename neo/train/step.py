@@ -1,0 +1,101 @@
+"""One training step's compute, and the phase timers.
+
+:class:`DenseStep` is the module DistributedDataParallel wraps. Its forward takes a batch whose
+ids were already redistributed (``input_dist`` ran ahead, in the pipeline) and overlaps the
+pooled-embedding AlltoAll with the bottom MLP (Neo paper, section on the training pipeline)::
+
+    pooled_aw = emb.output_dist(emb.compute(dist_batch), dist_batch)   # AlltoAll launched
+    x = model.bottom(dense)                                            # runs under it
+    pooled = pooled_aw.wait()
+    logits = top(interaction(x, pooled))
+
+DDP wraps this step module (not ``DLRM`` itself, whose ``forward`` would redistribute the ids
+again): DDP's reducer averages the dense gradients over ``pg.dense``; the sharded collection's
+buffers are excluded from DDP (shards differ per rank and train through their fused
+optimizers), as :func:`neo.distributed.parallelize` does.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Dict
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["DenseStep", "Timers", "wrap_ddp"]
+
+
+class Timers:
+    """Wall-clock seconds per named phase, summed (``with timers("lookup"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+    def snapshot(self) -> Dict[str, float]:
+        return {k: round(v, 4) for k, v in self.seconds.items()}
+
+
+class DenseStep(nn.Module):
+    """``forward(dense, dist_batch) -> logits (B,)`` of a DLRM whose embedding is sharded.
+
+    ``overlap=False`` waits for the pooled embeddings before the bottom MLP (the plain order);
+    the arithmetic is identical either way. ``dense_dtype=torch.bfloat16`` runs the MLPs and the
+    interaction under autocast (bf16 matmuls, fp32 master weights and embeddings); the default
+    fp32 runs them in fp32.
+    """
+
+    def __init__(self, model: nn.Module, timers: Timers, overlap: bool = True,
+                 dense_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.model = model
+        self.timers = timers
+        self.overlap = overlap
+        self.dense_dtype = dense_dtype
+
+    def _autocast(self, device_type: str):
+        return torch.autocast(device_type, dtype=self.dense_dtype, enabled=self.dense_dtype != torch.float32)
+
+    def forward(self, dense: torch.Tensor, dist_batch) -> torch.Tensor:
+        m, t = self.model, self.timers
+        emb = m.embedding
+        with t("lookup"):
+            pooled_local = emb.compute(dist_batch)                     # (W * B, local columns)
+        with t("output_dist"):
+            pooled_aw = emb.output_dist(pooled_local, dist_batch)      # AlltoAll / ReduceScatter launched
+            if not self.overlap:
+                pooled_aw.wait()
+        with t("dense_fwd"), self._autocast(dense.device.type):
+            x = m.bottom(dense)                                        # (B, D) under the AlltoAll
+        with t("output_dist"):
+            pooled = pooled_aw.wait()                                  # (B, F * D)
+        with t("dense_fwd"), self._autocast(dense.device.type):
+            z = m.interaction(x, pooled)
+            return m.top(z).squeeze(1).float()                         # (B,)
+
+
+def wrap_ddp(step: DenseStep, pg) -> DistributedDataParallel:
+    """DDP over ``pg.dense`` on the dense parameters only (the sharded collection ignored)."""
+    emb = step.model.embedding
+    ignore = [f"model.embedding.{n}" for n, _ in emb.named_buffers()]
+    ignore += [f"model.embedding.{n}" for n, _ in emb.named_parameters()]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, ignore)
+    with warnings.catch_warnings():   # broadcast_buffers=False is what we mean (shards are rank-local)
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        return DistributedDataParallel(step, process_group=pg.dense, broadcast_buffers=False,
+                                       gradient_as_bucket_view=True)

@@ -1,0 +1,288 @@
+"""The trainer: a config in, a trained model, metrics and checkpoints out.
+
+Launch::
+
+    neo train configs/train_tiny.yaml                                     # one process
+    neo train configs/train_tiny.yaml train.steps=200 optim.lr=0.01       # dotted overrides
+    torchrun --standalone --nproc-per-node 2 -m neo.train configs/main_job.yaml   # one node, 2 ranks
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m neo.train CONFIG   # 2 nodes
+
+:class:`Trainer` builds the job (:mod:`neo.train.build`), then :meth:`Trainer.fit` runs the
+pipelined (or plain) loop with evaluation and checkpoints at their cadence and returns the final
+metrics. Loss = BCE-with-logits, mean over the rank's batch; DDP averages dense gradients and
+the sharded collection divides embedding gradients by W, so W ranks of B samples train like one
+process on the global batch of W x B (see neo/distributed/sharded_embedding.py).
+
+Every rank takes the same number of steps: the loaders drop the last partial batch and an
+epoch is ``(N // W) // B`` steps on every rank (rank shards may differ by one sample).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Dict, Iterator, List
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from neo.train.build import (feature_mapping, init_process_groups, make_loaders, make_plan, prepare_data,
+                             rename_features, resolve_tables, validate_training_config)
+from neo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from neo.train.metrics import BinaryMetrics
+from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
+from neo.train.run_log import RunLog
+from neo.train.schedule import LRSchedule
+from neo.train.step import DenseStep, Timers, wrap_ddp
+
+__all__ = ["Trainer", "dense_optimizer"]
+
+
+def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
+    """torch.optim optimizer of the ``optim`` section."""
+    if cfg.type == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.type == "adagrad":
+        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+class Trainer:
+    """Builds the job of a validated :class:`neo.config.NeoConfig` (see module doc).
+
+    Args:
+        cfg: the config (sections tables, topology, model, data, optim, sharding, train).
+        pg: process groups (default: from torchrun's environment, or one local rank).
+        log: where the plan report and notices go (rank 0).
+    """
+
+    def __init__(self, cfg, pg=None, log=print):
+        from neo.distributed import ShardedEmbeddingCollection
+        from neo.models import DLRM
+
+        validate_training_config(cfg)
+        self.cfg, t = cfg, cfg.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.pg = pg or init_process_groups(t)
+        self.rank, self.W = self.pg.rank, self.pg.world_size
+        self.device = torch.device(t.device)
+        self.say = log if self.rank == 0 else (lambda *a, **k: None)
+        self.tables = resolve_tables(cfg)
+
+        self.data = prepare_data(cfg, self.tables, self.pg, log=self.say)
+        self.train_loader, self.val_loader = make_loaders(cfg, self.data, self.pg)
+        self.mapping = feature_mapping(self.train_loader.meta.sparse_names, self.tables)
+        self.B = t.batch_size
+        self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"train.batch_size {self.B} x {self.W} ranks exceeds the {self.train_loader.num_samples} "
+                             "training samples")
+        self.total_steps = t.steps or t.epochs * self.steps_per_epoch
+
+        self.plan, self.plan_report = make_plan(cfg, self.pg, self.B)
+        self.say(self.plan_report)
+        torch.manual_seed(t.seed)
+        self.sharded = ShardedEmbeddingCollection(self.tables, self.plan, self.pg, backend=t.embedding_backend,
+                                                  seed=t.seed, device=self.device)
+        feats = [f for tb in self.tables for f in tb.feature_names]
+        m = cfg.model
+        self.model = DLRM(self.sharded, len(feats), self.tables[0].dim, self.data.num_dense, list(m.dense_arch),
+                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank).to(self.device)
+        self.timers = Timers()
+        self.step_module = DenseStep(self.model, self.timers, overlap=t.pipelined,
+                                     dense_dtype=torch.bfloat16 if t.dense_dtype == "bf16" else torch.float32)
+        self.ddp = wrap_ddp(self.step_module, self.pg)
+        dense_params = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
+        self.optimizer = dense_optimizer(cfg.optim, dense_params)
+        o = cfg.optim
+        self.schedule = LRSchedule(o.lr, o.warmup_steps, o.decay_start, o.decay_steps, o.decay_power, o.end_ratio)
+        self.step = 0
+        self.losses: List[float] = []
+        """Local loss of every step run by this trainer (tests compare them)."""
+        if t.checkpoint_dir and t.resume:
+            path = latest_checkpoint(t.checkpoint_dir)
+            if path is not None:
+                self.load(path)
+
+    # ------------------------------------------------------------------ checkpoints
+    def load(self, path: str) -> None:
+        meta = load_checkpoint(path, sharded=self.sharded, dense_model=self.model, optimizer=self.optimizer,
+                               loader=self.train_loader, pg=self.pg)
+        self.step = int(meta["step"])
+        self.say(f"neo train: resumed from {path} at step {self.step}")
+
+    def save(self) -> str:
+        return save_checkpoint(self.cfg.train.checkpoint_dir, self.step, sharded=self.sharded, dense_model=self.model,
+                               optimizer=self.optimizer, loader_state=self._last_loader_state, pg=self.pg,
+                               meta={"global_batch": self.B * self.W})
+
+    # ------------------------------------------------------------------ one step
+    def _set_lr(self, step: int) -> None:
+        lr = self.schedule(step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
+        lookup = self.sharded.lookup
+        if lookup is not None:
+            for tb in lookup.tables:
+                lookup.set_learning_rate(tb.optimizer.lr * factor, table=tb.name)
+
+    def _train_step(self, sb: StepBatch, dist_batch) -> torch.Tensor:
+        b = sb.batch
+        self._set_lr(self.step)
+        logits = self.ddp(b.dense, dist_batch)                         # (B,)
+        with self.timers("dense_fwd"):
+            loss = F.binary_cross_entropy_with_logits(logits, b.labels)
+        with self.timers("backward"):                                  # dense grads + DDP AllReduce +
+            self.optimizer.zero_grad(set_to_none=True)                 # embedding grads + fused sparse update
+            loss.backward()
+        with self.timers("optimizer"):
+            self.optimizer.step()
+        return loss.detach()
+
+    def _batches(self) -> Iterator[StepBatch]:
+        """Exactly ``total_steps - step`` batches, ``steps_per_epoch`` per epoch on every rank."""
+        loader, produced = self.train_loader, self.step
+        while produced < self.total_steps:
+            if loader.position // self.B >= self.steps_per_epoch:
+                loader.set_epoch(loader.epoch + 1)
+            it = iter(loader)
+            try:
+                for batch in it:
+                    produced += 1
+                    yield StepBatch(rename_features(batch, self.mapping), loader.state_dict())
+                    if produced >= self.total_steps or loader.position // self.B >= self.steps_per_epoch:
+                        break
+            finally:
+                it.close()
+
+    # ------------------------------------------------------------------ evaluation
+    def _padded(self, batch, keys, num_dense: int):
+        """(dense, sparse, labels, real count) padded to B samples with empty bags (equal sizes on every rank)."""
+        from neo.sparse import KeyedJaggedBatch
+
+        B = self.B
+        if batch is None:
+            sparse = KeyedJaggedBatch(keys, torch.zeros(0, dtype=torch.int64), torch.zeros(len(keys) * B, dtype=torch.int64),
+                                      B, validate=False)
+            return torch.zeros(B, num_dense), sparse, torch.zeros(B), 0
+        n = batch.batch_size
+        if n == B:
+            return batch.dense, batch.sparse, batch.labels, n
+        s = batch.sparse
+        lengths = torch.zeros(len(s.keys), B, dtype=s.lengths.dtype)
+        lengths[:, :n] = s.lengths.view(len(s.keys), n)
+        sparse = KeyedJaggedBatch(s.keys, s.values, lengths.reshape(-1), B, weights=s.weights, validate=False)
+        dense = torch.zeros(B, batch.dense.shape[1])
+        dense[:n] = batch.dense
+        labels = torch.zeros(B)
+        labels[:n] = batch.labels
+        return dense, sparse, labels, n
+
+    @torch.no_grad()
+    def evaluate(self) -> Dict[str, Any]:
+        """Exact AUC, log loss, accuracy over the validation set (every rank's samples)."""
+        loader = self.val_loader
+        if loader is None:
+            return {}
+        loader.set_epoch(0)
+        n_local = math.ceil(loader.shard_size / self.B)
+        if self.cfg.train.eval_batches:
+            n_local = min(n_local, self.cfg.train.eval_batches)
+        n = torch.tensor([n_local])
+        if self.W > 1:
+            dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.pg.world)
+        keys = tuple(self.mapping.get(k, k) for k in loader.meta.sparse_names) if self.mapping else \
+            tuple(loader.meta.sparse_names)
+        metrics = BinaryMetrics()
+        self.model.eval()
+        it = iter(loader)
+        try:
+            for i in range(int(n)):
+                batch = next(it, None) if i < n_local else None
+                if batch is not None:
+                    batch = rename_features(batch, self.mapping)
+                dense, sparse, labels, count = self._padded(batch, keys, self.data.num_dense)
+                dist_batch = self.sharded.input_dist(sparse.to(self.device)).wait()
+                logits = self.step_module(dense.to(self.device), dist_batch)
+                metrics.update(logits[:count], labels[:count])
+        finally:
+            it.close()
+            self.model.train()
+        return metrics.compute(self.pg.world if self.W > 1 else None)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> Dict[str, Any]:
+        """Train to ``total_steps``; evaluate and checkpoint at their cadence and at the end."""
+        t = self.cfg.train
+        runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress)
+        if self.rank == 0:
+            os.makedirs(t.run_dir, exist_ok=True)
+            with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
+                json.dump(self.plan, f, indent=1)
+        Loop = TrainPipeline if t.pipelined else PlainLoop
+        loop = Loop(self._batches(), self.sharded, self._train_step, self.device, self.timers)
+        self._last_loader_state = self.train_loader.state_dict()
+        start_step, window_loss, window_n = self.step, 0.0, 0
+        train_s, eval_s, t0 = 0.0, 0.0, time.perf_counter()
+        last_eval: Dict[str, Any] = {}
+        self.timers.reset()
+        while self.step < self.total_steps:
+            out = loop.step()
+            if out is None:
+                break
+            loss, sb = out
+            self.step += 1
+            self._last_loader_state = sb.loader_state
+            value = float(loss)
+            self.losses.append(value)
+            window_loss += value
+            window_n += 1
+            runlog.advance(1, loss=value)
+            pause = time.perf_counter()
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
+                avg = torch.tensor([window_loss, float(window_n)], dtype=torch.float64)
+                if self.W > 1:
+                    dist.all_reduce(avg, group=self.pg.world)
+                elapsed = train_s + (pause - t0)
+                runlog.record("train", self.step, {
+                    "loss": float(avg[0] / avg[1]), "lr": self.schedule(self.step - 1),
+                    "samples_per_s": (self.step - start_step) * self.B * self.W / max(elapsed, 1e-9)})
+                window_loss, window_n = 0.0, 0
+            eval_now = t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps
+            ckpt_now = t.checkpoint_dir and t.checkpoint_every and self.step % t.checkpoint_every == 0 \
+                and self.step < self.total_steps
+            if eval_now or ckpt_now:
+                train_s += pause - t0
+                loop.drain()
+                if eval_now:
+                    last_eval = self.evaluate()
+                    runlog.record("eval", self.step, last_eval)
+                    runlog.message(f"step {self.step}: auc {last_eval.get('auc', float('nan')):.4f} "
+                                   f"logloss {last_eval.get('logloss', float('nan')):.4f}")
+                if ckpt_now:
+                    self.save()
+                t0 = time.perf_counter()
+                eval_s += t0 - pause
+        train_s += time.perf_counter() - t0
+        steps_run = self.step - start_step
+        if steps_run or not last_eval:
+            last_eval = self.evaluate()
+        if t.checkpoint_dir and steps_run:
+            self.save()
+        phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()}
+        final = {
+            "steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
+            "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"), "accuracy": last_eval.get("accuracy"),
+            "eval_samples": last_eval.get("count"), "best_auc": self.data.best_auc,
+            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+            "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2),
+            "phase_ms_per_step": phases,
+        }
+        runlog.record("final", self.step, final)
+        runlog.close()
+        return final

@@ -1,0 +1,122 @@
+"""Checkpoints: stop and resume == uninterrupted (1 and 2 processes), a checkpoint saved under
+one plan and world size loads under another, and a crash mid-write leaves the previous one usable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.multiprocess import run_multiprocess
+from tests.train.test_trainer import MIXED, tiny_config, train_and_collect
+
+
+@pytest.fixture(scope="module")
+def tmp_data(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ckpt"))
+
+
+# decay and warmup make the schedule's step matter; adam on a table makes the optimizer step matter
+SCHEDULE = ["optim.warmup_steps=3", "optim.decay_start=5", "optim.decay_steps=20", "optim.type=adam",
+            "tables.3.optimizer.type=adam", "data.shuffle_window=1000"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_stop_and_resume_equals_uninterrupted(tmp_data, world):
+    plan = MIXED if world == 2 else []
+    ck = f"{tmp_data}/resume-{world}"
+    # 80 steps of 64 x W samples: more than one epoch for W = 2 (64 steps), so the epoch change is crossed
+    full = run_multiprocess(train_and_collect, world, tmp_data, ["train.steps=80"] + SCHEDULE + plan)
+    first = run_multiprocess(train_and_collect, world, tmp_data,
+                             ["train.steps=50", f"train.checkpoint_dir={ck}"] + SCHEDULE + plan)
+    assert os.path.exists(f"{ck}/step-50/meta.json")
+    rest = run_multiprocess(train_and_collect, world, tmp_data,
+                            ["train.steps=80", f"train.checkpoint_dir={ck}"] + SCHEDULE + plan)
+    for f, a, b in zip(full, first, rest):
+        assert a["losses"] == f["losses"][:50]
+        assert b["losses"] == f["losses"][50:]            # the same subsequent losses, bit for bit
+        for name in f["weights"]:
+            assert torch.equal(b["weights"][name], f["weights"][name]), name
+
+
+def _load_into(rank, world_size, tmp, ck, overrides):
+    from neo.train.trainer import Trainer
+
+    cfg = tiny_config(tmp, f"train.checkpoint_dir={ck}", "train.resume=true", *overrides)
+    tr = Trainer(cfg, log=lambda *a, **k: None)
+    dense = {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}
+    return {"step": tr.step, "weights": tr.sharded.full_weights(), "states": tr.sharded.full_optimizer_state(),
+            "dense": dense, "position": tr.train_loader.state_dict()["position"],
+            "types": sorted({t["sharding_type"] for t in tr.plan["tables"].values()})}
+
+
+def test_checkpoint_loads_under_another_plan_and_world_size(tmp_data):
+    ck = f"{tmp_data}/reshard"
+    # plan A: 2 ranks, four sharding types (item column-wise: its row-wise adagrad state is per column shard)
+    saved = run_multiprocess(train_and_collect, 2, tmp_data,
+                             ["train.steps=12", f"train.checkpoint_dir={ck}", "tables.1.optimizer.type=adagrad"]
+                             + MIXED)[0]
+    plan_b = ["sharding.types.user=table_wise", "sharding.types.item=row_wise",
+              "sharding.types.category=column_wise", "sharding.types.country=data_parallel"]
+    for world, extra in ((1, []), (2, plan_b)):
+        outs = run_multiprocess(_load_into, world, tmp_data, ck, ["tables.1.optimizer.type=adagrad"] + extra)
+        for out in outs:
+            assert out["step"] == 12
+            for name, w in saved["weights"].items():
+                assert torch.equal(out["weights"][name], w), (world, name)
+                for s, v in saved["states"][name].items():
+                    assert torch.equal(out["states"][name][s], v), (world, name, s)
+            for k, v in saved["dense"].items():
+                assert torch.equal(out["dense"][k], v), k
+        # global sample position kept: 12 steps x 64 x 2 ranks = 1536 samples
+        assert sum(o["position"] for o in outs) == 12 * 64 * 2
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def _crash_mid_write(rank, world_size, tmp, ck):
+    from neo.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+    from neo.train.trainer import Trainer
+
+    cfg = tiny_config(tmp, "train.steps=6", f"train.checkpoint_dir={ck}", "train.resume=false")
+    tr = Trainer(cfg, log=lambda *a, **k: None)
+    tr.fit()                                               # writes step-6
+    good = latest_checkpoint(ck)
+    expected = tr.sharded.full_weights()
+    calls = []
+
+    def failing_save(obj, path):
+        calls.append(path)
+        if len(calls) == 2 and rank == world_size - 1:     # one rank dies after its first file
+            raise _Boom("disk full")
+        torch.save(obj, path)
+
+    tr.step = 7
+    with torch.no_grad():                                  # change the weights: the old checkpoint must win
+        for name, buf in tr.sharded.lookup.named_buffers():
+            if name.endswith("_weights"):
+                buf.add_(1.0)
+    try:
+        save_checkpoint(ck, 7, sharded=tr.sharded, dense_model=tr.model, optimizer=tr.optimizer,
+                        loader_state=tr.train_loader.state_dict(), pg=tr.pg, save_fn=failing_save)
+        raised = False
+    except CheckpointError:
+        raised = True
+    after = latest_checkpoint(ck)
+    cfg2 = tiny_config(tmp, f"train.checkpoint_dir={ck}", "train.resume=true")
+    tr2 = Trainer(cfg2, log=lambda *a, **k: None)
+    same = all(torch.equal(tr2.sharded.full_weights()[n], w) for n, w in expected.items())
+    return {"raised": raised, "good": good, "after": after, "step": tr2.step, "same": same,
+            "tmp_left": os.path.exists(os.path.join(ck, "tmp-7"))}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_crash_mid_write_keeps_previous_checkpoint(tmp_data, world):
+    ck = f"{tmp_data}/crash-{world}"
+    for out in run_multiprocess(_crash_mid_write, world, tmp_data, ck):
+        assert out["raised"]
+        assert out["good"].endswith("step-6") and out["after"] == out["good"]
+        assert out["step"] == 6 and out["same"]

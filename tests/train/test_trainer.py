@@ -1,0 +1,150 @@
+"""The trainer end to end on the tiny config: one and two gloo processes, pipelined == plain,
+config errors, and the ``neo train`` command's final JSON line.
+
+Every case runs the real :class:`neo.train.trainer.Trainer` through ``tests.multiprocess`` (one
+process included, so the test process never holds a process group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from neo.config import ConfigError, config_from_dict
+from tests.multiprocess import run_multiprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "configs", "train_tiny.yaml")
+MIXED = ["sharding.types.user=row_wise", "sharding.types.item=column_wise", "sharding.types.category=data_parallel",
+         "sharding.types.country=table_wise"]
+"""A plan with four sharding types for 2 ranks."""
+
+
+def tiny_config(tmp: str, *overrides: str):
+    """The tiny config with its data cache and run directory under ``tmp``."""
+    with open(TINY) as f:
+        data = yaml.safe_load(f)
+    base = [f"data.synthetic.cache_dir={tmp}/cache", f"train.run_dir={tmp}/run", "train.progress=false",
+            "train.batch_size=64", "train.log_every=4"]
+    return config_from_dict(data, base + list(overrides))
+
+
+def train_and_collect(rank: int, world_size: int, tmp: str, overrides, steps_before=None):
+    """Run the trainer; return losses, final metrics, full tables, optimizer state and dense state."""
+    from neo.train.trainer import Trainer
+
+    cfg = tiny_config(tmp, *overrides)
+    tr = Trainer(cfg, log=lambda *a, **k: None)
+    final = tr.fit()
+    weights = tr.sharded.full_weights()
+    states = tr.sharded.full_optimizer_state()
+    dense = {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}
+    return {"losses": tr.losses, "final": final, "weights": weights, "states": states, "dense": dense,
+            "plan_types": sorted({t["sharding_type"] for t in tr.plan["tables"].values()})}
+
+
+@pytest.fixture(scope="module")
+def tmp_data(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("train"))
+
+
+def assert_same(a, b):
+    assert a["losses"] == b["losses"]
+    for name in a["weights"]:
+        assert torch.equal(a["weights"][name], b["weights"][name]), name
+        for s in a["states"][name]:
+            assert torch.equal(a["states"][name][s], b["states"][name][s]), (name, s)
+    for k in a["dense"]:
+        assert torch.equal(a["dense"][k], b["dense"][k]), k
+
+
+def test_single_process_trains_and_reports(tmp_data):
+    (out,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=40"])
+    f = out["final"]
+    assert f["steps"] == 40 and len(out["losses"]) == 40
+    assert f["eval_samples"] == 2048                      # the whole validation set
+    assert 0.55 < f["auc"] <= 1.0 and 0 < f["logloss"] < 0.7 and f["samples_per_s"] > 0
+    assert f["best_auc"] is not None and f["auc"] <= f["best_auc"] + 0.02
+    lines = open(os.path.join(tmp_data, "run", "metrics.jsonl")).read().splitlines()
+    kinds = {json.loads(x)["kind"] for x in lines}
+    assert {"train", "final"} <= kinds
+
+
+def test_two_processes_mixed_plan(tmp_data):
+    outs = run_multiprocess(train_and_collect, 2, tmp_data, ["train.steps=30"] + MIXED)
+    a, b = outs
+    assert a["plan_types"] == ["column_wise", "data_parallel", "row_wise", "table_wise"]
+    assert a["final"]["auc"] == b["final"]["auc"]         # exact AUC over both ranks' samples
+    assert a["final"]["eval_samples"] == 2048
+    for k in a["dense"]:                                  # DDP keeps the dense replicas equal
+        assert torch.equal(a["dense"][k], b["dense"][k])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_pipelined_equals_plain(tmp_data, world):
+    common = ["train.steps=20"] + (MIXED if world == 2 else [])
+    pipe = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=true"])
+    plain = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=false"])
+    for a, b in zip(pipe, plain):
+        assert_same(a, b)
+
+
+def test_config_errors_name_field_and_choices(tmp_data):
+    with pytest.raises(ConfigError, match=r"model\.interaction.*'dot'.*'dcn'"):
+        tiny_config(tmp_data, "model.interaction=cross")
+    with pytest.raises(ConfigError, match=r"optim\.type.*sgd.*adagrad.*adam"):
+        tiny_config(tmp_data, "optim.type=lbfgs")
+    with pytest.raises(ConfigError, match=r"train.*no_such_key|no_such_key"):
+        tiny_config(tmp_data, "train.no_such_key=1")
+    with pytest.raises(ConfigError, match=r"sharding\.types\.user.*row_wise"):
+        tiny_config(tmp_data, "sharding.types.user=diagonal")
+    from neo.train.build import validate_training_config
+
+    with pytest.raises(ConfigError, match=r"model\.dense_arch.*dim 8"):
+        validate_training_config(tiny_config(tmp_data, "model.dense_arch=[16,4]"))
+
+
+def test_neo_train_command_prints_final_json(tmp_data):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+           f"train.run_dir={tmp_data}/cmd", "train.steps=10", "model.dense_arch=[32,8]", "optim.lr=0.01",
+           "train.progress=false"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    final = json.loads(p.stdout.strip().splitlines()[-1])
+    for key in ("samples_per_s", "auc", "logloss", "steps"):
+        assert key in final
+    assert final["steps"] == 10
+    assert "Sharding plan" in p.stdout
+
+
+def test_parquet_source(tmp_data):
+    """``data.source: parquet`` on files written by the data pipeline (here: the synthetic cache's)."""
+    from neo.train.build import synthetic_dir, resolve_tables
+
+    (first,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=4"])   # makes sure the cache exists
+    cfg = tiny_config(tmp_data)
+    files = sorted(os.listdir(os.path.join(synthetic_dir(cfg, resolve_tables(cfg)), "train")))
+    root = os.path.join(synthetic_dir(cfg, resolve_tables(cfg)), "train")
+    train = "[" + ",".join(os.path.join(root, f) for f in files[:-1]) + "]"
+    (out,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=4", "data.source=parquet",
+                                                                f"data.train_paths={train}",
+                                                                f"data.val_paths=[{os.path.join(root, files[-1])}]"])
+    assert out["losses"] == first["losses"]               # the same samples in the same order
+    assert out["final"]["eval_samples"] == 2048
+
+
+def test_evaluation_covers_uneven_shards(tmp_data):
+    """2047 validation samples on 2 ranks (1023 + 1024), batch 1023: rank 0 evaluates one real and
+    one empty padded batch, rank 1 two real ones; every sample is counted once."""
+    outs = run_multiprocess(train_and_collect, 2, tmp_data, ["train.steps=2", "train.batch_size=1023",
+                                                             "data.synthetic.num_samples=4094",
+                                                             "data.synthetic.val_samples=2047"] + MIXED)
+    assert [o["final"]["eval_samples"] for o in outs] == [2047, 2047]
+    assert outs[0]["final"]["auc"] == outs[1]["final"]["auc"]

@@ -1,0 +1,275 @@
+"""End-to-end DLRM training throughput: Neo against TorchRec's DistributedModelParallel (CPU, gloo).
+
+    python tools/bench_train.py --json bench_out/train.json                   # both workloads
+    python tools/bench_train.py --workloads one-hot --steps 20                # shorter
+    python tools/bench_train.py --quick                                       # smoke run (small tables)
+
+Model (the same in both systems): 26 tables of 100k rows, D = 64, fp32, sum pooling; DLRM with
+dot interaction, bottom MLP 13-512-256-64, top MLP 512-256-1; BCE loss; embeddings trained by
+fused Adagrad (TorchRec: EXACT_ADAGRAD), dense parameters by torch.optim.Adagrad, lr 0.01;
+batch 2048 per rank, 2 gloo processes, one torch thread each (OMP_NUM_THREADS=1).
+Workloads: ``one-hot`` (one id per table) and ``multi-hot`` (MLPerf DLRM-DCNv2 bag sizes
+3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1); ids uniform; the same pre-built
+batches (4 per rank, cycled) feed both systems, so data loading is not measured.
+
+Neo: :class:`neo.train.pipeline.TrainPipeline` (input distribution of batch i+1 and the pooled
+AlltoAll under the bottom MLP overlapped with compute) on a table-wise, a row-wise and a mixed
+plan (tables cycle through the six sharding types). TorchRec: DMP with its planner forced to
+table_wise (it has no CPU row-wise kernels for fused training here), a plain loop
+(``TrainPipelineSparseDist`` needs CUDA streams). Systems run in alternating blocks of
+``--block`` steps (after ``--warmup`` steps each) so that load from other jobs on a shared
+machine hits them alike; samples/s = timed samples / timed seconds (a barrier closes every block);
+samples/CPU-s = timed samples / CPU seconds of both processes (``time.process_time``, all their
+threads): less sensitive to other jobs on a shared machine than the wall clock.
+``--dense-dtype bf16`` runs the MLPs and the interaction of both systems under ``torch.autocast``.
+
+Output: a table and, with ``--json``, records with ``system``, ``sharding_type``, ``workload``,
+``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+SIX = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
+
+
+def _batches(args, rank: int, sizes, n: int = 4):
+    from data_pipeline.loader import Batch
+    from neo.sparse import KeyedJaggedBatch
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    keys = tuple(f"f{t}" for t in range(args.tables))
+    lengths = torch.cat([torch.full((args.batch,), k, dtype=torch.int64) for k in sizes])
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, args.rows, (int(lengths.sum()),), generator=gen)
+        sparse = KeyedJaggedBatch(keys, ids, lengths, args.batch)
+        out.append(Batch(torch.rand(args.batch, 13, generator=gen), sparse,
+                         torch.randint(0, 2, (args.batch,), generator=gen).float()))
+    return out
+
+
+class _Runner:
+    def __init__(self, system: str, sharding_type: str, step, drain=lambda: None, timers=None):
+        self.system, self.sharding_type, self.step, self.drain = system, sharding_type, step, drain
+        self.seconds, self.cpu_seconds, self.steps, self.timers = 0.0, 0.0, 0, timers
+
+
+def _neo_runner(args, kind: str, pg, batches) -> _Runner:
+    import torch.nn.functional as F
+
+    from neo.config.embedding import OptimizerConfig, TableConfig
+    from neo.distributed import ShardedEmbeddingCollection, even_plan
+    from neo.models import DLRM
+    from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
+    from neo.train.step import DenseStep, Timers, wrap_ddp
+
+    opt = OptimizerConfig("adagrad", lr=0.01)
+    tables = [TableConfig(f"t{t}", args.rows, args.dim, (f"f{t}",), optimizer=opt) for t in range(args.tables)]
+    types = {t.name: (kind if kind != "mixed" else SIX[i % len(SIX)]) for i, t in enumerate(tables)}
+    plan = even_plan(tables, types, pg.world_size, pg.local_world_size)
+    sharded = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=False)
+    torch.manual_seed(0)
+    model = DLRM(sharded, args.tables, args.dim, 13, [512, 256, args.dim], [512, 256, 1])
+    timers = Timers()
+    dtype = torch.bfloat16 if args.dense_dtype == "bf16" else torch.float32
+    ddp = wrap_ddp(DenseStep(model, timers, overlap=not args.plain, dense_dtype=dtype), pg)
+    dense_opt = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith("embedding.")],
+                                    lr=0.01)
+
+    def step_fn(sb, dist_batch):
+        loss = F.binary_cross_entropy_with_logits(ddp(sb.batch.dense, dist_batch), sb.batch.labels)
+        with timers("backward"):
+            dense_opt.zero_grad(set_to_none=True)
+            loss.backward()
+        with timers("optimizer"):
+            dense_opt.step()
+        return loss.detach()
+
+    def source():
+        i = 0
+        while True:
+            yield StepBatch(batches[i % len(batches)], {})
+            i += 1
+
+    Loop = PlainLoop if args.plain else TrainPipeline
+    loop = Loop(source(), sharded, step_fn, torch.device("cpu"), timers)
+    return _Runner("neo", kind, lambda: loop.step(), loop.drain, timers)
+
+
+def _torchrec_runner(args, pg_world, batches) -> _Runner:
+    import torch.nn.functional as F
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.models.dlrm import DLRM as TorchRecDLRM
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    W = dist.get_world_size(pg_world)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim,
+                                                            num_embeddings=args.rows, feature_names=[f"f{t}"])
+                                         for t in range(args.tables)], device=torch.device("meta"))
+    torch.manual_seed(0)
+    model = TorchRecDLRM(ebc, 13, [512, 256, args.dim], [512, 256, 1], dense_device=torch.device("cpu"))
+    constraints = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"]) for t in range(args.tables)}
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD,
+                                                          "learning_rate": 0.01, "eps": 1e-8})
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
+                                       constraints=constraints)
+    plan = planner.collective_plan(model, [sharder], pg_world)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg_world), plan=plan,
+                                   sharders=[sharder], device=torch.device("cpu"))
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: torch.optim.Adagrad(params, lr=0.01))
+    kjts = [(b.dense, b.sparse.to_torchrec(), b.labels) for b in batches]
+    state = {"i": 0}
+
+    def step():
+        dense, kjt, labels = kjts[state["i"] % len(kjts)]
+        state["i"] += 1
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dense_dtype == "bf16"):
+            logits = dmp(dense, kjt).squeeze(-1)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+        dense_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+        return loss.detach()
+
+    return _Runner("torchrec", "table_wise", step)
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("torchrec", "torch.fx", "torch.fx._symbolic_trace"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
+    from neo.distributed import ProcessGroups
+
+    torch.set_num_threads(args.threads)
+    _quiet()
+    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600))
+    trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
+    records = []
+    for workload in args.workloads:
+        sizes = MULTI_HOT[: args.tables] if workload == "multi-hot" else (1,) * args.tables
+        batches = _batches(args, rank, sizes)
+        runners = [_neo_runner(args, kind, pg, batches) for kind in args.neo_plans]
+        if not args.no_torchrec:
+            runners.append(_torchrec_runner(args, trec_group, batches))
+        for r in runners:                                       # warm-up
+            for _ in range(args.warmup):
+                r.step()
+            r.drain()
+            if r.timers is not None:
+                r.timers.reset()
+        done = 0
+        while done < args.steps:
+            k = min(args.block, args.steps - done)
+            for r in runners:
+                dist.barrier(group=pg.world)
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(k):
+                    r.step()
+                r.drain()
+                c1 = time.process_time()
+                dist.barrier(group=pg.world)
+                r.seconds += time.perf_counter() - t0
+                r.cpu_seconds += c1 - c0
+                r.steps += k
+            done += k
+        for r in runners:
+            secs = torch.tensor([r.seconds])
+            dist.all_reduce(secs, op=dist.ReduceOp.MAX, group=pg.world)
+            s = float(secs)
+            cpu = torch.tensor([r.cpu_seconds])
+            dist.all_reduce(cpu, group=pg.world)                # CPU seconds of all ranks (load-independent-ish)
+            records.append({"system": r.system, "sharding_type": r.sharding_type, "workload": workload,
+                            "samples_per_s": round(r.steps * args.batch * world_size / s, 1),
+                            "step_ms": round(1e3 * s / r.steps, 2), "steps": r.steps, "world_size": world_size,
+                            "samples_per_cpu_s": round(r.steps * args.batch * world_size / float(cpu), 1),
+                            "batch_per_rank": args.batch, "tables": args.tables, "rows": args.rows, "dim": args.dim,
+                            "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype})
+            if r.timers is not None:                            # rank 0's blocked time per phase
+                records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
+        del runners
+    return records
+
+
+def _print(records: List[Dict[str, Any]]) -> None:
+    print(f"{'workload':10s} {'system':9s} {'sharding':12s} {'samples/s':>11s} {'step ms':>9s} {'vs TorchRec':>12s} "
+          f"{'samples/CPU-s':>14s} {'vs TorchRec':>12s}")
+    for r in records:
+        ref = next((x for x in records if x["system"] == "torchrec" and x["workload"] == r["workload"]), None)
+        ratio = f"{r['samples_per_s'] / ref['samples_per_s']:.2f}x" if ref else "-"
+        cratio = f"{r['samples_per_cpu_s'] / ref['samples_per_cpu_s']:.2f}x" if ref else "-"
+        print(f"{r['workload']:10s} {r['system']:9s} {r['sharding_type']:12s} {r['samples_per_s']:11.0f} "
+              f"{r['step_ms']:9.1f} {ratio:>12s} {r['samples_per_cpu_s']:14.0f} {cratio:>12s}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
+    p.add_argument("--neo-plans", nargs="+", default=["table_wise", "row_wise", "mixed"],
+                   choices=["table_wise", "row_wise", "mixed"] + list(SIX))
+    p.add_argument("--tables", type=int, default=26)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=2048, help="samples per rank")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30, help="timed steps per system")
+    p.add_argument("--block", type=int, default=5, help="steps per alternating block")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--plain", action="store_true", help="Neo without the pipeline (PlainLoop)")
+    p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
+    p.add_argument("--no-torchrec", action="store_true")
+    p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.batch, args.warmup, args.steps, args.block = 1000, 256, 2, 4, 2
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from tests.multiprocess import run_multiprocess
+
+    t0 = time.time()
+    out = run_multiprocess(_rank_main, args.world_size, args, timeout_s=3600, collective_timeout_s=600,
+                           threads=args.threads, env={"OMP_NUM_THREADS": str(args.threads)})
+    records = out[0]
+    _print(records)
+    print(f"({time.time() - t0:.0f} s; {args.world_size} processes x {args.threads} thread; "
+          f"machine load average {os.getloadavg()[0]:.1f})")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
