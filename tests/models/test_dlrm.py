@@ -18,6 +18,25 @@ def test_dot_interaction_is_every_pair_once():
     torch.testing.assert_close(out, expected)
 
 
+def test_dot_interaction_gradient_matches_autograd_of_the_formula():
+    """The hand-written backward against autograd through a plain restatement, in float64."""
+    torch.manual_seed(0)
+    F, D, B = 5, 4, 3
+    dense = torch.randn(B, D, dtype=torch.float64, requires_grad=True)
+    pooled = torch.randn(B, F * D, dtype=torch.float64, requires_grad=True)
+    v = torch.cat([dense.unsqueeze(1), pooled.view(B, F, D)], 1)
+    plain = torch.cat([dense] + [(v[:, i] * v[:, j]).sum(1, keepdim=True)
+                                 for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
+    out = DotInteraction(F, D)(dense, pooled)
+    torch.testing.assert_close(out, plain)
+    g = torch.randn(out.shape, dtype=torch.float64)
+    expected = torch.autograd.grad(plain, (dense, pooled), g)
+    got = torch.autograd.grad(out, (dense, pooled), g)
+    for e, a in zip(expected, got):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda d, p: DotInteraction(F, D)(d, p), (dense, pooled))
+
+
 def test_low_rank_cross_net_formula():
     torch.manual_seed(0)
     net = LowRankCrossNet(in_features=6, num_layers=2, low_rank=3)
