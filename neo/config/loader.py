@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Sequence
 
 import yaml
@@ -74,8 +74,14 @@ class NeoConfig:
         return [t.to_table_config(f"tables[{k}]") for k, t in enumerate(self.tables)]
 
     def table_specs(self):
-        """The planner's :class:`neo.planner.TableSpec` of every table."""
-        return [t.to_table_spec(f"tables[{k}]") for k, t in enumerate(self.tables)]
+        """The planner's :class:`neo.planner.TableSpec` of every table; a table named in
+        ``sharding.types`` is constrained to that one sharding type."""
+        out = []
+        for k, t in enumerate(self.tables):
+            if t.name in self.sharding.types:
+                t = replace(t, sharding_types=[self.sharding.types[t.name]])
+            out.append(t.to_table_spec(f"tables[{k}]"))
+        return out
 
 
 def _parse_key(key: str) -> str:

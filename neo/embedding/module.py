@@ -235,6 +235,13 @@ class TableBatchedEmbedding(nn.Module):
         """Updates applied so far, per table (tables of one group share the counter)."""
         return {cfg.name: int(g.step) for g in self.groups for cfg in g.layout.tables}
 
+    def set_optimizer_steps(self, step: int, table: Optional[str] = None) -> None:
+        """Set the update counter (Adam's and LAMB's bias correction) of every group, or of the
+        group holding ``table``: restoring a checkpoint saved under another sharding."""
+        for g in self.groups:
+            if table is None or any(c.name == table for c in g.layout.tables):
+                g.step.fill_(int(step))
+
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
         """Set the sparse optimizer's learning rate of every group, or of the group holding ``table``."""
         for i, g in enumerate(self.groups):

@@ -72,16 +72,6 @@ def resolve_tables(cfg) -> List[TableConfig]:
     return [e.to_table_config(f"tables[{k}]") for k, e in enumerate(entries)]
 
 
-def table_specs(cfg):
-    """Planner specs; ``sharding.types`` become single-type constraints."""
-    out = []
-    for k, e in enumerate(cfg.tables):
-        if e.name in cfg.sharding.types:
-            e = replace(e, sharding_types=[cfg.sharding.types[e.name]])
-        out.append(e.to_table_spec(f"tables[{k}]"))
-    return out
-
-
 # ----------------------------------------------------------------------------- 3. data
 @dataclass
 class DataSpec:
@@ -216,7 +206,7 @@ def make_plan(cfg, pg, batch_size: int) -> Dict[str, Any]:
             topo = replace(topo, batch_size_per_rank=batch_size)
             consts = cfg.topology.to_cost_constants()
             parts = PARTITIONERS if cfg.sharding.partitioner == "auto" else (cfg.sharding.partitioner,)
-            plan = plan_tables(table_specs(cfg), topo, consts, parts)
+            plan = plan_tables(cfg.table_specs(), topo, consts, parts)
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)

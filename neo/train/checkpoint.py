@@ -196,9 +196,7 @@ def _load_shards(path: str, saved_world: int, sharded) -> None:
                                   f"values of rows [{s.row_offset}, +{s.rows}) cols [{s.col_offset}, +{s.cols})")
     step = max(f["optimizer_step"] for f in files)
     if lookup is not None:
-        for name, buf in lookup.named_buffers():
-            if name.endswith("_step"):                        # fused optimizer step counters (Adam bias correction)
-                buf.fill_(step)
+        lookup.set_optimizer_steps(step)                       # fused optimizer counters (Adam bias correction)
 
 
 def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg, restore_rng: bool = True) -> Dict[str, Any]:

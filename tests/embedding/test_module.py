@@ -82,6 +82,8 @@ def test_state_is_readable_writable_and_checkpointable():
     twin(batch).sum().backward()
     for t in "ab":
         assert torch.equal(twin.table_weight(t), emb.table_weight(t))
+    emb.set_optimizer_steps(5, table="b")
+    assert emb.optimizer_steps() == {"a": 2, "b": 5}
     emb.table_optimizer_state("a")["sum"].fill_(7.0)       # views write through
     assert float(emb.state_dict()[f"group0_sum"][0]) == 7.0
 

@@ -114,3 +114,16 @@ def test_cost_constants_from_topology(tmp_path):
     bad = config_from_dict({"topology": {"cost_constants": str(tmp_path / "missing.json")}})
     with pytest.raises(ConfigError, match="topology.cost_constants"):
         bad.topology.to_cost_constants()
+
+
+def test_sharding_types_section_constrains_the_plan():
+    """`sharding.types` pins a table's type for `neo plan` and `neo train` alike."""
+    from neo.planner import plan_tables
+
+    cfg = config_from_dict({"tables": [{"name": "a", "num_rows": 100, "dim": 16}, {"name": "b", "num_rows": 100, "dim": 16}],
+                            "topology": {"world_size": 2, "local_world_size": 2},
+                            "sharding": {"types": {"a": "row_wise", "b": "column_wise"}}})
+    specs = cfg.table_specs()
+    plan = plan_tables(specs, cfg.topology.to_topology(), cfg.topology.to_cost_constants())
+    types = {name: t["sharding_type"] for name, t in plan.to_dict()["tables"].items()}
+    assert types == {"a": "row_wise", "b": "column_wise"}
