@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from bench_common import quiet_peer_logs  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -147,16 +149,6 @@ def _torchrec_runner(args, st: str, pg) -> _Runner:
     return _Runner("torchrec", st, step)
 
 
-def _quiet() -> None:
-    """Silence TorchRec's planner warnings and torch.fx notices (they would bury the table)."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    for name in ("torchrec", "torch.fx", "torch.fx._symbolic_trace"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     """Per sharding type: Neo and TorchRec built side by side, their steps interleaved."""
     import datetime
@@ -164,7 +156,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     torch.set_num_threads(args.threads)
-    _quiet()
+    quiet_peer_logs()
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300))
     records = []
     for st in args.types:

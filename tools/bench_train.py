@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from bench_common import quiet_peer_logs  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -157,20 +159,11 @@ def _torchrec_runner(args, pg_world, batches) -> _Runner:
     return _Runner("torchrec", "table_wise", step)
 
 
-def _quiet() -> None:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    for name in ("torchrec", "torch.fx", "torch.fx._symbolic_trace"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     torch.set_num_threads(args.threads)
-    _quiet()
+    quiet_peer_logs()
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600))
     trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
     records = []
