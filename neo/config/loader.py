@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from neo.config.embedding import ConfigError
 from neo.config.data import DataConfig
@@ -117,6 +118,9 @@ def _structured(cls, node: Any, where: str):
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         msg = str(e).splitlines()[0]
+        owner = getattr(e, "object_type", None)
+        if isinstance(e, ConfigKeyError) and owner is not None and dataclasses.is_dataclass(owner):
+            msg = f"unknown key; valid keys: {[f.name for f in dataclasses.fields(owner)]}"
         raise ConfigError(f"{where}{'.' + key if key else ''}: {msg}") from None
 
 

@@ -127,3 +127,10 @@ def test_sharding_types_section_constrains_the_plan():
     plan = plan_tables(specs, cfg.topology.to_topology(), cfg.topology.to_cost_constants())
     types = {name: t["sharding_type"] for name, t in plan.to_dict()["tables"].items()}
     assert types == {"a": "row_wise", "b": "column_wise"}
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(ConfigError, match=r"tables\[0\]\.dimm: unknown key; valid keys: \['name', 'num_rows', 'dim'"):
+        config_from_dict({"tables": [{"name": "a", "num_rows": 3, "dim": 4, "dimm": 8}]})
+    with pytest.raises(ConfigError, match=r"topology\.hbm: unknown key; valid keys: \[.*'hbm_gib'"):
+        config_from_dict({"tables": [], "topology": {"hbm": 3}})
