@@ -17,8 +17,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import List
 
-from neo.config.embedding import ConfigError
-from neo.config.model import choice
+from neo.config.embedding import ConfigError, choice
 
 __all__ = ["DataSource", "SyntheticDataConfig", "DataConfig"]
 

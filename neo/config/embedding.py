@@ -8,24 +8,29 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError"]
+__all__ = ["choice", "PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError"]
 
 
 class ConfigError(ValueError):
     """A configuration value that is invalid; the message names the field."""
 
 
+def choice(value, valid: Sequence[str], where: str) -> str:
+    """``value`` lower-cased if it is one of ``valid``; else a :class:`ConfigError` naming field and choices."""
+    v = str(value).lower()
+    if v not in valid:
+        raise ConfigError(f"{where}: {value!r} is not one of {list(valid)}")
+    return v
+
+
 def _enum(cls, value, where: str):
     if isinstance(value, cls):
         return value
-    try:
-        return cls(str(value).lower())
-    except ValueError:
-        raise ConfigError(f"{where}: {value!r} is not one of {[m.value for m in cls]}") from None
+    return cls(choice(value, [m.value for m in cls], where))
 
 
 class PoolingMode(str, enum.Enum):

@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
-from neo.config.embedding import ConfigError
+from neo.config.embedding import ConfigError, choice
 
 __all__ = ["Interaction", "ModelConfig"]
 
@@ -31,14 +31,6 @@ class Interaction(str, enum.Enum):
     """Pairwise dot products (DLRM, Naumov et al. 2019)."""
     DCN = "dcn"
     """Low-rank cross network (DCNv2, Wang et al. 2021; MLPerf DLRM-DCNv2)."""
-
-
-def choice(value, valid: Sequence[str], where: str) -> str:
-    """``value`` lower-cased if it is one of ``valid``; else a :class:`ConfigError` naming field and choices."""
-    v = str(value).lower()
-    if v not in valid:
-        raise ConfigError(f"{where}: {value!r} is not one of {list(valid)}")
-    return v
 
 
 @dataclass

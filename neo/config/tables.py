@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from neo.config.embedding import (ConfigError, OptimizerConfig, OptimizerType, PoolingMode, TableConfig,
+from neo.config.embedding import (ConfigError, OptimizerConfig, choice, OptimizerType, PoolingMode, TableConfig,
                                   WeightDType)
 
 __all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS"]
@@ -20,13 +20,6 @@ SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "tab
 """Valid ``sharding_types`` values (see docs/planner.md)."""
 PLACEMENTS = ("device", "host")
 """Valid ``placement`` values."""
-
-
-def _choice(value: str, valid, where: str) -> str:
-    v = str(value).lower()
-    if v not in valid:
-        raise ConfigError(f"{where}: {value!r} is not one of {list(valid)}")
-    return v
 
 
 @dataclass
@@ -49,7 +42,7 @@ class OptimizerEntry:
     """Starting sum of squares of adagrad and rowwise_adagrad."""
 
     def to_config(self, where: str = "optimizer") -> OptimizerConfig:
-        t = _choice(self.type, [m.value for m in OptimizerType], f"{where}.type")
+        t = choice(self.type, [m.value for m in OptimizerType], f"{where}.type")
         try:
             return OptimizerConfig(OptimizerType(t), self.lr, self.eps, self.beta1, self.beta2,
                                    self.weight_decay, self.initial_accumulator_value)
@@ -102,14 +95,14 @@ class TableEntry:
             raise ConfigError(f"{where}.num_rows: must be a positive integer, got {self.num_rows!r}")
         if self.dim <= 0 or self.dim % 4:
             raise ConfigError(f"{where}.dim: must be a positive multiple of 4, got {self.dim!r}")
-        _choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")
-        _choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")
+        choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")
+        choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")
         if not self.pooling_factor > 0:
             raise ConfigError(f"{where}.pooling_factor: must be > 0, got {self.pooling_factor!r}")
         if self.access_skew < 0:
             raise ConfigError(f"{where}.access_skew: must be >= 0 (Zipf exponent), got {self.access_skew!r}")
         for k, s in enumerate(self.sharding_types):
-            _choice(s, SHARDING_TYPES, f"{where}.sharding_types[{k}]")
+            choice(s, SHARDING_TYPES, f"{where}.sharding_types[{k}]")
         for k, r in enumerate(self.ranks):
             if r < 0:
                 raise ConfigError(f"{where}.ranks[{k}]: must be >= 0, got {r!r}")
@@ -117,7 +110,7 @@ class TableEntry:
         if w is not None and (w <= 0 or w % 4 or w > self.dim):
             raise ConfigError(f"{where}.column_shard_width: must be a positive multiple of 4 and <= dim "
                               f"({self.dim}), got {w!r}")
-        _choice(self.placement, PLACEMENTS, f"{where}.placement")
+        choice(self.placement, PLACEMENTS, f"{where}.placement")
         if self.init_scale is not None and self.init_scale <= 0:
             raise ConfigError(f"{where}.init_scale: must be > 0 or null, got {self.init_scale!r}")
         self.to_table_config(where)
@@ -127,8 +120,8 @@ class TableEntry:
         opt = self.optimizer.to_config(f"{where}.optimizer")
         try:
             return TableConfig(self.name, int(self.num_rows), int(self.dim), tuple(self.feature_names),
-                               PoolingMode(_choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")),
-                               WeightDType(_choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")),
+                               PoolingMode(choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")),
+                               WeightDType(choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")),
                                opt, bool(self.stochastic_rounding), self.init_scale)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None

@@ -21,8 +21,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from neo.config.embedding import ConfigError
-from neo.config.model import choice
+from neo.config.embedding import ConfigError, choice
 from neo.config.tables import SHARDING_TYPES, OptimizerEntry
 
 __all__ = ["DenseOptimizerType", "OptimConfig", "ShardingConfig", "TrainConfig"]
