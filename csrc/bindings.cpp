@@ -3,11 +3,12 @@
 #include <torch/extension.h>
 
 #include "embedding_kernels.h"
+#include "interaction.h"
 
 namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Neo CPU embedding kernels: pooled forward, fused backward + sparse optimizer";
+  m.doc() = "Neo CPU kernels: pooled embedding forward, fused backward + sparse optimizer, DLRM dot interaction";
   m.def("embedding_forward", &neo::embedding_forward, py::call_guard<py::gil_scoped_release>(),
         "Pooled lookup of a group; returns (out (B, total_dim) fp32, invalid id count)",
         py::arg("weights"), py::arg("indices"), py::arg("offsets"), py::arg("per_sample_weights"),
@@ -20,6 +21,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("row_offsets"), py::arg("feature_table"), py::arg("output_offsets"), py::arg("feature_mean"),
         py::arg("batch_size"), py::arg("opt_kind"), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
         py::arg("beta1"), py::arg("beta2"), py::arg("step"), py::arg("seed"), py::arg("stochastic_rounding"));
+  m.def("dot_interaction_forward", &neo::dot_interaction_forward, py::call_guard<py::gil_scoped_release>(),
+        "DLRM dot interaction: [dense, pairwise dots of (dense, pooled_1..F)] (B, D + F(F+1)/2)",
+        py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
+  m.def("dot_interaction_backward", &neo::dot_interaction_backward, py::call_guard<py::gil_scoped_release>(),
+        "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled (B, F * D))",
+        py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead) {

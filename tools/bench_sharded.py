@@ -156,6 +156,9 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     torch.set_num_threads(args.threads)
+    if not args.system_malloc:                             # process-wide: Neo and TorchRec alike
+        from neo.host_memory import retain_freed_memory
+        retain_freed_memory()
     quiet_peer_logs()
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300))
     records = []
@@ -179,7 +182,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             dist.all_gather_object(gathered, mine, group=pg.world)
             rec = {"system": r.system, "sharding_type": st, "world_size": world_size,
                    "step_ms": max(g["step_ms"] for g in gathered), "steps": args.steps,
-                   "glibc_tuning": bool(args.glibc_tuning)}
+                   "retain_freed_memory": not args.system_malloc}
             if r.system.startswith("neo"):
                 from neo.embedding.backends import resolve_backend_name
 
@@ -229,24 +232,21 @@ def main(argv=None) -> int:
                    help="Neo's pooled-embedding wire precision, forward and backward (system name neo-fp16 ...)")
     p.add_argument("--no-torchrec", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
-    p.add_argument("--glibc-tuning", action="store_true",
-                   help="start the ranks with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_/MALLOC_TOP_PAD_ raised, so "
-                        "large tensors are not mmap'ed and page-faulted afresh every step (applies to both systems)")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="leave glibc malloc at its defaults (by default every rank calls "
+                        "neo.host_memory.retain_freed_memory(), as `neo train` does; it applies to both systems)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    if args.glibc_tuning:   # read by glibc at process start: set before the ranks are spawned
-        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(1 << 32), MALLOC_TRIM_THRESHOLD_=str(1 << 36),
-                          MALLOC_TOP_PAD_=str(1 << 29))
     from tests.multiprocess import run_multiprocess
 
     from neo.embedding.backends import resolve_backend_name
 
     print(f"Neo embedding backend: {resolve_backend_name(args.backend, torch.device('cpu'))}; "
           f"{args.tables} tables x {args.rows} rows, D={args.dim}, batch {args.batch}/rank, ~{args.mean_ids} ids/bag; "
-          f"{args.steps} timed steps (median){'; glibc malloc tuning' if args.glibc_tuning else ''}")
+          f"{args.steps} timed steps (median){'; glibc malloc defaults' if args.system_malloc else ''}")
     records: List[Dict[str, Any]] = []
     for W in args.world_sizes:
         t0 = time.time()

@@ -163,6 +163,9 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     torch.set_num_threads(args.threads)
+    if not args.system_malloc:                             # process-wide: Neo and TorchRec alike
+        from neo.host_memory import retain_freed_memory
+        retain_freed_memory()
     quiet_peer_logs()
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600))
     trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
@@ -205,7 +208,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                             "step_ms": round(1e3 * s / r.steps, 2), "steps": r.steps, "world_size": world_size,
                             "samples_per_cpu_s": round(r.steps * args.batch * world_size / float(cpu), 1),
                             "batch_per_rank": args.batch, "tables": args.tables, "rows": args.rows, "dim": args.dim,
-                            "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype})
+                            "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype,
+                            "retain_freed_memory": not args.system_malloc})
             if r.timers is not None:                            # rank 0's blocked time per phase
                 records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
         del runners
@@ -242,6 +246,9 @@ def main(argv=None) -> int:
     p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
     p.add_argument("--no-torchrec", action="store_true")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="leave glibc malloc at its defaults (by default every rank calls "
+                        "neo.host_memory.retain_freed_memory(), as `neo train` does; it applies to both systems)")
     p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -154,6 +154,9 @@ class TrainConfig:
     """tqdm progress bar on rank 0."""
     threads: int = 0
     """torch intra-op threads per process (0 = leave torch's default)."""
+    retain_freed_memory: bool = True
+    """Keep freed host memory in the process (glibc malloc tuning, see neo/host_memory.py): no
+    page faults for the per-step tensors, at the price of keeping the peak heap."""
     target_auc_delta: Optional[float] = None
     """When set and the data reports its best AUC: fail (exit 1) unless auc >= best_auc - delta."""
 

@@ -33,23 +33,64 @@ class _PairwiseDots(torch.autograd.Function):
         return torch.bmm(G + G.transpose(1, 2), v), None                         # (B, n, D)
 
 
+def _cpu_kernels():
+    """``neo._C`` when it is built and has the fused interaction, else None."""
+    try:
+        from neo import _C
+    except ImportError:
+        return None
+    return _C if hasattr(_C, "dot_interaction_forward") else None
+
+
+class _FusedDotInteraction(torch.autograd.Function):
+    """``[dense, pairwise dots]`` in one C++ kernel each way (``csrc/interaction.cpp``): no
+    concatenated (B, n, D) copy, no (B, n, n) Gram matrix, gradients written straight into
+    ``(B, D)`` and ``(B, F * D)``. fp32 CPU tensors only."""
+
+    @staticmethod
+    def forward(ctx, dense: torch.Tensor, pooled: torch.Tensor, num_features: int, kernels) -> torch.Tensor:
+        dense, pooled = dense.contiguous(), pooled.contiguous()
+        ctx.save_for_backward(dense, pooled)
+        ctx.num_features, ctx.kernels = num_features, kernels
+        return kernels.dot_interaction_forward(dense, pooled, num_features)             # (B, D + P)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        dense, pooled = ctx.saved_tensors
+        grad_dense, grad_pooled = ctx.kernels.dot_interaction_backward(
+            grad_out.contiguous(), dense, pooled, ctx.num_features)                    # (B, D), (B, F * D)
+        return grad_dense, grad_pooled, None, None
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products of the dense vector and the F pooled embeddings (DLRM, Naumov et al. 2019).
 
     Input: dense ``(B, D)`` and pooled ``(B, F * D)``. The F + 1 vectors of a sample are
     dotted pairwise (each unordered pair once, no self-products) and appended to the dense
     vector: output ``(B, D + (F + 1) * F / 2)``.
+
+    Two implementations of the same function: ``kernel="torch"``, the reference (a
+    concatenation, one bmm and a gather: any device and dtype, autocast included), and on
+    fp32 CPU tensors outside autocast, ``kernel="auto"`` takes the fused C++ kernel of
+    ``neo._C`` when it is built (about 3x faster forward+backward at DLRM's shapes). The two
+    agree to fp32 rounding (the summation order differs).
     """
 
-    def __init__(self, num_features: int, dim: int):
+    def __init__(self, num_features: int, dim: int, kernel: str = "auto"):
         super().__init__()
+        if kernel not in ("auto", "torch"):
+            raise ValueError(f"DotInteraction kernel must be 'auto' or 'torch', got {kernel!r}")
         self.num_features, self.dim = num_features, dim
+        self._kernels = _cpu_kernels() if kernel == "auto" else None
         n = num_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("flat_pairs", rows * n + cols, persistent=False)   # (P,) into a flat (n, n)
         self.out_features = dim + rows.numel()
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        if (self._kernels is not None and dense.device.type == "cpu" and dense.dtype == torch.float32
+                and pooled.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+            return _FusedDotInteraction.apply(dense, pooled, self.num_features, self._kernels)
         B = dense.shape[0]
         vectors = torch.cat([dense.unsqueeze(1), pooled.view(B, self.num_features, self.dim)], dim=1)  # (B, F+1, D)
         pairs = _PairwiseDots.apply(vectors, self.flat_pairs)                                           # (B, (F+1)F/2)

@@ -61,12 +61,15 @@ class Trainer:
 
     def __init__(self, cfg, pg=None, log=print):
         from neo.distributed import ShardedEmbeddingCollection
+        from neo.host_memory import retain_freed_memory
         from neo.models import DLRM
 
         validate_training_config(cfg)
         self.cfg, t = cfg, cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
+        if t.retain_freed_memory:
+            retain_freed_memory()
         self.pg = pg or init_process_groups(t)
         self.rank, self.W = self.pg.rank, self.pg.world_size
         self.device = torch.device(t.device)

@@ -1,5 +1,6 @@
 """Models against plain re-statements of their formulas."""
 
+import pytest
 import torch
 
 from neo.config.embedding import OptimizerConfig, TableConfig
@@ -35,6 +36,46 @@ def test_dot_interaction_gradient_matches_autograd_of_the_formula():
     for e, a in zip(expected, got):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda d, p: DotInteraction(F, D)(d, p), (dense, pooled))
+
+
+@pytest.mark.parametrize("F,D", [(1, 16), (3, 8), (5, 5), (15, 16), (16, 64), (26, 64), (31, 32), (40, 48), (26, 20)])
+def test_fused_dot_interaction_matches_the_formula_in_float64(F, D):
+    """The C++ kernel (fp32) against the plain formula evaluated in float64, forward and backward.
+
+    Shapes cover one, two and three 16-column chunks of the Gram rows (n = F + 1 up to 41),
+    row-block remainders, and D off the 16-float vector width (the scalar path)."""
+    assert DotInteraction(F, D)._kernels is not None, "neo._C is not built"
+    torch.manual_seed(F * 100 + D)
+    B = 37
+    dense, pooled = torch.randn(B, D), torch.randn(B, F * D)
+    d64 = dense.double().requires_grad_()
+    p64 = pooled.double().requires_grad_()
+    v = torch.cat([d64.unsqueeze(1), p64.view(B, F, D)], 1)
+    plain = torch.cat([d64] + [(v[:, i] * v[:, j]).sum(1, keepdim=True)
+                               for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
+    d32, p32 = dense.clone().requires_grad_(), pooled.clone().requires_grad_()
+    out = DotInteraction(F, D)(d32, p32)
+    assert out.grad_fn is not None and "Fused" in type(out.grad_fn).__name__
+    torch.testing.assert_close(out.double(), plain, rtol=1e-5, atol=1e-5)
+    g = torch.randn(out.shape)
+    expected = torch.autograd.grad(plain, (d64, p64), g.double())
+    got = torch.autograd.grad(out, (d32, p32), g)
+    for e, a in zip(expected, got):
+        torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autocast():
+    torch.manual_seed(1)
+    F, D, B = 26, 64, 64
+    dense, pooled = torch.randn(B, D), torch.randn(B, F * D)
+    fused, ref = DotInteraction(F, D), DotInteraction(F, D, kernel="torch")
+    torch.testing.assert_close(fused(dense, pooled), ref(dense, pooled), rtol=1e-6, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused(dense.requires_grad_(), pooled)
+    assert "Fused" not in type(out.grad_fn).__name__          # autocast: the torch path, in bf16
+    torch.testing.assert_close(out.float(), ref(dense, pooled), rtol=0.05, atol=0.5)
+    with pytest.raises(ValueError, match="kernel"):
+        DotInteraction(F, D, kernel="cuda")
 
 
 def test_low_rank_cross_net_formula():
