@@ -6,7 +6,9 @@
 
 Model (the same in both systems): 26 tables of 100k rows, D = 64, fp32, sum pooling; DLRM with
 dot interaction, bottom MLP 13-512-256-64, top MLP 512-256-1; BCE loss; embeddings trained by
-fused Adagrad (TorchRec: EXACT_ADAGRAD), dense parameters by torch.optim.Adagrad, lr 0.01;
+fused Adagrad (TorchRec: EXACT_ADAGRAD), dense parameters by torch.optim.Adagrad, lr 0.01 (Neo: its
+trainer's ``dense_optimizer``, torch's fused Adagrad; TorchRec: the default per-tensor loop, as its
+examples write it);
 batch 2048 per rank, 2 gloo processes, one torch thread each (OMP_NUM_THREADS=1).
 Workloads: ``one-hot`` (one id per table) and ``multi-hot`` (MLPerf DLRM-DCNv2 bag sizes
 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1); ids uniform; the same pre-built
@@ -36,6 +38,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +83,7 @@ def _neo_runner(args, kind: str, pg, batches) -> _Runner:
     from neo.models import DLRM
     from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
     from neo.train.step import DenseStep, Timers, wrap_ddp
+    from neo.train.trainer import dense_optimizer
 
     opt = OptimizerConfig("adagrad", lr=0.01)
     tables = [TableConfig(f"t{t}", args.rows, args.dim, (f"f{t}",), optimizer=opt) for t in range(args.tables)]
@@ -91,8 +95,8 @@ def _neo_runner(args, kind: str, pg, batches) -> _Runner:
     timers = Timers()
     dtype = torch.bfloat16 if args.dense_dtype == "bf16" else torch.float32
     ddp = wrap_ddp(DenseStep(model, timers, overlap=not args.plain, dense_dtype=dtype), pg)
-    dense_opt = torch.optim.Adagrad([p for n, p in model.named_parameters() if not n.startswith("embedding.")],
-                                    lr=0.01)
+    dense_opt = dense_optimizer(SimpleNamespace(type="adagrad", lr=0.01, eps=1e-10, weight_decay=0.0),
+                                [p for n, p in model.named_parameters() if not n.startswith("embedding.")])
 
     def step_fn(sb, dist_batch):
         loss = F.binary_cross_entropy_with_logits(ddp(sb.batch.dense, dist_batch), sb.batch.labels)

@@ -74,8 +74,9 @@ class Awaitable(Generic[T]):
     collectives (hierarchical output distribution) compose.
     """
 
-    def __init__(self, fn: Callable[[], T], name: str):
+    def __init__(self, fn: Callable[[], T], name: str, progress: Optional[Callable[[], None]] = None):
         self._fn: Optional[Callable[[], T]] = fn
+        self._progress = progress
         self._value: Optional[T] = None
         self.name = name
 
@@ -86,18 +87,32 @@ class Awaitable(Generic[T]):
 
     def wait(self) -> T:
         if self._fn is not None:
+            self.progress()
             with record_function(f"neo.wait/{self.name}"):
-                try:
-                    self._value = self._fn()
-                except RuntimeError as e:
-                    if isinstance(e, CollectiveError) or not _is_comm_error(e):
-                        raise
-                    rank = dist.get_rank() if dist.is_initialized() else "?"
-                    raise CollectiveError(
-                        f"rank {rank}: collective '{self.name}' failed or timed out: a peer rank has probably "
-                        f"failed or stalled (see the other ranks' errors). Cause: {e}") from e
+                self._value = self._guarded(self._fn)
             self._fn = None
         return self._value  # type: ignore[return-value]
+
+    def progress(self) -> None:
+        """Run the next stage now, if the awaitable has one (multi-stage collectives: e.g. wait
+        for the lengths and send the ids), so that its last stage can travel under compute.
+        Idempotent; ``wait()`` runs it first if nobody did. Like every collective step, call it
+        at the same point of the program on every rank."""
+        if self._progress is not None:
+            fn, self._progress = self._progress, None
+            with record_function(f"neo.progress/{self.name}"):
+                self._guarded(fn)
+
+    def _guarded(self, fn: Callable[[], U]) -> U:
+        try:
+            return fn()
+        except RuntimeError as e:
+            if isinstance(e, CollectiveError) or not _is_comm_error(e):
+                raise
+            rank = dist.get_rank() if dist.is_initialized() else "?"
+            raise CollectiveError(
+                f"rank {rank}: collective '{self.name}' failed or timed out: a peer rank has probably "
+                f"failed or stalled (see the other ranks' errors). Cause: {e}") from e
 
     def then(self, fn: Callable[[T], U], name: Optional[str] = None) -> "Awaitable[U]":
         return Awaitable(lambda: fn(self.wait()), name or self.name)

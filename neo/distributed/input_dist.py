@@ -20,6 +20,12 @@ Two AlltoAll calls per batch, whatever the plan:
    the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
    bytes of int64; ids are validated, or clamped when validation is off), else int64.
 
+Calling the input distribution launches (1) and returns an :class:`Awaitable` of two
+stages: ``progress()`` waits for the lengths and launches (2); ``wait()`` (running
+``progress()`` first if nobody did) waits for the ids and regroups them. A training
+pipeline calls ``progress()`` for batch i+1 in the middle of step i, so that the ids travel
+under step i's compute.
+
 On arrival a rank holds, for each of its slots, the bags of every rank's samples, source-
 major; it regroups them into one :class:`~neo.sparse.KeyedJaggedBatch` of ``W * B``
 samples (sample ``s * B + b`` is sample b of rank s), keys = its slots' local features.
@@ -29,7 +35,7 @@ Every rank must pass batches of the same size B with the same features.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -153,24 +159,31 @@ class InputDist:
                 id_parts.extend(x[2].view(torch.int32).to(self.wire) for x in sel)
             id_splits.append(n * (2 if weights is not None else 1))
         send_lengths = torch.cat(len_parts)
-        send_ids = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
+        send_ids_buf = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
         K = len(layout.slots_on[self.pg.rank])
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
         lengths_aw = all_to_all(send_lengths, len_out, len_in, self.pg.world, name="input_dist.lengths")
         source_lengths = {f: lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
 
-        def finish() -> DistributedBatch:
+        weighted = weights is not None
+        stage: Dict[str, Any] = {}
+
+        def send_ids() -> None:
+            """Stage 2: the lengths have arrived; check them and launch the ids AlltoAll."""
             recv = lengths_aw.wait().view(W, _HEADER + B * K)               # (W, header + K * B)
             heads = recv[:, :_HEADER]
-            self._raise_on_bad_input(heads, B, weights is not None)
+            self._raise_on_bad_input(heads, B, weighted)
             lens = recv[:, _HEADER:].reshape(W, K, B)                       # (W, K, B) source-major
             sizes = lens.sum(-1)                                            # (W, K) ids per (source, slot)
             per_source = sizes.sum(-1)                                      # (W,)
-            weighted = weights is not None
             out_splits = (per_source * (2 if weighted else 1)).tolist()
-            ids_aw = all_to_all(send_ids, out_splits, id_splits, self.pg.world, name="input_dist.ids")
-            buf = ids_aw.wait()
+            stage.update(lens=lens, sizes=sizes, per_source=per_source,
+                         ids_aw=all_to_all(send_ids_buf, out_splits, id_splits, self.pg.world, name="input_dist.ids"))
+
+        def finish() -> DistributedBatch:
+            lens, sizes, per_source = stage["lens"], stage["sizes"], stage["per_source"]
+            buf = stage.pop("ids_aw").wait()
             # regroup (source, slot) segments into (slot, source) order: feature-major jagged layout;
             # segments are contiguous, so this is K * W slice copies
             src_base = _exclusive_cumsum(per_source * (2 if weighted else 1))           # (W,)
@@ -191,7 +204,7 @@ class InputDist:
             local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
             return DistributedBatch(local, B, source_lengths)
 
-        return Awaitable(finish, "input_dist")
+        return Awaitable(finish, "input_dist", progress=send_ids)
 
     # ---------------------------------------------------------------- agreement
     def _raise_on_bad_input(self, heads: torch.Tensor, B: int, weighted: bool) -> None:

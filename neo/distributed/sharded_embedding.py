@@ -27,7 +27,7 @@ global batch, with DDP gradients scaled to match).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -159,6 +159,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._blocks = _column_blocks(order)                                     # cat[:, s:s+n] -> out[:, g:g+n]
         self._local_widths = [od.local_width for od in self.output_dists]
         self._block_cache: Dict[tuple, dict] = {}
+        self._after_output_launch: List[Callable[[], None]] = []
         assert sum(self._local_widths) == self._local_dim
         self._broadcast_replicas()
 
@@ -191,12 +192,23 @@ class ShardedEmbeddingCollection(nn.Module):
             return torch.zeros(batch.local.batch_size, 0, device=batch.local.values.device)
         return self.lookup(batch.local)
 
+    def run_after_output_launch(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once, right after the next :meth:`output_dist` has launched its collectives.
+
+        The training pipeline hands it the next batch's ``input_dist(...).progress`` so that
+        those ids travel under this step's dense compute. Collective order stays the same on
+        every rank (every rank registers the same callbacks at the same points)."""
+        self._after_output_launch.append(fn)
+
     def output_dist(self, pooled: torch.Tensor, batch: DistributedBatch) -> Awaitable[torch.Tensor]:
         """Launch every sharding type's first collective now; ``wait()`` returns (B, sum D)."""
         order = BackwardOrder()
         # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
         xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
         launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]
+        hooks, self._after_output_launch = self._after_output_launch, []
+        for fn in hooks:                                     # e.g. the next batch's ids AlltoAll
+            fn()
 
         def assemble() -> torch.Tensor:
             pieces = [a.wait() for a in launched]                                     # in a fixed order

@@ -3,7 +3,8 @@
 Pipelined (:class:`TrainPipeline`), at step i::
 
     batch i+2   read by the loader's background thread, copied to the device here
-    batch i+1   input_dist launched (lengths AlltoAll in flight), not waited
+    batch i+1   input_dist launched (lengths AlltoAll in flight); its ids AlltoAll launched
+                right after step i's output_dist (``run_after_output_launch``), not waited
     batch i     ids arrived; lookup -> output_dist launched -> bottom MLP -> wait -> top, backward
 
 so the read and copy of i+2 and the input redistribution of i+1 overlap the compute of i, and
@@ -88,7 +89,10 @@ class TrainPipeline:
         if sb is None:
             return None
         with self.timers("input_dist"):
-            return self.sharded.input_dist(sb.batch.sparse)
+            aw = self.sharded.input_dist(sb.batch.sparse)
+        # its ids AlltoAll goes out once the current step's output_dist is launched (under compute)
+        self.sharded.run_after_output_launch(aw.progress)
+        return aw
 
     def step(self) -> Optional[Tuple[torch.Tensor, StepBatch]]:
         if not self._started:
