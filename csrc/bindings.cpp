@@ -23,10 +23,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("beta1"), py::arg("beta2"), py::arg("step"), py::arg("seed"), py::arg("stochastic_rounding"));
   m.def("dot_interaction_forward", &neo::dot_interaction_forward, py::call_guard<py::gil_scoped_release>(),
         "DLRM dot interaction: [dense, pairwise dots of (dense, pooled_1..F)] (B, D + F(F+1)/2)",
-        py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
+        py::arg("dense"), py::arg("pooled"), py::arg("num_features"), py::arg("feature_offsets") = py::none(),
+        py::arg("feature_strides") = py::none());
   m.def("dot_interaction_backward", &neo::dot_interaction_backward, py::call_guard<py::gil_scoped_release>(),
-        "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled (B, F * D))",
-        py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
+        "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
+        py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
+        py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0,
+        py::arg("pooled_covered") = true);
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead) {

@@ -16,12 +16,18 @@
 //             diagonal; grad v_i = sum_j S[i][j] v_j, two rows at a time.
 // Vectors are GCC vector extensions (lowered to AVX-512 / AVX2 / SSE as compiled). D not a
 // multiple of 16 takes a scalar path.
+//
+// Pooled layout: either a contiguous (B, F * D) tensor, or any flat buffer in which feature
+// k of sample b starts at offsets[k] + b * strides[k] (e.g. the source-major output of the
+// pooled AlltoAll, read in place: no assembling copy). Gradients go back in the same layout,
+// multiplied by grad_scale (the sharded collection's 1 / W), into a buffer like `pooled`.
 #include "interaction.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -35,12 +41,20 @@ inline v16 load(const float* p) { v16 v; std::memcpy(&v, p, sizeof(v)); return v
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 inline v16 splat(float x) { return v16{} + x; }
 
-// The n vectors of sample b: row 0 is dense[b], row k >= 1 is pooled[b, (k-1) D : k D].
+// Where feature k of sample b starts in the pooled buffer: off[k] + b * stride[k].
+struct Layout {
+  std::vector<int64_t> off, stride;
+};
+
+// The n vectors of one sample: row 0 is its dense vector, row k >= 1 its feature k - 1.
 struct Sample {
-  const float* dense;
-  const float* pooled;
+  const float* rows[256];
   int64_t D;
-  const float* row(int64_t k) const { return k == 0 ? dense : pooled + (k - 1) * D; }
+  Sample(const float* dense, const float* pooled, const Layout& L, int64_t b, int64_t D_) : D(D_) {
+    rows[0] = dense;
+    for (size_t k = 0; k < L.off.size(); ++k) rows[k + 1] = pooled + L.off[k] + b * L.stride[k];
+  }
+  const float* row(int64_t k) const { return rows[k]; }
 };
 
 // Rows r[0..4) of the Gram matrix, columns [c, c + C) chunks of 16, into row_buf.
@@ -100,14 +114,12 @@ void pairs_scalar(const Sample& s, int64_t n, float* out) {
     }
 }
 
-// grad v_i = sum_j S[i][j] v_j, written to g0 (i = 0) and grest + (i - 1) D (i >= 1).
-// S: (n, n) row-major.
-void grad_rows(const Sample& s, int64_t n, const float* S, float* g0, float* grest) {
+// grad v_i = sum_j S[i][j] v_j, written to out[i]. S: (n, n) row-major.
+void grad_rows(const Sample& s, int64_t n, const float* S, float* const* out) {
   const int64_t D = s.D;
-  auto out_row = [&](int64_t i) { return i == 0 ? g0 : grest + (i - 1) * D; };
   if (D % kL != 0) {
     for (int64_t i = 0; i < n; ++i) {
-      float* g = out_row(i);
+      float* g = out[i];
       for (int64_t d = 0; d < D; ++d) g[d] = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
         const float w = S[i * n + j];
@@ -132,29 +144,53 @@ void grad_rows(const Sample& s, int64_t n, const float* S, float* g0, float* gre
         }
       }
       for (int64_t u = 0; u < nv; ++u) {
-        store(out_row(i0) + d0 + u * kL, a0[u]);
-        if (i1 != i0) store(out_row(i1) + d0 + u * kL, a1[u]);
+        store(out[i0] + d0 + u * kL, a0[u]);
+        if (i1 != i0) store(out[i1] + d0 + u * kL, a1[u]);
       }
     }
   }
 }
 
-void check(const at::Tensor& dense, const at::Tensor& pooled, int64_t F) {
+// Validates the inputs and returns the pooled layout.
+Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                 const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
   TORCH_CHECK(dense.device().is_cpu() && dense.scalar_type() == at::kFloat && dense.is_contiguous() && dense.dim() == 2,
               "neo._C: dot interaction: dense must be a contiguous (B, D) fp32 CPU tensor");
-  const int64_t B = dense.size(0), D = dense.size(1);
-  TORCH_CHECK(pooled.device().is_cpu() && pooled.scalar_type() == at::kFloat && pooled.is_contiguous() &&
-                  pooled.dim() == 2 && pooled.size(0) == B && pooled.size(1) == F * D,
-              "neo._C: dot interaction: pooled must be a contiguous (B, F * D) = (", B, ", ", F * D,
-              ") fp32 CPU tensor, got ", pooled.sizes());
   TORCH_CHECK(F >= 1 && F + 1 <= 256, "neo._C: dot interaction supports 1 to 255 features, got ", F);
+  TORCH_CHECK(pooled.device().is_cpu() && pooled.scalar_type() == at::kFloat && pooled.is_contiguous(),
+              "neo._C: dot interaction: pooled must be a contiguous fp32 CPU tensor");
+  const int64_t B = dense.size(0), D = dense.size(1);
+  Layout L;
+  L.off.resize(F);
+  L.stride.resize(F);
+  if (!offsets.has_value()) {
+    TORCH_CHECK(!strides.has_value(), "neo._C: dot interaction: feature strides given without offsets");
+    TORCH_CHECK(pooled.dim() == 2 && pooled.size(0) == B && pooled.size(1) == F * D,
+                "neo._C: dot interaction: pooled must be (B, F * D) = (", B, ", ", F * D, "), got ", pooled.sizes());
+    for (int64_t k = 0; k < F; ++k) { L.off[k] = k * D; L.stride[k] = F * D; }
+    return L;
+  }
+  TORCH_CHECK(strides.has_value(), "neo._C: dot interaction: feature offsets given without strides");
+  for (const at::Tensor* t : {&*offsets, &*strides})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == F,
+                "neo._C: dot interaction: feature offsets and strides must be (F,) = (", F, ",) int64 CPU tensors");
+  const int64_t* o = offsets->data_ptr<int64_t>();
+  const int64_t* st = strides->data_ptr<int64_t>();
+  for (int64_t k = 0; k < F; ++k) {
+    TORCH_CHECK(o[k] >= 0 && st[k] >= 0 && o[k] + (B > 0 ? (B - 1) * st[k] : 0) + D <= pooled.numel(),
+                "neo._C: dot interaction: feature ", k, " (offset ", o[k], ", stride ", st[k],
+                ") reaches past the pooled buffer of ", pooled.numel(), " elements");
+    L.off[k] = o[k];
+    L.stride[k] = st[k];
+  }
+  return L;
 }
 
 }  // namespace
 
-// Returns out (B, D + P).
-at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F) {
-  check(dense, pooled, F);
+at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                                  const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
+  const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
   const int64_t np = (n + kL - 1) / kL * kL;
   at::Tensor out = at::empty({B, D + P}, dense.options());
@@ -164,9 +200,9 @@ at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& po
   at::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
     std::vector<float> vt(D * np);
     for (int64_t b = b0; b < b1; ++b) {
-      const Sample s{dp + b * D, pp + b * F * D, D};
+      const Sample s(dp + b * D, pp, L, b, D);
       float* o = op + b * (D + P);
-      std::memcpy(o, s.dense, D * sizeof(float));
+      std::memcpy(o, s.row(0), D * sizeof(float));
       if (D % kL == 0) pairs_vector(s, n, vt.data(), np, o + D);
       else pairs_scalar(s, n, o + D);
     }
@@ -174,16 +210,19 @@ at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& po
   return out;
 }
 
-// Returns (grad_dense (B, D), grad_pooled (B, F * D)) from grad_out (B, D + P).
-std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(const at::Tensor& grad_out, const at::Tensor& dense,
-                                                            const at::Tensor& pooled, int64_t F) {
-  check(dense, pooled, F);
+std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
+    const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale,
+    bool pooled_covered) {
+  const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
   TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == B && grad_out.size(1) == D + P,
               "neo._C: dot interaction: grad_out must be a contiguous (B, D + P) fp32 CPU tensor");
   at::Tensor gd = at::empty({B, D}, dense.options());
-  at::Tensor gp = at::empty({B, F * D}, dense.options());
+  // every element of a covered layout is written below; otherwise the gaps must read as zero
+  at::Tensor gp = pooled_covered ? at::empty_like(pooled) : at::zeros_like(pooled);
+  const float scale = static_cast<float>(grad_scale);
   const float* go = grad_out.data_ptr<float>();
   const float* dp = dense.data_ptr<float>();
   const float* pp = pooled.data_ptr<float>();
@@ -191,17 +230,23 @@ std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(const at::Tensor& gr
   float* gpp = gp.data_ptr<float>();
   at::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
     std::vector<float> S(n * n), g0(D);
+    float* outs[256];
     for (int64_t b = b0; b < b1; ++b) {
-      const Sample s{dp + b * D, pp + b * F * D, D};
+      const Sample s(dp + b * D, pp, L, b, D);
       const float* g = go + b * (D + P);
       int64_t p = D;
       for (int64_t i = 0; i < n; ++i) {
         S[i * n + i] = 0.0f;
         for (int64_t j = i + 1; j < n; ++j) S[i * n + j] = S[j * n + i] = g[p++];
       }
-      grad_rows(s, n, S.data(), g0.data(), gpp + b * F * D);
+      outs[0] = g0.data();
+      for (int64_t k = 0; k < F; ++k) outs[k + 1] = gpp + L.off[k] + b * L.stride[k];
+      grad_rows(s, n, S.data(), outs);
       float* gdb = gdp + b * D;
       for (int64_t d = 0; d < D; ++d) gdb[d] = g[d] + g0[d];          // dense: passed through + its pairs
+      if (scale != 1.0f)                                               // as torch.mul(grad, scale): one rounding
+        for (int64_t k = 1; k < n; ++k)
+          for (int64_t d = 0; d < D; ++d) outs[k][d] = outs[k][d] * scale;
     }
   });
   return {gd, gp};

@@ -3,15 +3,22 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <tuple>
 
 namespace neo {
 
-// dense (B, D), pooled (B, F * D), fp32 contiguous -> [dense, pairwise dots] (B, D + F (F + 1) / 2).
-at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F);
+// dense (B, D) and the F pooled vectors per sample -> [dense, pairwise dots] (B, D + F (F + 1) / 2).
+// pooled: (B, F * D) contiguous when offsets/strides are absent; otherwise a flat buffer where
+// feature k of sample b starts at offsets[k] + b * strides[k].
+at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                                  const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides);
 
-// grad_out (B, D + P) -> (grad_dense (B, D), grad_pooled (B, F * D)).
-std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(const at::Tensor& grad_out, const at::Tensor& dense,
-                                                            const at::Tensor& pooled, int64_t F);
+// grad_out (B, D + P) -> (grad_dense (B, D), grad_pooled like pooled, in its layout, times grad_scale).
+// pooled_covered: the features' vectors tile the pooled buffer (no gaps to zero).
+std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
+    const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale,
+    bool pooled_covered);
 
 }  // namespace neo

@@ -27,7 +27,7 @@ global batch, with DDP gradients scaled to match).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,7 @@ from neo.distributed.sharding.row_wise import RowWiseOutputDist
 from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.embedding import TableBatchedEmbedding
+from neo.models.interaction import PooledPieces
 from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["ShardedEmbeddingCollection"]
@@ -160,6 +161,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._local_widths = [od.local_width for od in self.output_dists]
         self._block_cache: Dict[tuple, dict] = {}
         self._after_output_launch: List[Callable[[], None]] = []
+        self._places_cache: Dict[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = {}
         assert sum(self._local_widths) == self._local_dim
         self._broadcast_replicas()
 
@@ -200,8 +202,15 @@ class ShardedEmbeddingCollection(nn.Module):
         every rank (every rank registers the same callbacks at the same points)."""
         self._after_output_launch.append(fn)
 
-    def output_dist(self, pooled: torch.Tensor, batch: DistributedBatch) -> Awaitable[torch.Tensor]:
-        """Launch every sharding type's first collective now; ``wait()`` returns (B, sum D)."""
+    def output_dist(self, pooled: torch.Tensor, batch: DistributedBatch,
+                    pieces: bool = False) -> Awaitable[Union[torch.Tensor, PooledPieces]]:
+        """Launch every sharding type's first collective now; ``wait()`` returns (B, sum D).
+
+        ``pieces=True``: where the layout allows (one output distribution, each feature's
+        columns contiguous in one piece, all features of one dimension), ``wait()`` returns
+        :class:`~neo.models.PooledPieces` over the received buffer instead, so that a consumer
+        such as the fused dot interaction reads it in place (no assembling copy forward, no
+        scatter-and-scale pass backward); ``PooledPieces.tensor()`` still assembles."""
         order = BackwardOrder()
         # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
         xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
@@ -211,15 +220,47 @@ class ShardedEmbeddingCollection(nn.Module):
             fn()
 
         def assemble() -> torch.Tensor:
-            pieces = [a.wait() for a in launched]                                     # in a fixed order
-            flats = [p[0] for p in pieces]
-            widths = tuple(tuple(p[1]) for p in pieces)
+            received = [a.wait() for a in launched]                                   # in a fixed order
+            flats = [p[0] for p in received]
+            widths = tuple(tuple(p[1]) for p in received)
             blocks = self._block_cache.get(widths)
             if blocks is None:
                 blocks = self._block_cache[widths] = _split_blocks(self._blocks, widths)
-            return _Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
+            full = lambda: _Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
+            where = self._feature_places(blocks, batch.batch_size) if pieces else None
+            if where is None:
+                return full()
+            offsets, strides = where
+            return PooledPieces(flats[0], offsets, strides, self.grad_scale, covered=True, tensor=full)
 
         return Awaitable(assemble, "output_dist")
+
+    def _feature_places(self, blocks: dict, B: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(offsets, strides) of every output feature in the single received flat, or None."""
+        key = (id(blocks), B)
+        if key in self._places_cache:
+            return self._places_cache[key]
+        dims = {self.layout.feature_table[f].dim for f in self.layout.features}
+        places = None
+        if len(blocks["widths"]) == 1 and len(dims) == 1:
+            D, widths = dims.pop(), blocks["widths"][0]
+            piece_off = [B * sum(widths[:p]) for p in range(len(widths))]
+            col = {}                                                 # output column -> (piece, column)
+            for _, pi, s, t, n in blocks["blocks"]:
+                for j in range(n):
+                    col[t + j] = (pi, s + j)
+            offsets, strides = [], []
+            for f in self.layout.features:
+                c0 = self.layout.feature_offset[f]
+                pi, s0 = col[c0]
+                if any(col[c0 + d] != (pi, s0 + d) for d in range(D)):
+                    break                                            # split across pieces (column-wise)
+                offsets.append(piece_off[pi] + s0)
+                strides.append(widths[pi])
+            else:
+                places = (torch.tensor(offsets, dtype=torch.int64), torch.tensor(strides, dtype=torch.int64))
+        self._places_cache[key] = places
+        return places
 
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 import torch
 from torch import nn
 
@@ -42,24 +45,53 @@ def _cpu_kernels():
     return _C if hasattr(_C, "dot_interaction_forward") else None
 
 
+@dataclass
+class PooledPieces:
+    """Pooled embeddings ``(B, F * D)`` left where a sharded collection's output distribution put them.
+
+    Feature k of sample b is ``flat[offsets[k] + b * strides[k]:][:D]`` (e.g. the source-major
+    output of the pooled AlltoAll). ``flat`` carries the autograd graph; a consumer that reads
+    it in place returns its gradient in the same layout, multiplied by ``grad_scale``.
+    ``tensor()`` materializes the usual ``(B, F * D)`` tensor instead (same values, same
+    gradients), for consumers that need one.
+    """
+
+    flat: torch.Tensor
+    offsets: torch.Tensor          # (F,) int64
+    strides: torch.Tensor          # (F,) int64
+    grad_scale: float
+    covered: bool                  # the F vectors per sample tile ``flat`` exactly
+    tensor: Callable[[], torch.Tensor]
+
+
+def as_tensor(pooled) -> torch.Tensor:
+    """``(B, F * D)`` from a tensor or :class:`PooledPieces`."""
+    return pooled.tensor() if isinstance(pooled, PooledPieces) else pooled
+
+
 class _FusedDotInteraction(torch.autograd.Function):
     """``[dense, pairwise dots]`` in one C++ kernel each way (``csrc/interaction.cpp``): no
     concatenated (B, n, D) copy, no (B, n, n) Gram matrix, gradients written straight into
-    ``(B, D)`` and ``(B, F * D)``. fp32 CPU tensors only."""
+    ``(B, D)`` and the pooled layout (``(B, F * D)``, or a :class:`PooledPieces` buffer read in
+    place). fp32 CPU tensors only."""
 
     @staticmethod
-    def forward(ctx, dense: torch.Tensor, pooled: torch.Tensor, num_features: int, kernels) -> torch.Tensor:
+    def forward(ctx, dense: torch.Tensor, pooled: torch.Tensor, num_features: int, kernels,
+                offsets: Optional[torch.Tensor] = None, strides: Optional[torch.Tensor] = None,
+                grad_scale: float = 1.0, covered: bool = True) -> torch.Tensor:
         dense, pooled = dense.contiguous(), pooled.contiguous()
         ctx.save_for_backward(dense, pooled)
         ctx.num_features, ctx.kernels = num_features, kernels
-        return kernels.dot_interaction_forward(dense, pooled, num_features)             # (B, D + P)
+        ctx.layout = (offsets, strides, grad_scale, covered)
+        return kernels.dot_interaction_forward(dense, pooled, num_features, offsets, strides)   # (B, D + P)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         dense, pooled = ctx.saved_tensors
+        offsets, strides, grad_scale, covered = ctx.layout
         grad_dense, grad_pooled = ctx.kernels.dot_interaction_backward(
-            grad_out.contiguous(), dense, pooled, ctx.num_features)                    # (B, D), (B, F * D)
-        return grad_dense, grad_pooled, None, None
+            grad_out.contiguous(), dense, pooled, ctx.num_features, offsets, strides, grad_scale, covered)
+        return grad_dense, grad_pooled, None, None, None, None, None, None
 
 
 class DotInteraction(nn.Module):
@@ -87,10 +119,19 @@ class DotInteraction(nn.Module):
         self.register_buffer("flat_pairs", rows * n + cols, persistent=False)   # (P,) into a flat (n, n)
         self.out_features = dim + rows.numel()
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+    accepts_pooled_pieces = True
+    """``forward`` reads :class:`PooledPieces` in place (the fused kernel) or materializes them."""
+
+    def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        pieces = isinstance(pooled, PooledPieces)
+        flat = pooled.flat if pieces else pooled
         if (self._kernels is not None and dense.device.type == "cpu" and dense.dtype == torch.float32
-                and pooled.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+                and flat.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+            if pieces:
+                return _FusedDotInteraction.apply(dense, flat, self.num_features, self._kernels, pooled.offsets,
+                                                  pooled.strides, pooled.grad_scale, pooled.covered)
             return _FusedDotInteraction.apply(dense, pooled, self.num_features, self._kernels)
+        pooled = as_tensor(pooled)
         B = dense.shape[0]
         vectors = torch.cat([dense.unsqueeze(1), pooled.view(B, self.num_features, self.dim)], dim=1)  # (B, F+1, D)
         pairs = _PairwiseDots.apply(vectors, self.flat_pairs)                                           # (B, (F+1)F/2)
@@ -115,8 +156,8 @@ class LowRankCrossNet(nn.Module):
             nn.init.zeros_(lin.bias)
         self.out_features = in_features
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        x0 = torch.cat([dense, pooled], dim=1)                                                          # (B, N)
+    def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        x0 = torch.cat([dense, as_tensor(pooled)], dim=1)                                                          # (B, N)
         x = x0
         for down, up in zip(self.down, self.up):
             x = x0 * up(down(x)) + x                                                                     # (B, N)

@@ -77,13 +77,14 @@ class DenseStep(nn.Module):
         with t("lookup"):
             pooled_local = emb.compute(dist_batch)                     # (W * B, local columns)
         with t("output_dist"):
-            pooled_aw = emb.output_dist(pooled_local, dist_batch)      # AlltoAll / ReduceScatter launched
+            pooled_aw = emb.output_dist(pooled_local, dist_batch,      # AlltoAll / ReduceScatter launched
+                                        pieces=getattr(m.interaction, "accepts_pooled_pieces", False))
             if not self.overlap:
                 pooled_aw.wait()
         with t("dense_fwd"), self._autocast(dense.device.type):
             x = m.bottom(dense)                                        # (B, D) under the AlltoAll
         with t("output_dist"):
-            pooled = pooled_aw.wait()                                  # (B, F * D)
+            pooled = pooled_aw.wait()                                  # (B, F * D), or PooledPieces of it
         with t("dense_fwd"), self._autocast(dense.device.type):
             z = m.interaction(x, pooled)
             return m.top(z).squeeze(1).float()                         # (B,)

@@ -78,6 +78,38 @@ def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autoca
         DotInteraction(F, D, kernel="cuda")
 
 
+def test_fused_dot_interaction_reads_pooled_pieces_in_place():
+    """PooledPieces over a source-major buffer (two pieces of 3 and 2 features, as a 2-rank
+    AlltoAll leaves them) against the torch path on the assembled (B, F * D) tensor; the
+    gradient comes back in the buffer's layout, times grad_scale."""
+    from neo.models import PooledPieces
+
+    torch.manual_seed(3)
+    B, D, F, scale = 9, 16, 5, 0.5
+    widths = (3 * D, 2 * D)
+    flat = torch.randn(B * sum(widths), requires_grad=True)
+    p0 = flat[:B * widths[0]].view(B, widths[0])
+    p1 = flat[B * widths[0]:].view(B, widths[1])
+    assembled = torch.cat([p0, p1], 1)                                  # features 0..4 in order
+    offsets = torch.tensor([0, D, 2 * D, B * widths[0], B * widths[0] + D])
+    strides = torch.tensor([widths[0]] * 3 + [widths[1]] * 2)
+    dense = torch.randn(B, D, requires_grad=True)
+    pieces = PooledPieces(flat, offsets, strides, scale, covered=True, tensor=lambda: assembled)
+    out = DotInteraction(F, D)(dense, pieces)
+    ref = DotInteraction(F, D, kernel="torch")(dense, assembled)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
+    g = torch.randn(out.shape)
+    got = torch.autograd.grad(out, (dense, flat), g)
+    expected_dense, expected_assembled = torch.autograd.grad(ref, (dense, assembled), g)
+    expected_flat = torch.cat([expected_assembled[:, :widths[0]].reshape(-1),
+                               expected_assembled[:, widths[0]:].reshape(-1)]) * scale
+    torch.testing.assert_close(got[0], expected_dense, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], expected_flat, rtol=1e-5, atol=1e-5)
+    bad = PooledPieces(flat, offsets + 1000, strides, scale, covered=True, tensor=lambda: assembled)
+    with pytest.raises(RuntimeError, match="reaches past the pooled buffer"):
+        DotInteraction(F, D)(dense, bad)
+
+
 def test_low_rank_cross_net_formula():
     torch.manual_seed(0)
     net = LowRankCrossNet(in_features=6, num_layers=2, low_rank=3)
