@@ -114,6 +114,26 @@ void pairs_scalar(const Sample& s, int64_t n, float* out) {
     }
 }
 
+// Rows i0 and i0 + 1 (if < n) of S v, columns [d0, d0 + 16 NV).
+template <int NV>
+inline void grad_block(const Sample& s, int64_t n, const float* S, float* const* out, int64_t i0, int64_t d0) {
+  const int64_t i1 = std::min(i0 + 1, n - 1);
+  v16 a0[NV] = {}, a1[NV] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const float* v = s.row(j) + d0;
+    const v16 w0 = splat(S[i0 * n + j]), w1 = splat(S[i1 * n + j]);
+    for (int u = 0; u < NV; ++u) {
+      const v16 x = load(v + u * kL);
+      a0[u] += w0 * x;
+      a1[u] += w1 * x;
+    }
+  }
+  for (int u = 0; u < NV; ++u) {
+    store(out[i0] + d0 + u * kL, a0[u]);
+    if (i1 != i0) store(out[i1] + d0 + u * kL, a1[u]);
+  }
+}
+
 // grad v_i = sum_j S[i][j] v_j, written to out[i]. S: (n, n) row-major.
 void grad_rows(const Sample& s, int64_t n, const float* S, float* const* out) {
   const int64_t D = s.D;
@@ -130,22 +150,12 @@ void grad_rows(const Sample& s, int64_t n, const float* S, float* const* out) {
     return;
   }
   for (int64_t i0 = 0; i0 < n; i0 += 2) {
-    const int64_t i1 = std::min(i0 + 1, n - 1);
     for (int64_t d0 = 0; d0 < D; d0 += 4 * kL) {
-      const int64_t nv = std::min<int64_t>(4, (D - d0) / kL);
-      v16 a0[4] = {}, a1[4] = {};
-      for (int64_t j = 0; j < n; ++j) {
-        const float* v = s.row(j) + d0;
-        const v16 w0 = splat(S[i0 * n + j]), w1 = splat(S[i1 * n + j]);
-        for (int64_t u = 0; u < nv; ++u) {
-          const v16 x = load(v + u * kL);
-          a0[u] += w0 * x;
-          a1[u] += w1 * x;
-        }
-      }
-      for (int64_t u = 0; u < nv; ++u) {
-        store(out[i0] + d0 + u * kL, a0[u]);
-        if (i1 != i0) store(out[i1] + d0 + u * kL, a1[u]);
+      switch (std::min<int64_t>(4, (D - d0) / kL)) {   // compile-time widths: accumulators stay in registers
+        case 4: grad_block<4>(s, n, S, out, i0, d0); break;
+        case 3: grad_block<3>(s, n, S, out, i0, d0); break;
+        case 2: grad_block<2>(s, n, S, out, i0, d0); break;
+        default: grad_block<1>(s, n, S, out, i0, d0); break;
       }
     }
   }
