@@ -14,7 +14,8 @@
 //    thread-local D-vector (same order as the reference), then apply the optimizer to the
 //    row in place (optimizers.h): weights in their storage dtype (stochastic rounding of
 //    fp16/bf16 keyed by (seed, step, element)), state in fp32. Rows 16 items ahead are
-//    prefetched (weights and state with write intent, gradient slices): rows are random
+//    prefetched into L1 (weights and state with write intent, gradient slices), and, on
+//    batches dense in rows, weight and state rows 64 items ahead into L2: rows are random
 //    in a large table, so this phase is bound by memory latency. Common D (16, 32, 64,
 //    128) get compile-time row lengths (straight-line vector code).
 //
@@ -170,6 +171,11 @@ int64_t backward_impl(const GroupMeta& m, T* W, float* s0, float* s1, bool rowwi
     bounds[c] = p;
   }
   const int64_t kLookahead = tuning().bwd_lookahead;
+  // A second prefetch 4x further ahead, into L2, keeps more misses in flight when the batch
+  // touches a large share of the rows (the sorted sweep is then nearly sequential): 13% faster
+  // at 326k ids over 400k rows. On sparse batches (one-hot ids over 1.3M rows: 4%) it cost
+  // 10%, so it runs only when there are at least 1/8 as many ids as rows.
+  const int64_t far = n_valid * 8 >= m.total_rows ? 4 * kLookahead : 0;
   auto bag_of_ref = [&](uint64_t item) -> uint32_t {
     const uint32_t ref = static_cast<uint32_t>(item);
     return WEIGHTED ? bag_of[ref] : ref;
@@ -198,6 +204,21 @@ int64_t backward_impl(const GroupMeta& m, T* W, float* s0, float* s1, bool rowwi
             if (s1) prefetch_row_w(s1 + e2, D2 * 4);
           }
           prefetch_row(grad + bag_goff[bag_of_ref(it2)], D2 * 4);
+        }
+        if (far && j + far < n_valid) {  // 4x further ahead, into L2: weight (and state) rows
+          const uint64_t k3 = sorted[j + far] >> 32;
+          int64_t t3 = t;
+          while (k3 >= static_cast<uint64_t>(m.roff[t3] + m.rows[t3])) ++t3;
+          const int64_t D3 = m.dims[t3], e3 = m.woff[t3] + (static_cast<int64_t>(k3) - m.roff[t3]) * D3;
+          const char* c = reinterpret_cast<const char*>(W + e3);
+          for (int64_t o = 0; o < D3 * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o, 1, 1);
+          if (s0 && !rowwise_state) {
+            for (float* st : {s0, s1}) {
+              if (st == nullptr) continue;
+              const char* cs = reinterpret_cast<const char*>(st + e3);
+              for (int64_t o = 0; o < D3 * 4; o += 64) __builtin_prefetch(cs + o, 1, 1);
+            }
+          }
         }
         switch (D) {  // compile-time row lengths for the common D
           case 16: j = process_row<16, WEIGHTED>(o, W, s0, s1, rowwise_state, grad, psw, sorted, bag_of, bag_goff, bag_len, j, end, key, D, elem0, acc.data(), wf.data(), stochastic, sr_key_); break;
