@@ -160,7 +160,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._blocks = _column_blocks(order)                                     # cat[:, s:s+n] -> out[:, g:g+n]
         self._local_widths = [od.local_width for od in self.output_dists]
         self._block_cache: Dict[tuple, dict] = {}
-        self._after_output_launch: List[Callable[[], None]] = []
+        self._after_output: List[Callable[[], None]] = []
         self._places_cache: Dict[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = {}
         assert sum(self._local_widths) == self._local_dim
         self._broadcast_replicas()
@@ -194,13 +194,14 @@ class ShardedEmbeddingCollection(nn.Module):
             return torch.zeros(batch.local.batch_size, 0, device=batch.local.values.device)
         return self.lookup(batch.local)
 
-    def run_after_output_launch(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once, right after the next :meth:`output_dist` has launched its collectives.
+    def run_after_output(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once, right after the next :meth:`output_dist`'s collectives have arrived.
 
-        The training pipeline hands it the next batch's ``input_dist(...).progress`` so that
-        those ids travel under this step's dense compute. Collective order stays the same on
-        every rank (every rank registers the same callbacks at the same points)."""
-        self._after_output_launch.append(fn)
+        The training pipeline hands it the next batch's ``input_dist(...).progress``: by then
+        that batch's lengths have long arrived (no wait), and its ids travel under this step's
+        interaction, top MLP and backward. Collective order stays the same on every rank
+        (every rank registers the same callbacks at the same points)."""
+        self._after_output.append(fn)
 
     def output_dist(self, pooled: torch.Tensor, batch: DistributedBatch,
                     pieces: bool = False) -> Awaitable[Union[torch.Tensor, PooledPieces]]:
@@ -215,12 +216,12 @@ class ShardedEmbeddingCollection(nn.Module):
         # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
         xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
         launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]
-        hooks, self._after_output_launch = self._after_output_launch, []
-        for fn in hooks:                                     # e.g. the next batch's ids AlltoAll
-            fn()
 
         def assemble() -> torch.Tensor:
             received = [a.wait() for a in launched]                                   # in a fixed order
+            hooks, self._after_output = self._after_output, []
+            for fn in hooks:                                 # e.g. the next batch's ids AlltoAll
+                fn()
             flats = [p[0] for p in received]
             widths = tuple(tuple(p[1]) for p in received)
             blocks = self._block_cache.get(widths)

@@ -8,6 +8,42 @@ import torch
 from torch import nn
 
 
+class _LinearFn(torch.autograd.Function):
+    """``x W^T + b`` with the weight gradient's product oriented for speed.
+
+    ``dW = g^T x`` (out x in) is computed as ``(x^T g)^T`` when the layer widens
+    (in < out): on one CPU thread MKL runs the (13, 2048) x (2048, 512) product of DLRM's
+    first bottom layer 2.7x faster than (512, 2048) x (2048, 13), and 415 -> 512 5% faster;
+    the other layers keep ``g^T x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.addmm(bias, x, weight.t())                                   # (B, out)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = g @ weight if ctx.needs_input_grad[0] else None                  # (B, in)
+        if weight.shape[1] < weight.shape[0]:
+            grad_w = (x.t() @ g).t().contiguous()                                 # (out, in)
+        else:
+            grad_w = g.t() @ x
+        return grad_x, grad_w, g.sum(0)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) whose fp32 CPU backward is
+    :class:`_LinearFn`; elsewhere (other devices, dtypes, autocast, no bias) ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.bias is not None and x.device.type == "cpu" and x.dtype == torch.float32
+                and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+            return _LinearFn.apply(x, self.weight, self.bias)
+        return super().forward(x)
+
+
 class MLP(nn.Sequential):
     """``Linear -> ReLU`` for every layer of ``sizes``; the last layer's ReLU is optional.
 
@@ -20,7 +56,7 @@ class MLP(nn.Sequential):
         layers = []
         prev = in_features
         for i, size in enumerate(sizes):
-            layers.append(nn.Linear(prev, size))
+            layers.append(Linear(prev, size))
             if i < len(sizes) - 1 or final_activation:
                 layers.append(nn.ReLU())
             prev = size

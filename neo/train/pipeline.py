@@ -4,7 +4,7 @@ Pipelined (:class:`TrainPipeline`), at step i::
 
     batch i+2   read by the loader's background thread, copied to the device here
     batch i+1   input_dist launched (lengths AlltoAll in flight); its ids AlltoAll launched
-                right after step i's output_dist (``run_after_output_launch``), not waited
+                once step i's pooled embeddings have arrived (``run_after_output``), not waited
     batch i     ids arrived; lookup -> output_dist launched -> bottom MLP -> wait -> top, backward
 
 so the read and copy of i+2 and the input redistribution of i+1 overlap the compute of i, and
@@ -90,8 +90,8 @@ class TrainPipeline:
             return None
         with self.timers("input_dist"):
             aw = self.sharded.input_dist(sb.batch.sparse)
-        # its ids AlltoAll goes out once the current step's output_dist is launched (under compute)
-        self.sharded.run_after_output_launch(aw.progress)
+        # its ids AlltoAll goes out once the current step's pooled embeddings have arrived (under compute)
+        self.sharded.run_after_output(aw.progress)
         return aw
 
     def step(self) -> Optional[Tuple[torch.Tensor, StepBatch]]:
