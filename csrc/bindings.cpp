@@ -28,8 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dot_interaction_backward", &neo::dot_interaction_backward, py::call_guard<py::gil_scoped_release>(),
         "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
         py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
-        py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0,
-        py::arg("pooled_covered") = true);
+        py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead) {

@@ -98,14 +98,17 @@ inline const float* row_f32(const T* src, float* buf, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------
-inline void prefetch_row(const void* p, int64_t bytes) {
+// Every 64-byte line of [p, p + bytes): WRITE = with write intent; LOCALITY 3 = into L1,
+// 1 = into L2 only (the far prefetches, which keep more misses in flight).
+template <int WRITE, int LOCALITY>
+inline void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, WRITE, LOCALITY);
 }
-inline void prefetch_row_w(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 1, 3);
-}
+inline void prefetch_row(const void* p, int64_t bytes) { prefetch_lines<0, 3>(p, bytes); }
+inline void prefetch_row_w(const void* p, int64_t bytes) { prefetch_lines<1, 3>(p, bytes); }
+inline void prefetch_row_l2(const void* p, int64_t bytes) { prefetch_lines<0, 1>(p, bytes); }
+inline void prefetch_row_w_l2(const void* p, int64_t bytes) { prefetch_lines<1, 1>(p, bytes); }
 
 // Split bags [0, nbags) into `chunks` contiguous ranges holding about equally many ids
 // (bag lengths vary a lot: equal bag counts would leave one thread with the long bags).

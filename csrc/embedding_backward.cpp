@@ -186,16 +186,19 @@ int64_t backward_impl(const GroupMeta& m, T* W, float* s0, float* s1, bool rowwi
       int64_t j = bounds[c];
       const int64_t end = bounds[c + 1];
       int64_t t = 0;
+      // table of a sorted key at or after the current one (keys ascend), and its first element
+      auto locate = [&](uint64_t k, int64_t& tt) {
+        while (k >= static_cast<uint64_t>(m.roff[tt] + m.rows[tt])) ++tt;
+        return m.woff[tt] + (static_cast<int64_t>(k) - m.roff[tt]) * m.dims[tt];
+      };
       while (j < end) {
         const uint64_t key = sorted[j] >> 32;
-        while (key >= static_cast<uint64_t>(m.roff[t] + m.rows[t])) ++t;
-        const int64_t D = m.dims[t], id = static_cast<int64_t>(key) - m.roff[t];
-        const int64_t elem0 = m.woff[t] + id * D;
-        if (j + kLookahead < n_valid) {  // prefetch the row, its state and gradient slice L items ahead
+        const int64_t elem0 = locate(key, t);
+        const int64_t D = m.dims[t];
+        if (j + kLookahead < n_valid) {  // into L1: the row, its state and gradient slice L items ahead
           const uint64_t it2 = sorted[j + kLookahead], k2 = it2 >> 32;
           int64_t t2 = t;
-          while (k2 >= static_cast<uint64_t>(m.roff[t2] + m.rows[t2])) ++t2;
-          const int64_t D2 = m.dims[t2], e2 = m.woff[t2] + (static_cast<int64_t>(k2) - m.roff[t2]) * D2;
+          const int64_t e2 = locate(k2, t2), D2 = m.dims[t2];
           prefetch_row_w(W + e2, D2 * static_cast<int64_t>(sizeof(T)));
           if (rowwise_state) {
             __builtin_prefetch(s0 + k2, 1, 3);
@@ -205,19 +208,13 @@ int64_t backward_impl(const GroupMeta& m, T* W, float* s0, float* s1, bool rowwi
           }
           prefetch_row(grad + bag_goff[bag_of_ref(it2)], D2 * 4);
         }
-        if (far && j + far < n_valid) {  // 4x further ahead, into L2: weight (and state) rows
-          const uint64_t k3 = sorted[j + far] >> 32;
+        if (far && j + far < n_valid) {  // into L2: weight and element-wise state rows 4L items ahead
           int64_t t3 = t;
-          while (k3 >= static_cast<uint64_t>(m.roff[t3] + m.rows[t3])) ++t3;
-          const int64_t D3 = m.dims[t3], e3 = m.woff[t3] + (static_cast<int64_t>(k3) - m.roff[t3]) * D3;
-          const char* c = reinterpret_cast<const char*>(W + e3);
-          for (int64_t o = 0; o < D3 * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o, 1, 1);
+          const int64_t e3 = locate(sorted[j + far] >> 32, t3), D3 = m.dims[t3];
+          prefetch_row_w_l2(W + e3, D3 * static_cast<int64_t>(sizeof(T)));
           if (s0 && !rowwise_state) {
-            for (float* st : {s0, s1}) {
-              if (st == nullptr) continue;
-              const char* cs = reinterpret_cast<const char*>(st + e3);
-              for (int64_t o = 0; o < D3 * 4; o += 64) __builtin_prefetch(cs + o, 1, 1);
-            }
+            prefetch_row_w_l2(s0 + e3, D3 * 4);
+            if (s1) prefetch_row_w_l2(s1 + e3, D3 * 4);
           }
         }
         switch (D) {  // compile-time row lengths for the common D

@@ -53,10 +53,8 @@ inline int64_t pool_bag_zmm(const T* table, int64_t rows, const int64_t* idx, co
     }
     if (i + far < fend) {
       const int64_t pid = idx[i + far];
-      if (static_cast<uint64_t>(pid) < static_cast<uint64_t>(rows)) {
-        const char* c = reinterpret_cast<const char*>(table + pid * D);
-        for (int64_t o = 0; o < D * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o, 0, 1);
-      }
+      if (static_cast<uint64_t>(pid) < static_cast<uint64_t>(rows))
+        prefetch_row_l2(table + pid * D, D * static_cast<int64_t>(sizeof(T)));
     }
     const int64_t id = idx[i];
     if (static_cast<uint64_t>(id) >= static_cast<uint64_t>(rows)) { ++bad; continue; }

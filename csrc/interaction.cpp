@@ -181,6 +181,8 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
     return L;
   }
   TORCH_CHECK(strides.has_value(), "neo._C: dot interaction: feature offsets given without strides");
+  TORCH_CHECK(pooled.numel() == B * F * D, "neo._C: dot interaction: the ", B, " x ", F, " vectors of ", D,
+              " floats must tile the pooled buffer, which has ", pooled.numel(), " elements");
   for (const at::Tensor* t : {&*offsets, &*strides})
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == F,
                 "neo._C: dot interaction: feature offsets and strides must be (F,) = (", F, ",) int64 CPU tensors");
@@ -222,16 +224,14 @@ at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& po
 
 std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
     const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
-    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale,
-    bool pooled_covered) {
+    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale) {
   const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
   TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == B && grad_out.size(1) == D + P,
               "neo._C: dot interaction: grad_out must be a contiguous (B, D + P) fp32 CPU tensor");
   at::Tensor gd = at::empty({B, D}, dense.options());
-  // every element of a covered layout is written below; otherwise the gaps must read as zero
-  at::Tensor gp = pooled_covered ? at::empty_like(pooled) : at::zeros_like(pooled);
+  at::Tensor gp = at::empty_like(pooled);   // every element is written below (layout_of: the vectors tile it)
   const float scale = static_cast<float>(grad_scale);
   const float* go = grad_out.data_ptr<float>();
   const float* dp = dense.data_ptr<float>();

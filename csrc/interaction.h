@@ -15,10 +15,9 @@ at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& po
                                   const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides);
 
 // grad_out (B, D + P) -> (grad_dense (B, D), grad_pooled like pooled, in its layout, times grad_scale).
-// pooled_covered: the features' vectors tile the pooled buffer (no gaps to zero).
+// The B * F vectors must tile the pooled buffer.
 std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
     const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
-    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale,
-    bool pooled_covered);
+    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale);
 
 }  // namespace neo

@@ -31,6 +31,7 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from bench_common import write_json  # noqa: E402
 
 PREPROCESS_TARGET = 200_000  # lines / s / core
 LOADER_TARGET = 1_000_000  # samples / s / core
@@ -182,8 +183,7 @@ def main(argv=None) -> int:
         print("%-45s %12s %12s %12s %8s" % (r["name"], f"{rate:,}", f"{per:,}" if per != "" else "",
                                             f"{cpu:,}" if cpu else "", r.get("ratio_to_target", "")))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"environment": env, "records": records}, f, indent=2)
+        write_json(args.json, {"environment": env, "records": records})
     return 0
 
 

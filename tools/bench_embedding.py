@@ -32,7 +32,6 @@ PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-devi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from bench_common import write_json  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
 from neo.embedding import TableBatchedEmbedding  # noqa: E402
@@ -277,9 +277,7 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         records += run_cuda(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+        write_json(args.json, records)
     return 0
 
 

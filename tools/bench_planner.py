@@ -17,7 +17,6 @@ Everything is printed as a markdown table; ``--json FILE`` writes the records.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -29,6 +28,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_common import write_json  # noqa: E402
 
 from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
                          TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
@@ -173,9 +173,7 @@ def main(argv=None) -> int:
                       f"{r['max_over_mean']} | {r['placed_max_over_mean']} | {r['max_hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {r['seconds']} |")
         sys.stdout.flush()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"\nrecords written to {args.json}")
+        write_json(args.json, records)
     return 0
 
 

@@ -28,7 +28,6 @@ Output: a table on stdout and, with ``--json``, a list of records with ``system`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import quiet_peer_logs  # noqa: E402
+from bench_common import add_system_malloc_arg, start_rank, write_json  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -155,11 +154,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
 
     from neo.distributed import ProcessGroups
 
-    torch.set_num_threads(args.threads)
-    if not args.system_malloc:                             # process-wide: Neo and TorchRec alike
-        from neo.host_memory import retain_freed_memory
-        retain_freed_memory()
-    quiet_peer_logs()
+    start_rank(args.threads, args.system_malloc)
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300))
     records = []
     for st in args.types:
@@ -232,9 +227,7 @@ def main(argv=None) -> int:
                    help="Neo's pooled-embedding wire precision, forward and backward (system name neo-fp16 ...)")
     p.add_argument("--no-torchrec", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="leave glibc malloc at its defaults (by default every rank calls "
-                        "neo.host_memory.retain_freed_memory(), as `neo train` does; it applies to both systems)")
+    add_system_malloc_arg(p)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     if args.quick:
@@ -256,10 +249,7 @@ def main(argv=None) -> int:
         print(f"[world size {W}: {time.time() - t0:.0f} s]")
     _print(records)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+        write_json(args.json, records)
     return 0
 
 

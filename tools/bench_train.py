@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import quiet_peer_logs  # noqa: E402
+from bench_common import add_system_malloc_arg, start_rank, write_json  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -166,11 +165,7 @@ def _torchrec_runner(args, pg_world, batches) -> _Runner:
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
-    torch.set_num_threads(args.threads)
-    if not args.system_malloc:                             # process-wide: Neo and TorchRec alike
-        from neo.host_memory import retain_freed_memory
-        retain_freed_memory()
-    quiet_peer_logs()
+    start_rank(args.threads, args.system_malloc)
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600))
     trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
     records = []
@@ -250,9 +245,7 @@ def main(argv=None) -> int:
     p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
     p.add_argument("--no-torchrec", action="store_true")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="leave glibc malloc at its defaults (by default every rank calls "
-                        "neo.host_memory.retain_freed_memory(), as `neo train` does; it applies to both systems)")
+    add_system_malloc_arg(p)
     p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -269,9 +262,7 @@ def main(argv=None) -> int:
     print(f"({time.time() - t0:.0f} s; {args.world_size} processes x {args.threads} thread; "
           f"machine load average {os.getloadavg()[0]:.1f})")
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(args.json, records)
     return 0
 
 

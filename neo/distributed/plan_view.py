@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from neo.config.embedding import TableConfig
-from neo.planner.types import ShardingType
+from neo.planner.types import Shard, ShardingType, tiling_error
 
-__all__ = ["ShardingType", "ShardView", "TablePlanView", "PlanView", "PlanError", "even_plan"]
+__all__ = ["ShardingType", "Shard", "TablePlanView", "PlanView", "PlanError", "even_plan"]
 
 
 
@@ -36,21 +36,10 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
-class ShardView:
-    """Rows ``[row_offset, row_offset + rows)`` x cols ``[col_offset, col_offset + cols)`` on ``rank``."""
-
-    rank: int
-    row_offset: int
-    rows: int
-    col_offset: int
-    cols: int
-
-
-@dataclass(frozen=True)
 class TablePlanView:
     name: str
     sharding_type: ShardingType
-    shards: Tuple[ShardView, ...]
+    shards: Tuple[Shard, ...]
     """Non-empty shards, sorted by (col_offset, row_offset, rank)."""
 
     @property
@@ -126,7 +115,7 @@ def _table_view(name: str, entry: Mapping[str, Any], cfg: TableConfig, W: int, L
     shards = []
     for i, s in enumerate(entry.get("shards", [])):
         try:
-            sv = ShardView(*(int(s[k]) for k in ("rank", "row_offset", "rows", "col_offset", "cols")))
+            sv = Shard(*(int(s[k]) for k in ("rank", "row_offset", "rows", "col_offset", "cols")))
         except (KeyError, TypeError, ValueError):
             raise PlanError(f"{where}: shard {i} needs integer rank, row_offset, rows, col_offset, cols; got {s!r}") from None
         if not 0 <= sv.rank < W:
@@ -145,7 +134,9 @@ def _table_view(name: str, entry: Mapping[str, Any], cfg: TableConfig, W: int, L
         if sorted(ranks) != list(range(W)) or not all(full(s) for s in shards):
             raise PlanError(f"{where}: data_parallel needs one full replica on every rank 0..{W - 1}, got ranks {sorted(ranks)}")
         return TablePlanView(name, st, tuple(sorted(shards, key=lambda s: s.rank)))
-    _check_tiling(where, shards, cfg)
+    err = tiling_error(cfg.num_rows, cfg.dim, shards)
+    if err:
+        raise PlanError(f"{where}: {err}")
     if st is ShardingType.TABLE_WISE and len(shards) != 1:
         raise PlanError(f"{where}: table_wise needs exactly one shard, got {len(shards)}")
     if st.splits_rows:
@@ -159,18 +150,6 @@ def _table_view(name: str, entry: Mapping[str, Any], cfg: TableConfig, W: int, L
         raise PlanError(f"{where}: {st.value} shards must lie on the ranks of one node "
                         f"(local_world_size {L}), got ranks {ranks}")
     return TablePlanView(name, st, tuple(sorted(shards, key=lambda s: (s.col_offset, s.row_offset, s.rank))))
-
-
-def _check_tiling(where: str, shards: Sequence[ShardView], cfg: TableConfig) -> None:
-    area = sum(s.rows * s.cols for s in shards)
-    for i, a in enumerate(shards):
-        for b in shards[i + 1:]:
-            if (a.row_offset < b.row_offset + b.rows and b.row_offset < a.row_offset + a.rows
-                    and a.col_offset < b.col_offset + b.cols and b.col_offset < a.col_offset + a.cols):
-                raise PlanError(f"{where}: shards overlap: {a} and {b}")
-    if area != cfg.num_rows * cfg.dim:
-        raise PlanError(f"{where}: shards cover {area} of the table's {cfg.num_rows} x {cfg.dim} = "
-                        f"{cfg.num_rows * cfg.dim} cells (gap)")
 
 
 def _split(total: int, parts: int, quantum: int = 1) -> list:

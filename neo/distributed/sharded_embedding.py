@@ -228,17 +228,16 @@ class ShardedEmbeddingCollection(nn.Module):
             if blocks is None:
                 blocks = self._block_cache[widths] = _split_blocks(self._blocks, widths)
             full = lambda: _Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
-            where = self._feature_places(blocks, batch.batch_size) if pieces else None
+            where = self._feature_places(widths, blocks, batch.batch_size) if pieces else None
             if where is None:
                 return full()
-            offsets, strides = where
-            return PooledPieces(flats[0], offsets, strides, self.grad_scale, covered=True, tensor=full)
+            return PooledPieces(flats[0], *where, self.grad_scale, tensor=full)
 
         return Awaitable(assemble, "output_dist")
 
-    def _feature_places(self, blocks: dict, B: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def _feature_places(self, widths: tuple, blocks: dict, B: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """(offsets, strides) of every output feature in the single received flat, or None."""
-        key = (id(blocks), B)
+        key = (widths, B)
         if key in self._places_cache:
             return self._places_cache[key]
         dims = {self.layout.feature_table[f].dim for f in self.layout.features}
@@ -274,7 +273,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # ------------------------------------------------------------------ weights
     def _local_shards(self, name: str):
-        """(shard index, ShardView) of table ``name`` on this rank."""
+        """(shard index, Shard) of table ``name`` on this rank."""
         return [(k, s) for k, s in enumerate(self.plan.tables[name].shards) if s.rank == self.pg.rank]
 
     @torch.no_grad()

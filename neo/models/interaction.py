@@ -50,7 +50,7 @@ class PooledPieces:
     """Pooled embeddings ``(B, F * D)`` left where a sharded collection's output distribution put them.
 
     Feature k of sample b is ``flat[offsets[k] + b * strides[k]:][:D]`` (e.g. the source-major
-    output of the pooled AlltoAll). ``flat`` carries the autograd graph; a consumer that reads
+    output of the pooled AlltoAll); the B * F vectors tile ``flat`` exactly. ``flat`` carries the autograd graph; a consumer that reads
     it in place returns its gradient in the same layout, multiplied by ``grad_scale``.
     ``tensor()`` materializes the usual ``(B, F * D)`` tensor instead (same values, same
     gradients), for consumers that need one.
@@ -60,7 +60,6 @@ class PooledPieces:
     offsets: torch.Tensor          # (F,) int64
     strides: torch.Tensor          # (F,) int64
     grad_scale: float
-    covered: bool                  # the F vectors per sample tile ``flat`` exactly
     tensor: Callable[[], torch.Tensor]
 
 
@@ -78,20 +77,19 @@ class _FusedDotInteraction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dense: torch.Tensor, pooled: torch.Tensor, num_features: int, kernels,
                 offsets: Optional[torch.Tensor] = None, strides: Optional[torch.Tensor] = None,
-                grad_scale: float = 1.0, covered: bool = True) -> torch.Tensor:
+                grad_scale: float = 1.0) -> torch.Tensor:
         dense, pooled = dense.contiguous(), pooled.contiguous()
         ctx.save_for_backward(dense, pooled)
         ctx.num_features, ctx.kernels = num_features, kernels
-        ctx.layout = (offsets, strides, grad_scale, covered)
+        ctx.layout = (offsets, strides, grad_scale)
         return kernels.dot_interaction_forward(dense, pooled, num_features, offsets, strides)   # (B, D + P)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         dense, pooled = ctx.saved_tensors
-        offsets, strides, grad_scale, covered = ctx.layout
         grad_dense, grad_pooled = ctx.kernels.dot_interaction_backward(
-            grad_out.contiguous(), dense, pooled, ctx.num_features, offsets, strides, grad_scale, covered)
-        return grad_dense, grad_pooled, None, None, None, None, None, None
+            grad_out.contiguous(), dense, pooled, ctx.num_features, *ctx.layout)
+        return grad_dense, grad_pooled, None, None, None, None, None
 
 
 class DotInteraction(nn.Module):
@@ -129,7 +127,7 @@ class DotInteraction(nn.Module):
                 and flat.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
             if pieces:
                 return _FusedDotInteraction.apply(dense, flat, self.num_features, self._kernels, pooled.offsets,
-                                                  pooled.strides, pooled.grad_scale, pooled.covered)
+                                                  pooled.strides, pooled.grad_scale)
             return _FusedDotInteraction.apply(dense, pooled, self.num_features, self._kernels)
         pooled = as_tensor(pooled)
         B = dense.shape[0]

@@ -261,24 +261,29 @@ class CostConstants:
             return CostConstants.from_dict(json.load(f))
 
 
+def tiling_error(rows: int, dim: int, shards: Sequence[Shard]) -> Optional[str]:
+    """Why the shards do not tile a ``rows x dim`` table exactly (an overlap or a gap), or None."""
+    blocks = sorted((s.row_offset, s.col_offset, s.rows, s.cols) for s in shards if s.rows and s.cols)
+    for i, a in enumerate(blocks):                # pairwise disjointness: shards per table are few
+        for b in blocks[i + 1:]:
+            if a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]:
+                return f"shards overlap: (row_offset, col_offset, rows, cols) {a} and {b}"
+    area = sum(b[2] * b[3] for b in blocks)
+    if area != rows * dim:
+        return f"shards cover {area} of the table's {rows} x {dim} = {rows * dim} cells (gap)"
+    return None
+
+
 def check_shards_tile(table: TableSpec, sharding_type: ShardingType, shards: Sequence[Shard], world_size: int) -> None:
     """Raise AssertionError unless the shards tile rows x cols exactly (DP: one full shard per rank)."""
     if sharding_type is ShardingType.DATA_PARALLEL:
         assert sorted(s.rank for s in shards) == list(range(world_size)), table.name
         assert all((s.row_offset, s.rows, s.col_offset, s.cols) == (0, table.rows, 0, table.dim) for s in shards)
         return
-    covered = 0
     for s in shards:
         assert 0 <= s.rank < world_size, (table.name, s)
         assert s.cols % 4 == 0 and s.cols > 0, (table.name, s)
         assert 0 <= s.row_offset and s.row_offset + s.rows <= table.rows, (table.name, s)
         assert 0 <= s.col_offset and s.col_offset + s.cols <= table.dim, (table.name, s)
-        covered += s.rows * s.cols
-    assert covered == table.rows * table.dim, (table.name, covered)
-    # no overlap: sort blocks and check pairwise disjointness (cheap: shards per table are few)
-    blocks = sorted((s.row_offset, s.col_offset, s.rows, s.cols) for s in shards if s.rows)
-    for i, a in enumerate(blocks):
-        for b in blocks[i + 1:]:
-            rows_overlap = a[0] < b[0] + b[2] and b[0] < a[0] + a[2]
-            cols_overlap = a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
-            assert not (rows_overlap and cols_overlap), (table.name, a, b)
+    err = tiling_error(table.rows, table.dim, shards)
+    assert err is None, (table.name, err)

@@ -56,7 +56,7 @@ def _agree(ok: bool, pg) -> bool:
 
 
 def _local_shards(sharded):
-    """(local table name, table config, ShardView, sharding type) of this rank's shards."""
+    """(local table name, table config, Shard, sharding type) of this rank's shards."""
     out = []
     for t in sharded.tables:
         tp = sharded.plan.tables[t.name]

@@ -94,7 +94,7 @@ def test_fused_dot_interaction_reads_pooled_pieces_in_place():
     offsets = torch.tensor([0, D, 2 * D, B * widths[0], B * widths[0] + D])
     strides = torch.tensor([widths[0]] * 3 + [widths[1]] * 2)
     dense = torch.randn(B, D, requires_grad=True)
-    pieces = PooledPieces(flat, offsets, strides, scale, covered=True, tensor=lambda: assembled)
+    pieces = PooledPieces(flat, offsets, strides, scale, tensor=lambda: assembled)
     out = DotInteraction(F, D)(dense, pieces)
     ref = DotInteraction(F, D, kernel="torch")(dense, assembled)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
@@ -105,7 +105,7 @@ def test_fused_dot_interaction_reads_pooled_pieces_in_place():
                                expected_assembled[:, widths[0]:].reshape(-1)]) * scale
     torch.testing.assert_close(got[0], expected_dense, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], expected_flat, rtol=1e-5, atol=1e-5)
-    bad = PooledPieces(flat, offsets + 1000, strides, scale, covered=True, tensor=lambda: assembled)
+    bad = PooledPieces(flat, offsets + 1000, strides, scale, tensor=lambda: assembled)
     with pytest.raises(RuntimeError, match="reaches past the pooled buffer"):
         DotInteraction(F, D)(dense, bad)
 
