@@ -24,6 +24,12 @@ def add_system_malloc_arg(parser: argparse.ArgumentParser) -> None:
                              "neo.host_memory.retain_freed_memory(), as `neo train` does; it applies to both systems)")
 
 
+def add_no_shm_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-shm", action="store_true",
+                        help="Neo's embedding AlltoAlls through gloo, like its peers' (by default through shared "
+                             "memory between the ranks of one host, as `neo train` does; see neo/distributed/shm.py)")
+
+
 def start_rank(threads: int, system_malloc: bool) -> None:
     """Per benchmark rank, before any work: torch threads, the host-memory policy (process-wide:
     Neo and its peers alike), and quiet peer logs."""

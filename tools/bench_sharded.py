@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import add_system_malloc_arg, start_rank, write_json  # noqa: E402
+from bench_common import add_no_shm_arg, add_system_malloc_arg, start_rank, write_json  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -155,7 +155,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     start_rank(args.threads, args.system_malloc)
-    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300))
+    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300), shm=not args.no_shm)
     records = []
     for st in args.types:
         runners = [_neo_runner(args, st, pg)]
@@ -177,7 +177,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             dist.all_gather_object(gathered, mine, group=pg.world)
             rec = {"system": r.system, "sharding_type": st, "world_size": world_size,
                    "step_ms": max(g["step_ms"] for g in gathered), "steps": args.steps,
-                   "retain_freed_memory": not args.system_malloc}
+                   "retain_freed_memory": not args.system_malloc, "neo_shm_collectives": pg.uses_shm}
             if r.system.startswith("neo"):
                 from neo.embedding.backends import resolve_backend_name
 
@@ -228,6 +228,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-torchrec", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
     add_system_malloc_arg(p)
+    add_no_shm_arg(p)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     if args.quick:

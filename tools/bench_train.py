@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import add_system_malloc_arg, start_rank, write_json  # noqa: E402
+from bench_common import add_no_shm_arg, add_system_malloc_arg, start_rank, write_json  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -166,7 +166,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     start_rank(args.threads, args.system_malloc)
-    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600))
+    pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600), shm=not args.no_shm)
     trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
     records = []
     for workload in args.workloads:
@@ -208,7 +208,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                             "samples_per_cpu_s": round(r.steps * args.batch * world_size / float(cpu), 1),
                             "batch_per_rank": args.batch, "tables": args.tables, "rows": args.rows, "dim": args.dim,
                             "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype,
-                            "retain_freed_memory": not args.system_malloc})
+                            "retain_freed_memory": not args.system_malloc,
+                            "neo_shm_collectives": pg.uses_shm})
             if r.timers is not None:                            # rank 0's blocked time per phase
                 records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
         del runners
@@ -246,6 +247,7 @@ def main(argv=None) -> int:
                    help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
     p.add_argument("--no-torchrec", action="store_true")
     add_system_malloc_arg(p)
+    add_no_shm_arg(p)
     p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -144,6 +144,9 @@ class TrainConfig:
     """Embedding kernels: auto, reference, cpu, triton, fbgemm."""
     dist_backend: str = "gloo"
     """torch.distributed backend: gloo (CPU) or nccl (GPU)."""
+    shm_collectives: bool = True
+    """Carry the embedding AlltoAlls and AllGathers between ranks of one host through shared
+    memory instead of gloo's sockets (see neo/distributed/shm.py); gloo groups only."""
     device: str = "cpu"
     """cpu or cuda."""
     dense_dtype: str = "fp32"

@@ -163,7 +163,7 @@ class InputDist:
         K = len(layout.slots_on[self.pg.rank])
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
-        lengths_aw = all_to_all(send_lengths, len_out, len_in, self.pg.world, name="input_dist.lengths")
+        lengths_aw = all_to_all(send_lengths, len_out, len_in, self.pg.world_comm, name="input_dist.lengths")
         source_lengths = {f: lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
 
         weighted = weights is not None
@@ -179,7 +179,7 @@ class InputDist:
             per_source = sizes.sum(-1)                                      # (W,)
             out_splits = (per_source * (2 if weighted else 1)).tolist()
             stage.update(lens=lens, sizes=sizes, per_source=per_source,
-                         ids_aw=all_to_all(send_ids_buf, out_splits, id_splits, self.pg.world, name="input_dist.ids"))
+                         ids_aw=all_to_all(send_ids_buf, out_splits, id_splits, self.pg.world_comm, name="input_dist.ids"))
 
         def finish() -> DistributedBatch:
             lens, sizes, per_source = stage["lens"], stage["sizes"], stage["per_source"]

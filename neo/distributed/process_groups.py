@@ -11,6 +11,11 @@ Ranks are node-major: ``rank = node * local_world_size + local_rank``. With W = 
 ``dense`` keeps DDP's gradient AllReduces off the group the embedding collectives use, so
 their (separately ordered) issue sequences never interleave on one group.
 
+The embedding collectives take :class:`CommGroup` handles (``world_comm``, ``intra_comm``,
+``cross_comm``): the torch group plus, where all of its ranks share one host, a
+:class:`~neo.distributed.shm.ShmExchange` that carries its AlltoAlls and AllGathers through
+shared memory instead of gloo's sockets (``build(shm=False)`` turns it off).
+
 Launch (one process per rank): ``torch.distributed.init_process_group("gloo", timeout=...)``
 first (torchrun or :mod:`tests.multiprocess` do it), then ``ProcessGroups.build(L)``.
 """
@@ -23,7 +28,25 @@ from typing import Any, List, Optional
 
 import torch.distributed as dist
 
-__all__ = ["ProcessGroups"]
+from neo.distributed.shm import ShmExchange
+
+__all__ = ["ProcessGroups", "CommGroup"]
+
+
+@dataclass(eq=False)
+class CommGroup:
+    """A torch process group and, if its ranks share one host, its shared-memory exchange."""
+
+    group: Any
+    """The torch.distributed group (control, and every collective the exchange does not carry)."""
+    shm: Optional[ShmExchange] = None
+    """Carries the group's AlltoAll and AllGather payloads when set (CPU tensors only)."""
+
+    @classmethod
+    def build(cls, group: Any, shm: bool, timeout: Optional[datetime.timedelta]) -> "CommGroup":
+        """Collective over ``group``: with ``shm``, try a shared-memory exchange (None across hosts)."""
+        use = shm and dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo"
+        return cls(group, ShmExchange.create(group, timeout) if use else None)
 
 
 @dataclass
@@ -46,6 +69,22 @@ class ProcessGroups:
     """All ranks, a separate group for DistributedDataParallel of the dense modules."""
     timeout: Optional[datetime.timedelta] = None
     """Timeout of the sub-groups' collectives (the world group's is init_process_group's)."""
+    world_comm: Optional[CommGroup] = None
+    """``world`` for the embedding collectives (default: without shared memory)."""
+    intra_comm: Optional[CommGroup] = None
+    """``intra`` for the embedding collectives."""
+    cross_comm: Optional[CommGroup] = None
+    """``cross`` for the embedding collectives."""
+
+    def __post_init__(self) -> None:
+        self.world_comm = self.world_comm or CommGroup(self.world)
+        self.intra_comm = self.intra_comm or CommGroup(self.intra)
+        self.cross_comm = self.cross_comm or CommGroup(self.cross)
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether the world group's AlltoAlls travel through shared memory."""
+        return self.world_comm.shm is not None
 
     @property
     def num_nodes(self) -> int:
@@ -65,13 +104,15 @@ class ProcessGroups:
 
     @classmethod
     def build(cls, local_world_size: Optional[int] = None, timeout: Optional[datetime.timedelta] = None,
-              backend: Optional[str] = None) -> "ProcessGroups":
+              backend: Optional[str] = None, shm: bool = True) -> "ProcessGroups":
         """Create the sub-groups; every rank must call this, in the same order as its other groups.
 
         Args:
             local_world_size: ranks per node (default: W, one node).
             timeout: collective timeout of the new groups (default: the world group's).
             backend: backend of the new groups (default: the world group's).
+            shm: carry the AlltoAlls and AllGathers of every gloo group whose ranks share a
+                host through shared memory (:mod:`neo.distributed.shm`).
         """
         if not dist.is_initialized():
             raise RuntimeError("ProcessGroups.build: call torch.distributed.init_process_group first")
@@ -92,5 +133,18 @@ class ProcessGroups:
             if rank % L == j:
                 cross = g
         dense = dist.new_group(list(range(W)), **kw)
-        return cls(rank=rank, world_size=W, local_world_size=L, world=dist.group.WORLD,
-                   intra=intra, cross=cross, dense=dense, timeout=timeout)
+        world = dist.group.WORLD
+        wait = timeout or _default_timeout()
+        return cls(rank=rank, world_size=W, local_world_size=L, world=world, intra=intra, cross=cross, dense=dense,
+                   timeout=timeout, world_comm=CommGroup.build(world, shm, wait),
+                   intra_comm=CommGroup.build(intra, shm, wait), cross_comm=CommGroup.build(cross, shm, wait))
+
+
+def _default_timeout() -> datetime.timedelta:
+    """The world group's collective timeout (init_process_group's ``timeout``), else gloo's default."""
+    try:
+        import torch
+
+        return dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout
+    except Exception:  # noqa: BLE001 - private attribute of the gloo backend
+        return datetime.timedelta(minutes=30)

@@ -56,7 +56,7 @@ def init_process_groups(train_cfg):
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     W = dist.get_world_size()
     L = int(os.environ.get("LOCAL_WORLD_SIZE", str(W)))
-    return ProcessGroups.build(L)
+    return ProcessGroups.build(L, shm=train_cfg.shm_collectives)
 
 
 # ----------------------------------------------------------------------------- 2. tables

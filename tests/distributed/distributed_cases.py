@@ -42,6 +42,8 @@ class Case:
     """Put an out-of-range id into this rank's first batch (expects every rank to raise)."""
     use_parallelize: bool = False
     """Build the model unsharded, then neo.distributed.parallelize it (instead of DDP by hand)."""
+    shm: bool = True
+    """AlltoAlls and AllGathers through shared memory (False: through gloo)."""
 
     def plan(self) -> Dict[str, Any]:
         return even_plan(self.tables, self.types, self.world_size, self.local_world_size)
@@ -180,12 +182,13 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
 
 def train_sharded(rank: int, world_size: int, cases: List[Case]) -> List[Dict[str, Any]]:
     """Worker for tests.multiprocess: run every case in this one process group."""
-    groups: Dict[int, ProcessGroups] = {}
+    groups: Dict[tuple, ProcessGroups] = {}
     out = []
     for case in cases:
         assert case.world_size == world_size, case.name
-        L = case.local_world_size
-        if L not in groups:
-            groups[L] = ProcessGroups.build(L, timeout=datetime.timedelta(seconds=60))
-        out.append(_train_sharded_case(rank, case, groups[L]))
+        key = (case.local_world_size, case.shm)
+        if key not in groups:
+            groups[key] = ProcessGroups.build(key[0], timeout=datetime.timedelta(seconds=60), shm=case.shm)
+            assert groups[key].uses_shm == case.shm, f"[{case.name}] shared memory expected: {case.shm}"
+        out.append(_train_sharded_case(rank, case, groups[key]))
     return out

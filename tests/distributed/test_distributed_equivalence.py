@@ -95,6 +95,25 @@ def test_world_size_4_two_nodes():
             _check(case, g, rtol=0, atol=1e-2, loss_rtol=2e-2, states=False)
 
 
+def test_shared_memory_and_gloo_transports_agree_bitwise():
+    """Every sharding type at once, two nodes of two ranks (intra and cross groups, AlltoAll,
+    ReduceScatter as AlltoAll, AllGather): the transports move the same bytes."""
+    W, L = 4, 2
+    ts = tables(6, OptimizerConfig("adagrad", lr=0.3), mean=(1, 4))
+    cases = [Case(f"W4 mixed shm={shm}", ts, _mixed_types(ts), W, L, weighted=True, shm=shm) for shm in (True, False)]
+    shm, gloo = _run_and_check(cases, W, L)
+    assert shm["losses"] == gloo["losses"]
+    for part in ("weights", "states"):
+        for name in shm[part]:
+            a, b = shm[part][name], gloo[part][name]
+            if isinstance(a, dict):
+                for k in a:
+                    assert torch.equal(a[k], b[k]), f"{part} {name} {k}"
+            else:
+                assert torch.equal(a, b), f"{part} {name}"
+    assert all(torch.equal(a, b) for a, b in zip(shm["dense"], gloo["dense"]))
+
+
 def test_quantized_comm_is_not_exact():
     """Sanity check of the tolerance test: 16-bit payloads do change the result."""
     W = 2

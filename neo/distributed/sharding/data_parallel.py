@@ -41,4 +41,4 @@ class DataParallelOutputDist:
 
     def __call__(self, x: torch.Tensor, batch: DistributedBatch, order: BackwardOrder) -> Awaitable[Pieces]:
         """``x``: (W * B, D_dp), the replicas' pooled columns for every sample."""
-        return slice_local_pooled(x, self.pg.world, self.comm, order, name="data_parallel").then(as_pieces)
+        return slice_local_pooled(x, self.pg.world_comm, self.comm, order, name="data_parallel").then(as_pieces)

@@ -49,7 +49,7 @@ class _CrossNode:
     def __call__(self, y: torch.Tensor, B: int, order: BackwardOrder) -> Pieces:
         nodes, mine = self.pg.num_nodes, self.node_widths[self.pg.node]
         out_splits = [B * w for w in self.node_widths]
-        flat = all_to_all_pooled(y.reshape(-1), out_splits, [B * mine] * nodes, self.pg.cross,
+        flat = all_to_all_pooled(y.reshape(-1), out_splits, [B * mine] * nodes, self.pg.cross_comm,
                                  self.comm, order, name=f"{self.name}.cross").wait()
         return flat, self.node_widths                                      # node m's (B, D_m), m = 0..nodes-1
 
@@ -75,7 +75,7 @@ class TableRowWiseOutputDist:
         B, L, nodes = batch.batch_size, self.pg.local_world_size, self.pg.num_nodes
         if self.width:
             buf = place_columns(x, self.target_cols, self.width)                      # (W * B, D_n)
-            stage1 = reduce_scatter_pooled(_to_local_major(buf, nodes, L, B), self.pg.intra, self.comm, order,
+            stage1 = reduce_scatter_pooled(_to_local_major(buf, nodes, L, B), self.pg.intra_comm, self.comm, order,
                                            name="table_row_wise.intra")                  # -> (nodes * B, D_n)
         else:
             stage1 = Awaitable.ready(x.new_zeros(nodes * B, 0))
@@ -109,7 +109,7 @@ class TableColumnWiseOutputDist:
             mine = x.shape[1]
             out_splits = [nodes * B * w for w in self.local_widths]
             stage1 = all_to_all_pooled(_to_local_major(x, nodes, L, B).reshape(-1), out_splits,
-                                       [nodes * B * mine] * L, self.pg.intra, self.comm, order,
+                                       [nodes * B * mine] * L, self.pg.intra_comm, self.comm, order,
                                        name="table_column_wise.intra")
 
             def gather(flat: torch.Tensor) -> torch.Tensor:

@@ -98,5 +98,5 @@ class RowWiseOutputDist:
 
     def __call__(self, x: torch.Tensor, batch: DistributedBatch, order: BackwardOrder) -> Awaitable[Pieces]:
         buf = place_columns(x, self.target_cols, self.width)                          # (W * B, D_rw)
-        aw = reduce_scatter_pooled(buf, self.pg.world, self.comm, order, name="row_wise.reduce_scatter")
+        aw = reduce_scatter_pooled(buf, self.pg.world_comm, self.comm, order, name="row_wise.reduce_scatter")
         return aw.then(lambda y: as_pieces(self.divide(y, batch)))                    # (B, D_rw)

@@ -1,0 +1,143 @@
+"""The shared-memory exchange (neo.distributed.shm) against gloo's own collectives as the oracle."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from neo.distributed import ProcessGroups
+from neo.distributed.comms import all_to_all
+from neo.distributed.process_groups import CommGroup
+from neo.distributed.shm import SLOTS, ShmError, ShmExchange, _Segment
+from tests.multiprocess import MultiProcessError, run_multiprocess
+
+
+def _splits(gen: torch.Generator, W: int, n_max: int):
+    """(W, W) rows sent from rank s to rank r, identical on every rank (shared seed), zeros included."""
+    m = torch.randint(0, n_max + 1, (W, W), generator=gen)
+    m[torch.rand(W, W, generator=gen) < 0.2] = 0
+    return m
+
+
+def _a2a_both(ex: ShmExchange, m: torch.Tensor, dtype: torch.dtype, cols: int, seed: int):
+    """One AlltoAll through the exchange (launched, not waited) and its gloo oracle."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    in_splits, out_splits = m[rank].tolist(), m[:, rank].tolist()
+    g = torch.Generator().manual_seed(seed + rank)
+    shape = (sum(in_splits), cols) if cols else (sum(in_splits),)
+    send = (torch.randn(shape, generator=g) * 1000).to(dtype)
+    out_shape = (sum(out_splits),) + shape[1:]
+    got, ref = torch.full(out_shape, -1).to(dtype), torch.empty(out_shape, dtype=dtype)
+    work = ex.all_to_all_single(got, send, out_splits, in_splits)
+    dist.all_to_all_single(ref, send, out_splits, in_splits)
+    return work, got, ref
+
+
+def _exchange_body(rank: int, W: int):
+    ex = ShmExchange.create(dist.group.WORLD, segment_bytes=1 << 20)     # small: messages below grow it
+    assert ex is not None
+    gen = torch.Generator().manual_seed(0)
+    # uneven splits and zero-sized chunks, several dtypes and row shapes, waited one by one
+    for i, (dtype, cols) in enumerate([(torch.int64, 0), (torch.float32, 3), (torch.bfloat16, 5), (torch.int32, 0),
+                                       (torch.float16, 64)]):
+        work, got, ref = _a2a_both(ex, _splits(gen, W, 50), dtype, cols, seed=10 * i)
+        work.wait()
+        assert torch.equal(got, ref), (dtype, cols)
+    # more collectives in flight than slots, waited in reverse order: receives progress at every launch
+    pending = [_a2a_both(ex, _splits(gen, W, 40), torch.float32, 7, seed=100 + i) for i in range(2 * SLOTS + 1)]
+    for work, got, ref in reversed(pending):
+        work.wait()
+        assert torch.equal(got, ref)
+    # messages past the 1 MiB segment (growth into a new generation), then small ones again
+    for i, n in enumerate([300_000, 20, 700_000, 5]):
+        work, got, ref = _a2a_both(ex, torch.full((W, W), n), torch.float32, 2, seed=200 + i)
+        work.wait()
+        assert torch.equal(got, ref), n
+    # AllGather: each rank's block written once, read by all
+    send = torch.arange(1000, dtype=torch.float32) + 1000 * rank
+    got, ref = torch.empty(W * 1000), torch.empty(W * 1000)
+    ex.all_gather_single(got, send).wait()
+    dist.all_gather_into_tensor(ref, send)
+    assert torch.equal(got, ref)
+    # no segment file outlives the wait() of the message that needed it
+    dist.barrier()
+    left = glob.glob(f"/dev/shm/{ex._base}-*")
+    ex.close()
+    return left
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_exchange_matches_gloo(W):
+    for left in run_multiprocess(_exchange_body, W, timeout_s=120):
+        assert left == [], left
+
+
+def test_full_dev_shm_is_a_clear_error(monkeypatch, tmp_path):
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    seg = _Segment.open(str(tmp_path / "seg"), 1, 8 << 20)
+    seg.reserve(1 << 20)
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    seg.reserve(1 << 20)                               # already reserved: no call
+    with pytest.raises(ShmError, match=r"cannot hold 4.0 MiB more .* enlarge it .*shm=False"):
+        seg.reserve(4 << 20)
+    seg.release()
+
+
+def _disagree_body(rank: int, W: int):
+    ex = ShmExchange.create(dist.group.WORLD)
+    if rank == 0:                     # sends 3 rows to rank 1, which expects 2
+        out = torch.empty(2 + 2)
+        ex.all_to_all_single(out, torch.zeros(5), [2, 2], [2, 3]).wait()
+        return "ok"
+    out = torch.empty(2 + 2)
+    ex.all_to_all_single(out, torch.zeros(4), [2, 2], [2, 2]).wait()
+
+
+def test_disagreeing_splits_raise_on_the_receiver():
+    with pytest.raises(MultiProcessError) as info:
+        run_multiprocess(_disagree_body, 2, collective_timeout_s=10, timeout_s=60)
+    assert list(info.value.failures) == [1]
+    msg = info.value.failures[1]
+    assert "message 1 from rank 0 holds 12 bytes, this rank expected 8" in msg and "disagree on the splits" in msg, msg
+
+
+def _stall_body(rank: int, W: int):
+    pg = ProcessGroups.build()
+    assert pg.uses_shm
+    if rank == 1:
+        time.sleep(8)                 # alive but absent: rank 0's wait must time out, naming rank 1
+        return "slept"
+    return all_to_all(torch.ones(2), [1, 1], [1, 1], pg.world_comm, name="stalled_a2a").wait()
+
+
+def test_stalled_peer_times_out_naming_it():
+    with pytest.raises(MultiProcessError) as info:
+        run_multiprocess(_stall_body, 2, collective_timeout_s=3, grace_s=20, timeout_s=60)
+    assert list(info.value.failures) == [0]
+    msg = info.value.failures[0]
+    assert "CollectiveError" in msg and "rank 0: collective 'stalled_a2a' failed or timed out" in msg, msg
+    assert "waiting for rank(s) [1] to send message 1" in msg, msg
+
+
+def _fallback_body(rank: int, W: int):
+    import neo.distributed.shm as shm
+
+    if rank == 1:                     # as if rank 1 were on another host: nobody uses shared memory
+        shm.shm_supported = lambda: False
+    groups = ProcessGroups.build()
+    comm = CommGroup.build(dist.group.WORLD, shm=True, timeout=None)
+    out = all_to_all(torch.arange(4) + 10 * rank, [2, 2], [2, 2], groups.world_comm).wait()
+    return groups.uses_shm, comm.shm is None, out.tolist()
+
+
+def test_ranks_that_cannot_share_memory_fall_back_to_gloo_together():
+    got = run_multiprocess(_fallback_body, 2, timeout_s=60)
+    assert [g[:2] for g in got] == [(False, True), (False, True)]
+    assert got[0][2] == [0, 1, 10, 11] and got[1][2] == [2, 3, 12, 13]
