@@ -3,9 +3,10 @@
 Gloo moves every byte of a CPU collective through TCP loopback sockets and its own I/O
 threads: a kernel copy in, a kernel copy out, a thread hand-off and a wake-up per peer.
 Between processes of one host a collective needs only two memory copies (into the
-sender's segment, out of it into the receiver's tensor). Measured on the 2-core CI
-machine, 2 ranks, AlltoAll of 0.5 / 2 / 6.8 MB per peer: 0.07 / 0.30 / 3.05 ms through
-shared memory against 0.46 / 1.61 / 5.05 ms through gloo (docs/benchmarks.md).
+sender's segment, out of it into the receiver's tensor). On the 2-core CI machine, 2
+ranks, AlltoAll of 0.5 / 2 / 8 MB per peer: 0.14 / 0.41 / 2.46 ms through shared memory
+against 0.43 / 1.52 / 6.40 ms through gloo (``tools/bench_collectives.py``,
+docs/benchmarks.md).
 
 torch.distributed keeps rendezvous, control and everything that is not an AlltoAll or an
 AllGather; this module only moves the payloads of those two, and only within a group whose

@@ -1,0 +1,103 @@
+"""AlltoAll and AllGather between the ranks of one host: Neo's shared-memory exchange against gloo.
+
+    python tools/bench_collectives.py                       # W = 2, 0.06 to 8 MB per peer
+    python tools/bench_collectives.py --world-size 4 --json bench_out/collectives.json
+
+Each rank sends ``size`` bytes of fp32 to every peer (AlltoAll) or contributes ``size``
+bytes (AllGather). Per size and transport: ``--warmup`` calls, then ``--iters`` timed
+calls, a barrier before each; reported: the median wall time of the slowest rank and the
+CPU time per call (this process: the calling thread plus gloo's I/O threads). Results are
+checked equal between the transports before timing.
+
+Output: a table with the gloo / shared-memory ratio and, with ``--json``, records with
+``collective``, ``transport``, ``world_size``, ``bytes_per_peer``, ``ms``, ``cpu_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from bench_common import start_rank, write_json  # noqa: E402
+
+
+def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
+    from neo.distributed.shm import ShmExchange
+
+    start_rank(1, False)
+    ex = ShmExchange.create(dist.group.WORLD)
+    if ex is None:
+        raise RuntimeError("the ranks cannot share /dev/shm")
+    W, records = world_size, []
+    for mb in args.sizes:
+        n = int(mb * 2**20) // 4                                         # fp32 per peer
+        send = torch.randn(W * n)
+        calls = {
+            ("all_to_all", "shm"): lambda out: ex.all_to_all_single(out, send, [n] * W, [n] * W).wait(),
+            ("all_to_all", "gloo"): lambda out: dist.all_to_all_single(out, send),
+            ("all_gather", "shm"): lambda out: ex.all_gather_single(out, send[:n]).wait(),
+            ("all_gather", "gloo"): lambda out: dist.all_gather_into_tensor(out, send[:n]),
+        }
+        outs = {k: torch.empty(W * n) for k in calls}
+        for (coll, transport), fn in calls.items():
+            fn(outs[(coll, transport)])
+        for coll in ("all_to_all", "all_gather"):
+            if not torch.equal(outs[(coll, "shm")], outs[(coll, "gloo")]):
+                raise AssertionError(f"{coll}: shared memory and gloo disagree at {mb} MB")
+        for (coll, transport), fn in calls.items():
+            out = outs[(coll, transport)]
+            walls, cpus = [], []
+            for i in range(args.warmup + args.iters):
+                dist.barrier()
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn(out)
+                t1, c1 = time.perf_counter(), time.process_time()
+                if i >= args.warmup:
+                    walls.append(t1 - t0)
+                    cpus.append(c1 - c0)
+            mine = torch.tensor([statistics.median(walls), statistics.median(cpus)])
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+            records.append({"collective": coll, "transport": transport, "world_size": W,
+                            "bytes_per_peer": 4 * n, "ms": round(1e3 * float(mine[0]), 3),
+                            "cpu_ms": round(1e3 * float(mine[1]), 3)})
+    ex.close()
+    return records
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--sizes", type=float, nargs="+", default=[0.0625, 0.5, 2, 8], help="MB per peer")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    from tests.multiprocess import run_multiprocess
+
+    records = run_multiprocess(_rank_main, args.world_size, args, timeout_s=1800, collective_timeout_s=600,
+                               threads=1, env={"OMP_NUM_THREADS": "1"})[0]
+    by = {(r["collective"], r["transport"], r["bytes_per_peer"]): r for r in records}
+    print(f"W={args.world_size}  {'collective':11} {'MB/peer':>8} {'shm ms':>8} {'gloo ms':>8} {'gloo/shm':>9} "
+          f"{'shm cpu':>8} {'gloo cpu':>8}")
+    for (coll, transport, nb), r in by.items():
+        if transport == "shm":
+            g = by[(coll, "gloo", nb)]
+            print(f"     {coll:11} {nb / 2**20:8.3f} {r['ms']:8.3f} {g['ms']:8.3f} {g['ms'] / r['ms']:8.2f}x "
+                  f"{r['cpu_ms']:8.3f} {g['cpu_ms']:8.3f}")
+    if args.json:
+        write_json(args.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
