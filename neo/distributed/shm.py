@@ -179,7 +179,8 @@ class ShmExchange:
     """AlltoAll / AllGather among the ranks of ``group``, which share one host (module doc).
 
     Build with :meth:`create` (collective over ``group``), which returns None where the
-    ranks do not share ``/dev/shm``. Call collectives in the same order on every rank.
+    ranks do not share ``/dev/shm``. Call collectives in the same order on every rank, from
+    one thread per rank (the exchange holds no lock).
     """
 
     def __init__(self, group, base: str, ctrl: mmap.mmap, own: List[_Segment], peer: List[List[Optional[_Segment]]],
@@ -231,6 +232,7 @@ class ShmExchange:
                 if rank == 0:
                     mine.append(ctrl_path)
                     ctrl = _Segment.open(ctrl_path, 0, W * _BLOCK * 8)
+                    ctrl.reserve(W * _BLOCK * 8)
                     ctrl.header[_BLOCK - 1] = token
                     ctrl.release()
                 for slot in range(SLOTS):
@@ -269,6 +271,11 @@ class ShmExchange:
         sb, ob = _bytes(send), _bytes(out)
         send_at = _offsets(in_splits, row)
         recv_at = _offsets(out_splits, row)
+        if out.dtype != send.dtype or send_at[-1] != sb.numel() or recv_at[-1] != ob.numel() \
+                or len(in_splits) != self.size or len(out_splits) != self.size:
+            raise ShmError(f"all_to_all: {self.size} splits each summing to the tensors' rows and one dtype "
+                           f"expected; got send {tuple(send.shape)} {send.dtype} split {list(in_splits)}, "
+                           f"out {tuple(out.shape)} {out.dtype} split {list(out_splits)}")
         me = self.rank
         ob[recv_at[me]:recv_at[me + 1]].copy_(sb[send_at[me]:send_at[me + 1]])
         chunks = [sb[send_at[r]:send_at[r + 1]] for r in range(self.size)]

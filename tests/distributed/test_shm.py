@@ -41,6 +41,13 @@ def _a2a_both(ex: ShmExchange, m: torch.Tensor, dtype: torch.dtype, cols: int, s
 def _exchange_body(rank: int, W: int):
     ex = ShmExchange.create(dist.group.WORLD, segment_bytes=1 << 20)     # small: messages below grow it
     assert ex is not None
+    splits = [1] * W
+    for out, send in [(torch.empty(W), torch.empty(W + 1)), (torch.empty(W, dtype=torch.int64), torch.empty(W))]:
+        try:                          # rejected before any message is numbered: the group stays usable
+            ex.all_to_all_single(out, send, splits, splits)
+            raise AssertionError("inconsistent AlltoAll arguments were accepted")
+        except ShmError as e:
+            assert "splits each summing" in str(e)
     gen = torch.Generator().manual_seed(0)
     # uneven splits and zero-sized chunks, several dtypes and row shapes, waited one by one
     for i, (dtype, cols) in enumerate([(torch.int64, 0), (torch.float32, 3), (torch.bfloat16, 5), (torch.int32, 0),
