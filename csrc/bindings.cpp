@@ -2,13 +2,14 @@
 // runs (the kernels use at::parallel_for, which respects torch.set_num_threads).
 #include <torch/extension.h>
 
+#include "bucketize.h"
 #include "embedding_kernels.h"
 #include "interaction.h"
 
 namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Neo CPU kernels: pooled embedding forward, fused backward + sparse optimizer, DLRM dot interaction";
+  m.doc() = "Neo CPU kernels: pooled embedding forward, fused backward + sparse optimizer, DLRM dot interaction, row bucketization";
   m.def("embedding_forward", &neo::embedding_forward, py::call_guard<py::gil_scoped_release>(),
         "Pooled lookup of a group; returns (out (B, total_dim) fp32, invalid id count)",
         py::arg("weights"), py::arg("indices"), py::arg("offsets"), py::arg("per_sample_weights"),
@@ -29,6 +30,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
         py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
         py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
+  m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
+        "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
+        py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead) {

@@ -48,7 +48,8 @@ inline float sum_squares(const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; ++l) lane[l] += x[i + l] * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) lane[l] += x[i] * x[i];
+  const int64_t rem = n - i;  // < 16
+  for (int64_t l = 0; l < rem; ++l) lane[l] += x[i + l] * x[i + l];
   for (int w = 8; w >= 1; w /= 2)
     for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
   return lane[0];

@@ -66,6 +66,48 @@ class DistributedBatch:
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
 
 
+def bucketize_rows(values: torch.Tensor, bag_offsets: torch.Tensor, bounds: List[int],
+                   weights: Optional[torch.Tensor] = None) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+    """One feature's ids by row shard: per shard s (rows ``bounds[s] .. bounds[s+1] - 1``), the
+    (B,) bag lengths, its ids minus ``bounds[s]`` (bag order, order of occurrence) and their
+    weights. Ids outside every shard are dropped (validated or clamped at the source).
+
+    ``neo._C.bucketize_rows`` (two passes over the ids) when built and on CPU, else
+    :func:`bucketize_rows_reference` (a mask per shard)."""
+    if _C is None or values.device.type != "cpu":
+        return bucketize_rows_reference(values, bag_offsets, bounds, weights)
+    lens, out, sizes, pos = _C.bucketize_rows(values.contiguous(), bag_offsets.contiguous(),
+                                             torch.tensor(bounds, dtype=torch.int64), weights is not None)
+    n = sizes.tolist()
+    ids = torch.split(out, n)
+    ws = torch.split(weights[pos], n) if weights is not None else [None] * len(n)
+    return list(zip(lens.unbind(0), ids, ws))
+
+
+def bucketize_rows_reference(values: torch.Tensor, bag_offsets: torch.Tensor, bounds: List[int],
+                             weights: Optional[torch.Tensor] = None):
+    """Plain-torch :func:`bucketize_rows`: the reference."""
+    out = []
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
+        m = (values >= r0) & (values < r1)
+        cm = torch.zeros(values.numel() + 1, dtype=torch.int64, device=values.device)
+        torch.cumsum(m, 0, out=cm[1:])
+        lens = cm[bag_offsets[1:]] - cm[bag_offsets[:-1]]
+        out.append((lens, values[m] - r0, None if weights is None else weights[m]))
+    return out
+
+
+def _load_kernels():
+    try:
+        from neo import _C as kernels
+    except ImportError:
+        return None
+    return kernels if hasattr(kernels, "bucketize_rows") else None
+
+
+_C = _load_kernels()
+
+
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     if x.numel() > 1:
@@ -81,6 +123,11 @@ class InputDist:
         self.W = pg.world_size
         self.rows = [layout.feature_table[f].num_rows for f in layout.features]
         self.wire = torch.int32 if max(self.rows) < 2 ** 31 else torch.int64      # dtype of ids on the wire
+        # per row-split feature: its table's row-shard boundaries [r0, r1, ..., rows]
+        self.row_bounds = {f: sorted({s.row_offset for s in layout.plan.tables[layout.feature_table[f].name].shards})
+                           + [layout.feature_table[f].num_rows]
+                           for f in layout.features
+                           if layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows}
         self.mean_row_split = [f for f in layout.features
                                if layout.feature_table[f].pooling.value == "mean"
                                and layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows]
@@ -125,6 +172,7 @@ class InputDist:
             values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)
         fidx = {f: i for i, f in enumerate(layout.features)}
         cache: Dict[tuple, tuple] = {}
+        split: Dict[str, dict] = {}
 
         def select(slot: Slot):
             key = (slot.feature, slot.row_offset, slot.rows)
@@ -135,14 +183,12 @@ class InputDist:
             v = values[lo:hi]
             w = None if weights is None else weights[lo:hi]
             lens = lengths[f * B:(f + 1) * B]
-            if not slot.full_rows:
-                m = (v >= slot.row_offset) & (v < slot.row_offset + slot.rows)
-                cm = torch.zeros(v.numel() + 1, dtype=torch.int64, device=v.device)
-                torch.cumsum(m, 0, out=cm[1:])
-                bag_off = offsets[f * B:(f + 1) * B + 1] - lo
-                lens = cm[bag_off[1:]] - cm[bag_off[:-1]]
-                v = v[m] - slot.row_offset
-                w = None if w is None else w[m]
+            if not slot.full_rows:                                          # every row shard of f at once
+                if slot.feature not in split:
+                    bounds = self.row_bounds[slot.feature]
+                    split[slot.feature] = dict(zip(bounds[:-1], bucketize_rows(
+                        v, offsets[f * B:(f + 1) * B + 1] - lo, bounds, w)))
+                lens, v, w = split[slot.feature][slot.row_offset]
             cache[key] = (lens, v, w)
             return cache[key]
 
