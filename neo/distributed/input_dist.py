@@ -4,7 +4,8 @@ Routing, per slot (one feature of one shard, see :mod:`neo.distributed.slots`):
 
 - table_wise: all of the feature's ids to the owner;
 - row_wise / table_row_wise: bucketized by row range, each id to the shard that holds
-  its row, re-based to the shard (``id - row_offset``);
+  its row, re-based to the shard (``id - row_offset``), all shards of a feature in one
+  pass (:func:`bucketize_rows`);
 - column_wise / table_column_wise: all ids duplicated to every column shard;
 - data_parallel: all ids to every rank (each replica pools the global batch, so that its
   fused optimizer sees the global-batch gradient; see :mod:`.sharding.data_parallel`).
