@@ -23,6 +23,7 @@ first (torchrun or :mod:`tests.multiprocess` do it), then ``ProcessGroups.build(
 from __future__ import annotations
 
 import datetime
+import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -46,7 +47,11 @@ class CommGroup:
     def build(cls, group: Any, shm: bool, timeout: Optional[datetime.timedelta]) -> "CommGroup":
         """Collective over ``group``: with ``shm``, try a shared-memory exchange (None across hosts)."""
         use = shm and dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo"
-        return cls(group, ShmExchange.create(group, timeout) if use else None)
+        ex = ShmExchange.create(group, timeout) if use else None
+        if use and ex is None and dist.get_rank(group) == 0:
+            warnings.warn("neo: the ranks of a process group cannot share /dev/shm (other hosts, another "
+                          "namespace, or under 256 MiB free there): its AlltoAlls go through gloo", RuntimeWarning)
+        return cls(group, ex)
 
 
 @dataclass

@@ -10,7 +10,8 @@ docs/benchmarks.md).
 
 torch.distributed keeps rendezvous, control and everything that is not an AlltoAll or an
 AllGather; this module only moves the payloads of those two, and only within a group whose
-ranks share one ``/dev/shm`` (checked, not assumed: see :meth:`ShmExchange.create`).
+ranks share one ``/dev/shm`` with at least ``MIN_FREE_BYTES`` free (checked, not assumed:
+see :meth:`ShmExchange.create`).
 
 Protocol. Collectives on a group are issued in the same order on every rank, so the n-th
 one is message ``q = n`` everywhere. Every rank owns ``SLOTS`` message slots, each a
@@ -69,6 +70,7 @@ __all__ = ["ShmExchange", "ShmTimeout", "ShmError", "shm_supported"]
 
 SLOTS = 4
 SEGMENT_BYTES = 256 << 20       # virtual size of a slot segment (sparse: pages are reserved as used)
+MIN_FREE_BYTES = 256 << 20      # free /dev/shm below which a rank does not offer shared memory
 _BLOCK = 32                     # int64 words of control per rank (256 bytes: own cache lines)
 _PUBLISHED, _CONSUMED, _GEN = 0, 8, 16
 _SHM_DIR = "/dev/shm"
@@ -83,9 +85,13 @@ class ShmTimeout(ShmError):
 
 
 def shm_supported() -> bool:
-    """Linux on x86-64 (stores seen in program order) with a writable /dev/shm."""
-    return (platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
-            and os.access(_SHM_DIR, os.W_OK))
+    """Linux on x86-64 (stores seen in program order) with a writable /dev/shm of at least
+    ``MIN_FREE_BYTES`` free (Docker's default 64 MiB is not: such ranks use gloo)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64") \
+            or not os.access(_SHM_DIR, os.W_OK):
+        return False
+    st = os.statvfs(_SHM_DIR)
+    return st.f_bavail * st.f_frsize >= MIN_FREE_BYTES
 
 
 def _align(n: int, a: int = 64) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -97,6 +98,19 @@ def test_full_dev_shm_is_a_clear_error(monkeypatch, tmp_path):
     seg.release()
 
 
+def test_small_dev_shm_is_not_offered(monkeypatch):
+    import neo.distributed.shm as shm
+
+    real = os.statvfs("/dev/shm")
+
+    class Small:
+        f_frsize, f_bavail = real.f_frsize, (64 << 20) // real.f_frsize       # Docker's default size
+
+    assert shm.shm_supported(), "this machine's /dev/shm should qualify"
+    monkeypatch.setattr(os, "statvfs", lambda path: Small())
+    assert not shm.shm_supported()
+
+
 def _disagree_body(rank: int, W: int):
     ex = ShmExchange.create(dist.group.WORLD)
     if rank == 0:                     # sends 3 rows to rank 1, which expects 2
@@ -138,8 +152,12 @@ def _fallback_body(rank: int, W: int):
 
     if rank == 1:                     # as if rank 1 were on another host: nobody uses shared memory
         shm.shm_supported = lambda: False
-    groups = ProcessGroups.build()
-    comm = CommGroup.build(dist.group.WORLD, shm=True, timeout=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        groups = ProcessGroups.build()
+        comm = CommGroup.build(dist.group.WORLD, shm=True, timeout=None)
+    if rank == 0:
+        assert any("cannot share /dev/shm" in str(w.message) for w in caught), [str(w.message) for w in caught]
     out = all_to_all(torch.arange(4) + 10 * rank, [2, 2], [2, 2], groups.world_comm).wait()
     return groups.uses_shm, comm.shm is None, out.tolist()
 
