@@ -71,6 +71,8 @@ class CollectiveError(RuntimeError):
 
 
 def _is_comm_error(e: BaseException) -> bool:
+    if isinstance(e, ShmTimeout):
+        return True
     text = str(e).lower()
     return any(k in text for k in ("gloo", "timed out", "timeout", "connection", "nccl", "peer"))
 
@@ -115,7 +117,7 @@ class Awaitable(Generic[T]):
         try:
             return fn()
         except RuntimeError as e:
-            if isinstance(e, CollectiveError) or not (_is_comm_error(e) or isinstance(e, ShmTimeout)):
+            if isinstance(e, CollectiveError) or not _is_comm_error(e):
                 raise
             rank = dist.get_rank() if dist.is_initialized() else "?"
             raise CollectiveError(
@@ -360,7 +362,8 @@ def slice_local_pooled(x: torch.Tensor, group, comm: CommConfig = CommConfig(),
     Backward: AllGather of the (n, D) gradients, so that every rank sees the gradient of
     every rank's samples (data-parallel replicas then apply the same global update).
     """
-    W, rank = dist.get_world_size(_torch_group(group)), dist.get_rank(_torch_group(group))
+    tg = _torch_group(group)
+    W, rank = dist.get_world_size(tg), dist.get_rank(tg)
     n = x.shape[0] // W
     bwd = comm.backward.wire_dtype
     return _differentiable(

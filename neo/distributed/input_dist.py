@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from neo.cpp import cpu_kernels
 from neo.distributed.comms import Awaitable, all_to_all
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.slots import Slot, SlotLayout
@@ -98,15 +99,7 @@ def bucketize_rows_reference(values: torch.Tensor, bag_offsets: torch.Tensor, bo
     return out
 
 
-def _load_kernels():
-    try:
-        from neo import _C as kernels
-    except ImportError:
-        return None
-    return kernels if hasattr(kernels, "bucketize_rows") else None
-
-
-_C = _load_kernels()
+_C = cpu_kernels("bucketize_rows")
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -129,9 +122,7 @@ class InputDist:
                            + [layout.feature_table[f].num_rows]
                            for f in layout.features
                            if layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows}
-        self.mean_row_split = [f for f in layout.features
-                               if layout.feature_table[f].pooling.value == "mean"
-                               and layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows]
+        self.mean_row_split = [f for f in self.row_bounds if layout.feature_table[f].pooling.value == "mean"]
 
     # ---------------------------------------------------------------- source side
     def _first_bad_id(self, values: torch.Tensor, starts: List[int]) -> Optional[Tuple[int, int, int]]:

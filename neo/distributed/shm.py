@@ -205,6 +205,8 @@ class ShmExchange:
         self._header_bytes = _align(16 * self.size)
         self._own = own
         self._peer = peer
+        for slot, seg in enumerate(own):   # before any message: peers read it after a PUBLISHED
+            self._ctrl[self.rank * _BLOCK + _GEN + slot] = seg.gen
         self._seq = 0                      # messages started
         self._consumed = 0                 # messages fully received (mirror of my CONSUMED word)
         self._pending: Deque[_Receive] = collections.deque()
@@ -225,7 +227,7 @@ class ShmExchange:
         the exchange exists, and the memory goes away with the processes."""
         W = dist.get_world_size(group)
         rank = dist.get_rank(group)
-        root = dist.get_global_rank(group, 0) if group is not None and group is not dist.group.WORLD else 0
+        root = dist.get_global_rank(group, 0)
         msg = [f"neo-{os.getpid()}-{secrets.token_hex(6)}", secrets.randbits(62), shm_supported()]
         dist.broadcast_object_list(msg, src=root, group=group)
         base, token, ok = msg
@@ -338,7 +340,7 @@ class ShmExchange:
         return seg
 
     def _peer_segment(self, src: int, slot: int) -> _Segment:
-        gen = max(1, self._word(src, _GEN + slot))
+        gen = self._word(src, _GEN + slot)
         seg = self._peer[src][slot]
         if seg is None or seg.gen != gen:
             seg = self._peer[src][slot] = _Segment.open(self._path(src, slot, gen), gen)
@@ -408,7 +410,7 @@ class ShmExchange:
         return os.path.join(_SHM_DIR, f"{self._base}-{rank}-{slot}-{gen}")
 
     def _global(self, r: int) -> int:
-        return dist.get_global_rank(self.group, r) if self.group not in (None, dist.group.WORLD) else r
+        return dist.get_global_rank(self.group, r)
 
 
 def _release(files: List[tuple], own: List[_Segment]) -> None:

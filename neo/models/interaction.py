@@ -8,6 +8,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from neo.cpp import cpu_kernels
+
 
 class _PairwiseDots(torch.autograd.Function):
     """The distinct pairwise dot products of the rows of ``v`` (B, n, D): (B, P), P = n(n-1)/2.
@@ -34,15 +36,6 @@ class _PairwiseDots(torch.autograd.Function):
         G.index_copy_(1, flat_pairs, grad_pairs)                                 # (B, n*n) upper triangle
         G = G.view(B, n, n).to(v.dtype)
         return torch.bmm(G + G.transpose(1, 2), v), None                         # (B, n, D)
-
-
-def _cpu_kernels():
-    """``neo._C`` when it is built and has the fused interaction, else None."""
-    try:
-        from neo import _C
-    except ImportError:
-        return None
-    return _C if hasattr(_C, "dot_interaction_forward") else None
 
 
 @dataclass
@@ -111,7 +104,7 @@ class DotInteraction(nn.Module):
         if kernel not in ("auto", "torch"):
             raise ValueError(f"DotInteraction kernel must be 'auto' or 'torch', got {kernel!r}")
         self.num_features, self.dim = num_features, dim
-        self._kernels = _cpu_kernels() if kernel == "auto" else None
+        self._kernels = cpu_kernels("dot_interaction_forward") if kernel == "auto" else None
         n = num_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("flat_pairs", rows * n + cols, persistent=False)   # (P,) into a flat (n, n)

@@ -12,6 +12,7 @@ import importlib
 
 import torch
 
+from neo.cpp import cpu_kernels
 from neo.embedding.backends.base import EmbeddingBackend
 
 _BACKENDS = {
@@ -25,11 +26,7 @@ BACKEND_NAMES = tuple(_BACKENDS) + ("auto",)
 
 
 def cpu_backend_available() -> bool:
-    try:
-        importlib.import_module("neo._C")
-        return True
-    except ImportError:
-        return False
+    return cpu_kernels("embedding_forward") is not None
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
