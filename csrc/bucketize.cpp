@@ -1,60 +1,27 @@
-// Row-range bucketization for the input distribution of row-split tables (row_wise,
-// table_row_wise): every id goes to the shard holding its row, re-based to the shard.
-//
-// Two passes over the ids, one thread (a feature's ids are a few tens of thousands):
-// 1. the shard of every id (the number of boundaries at or below it, counted without
-//    branches: a binary search mispredicts on random ids, 8 ns an id; -1 outside every
-//    shard), counted per (shard, bag);
-// 2. every kept id written at its shard's cursor: ids stay in bag order, and in order of
-//    occurrence within a bag, as the plain-torch path (a mask per shard) leaves them.
+// Row-range bucketization of one feature's ids for row-split sharding: checks here, the two
+// passes in the active ISA variant (csrc/kernels/bucketize.h).
 #include "bucketize.h"
 
-#include <algorithm>
-#include <vector>
+#include "cpu_isa.h"
 
 namespace neo {
 namespace {
 
-constexpr int64_t kLinear = 16;  // shards up to which an id's shard is a branch-free count
-
 template <typename T>
-void bucketize_impl(const T* v, const int64_t* off, int64_t B, const int64_t* bounds, int64_t S, int64_t* lens,
-                    T* out, int64_t* sizes, int64_t* pos, std::vector<int32_t>& shard) {
-  const int64_t N = off[B] - off[0];
-  shard.resize(static_cast<size_t>(N));
-  const int64_t lo = bounds[0], hi = bounds[S];
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = off[b] - off[0]; i < off[b + 1] - off[0]; ++i) {
-      const int64_t id = static_cast<int64_t>(v[i]);
-      int32_t s = -1;
-      if (id >= lo && id < hi) {
-        if (S <= kLinear) {            // branch-free: ids of a batch fall in random shards
-          s = 0;
-          for (int64_t k = 1; k < S; ++k) s += id >= bounds[k];
-        } else {
-          s = static_cast<int32_t>(std::upper_bound(bounds + 1, bounds + S + 1, id) - (bounds + 1));
-        }
-        ++lens[s * B + b];
-      }
-      shard[static_cast<size_t>(i)] = s;
-    }
-  }
-  std::vector<int64_t> cursor(static_cast<size_t>(S));
-  int64_t acc = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    int64_t n = 0;
-    for (int64_t b = 0; b < B; ++b) n += lens[s * B + b];
-    sizes[s] = n;
-    cursor[static_cast<size_t>(s)] = acc;
-    acc += n;
-  }
-  for (int64_t i = 0; i < N; ++i) {
-    const int32_t s = shard[static_cast<size_t>(i)];
-    if (s < 0) continue;
-    const int64_t at = cursor[static_cast<size_t>(s)]++;
-    out[at] = static_cast<T>(static_cast<int64_t>(v[i]) - bounds[s]);
-    if (pos) pos[at] = i;
-  }
+void run(const KernelTable& k, const at::Tensor& values, const int64_t* off, int64_t B, const int64_t* bounds,
+         int64_t S, at::Tensor& lens, at::Tensor& out, at::Tensor& sizes, int64_t* pos) {
+  BucketizeArgs<T> a;
+  a.values = values.data_ptr<T>();
+  a.off = off;
+  a.B = B;
+  a.bounds = bounds;
+  a.S = S;
+  a.lens = lens.data_ptr<int64_t>();
+  a.out = out.data_ptr<T>();
+  a.sizes = sizes.data_ptr<int64_t>();
+  a.pos = pos;
+  if constexpr (std::is_same_v<T, int32_t>) k.bucketize_i32(a);
+  else k.bucketize_i64(a);
 }
 
 }  // namespace
@@ -81,15 +48,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bucketize_rows(
   at::Tensor sizes = at::empty({S}, bag_offsets.options());
   at::Tensor out = at::empty({values.numel()}, values.options());
   at::Tensor pos = at::empty({with_positions ? values.numel() : 0}, bag_offsets.options());
-  std::vector<int32_t> shard;
   int64_t* p = with_positions ? pos.data_ptr<int64_t>() : nullptr;
-  if (values.scalar_type() == at::kInt) {
-    bucketize_impl(values.data_ptr<int32_t>(), off, B, bd, S, lens.data_ptr<int64_t>(), out.data_ptr<int32_t>(),
-                   sizes.data_ptr<int64_t>(), p, shard);
-  } else {
-    bucketize_impl(values.data_ptr<int64_t>(), off, B, bd, S, lens.data_ptr<int64_t>(), out.data_ptr<int64_t>(),
-                   sizes.data_ptr<int64_t>(), p, shard);
-  }
+  if (values.scalar_type() == at::kInt) run<int32_t>(kernels(), values, off, B, bd, S, lens, out, sizes, p);
+  else run<int64_t>(kernels(), values, off, B, bd, S, lens, out, sizes, p);
   const int64_t kept = sizes.sum().item<int64_t>();
   return {lens, out.narrow(0, 0, kept), sizes, with_positions ? pos.narrow(0, 0, kept) : pos};
 }

@@ -1,4 +1,5 @@
-// Entry points of the CPU embedding kernels (bound to Python in bindings.cpp).
+// Entry points of the CPU embedding kernels (bound to Python in bindings.cpp): they check
+// their tensors and call the active ISA variant's kernels (cpu_isa.h).
 #pragma once
 
 #include <optional>
@@ -27,6 +28,11 @@ int64_t embedding_backward_update(
     const at::Tensor& feature_mean, int64_t batch_size,
     int64_t opt_kind, double lr, double eps, double weight_decay, double beta1, double beta2,
     int64_t step, int64_t seed, bool stochastic_rounding);
+
+// Diagnostics (tools/bench_gather_probe.py): the plainest random-row gather, rows `ids` of
+// `row_bytes` bytes of a flat buffer, prefetching `near` ids ahead into L1 and `far` into L2
+// (0: off), on the torch threads, with the active variant; returns a checksum.
+int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far);
 
 inline void check_inputs(const GroupMeta& m, const at::Tensor& weights, const at::Tensor& indices,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& psw) {

@@ -1,7 +1,7 @@
 """``neo-data``: Criteo preprocessing, synthetic data, MLPerf multi-hot, inspection.
 
     neo-data criteo-preprocess day_0.gz ... day_23.gz --output out/ --split mlperf --max-ids mlperf
-    neo-data multihot --input out/train --output out_mh/train --cache-dir /scratch/mh
+    neo-data multihot --input out/train --output out_mh/train --cache-dir .cache/mh
     neo-data synth --output syn/ --samples 100000000 --preset production-2021
     neo-data inspect out/train
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from .criteo_parse import MalformedLineError
 from .schema import MLPERF_MULTI_HOT_SIZES, MLPERF_TABLE_SIZES
 from .writer import WriterOptions
 
@@ -28,6 +28,16 @@ def _ints(text: str, mlperf: Sequence[int]) -> List[int]:
 
 def _floats(text: str) -> List[float]:
     return [float(x) for x in text.split(",") if x]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
 
 
 def _progress(args: argparse.Namespace):
@@ -58,15 +68,6 @@ def _writer(args: argparse.Namespace) -> WriterOptions:
                          compression=args.compression)
 
 
-def _default_stats(year: str) -> Optional[str]:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for root in (os.getcwd(), here):
-        p = os.path.join(root, "..", "shared", "data", f"dlrm_datasets_{year}_locality_stats.txt")
-        if os.path.exists(p):
-            return os.path.normpath(p)
-    return None
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="neo-data", description="Criteo preprocessing, synthetic data, "
                                  "MLPerf multi-hot and inspection of Neo's Parquet data sets.")
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remap ids to contiguous ids seen at least this often in training files (0: off)")
     c.add_argument("--workers", type=int, default=2, help="parser threads / processes")
     c.add_argument("--executor", default="thread", choices=["thread", "process"])
-    c.add_argument("--block-mb", type=float, default=8.0, help="MiB of raw text per parsed block")
+    c.add_argument("--block-mb", type=_positive_float, default=8.0, help="MiB of raw text per parsed block")
     _writer_args(c)
 
     m = sub.add_parser("multihot", help="MLPerf DLRM-DCNv2 multi-hot Parquet from one-hot Parquet")
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", type=int, required=True)
     s.add_argument("--preset", default=None, choices=["criteo", "production-2021", "production-2022"])
     s.add_argument("--locality-stats", default=None,
-                   help="stats file of the production presets (default: ../shared/data/dlrm_datasets_<year>_...)")
+                   help="stats file of the production presets (default: the one shipped in data_pipeline/samples/)")
     s.add_argument("--dense", type=int, default=13, help="dense features")
     s.add_argument("--tables", type=int, default=26, help="sparse features (tables)")
     s.add_argument("--rows", default="100000", help="rows per table: one value or one per table")
@@ -129,8 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        print(f"neo-data {args.command}: error: {exc}", file=sys.stderr)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, MalformedLineError) as exc:
+        print(f"neo-data {args.command}: error: {exc}", file=sys.stderr)   # MalformedLineError: file:line: ...
         return 2
 
 
@@ -164,9 +165,8 @@ def _run(args) -> int:
         if args.preset:
             stats = args.locality_stats
             if args.preset.startswith("production") and stats is None:
-                stats = _default_stats(args.preset.split("-")[1])
-                if stats is None:
-                    raise SystemExit(f"preset {args.preset}: give --locality-stats FILE")
+                from .samples import locality_stats_path
+                stats = locality_stats_path(args.preset.split("-")[1])
             apply_preset(o, args.preset, stats, num_tables=args.tables)
         _emit(generate(o, prog), args.summary)
     elif args.command == "inspect":

@@ -194,6 +194,10 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
                       progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
     """Run the preprocessing; returns the JSON summary (also written to ``<output>/summary.json``)."""
     t0 = time.time()
+    if opts.policy not in ("skip", "error"):
+        raise ValueError(f"unknown malformed-line policy {opts.policy!r} (skip or error)")
+    if not opts.block_bytes > 0:          # f.read(0) reads nothing: every file would look empty
+        raise ValueError(f"block_bytes must be > 0, got {opts.block_bytes}")
     max_ids = _max_ids(opts)
     plan = _plan(opts)
     total_bytes = sum(os.path.getsize(p) for _, p, _, _ in plan)

@@ -10,6 +10,11 @@ first failing rule names the drop reason of a line:
 
 Good lines become: label int8; dense float32 ``log(max(x, 0) + 1)``, missing = 0; categorical
 ids int64, the hex value of the field, missing = 0 (the torchrec / MLPerf convention).
+
+Lines end at ``\n`` only (``\r\n`` is read as ``\n``; a UTF-8 byte-order mark starting line 1 of
+a file is skipped). Any other ``\r`` is a byte of its field, which makes the field bad: Arrow's
+reader would end a row there, so those bytes are hidden from it (and shown as they are in the
+messages), and a block always parses into exactly its lines, whatever bytes it holds.
 """
 
 from __future__ import annotations
@@ -178,6 +183,12 @@ def parse_int_column(arr: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]
     return parse_int_fields(arrow_fields(arr))
 
 
+def _line_starts(data: bytes) -> np.ndarray:
+    """Offset of every line of a block (0, and one past each ``\n`` that is not the last byte)."""
+    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    return np.concatenate([[0], nl[nl + 1 < len(data)] + 1])
+
+
 def _line_numbers(data: bytes, first_line: int) -> np.ndarray:
     """1-based line numbers of the non-empty lines of a block (the rows pyarrow sees)."""
     buf = np.frombuffer(data, np.uint8)
@@ -188,22 +199,47 @@ def _line_numbers(data: bytes, first_line: int) -> np.ndarray:
     return first_line + nonempty
 
 
-def parse_block(data: bytes, first_line: int, path: str, policy: str = "skip",
-                max_examples: int = 5) -> ParsedBlock:
-    """Parse a block of whole lines that starts at 1-based line ``first_line`` of ``path``.
+_BOM = b"\xef\xbb\xbf"
+_HIDDEN = 0x00  # stands for a lone \r (or a BOM's first byte) in what Arrow reads: bad in every field
 
-    Raises :class:`MalformedLineError` at the first bad line when ``policy == "error"``.
-    """
-    if policy not in ("skip", "error"):
-        raise ValueError(f"unknown malformed-line policy {policy!r} (skip or error)")
-    nlines = data.count(b"\n") + (0 if not data or data.endswith(b"\n") else 1)
-    invalid: List[Tuple[int, str]] = []  # (row number among non-empty lines, 1-based; text)
-    # Arrow's C++ reader splits the fields; lines with another field count go to on_invalid
-    def on_invalid(row: "pacsv.InvalidRow") -> str:
-        invalid.append((row.number, row.text))
-        return "skip"
 
-    table = pacsv.read_csv(
+def _arrow_safe(data: bytes, first_line: int) -> Tuple[bytes, bytes]:
+    """(the block as parsed: CRLF as LF, a file's leading BOM dropped; the bytes Arrow reads).
+
+    Arrow's CSV reader also ends rows at a lone ``\r`` and drops a BOM at the start of its
+    input; the bytes it reads have those replaced by a byte that no field accepts, one for one,
+    so rows stay lines and positions stay those of the first."""
+    if first_line == 1 and data.startswith(_BOM):
+        data = data[len(_BOM):]
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
+    if b"\r" not in data and not data.startswith(_BOM):
+        return data, data
+    hidden = bytearray(data.replace(b"\r", bytes([_HIDDEN])))
+    if hidden.startswith(_BOM):
+        hidden[0] = _HIDDEN
+    return data, bytes(hidden)
+
+
+def _field_text(data: bytes, line_starts: np.ndarray, k: int, col: int) -> str:
+    """Field ``col`` of line ``k`` (0-based in the block) as it is in ``data``."""
+    lo = int(line_starts[k])
+    hi = data.find(b"\n", lo)
+    fields = data[lo: hi if hi >= 0 else len(data)].split(b"\t")
+    return fields[col].decode("utf-8", "replace") if col < len(fields) else ""
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _read_tsv(data: bytes, on_invalid) -> pa.Table:
+    """Arrow's CSV reader on tab-separated lines, every field a string (no quoting, no escapes)."""
+    return pacsv.read_csv(
         io.BytesIO(data),
         read_options=pacsv.ReadOptions(column_names=COLUMN_NAMES, use_threads=False,
                                        block_size=max(len(data) + 1, 1 << 20)),
@@ -214,6 +250,52 @@ def parse_block(data: bytes, first_line: int, path: str, policy: str = "skip",
                                              strings_can_be_null=False, quoted_strings_can_be_null=False,
                                              check_utf8=False),
     )
+
+
+def _split_by_field_count(data: bytes, arrow_data: bytes) -> Tuple[List[Tuple[int, str]], bytes]:
+    """(the non-empty lines without 40 fields as on_invalid lists them; the other lines, for Arrow).
+
+    The slow path of a block with such a line that is not UTF-8 (``data`` and ``arrow_data``
+    differ by single hidden bytes only, see :func:`_arrow_safe`)."""
+    buf = np.frombuffer(arrow_data, np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    starts = np.concatenate([[0], nl + 1])
+    ends = np.concatenate([nl, [len(buf)]])
+    nonempty = ends > starts
+    st, en = starts[nonempty], ends[nonempty]
+    tabs = np.concatenate([[0], np.cumsum(buf == 9)])
+    ok = tabs[en] - tabs[st] == _NCOLS - 1
+    invalid = [(int(k) + 1, data[st[k]:en[k]].decode("utf-8", "replace")) for k in np.flatnonzero(~ok)]
+    kept = b"\n".join(arrow_data[a:b] for a, b in zip(st[ok], en[ok])) + b"\n"
+    return invalid, kept
+
+
+def parse_block(data: bytes, first_line: int, path: str, policy: str = "skip",
+                max_examples: int = 5) -> ParsedBlock:
+    """Parse a block of whole lines that starts at 1-based line ``first_line`` of ``path``.
+
+    Raises :class:`MalformedLineError` at the first bad line when ``policy == "error"``.
+    """
+    if policy not in ("skip", "error"):
+        raise ValueError(f"unknown malformed-line policy {policy!r} (skip or error)")
+    data, arrow_data = _arrow_safe(data, first_line)
+    nlines = data.count(b"\n") + (0 if not data or data.endswith(b"\n") else 1)
+    if nlines == 0:
+        return ParsedBlock(0, np.zeros(0, np.int8), np.zeros((0, CRITEO_NUM_DENSE), np.float32),
+                           np.zeros((CRITEO_NUM_SPARSE, 0), np.int64), {r: 0 for r in REASONS}, [],
+                           np.zeros(CRITEO_NUM_DENSE, np.int64), np.zeros(CRITEO_NUM_SPARSE, np.int64))
+    invalid: List[Tuple[int, str]] = []  # (row number among non-empty lines, 1-based; text)
+    # Arrow's C++ reader splits the fields; lines with another field count go to on_invalid
+    def on_invalid(row: "pacsv.InvalidRow") -> str:
+        invalid.append((row.number, row.text))
+        return "skip"
+
+    if arrow_data.isascii() or _is_utf8(arrow_data):
+        table = _read_tsv(arrow_data, on_invalid)
+    else:   # pyarrow decodes an invalid row's text as UTF-8 before it calls the handler, and fails
+        # on other bytes: count the fields here instead, and give Arrow only the 40-field lines
+        invalid, kept = _split_by_field_count(data, arrow_data)
+        table = _read_tsv(kept, None)
     fields = [arrow_fields(table.column(j)) for j in range(_NCOLS)]
     n = len(fields[0][0])
     n_nonempty = n + len(invalid)
@@ -236,9 +318,13 @@ def parse_block(data: bytes, first_line: int, path: str, policy: str = "skip",
         all_lines = _line_numbers(data, first_line)
         first_bad: List[BadLine] = []
         for num, text in invalid[:max_examples]:
+            line = int(all_lines[num - 1])
+            if arrow_data is not data:              # the line as it is, not as Arrow read it
+                lo = _line_starts(data)[line - first_line]
+                hi = data.find(b"\n", lo)
+                text = data[lo: hi if hi >= 0 else len(data)].decode("utf-8", "replace")
             ncol = text.count("\t") + 1
-            first_bad.append(BadLine(int(all_lines[num - 1]), "column_count",
-                                     f"{ncol} fields, expected {_NCOLS}: {text[:80]!r}"))
+            first_bad.append(BadLine(line, "column_count", f"{ncol} fields, expected {_NCOLS}: {text[:80]!r}"))
         if n_empty:
             buf = np.frombuffer(data, np.uint8)
             nl = np.flatnonzero(buf == 10)
@@ -294,10 +380,13 @@ def parse_block(data: bytes, first_line: int, path: str, policy: str = "skip",
                 col, what = 1 + int(bad_dense_col[r]), "not an integer"
             else:
                 col, what = 1 + CRITEO_NUM_DENSE + int(bad_cat_col[r]), "not 1 to 8 hex digits"
-            fs, fe, fd = fields[col]
-            value = fd[fs[r]:fe[r]].tobytes().decode("utf-8", "replace")
-            examples.append(BadLine(int(lines_of_rows()[r]), reason,
-                                    f"field {COLUMN_NAMES[col]} = {value[:40]!r}: {what}"))
+            line = int(lines_of_rows()[r])
+            if arrow_data is data:
+                fs, fe, fd = fields[col]
+                value = fd[fs[r]:fe[r]].tobytes().decode("utf-8", "replace")
+            else:                                   # the field as it is, not as Arrow read it
+                value = _field_text(data, _line_starts(data), line - first_line, col)
+            examples.append(BadLine(line, reason, f"field {COLUMN_NAMES[col]} = {value[:40]!r}: {what}"))
     examples.sort(key=lambda b: b.line)
     if policy == "error" and examples:
         e = examples[0]

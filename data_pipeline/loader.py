@@ -14,16 +14,19 @@ Position: ``(epoch, samples of the rank's range already yielded in this epoch)``
 uninterrupted one would have yielded next (the window containing the position is re-read and
 re-permuted, its consumed part skipped).
 
-A background thread reads row groups, builds batches and puts at most ``prefetch_batches`` of
-them in a queue (pinned when CUDA is available), so memory stays bounded.
+A background thread builds batches and puts at most ``prefetch_batches`` of them in a queue
+(pinned when CUDA is available); a second one reads (decodes) the next window's row groups while
+the batches of the current one are made, and a shuffled window is gathered batch by batch, so
+no window boundary stalls training. Memory: two windows of decoded samples.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -31,7 +34,7 @@ import torch
 
 from neo.sparse import KeyedJaggedBatch
 
-from .reader import list_parquet_files, take_rows, table_to_columns
+from .reader import list_parquet_files, table_to_columns, take_from_parts
 from .schema import read_meta
 from .writer import Columns
 
@@ -169,27 +172,45 @@ class ParquetLoader:
             gi += 1
         return parts
 
-    def _windows(self, epoch: int, start: int) -> Iterator[Columns]:
-        """The rank's samples from position ``start`` on, in epoch order, as consecutive blocks."""
+    def _windows(self, epoch: int, start: int) -> Iterator[Tuple[int, Callable[[int, int], Columns]]]:
+        """The rank's samples from position ``start`` on, in epoch order, as consecutive blocks:
+        (rows, take) with ``take(i, j)`` the block's rows i..j-1. A shuffled window is not
+        gathered up front: each batch takes its rows from the window's row groups."""
         o = self.options
         win = o.shuffle_window if o.shuffle else o.read_rows
         k = start // win
         skip = start - k * win
-        while k * win < self.shard_size:
+
+        def read(k: int):
             a, b = k * win, min(self.shard_size, (k + 1) * win)
-            parts = self._read_range(self.shard_begin + a, self.shard_begin + b)
-            if o.shuffle:
-                perm = np.random.default_rng([o.seed, epoch, k]).permutation(b - a)
-                yield take_rows(Columns.concat(parts), perm[skip:])
-            else:
-                for cols in parts:
-                    if skip >= len(cols):
-                        skip -= len(cols)
-                        continue
-                    yield cols.slice(skip, len(cols)) if skip else cols
-                    skip = 0
+            return self._read_range(self.shard_begin + a, self.shard_begin + b), b - a
+
+        # The next window is read (Arrow decodes without the GIL) while this one's batches are made.
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data-read")
+        ahead = reader.submit(read, k) if k * win < self.shard_size else None
+        try:
+            while ahead is not None:
+                parts, size = ahead.result()
+                ahead = reader.submit(read, k + 1) if (k + 1) * win < self.shard_size else None
+                yield from self._window_blocks(parts, size, epoch, k, skip)
+                skip = 0
+                k += 1
+        finally:
+            reader.shutdown(wait=True, cancel_futures=True)
+
+    def _window_blocks(self, parts: List[Columns], size: int, epoch: int, k: int, skip: int):
+        """Window ``k``'s blocks (see :meth:`_windows`), its first ``skip`` samples left out."""
+        if self.options.shuffle:
+            order = np.random.default_rng([self.options.seed, epoch, k]).permutation(size)[skip:]
+            yield len(order), (lambda i, j: take_from_parts(parts, order[i:j]))
+            return
+        for cols in parts:
+            if skip >= len(cols):
+                skip -= len(cols)
+                continue
+            cols = cols.slice(skip, len(cols)) if skip else cols
+            yield len(cols), cols.slice
             skip = 0
-            k += 1
 
     # ----------------------------------------------------------------- batches
     def _const_tensor(self, key: Tuple[int, str], make) -> torch.Tensor:
@@ -250,21 +271,21 @@ class ParquetLoader:
         pending: List[Columns] = []
         have = 0
         pos = start
-        for cols in self._windows(epoch, start):
+        for n, rows in self._windows(epoch, start):
             off = 0
-            if have and have + len(cols) >= B:  # complete the pending batch
+            if have and have + n >= B:  # complete the pending batch
                 take = B - have
-                batch = Columns.concat(pending + [cols.slice(0, take)])
+                batch = Columns.concat(pending + [rows(0, take)])
                 pending, have, off = [], 0, take
                 pos += B
                 yield self._to_batch(batch), pos
-            while len(cols) - off >= B:
+            while n - off >= B:
                 pos += B
-                yield self._to_batch(cols.slice(off, off + B)), pos
+                yield self._to_batch(rows(off, off + B)), pos
                 off += B
-            if off < len(cols):
-                pending.append(cols.slice(off, len(cols)))
-                have += len(cols) - off
+            if off < n:
+                pending.append(rows(off, n))
+                have += n - off
         if have and not self.options.drop_last:
             pos += have
             yield self._to_batch(Columns.concat(pending)), pos

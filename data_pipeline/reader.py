@@ -11,7 +11,7 @@ import pyarrow as pa
 from .schema import DatasetMeta
 from .writer import Columns
 
-__all__ = ["list_parquet_files", "table_to_columns", "take_rows"]
+__all__ = ["take_from_parts", "list_parquet_files", "table_to_columns", "take_rows"]
 
 
 def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
@@ -56,6 +56,21 @@ def table_to_columns(tb: pa.Table, meta: DatasetMeta) -> Columns:
         else:
             raise TypeError(f"column {name}: unsupported type {t}")
     return Columns(label, dense, sparse)
+
+
+def take_from_parts(parts: Sequence[Columns], idx: np.ndarray) -> Columns:
+    """Rows ``idx`` (indices into the blocks ``parts`` laid end to end), in ``idx``'s order.
+
+    The shuffled loader takes each batch this way from a window's row groups: the work is per
+    batch (no copy of the whole window up front, which stalled training once per window)."""
+    if len(parts) == 1:
+        return take_rows(parts[0], idx)
+    bounds = np.cumsum([0] + [len(p) for p in parts])
+    part = np.searchsorted(bounds, idx, side="right") - 1
+    order = np.argsort(part, kind="stable")                       # rows grouped by part
+    pieces = [take_rows(parts[p], idx[order[part[order] == p]] - bounds[p]) for p in np.unique(part)]
+    grouped = Columns.concat(pieces)
+    return take_rows(grouped, np.argsort(order, kind="stable"))   # back to idx's order
 
 
 def take_rows(cols: Columns, idx: np.ndarray) -> Columns:

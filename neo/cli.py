@@ -1,7 +1,8 @@
 """``neo``: the command line. Each subcommand lives in ``neo/commands/<name>.py`` as ``main(argv)``.
 
     neo plan CONFIG --world-size W --local-world-size L [--out plan.json]
-    neo train CONFIG [key=value ...]        (later)
+    neo train CONFIG [key=value ...]
+    neo cache-report TRACE.npy --batch-size B --num-rows N --capacity K[,K...] --json
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import List, Optional
 COMMANDS = {
     "plan": ("neo.commands.plan", "print the sharding plan of a config's embedding tables"),
     "train": ("neo.commands.train", "train a model from a config file"),
+    "cache-report": ("neo.commands.cache_report", "hit rates of cache policies on an id trace, against Belady"),
+    "calibrate": ("neo.calibrate", "measure this machine's cost constants for the planner"),
 }
 
 
@@ -21,7 +24,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: neo COMMAND [ARGS]\n\ncommands:")
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:8s} {help_text}")
+            print(f"  {name:13s} {help_text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)

@@ -1,17 +1,93 @@
-"""The C++ extension ``neo._C`` (built from ``csrc/`` by setup.py), where it is built."""
+"""The C++ extension ``neo._C`` (built from ``csrc/`` by setup.py), where it is built.
+
+Its hot kernels are built once per ISA (``baseline``, ``avx2``, ``avx512`` on x86-64) and
+the best one the CPU runs is chosen at import; ``NEO_CPU_ISA=baseline|avx2|avx512`` asks
+for another (an unknown one, or one this CPU lacks, fails the import with a message that
+says what the CPU offers). :func:`cpu_isa_info` says what was chosen, for run logs and
+benchmark records; :func:`use_cpu_isa` switches variants for tests and benchmarks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import platform
 from types import ModuleType
-from typing import Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-__all__ = ["cpu_kernels"]
+__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "use_cpu_isa"]
+
+# /proc/cpuinfo flags worth recording next to a benchmark figure.
+_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+              "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "asimd", "sve")
 
 
 def cpu_kernels(op: str) -> Optional[ModuleType]:
-    """``neo._C`` if it is built and has ``op`` (a build of older sources may lack newer ops), else None."""
+    """``neo._C`` if it is built and has ``op`` (a build of older sources may lack newer ops), else None.
+
+    A ``NEO_CPU_ISA`` this CPU cannot honour is an error, not a silent fall-back to plain torch."""
+    import torch  # noqa: F401  (loads libc10 and the other libraries neo._C links against)
+
     try:
         from neo import _C
-    except ImportError:
+    except ImportError as e:
+        if "NEO_CPU_ISA" in str(e):
+            raise
         return None
     return _C if hasattr(_C, op) else None
+
+
+def _cpuinfo() -> Dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (Linux), else {}."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read().split("\n\n")[0]
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> List[str]:
+    """The ISA extensions of this CPU among those that matter to the kernels and their peers."""
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    return [f for f in _ISA_FLAGS if f in flags]
+
+
+def cpu_isa_info() -> Dict[str, Any]:
+    """What the CPU kernels run on: ``{"neo_cpu_isa", "built", "supported", "forced", "cpu_model",
+    "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is not built)."""
+    _C = cpu_kernels("cpu_isa")
+    return {
+        "neo_cpu_isa": _C.cpu_isa() if _C else None,
+        "built": _C.cpu_isa_variants() if _C else [],
+        "supported": _C.cpu_isa_supported() if _C else [],
+        "forced": os.environ.get("NEO_CPU_ISA") or None,
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "machine": platform.machine(),
+    }
+
+
+@contextlib.contextmanager
+def use_cpu_isa(name: str) -> Iterator[None]:
+    """Run the block with the kernels of ISA variant ``name`` (``"auto"``: the best), then
+    restore the previous one. RuntimeError if this CPU cannot run it. Process-wide: meant for
+    tests and benchmarks, not for code running kernels on other threads meanwhile."""
+    from neo import _C
+
+    before = _C.cpu_isa()
+    _C._set_cpu_isa(name)
+    try:
+        yield
+    finally:
+        _C._set_cpu_isa(before)

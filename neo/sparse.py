@@ -19,14 +19,17 @@ Worked example: keys ``["user", "item"]``, batch size ``B = 3``::
 
 Bag ``(f, b)`` holds ``values[offsets[f * B + b] : offsets[f * B + b + 1]]``.
 
-Construction validates the layout (dtypes, shapes, non-negative lengths, offsets that
-start at 0, never decrease and end at N, lengths that match offsets) and names the
-offending feature; pass ``validate=False`` to skip the checks on a hot path whose
-input is already known to be good.
+Construction validates the layout (string keys, an integer batch size, dtypes, shapes,
+non-negative lengths, offsets that start at 0, stay within [0, N], never decrease and end
+at N, lengths that match offsets) and names the offending feature; pass ``validate=False``
+to skip the checks on a hot path whose input is already known to be good. A batch remembers
+that it passed them (and so do the batches ``to``, ``pin_memory`` and ``permute`` derive from
+it): :meth:`KeyedJaggedBatch.ensure_checked` checks only those that did not.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -67,8 +70,11 @@ class KeyedJaggedBatch:
     weights: Optional[torch.Tensor] = None
     offsets: Optional[torch.Tensor] = None
     validate: bool = field(default=True, repr=False)
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.keys, (str, bytes)):
+            raise JaggedValidationError(f"keys must be a sequence of feature names, got the string {self.keys!r}")
         self.keys = tuple(self.keys)
         if self.offsets is None:
             if self.validate:
@@ -88,9 +94,19 @@ class KeyedJaggedBatch:
 
     def check(self) -> None:
         """Validate the layout; raise :class:`JaggedValidationError` naming the feature at fault."""
-        keys, B = self.keys, self.batch_size
+        keys = self.keys
+        bad_keys = [k for k in keys if not isinstance(k, str)]
+        if bad_keys:
+            raise JaggedValidationError(f"keys must be feature names (strings), got {bad_keys[0]!r} in {list(keys)}")
         if len(set(keys)) != len(keys):
             raise JaggedValidationError(f"duplicate feature keys: {list(keys)}")
+        try:
+            if isinstance(self.batch_size, bool):
+                raise TypeError
+            self.batch_size = operator.index(self.batch_size)
+        except TypeError:
+            raise JaggedValidationError(f"batch_size must be an integer, got {self.batch_size!r}") from None
+        B = self.batch_size
         if B < 0:
             raise JaggedValidationError(f"batch_size must be >= 0, got {B}")
         if not isinstance(self.values, torch.Tensor) or self.values.dtype not in _INDEX_DTYPES:
@@ -106,6 +122,8 @@ class KeyedJaggedBatch:
                 f"lengths has {self.lengths.numel()} entries, expected F * B = {len(keys)} * {B} = {n_bags}"
             )
         offsets = self.offsets
+        if not isinstance(offsets, torch.Tensor):
+            raise JaggedValidationError(f"offsets must be a tensor, got {type(offsets).__name__}")
         if offsets.dtype not in _INDEX_DTYPES or offsets.dim() != 1 or offsets.numel() != n_bags + 1:
             raise JaggedValidationError(
                 f"offsets must be a 1-D integer tensor of F * B + 1 = {n_bags + 1} entries, "
@@ -132,6 +150,14 @@ class KeyedJaggedBatch:
             raise JaggedValidationError(
                 f"offsets end at {int(offsets[-1])} but there are {self.values.numel()} ids (values)"
             )
+        # out of [0, N]: lengths whose sum wraps around int64 back to N
+        outside = ((offsets < 0) | (offsets > self.values.numel())).nonzero()
+        if outside.numel():
+            p = int(outside[0])
+            raise JaggedValidationError(
+                f"feature '{_feature_of(max(p - 1, 0), keys, B)}': offset {int(offsets[p])} at sample "
+                f"{max(p - 1, 0) % max(B, 1)} is outside [0, {self.values.numel()}] (the ids in values)"
+            )
         mismatch = (steps != self.lengths.to(steps.dtype)).nonzero()
         if mismatch.numel():
             p = int(mismatch[0])
@@ -147,6 +173,17 @@ class KeyedJaggedBatch:
                 raise JaggedValidationError(
                     f"weights has shape {tuple(w.shape)}, expected one weight per id {tuple(self.values.shape)}"
                 )
+        self._checked = True
+
+    def ensure_checked(self) -> None:
+        """:meth:`check` unless this batch passed it already (at construction, or a batch it was
+        derived from by ``to``, ``pin_memory`` or ``permute``)."""
+        if not self._checked:
+            self.check()
+
+    def _derived(self, out: "KeyedJaggedBatch") -> "KeyedJaggedBatch":
+        out._checked = self._checked
+        return out
 
     # --------------------------------------------------------------- accessors
     @property
@@ -226,21 +263,21 @@ class KeyedJaggedBatch:
         values = torch.cat(pieces_v) if pieces_v else self.values[:0]
         lengths = torch.cat(pieces_l) if pieces_l else self.lengths[:0]
         weights = torch.cat(pieces_w) if self.weights is not None and pieces_w else None
-        return KeyedJaggedBatch(tuple(keys), values, lengths, B, weights=weights, validate=False)
+        return self._derived(KeyedJaggedBatch(tuple(keys), values, lengths, B, weights=weights, validate=False))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "KeyedJaggedBatch":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return KeyedJaggedBatch(
+        return self._derived(KeyedJaggedBatch(
             self.keys, move(self.values), move(self.lengths), self.batch_size,
             weights=move(self.weights), offsets=move(self.offsets), validate=False,
-        )
+        ))
 
     def pin_memory(self) -> "KeyedJaggedBatch":
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return KeyedJaggedBatch(
+        return self._derived(KeyedJaggedBatch(
             self.keys, pin(self.values), pin(self.lengths), self.batch_size,
             weights=pin(self.weights), offsets=pin(self.offsets), validate=False,
-        )
+        ))
 
     # ------------------------------------------------------------ torchrec
     def to_torchrec(self):

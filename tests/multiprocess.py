@@ -34,7 +34,7 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.multiprocessing as mp
@@ -83,7 +83,8 @@ def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Ca
 
 def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size: Optional[int] = None,
                      timeout_s: float = 240.0, collective_timeout_s: float = 60.0, grace_s: Optional[float] = None,
-                     threads: int = 1, env: Optional[Dict[str, str]] = None, **kwargs: Any) -> List[Any]:
+                     threads: int = 1, env: Optional[Dict[str, str]] = None, may_die: Sequence[int] = (),
+                     **kwargs: Any) -> List[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` gloo ranks; results in rank order.
 
     Args:
@@ -93,6 +94,8 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
         grace_s: after a rank fails, how long the others may still run (default: collective timeout + 15 s).
         threads: torch intra-op threads per process.
         env: extra environment variables for the processes.
+        may_die: ranks the test itself kills (e.g. to check that the others notice): their
+            missing result is None instead of a failure.
     """
     L = local_world_size or world_size
     if world_size % L:
@@ -122,7 +125,9 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
                         if not p.is_alive() and p.exitcode not in (0, None) and r not in outputs and r not in failures]
                 for r in dead:  # died without reporting (killed, segfault)
                     time.sleep(0.5)
-                    if results.empty():
+                    if r in may_die:
+                        outputs[r] = None
+                    elif results.empty():
                         failures[r] = f"rank {r} exited with code {procs[r].exitcode} without a result"
                 if dead and failures:
                     deadline = min(deadline, time.monotonic() + grace)

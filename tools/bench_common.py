@@ -3,9 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
-from typing import Any
+import sys
+from typing import Any, Dict
+
+# --isa: the instruction set every system in a benchmark may use, through each library's own
+# switch, so that an AVX-512 machine can stand in for an AVX2 one for Neo and its peers alike.
+#   Neo      NEO_CPU_ISA                  (csrc/cpu_isa.h)
+#   PyTorch  ATEN_CPU_CAPABILITY          (ATen's vectorized CPU kernels)
+#   oneDNN   ONEDNN_MAX_CPU_ISA           (torch's mkldnn ops)
+#   MKL      MKL_ENABLE_INSTRUCTIONS      (torch's fp32 matrix products)
+#   FBGEMM   FBGEMM_ENABLE_INSTRUCTIONS   (fbgemm::fbgemmInstructionSet(): its JIT embedding kernels
+#                                          (EmbeddingSpMDM, TorchRec's and FBGEMM's TBE forward) and GEMMs)
+# Every variable is read when its library first dispatches, so the benchmark re-executes
+# itself with them set before anything is imported (apply_isa).
+ISA_CHOICES = ("native", "avx512", "avx2", "baseline")
+_ISA_ENV = {
+    "avx512": {"NEO_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512"},
+    "avx2": {"NEO_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
+    "baseline": {"NEO_CPU_ISA": "baseline", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},   # FBGEMM has no cap below AVX2
+}
+_ALL_ISA_VARS = sorted({k for env in _ISA_ENV.values() for k in env})
 
 
 def quiet_peer_logs() -> None:
@@ -49,3 +72,61 @@ def write_json(path: str, payload: Any) -> None:
         json.dump(payload, f, indent=1)
     n = len(payload) if isinstance(payload, list) else len(payload.get("records", []))
     print(f"wrote {n} records to {path}")
+
+
+def add_isa_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--isa", choices=ISA_CHOICES, default="native",
+                        help="cap the CPU instruction set of every system and process: Neo (NEO_CPU_ISA), PyTorch "
+                             "(ATEN_CPU_CAPABILITY), oneDNN, MKL and FBGEMM (see tools/bench_common.py); e.g. avx2 "
+                             "on an AVX-512 machine to stand in for an AVX2 one. native: each library's own choice")
+
+
+def isa_env(isa: str) -> Dict[str, str]:
+    """The environment variables that cap every library at ``isa`` ({} for native)."""
+    return dict(_ISA_ENV.get(isa, {}))
+
+
+def apply_isa(isa: str) -> None:
+    """Make this process and every process it starts run under ``isa``: if the environment is
+    not already set so, re-execute the script with it (before torch or neo._C dispatched)."""
+    want = isa_env(isa)
+    current = {k: os.environ.get(k) for k in _ALL_ISA_VARS}
+    if all(current[k] == want.get(k) for k in _ALL_ISA_VARS):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in _ALL_ISA_VARS}
+    env.update(want)
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def machine_info(isa: str = "native") -> Dict[str, Any]:
+    """What a figure was measured on, for every benchmark record: the CPU model and its ISA
+    flags, the --isa cap and the variables that apply it, what Neo's kernels and ATen chose,
+    library versions, and the date."""
+    import torch
+
+    from neo.cpp import cpu_isa_info
+
+    info = cpu_isa_info()
+    try:
+        import fbgemm_gpu  # noqa: F401
+        from importlib.metadata import version
+
+        fbgemm = version("fbgemm-gpu-cpu")
+    except Exception:  # noqa: BLE001 - not installed
+        fbgemm = None
+    return {
+        "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"], "cpus": os.cpu_count(),
+        "isa_cap": isa, "isa_env": {k: os.environ[k] for k in _ALL_ISA_VARS if k in os.environ},
+        "neo_cpu_isa": info["neo_cpu_isa"], "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__, "fbgemm_gpu": fbgemm,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+
+
+def describe_machine(m: Dict[str, Any]) -> str:
+    """One line for the console: CPU, flags, the ISA cap and what the kernels chose."""
+    flags = " ".join(f for f in m["cpu_flags"] if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve")))
+    return (f"machine: {m['cpu_model']} ({m['cpus']} CPUs; {flags}); --isa {m['isa_cap']}: Neo kernels "
+            f"{m['neo_cpu_isa']}, ATen {m['aten_cpu_capability']}; load average {m['load_average']}; {m['date']}")

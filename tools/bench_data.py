@@ -3,7 +3,7 @@
 
     python tools/bench_data.py --json bench.json [--rows 2000000] [--tsv-lines 2000000] [--workdir DIR]
 
-1. Raw TSV: the 200 real rows of ``../shared/data/criteo_kaggle_sample.tsv`` replicated with varied
+1. Raw TSV: the 200 real rows of ``data_pipeline/samples/criteo_kaggle_sample.tsv`` replicated with varied
    ids (each copy XORs the hex ids with a per-copy constant) up to ``--tsv-lines`` lines; then
    ``criteo-preprocess`` with 1 worker, 2 worker threads and 2 worker processes (target: 200k lines/s per core); the fixed
    start-up cost (measured on the 200-line sample) is reported and excluded from the "steady" rates.
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tsv-lines", type=int, default=2_000_000, help="lines of the raw TSV")
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
-    ap.add_argument("--sample", default=os.path.join(REPO, "..", "shared", "data", "criteo_kaggle_sample.tsv"))
+    ap.add_argument("--sample", default=os.path.join(REPO, "data_pipeline", "samples", "criteo_kaggle_sample.tsv"))
     ap.add_argument("--json", default=None, help="write the records to this file")
     args = ap.parse_args(argv)
     import torch

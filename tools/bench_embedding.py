@@ -3,10 +3,21 @@
     python tools/bench_embedding.py                     # default workload (~8 GB of RAM, a few minutes)
     python tools/bench_embedding.py --quick             # small smoke test, well under a minute
     python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
+    python tools/bench_embedding.py --isa avx2          # every system capped at AVX2 (tools/bench_common.py)
 
-Workload (defaults): 8 tables of 1M rows, D = 64, fp32 weights, batch 4096, one feature
-per table; bag lengths uniform in 1 .. 2 * pooling_factor - 1 (mean = pooling factor, 20),
-ids uniform in [0, rows); sum pooling; row-wise Adagrad (lr 0.01, eps 1e-8).
+Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``),
+batch 4096, one feature per table; bag lengths uniform in 1 .. 2 * pooling_factor - 1
+(mean = pooling factor, 20), ids uniform in [0, rows); sum pooling; row-wise Adagrad (lr
+0.01, eps 1e-8).
+
+The machine's limit is measured in the same run: ``probe`` is the gather probe of
+``tools/bench_gather_probe.py`` (the plainest random-row gather: no bags, no output, no
+checks, summed in registers) over a table as large as the workload's (8 x 1M rows: 2 GiB
+fp32, on huge pages), reading exactly the rows each batch reads (table t's ids offset by
+t x rows), in the same order. It is timed with the backends, in the same interleaved loop,
+with four prefetch settings (none; 16 ids ahead into L1 and 128 into L2; 32 and 256; 64
+and 512); the best is the limit, and every backend's forward lookups/s is also reported as a fraction
+of it.
 
 Backends, same tables, ids and offsets:
 
@@ -16,7 +27,12 @@ Backends, same tables, ids and offsets:
 - ``fbgemm``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST/CPU,
   EXACT_ROWWISE_ADAGRAD), skipped with a note where fbgemm_gpu is not importable.
 - ``torch``: 8 x ``nn.EmbeddingBag(mode="sum", sparse=True)`` + ``torch.optim.Adagrad``
-  (per-element Adagrad: the closest stock PyTorch has; it does more work per row).
+  (per-element Adagrad: the closest stock PyTorch has; it does more work per row); fp32 only.
+
+fp16 tables: Neo stores fp16 and rounds its updates stochastically (the default); FBGEMM's
+TBE with ``weights_precision=FP16`` (stochastic rounding, its default). Both pool in fp32.
+Every system runs with ``neo.host_memory.retain_freed_memory()`` (freed outputs reused, not
+page-faulted in again), as in the other benchmarks.
 
 Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backward and
 optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
@@ -42,7 +58,8 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import write_json  # noqa: E402
+from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+from bench_gather_probe import make_table  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
 from neo.embedding import TableBatchedEmbedding  # noqa: E402
@@ -65,15 +82,41 @@ def make_batches(args, n_batches: int, device: str = "cpu") -> List[KeyedJaggedB
 
 
 class Runner:
-    """One backend: ``fwd(batch)`` and ``fwd_bwd(batch)``."""
+    """One backend: ``fwd(batch)`` and ``fwd_bwd(batch)`` (None: forward only)."""
 
-    def __init__(self, name: str, fwd: Callable, fwd_bwd: Callable):
+    def __init__(self, name: str, fwd: Callable, fwd_bwd: Optional[Callable]):
         self.name, self.fwd, self.fwd_bwd = name, fwd, fwd_bwd
 
 
-def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu") -> List[Runner]:
+PROBE_DISTANCES = ((0, 0), (16, 128), (32, 256), (64, 512))
+
+
+def probe_runners(args, dtype: str, batches) -> List[Runner]:
+    """The gather probe on the rows each batch reads, one runner per prefetch setting."""
+    from neo import _C
+
+    row_bytes = args.dim * (2 if dtype == "fp16" else 4)
+    if row_bytes % 64:
+        print(f"note: rows of {row_bytes} bytes are not whole cache lines; no probe")
+        return []
+    table = make_table(args.tables * args.rows * row_bytes / (1 << 30))
+    B = args.batch
+    gids = {}
+    for b in batches:   # global row of every id: table t's rows follow table t - 1's
+        starts = b.offsets[::B]
+        table_of_id = torch.repeat_interleave(torch.arange(args.tables), starts[1:] - starts[:-1])
+        gids[id(b)] = (b.values + table_of_id * args.rows).contiguous()
+
+    def make(near: int, far: int) -> Runner:
+        return Runner(f"probe@{near},{far}", lambda b: _C.gather_probe(table, row_bytes, gids[id(b)], near, far), None)
+
+    return [make(n, f) for n, f in PROBE_DISTANCES]
+
+
+def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu",
+                dtype: str = "fp32") -> List[Runner]:
     """One module (memory: one copy of the tables) timed twice: validate on, then off."""
-    tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",),
+    tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",), dtype=dtype,
                           optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
     emb = TableBatchedEmbedding(tables, backend=backend, device=device)
     grad = torch.randn(args.batch, args.tables * args.dim, device=device)
@@ -93,7 +136,7 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
     return [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else [])
 
 
-def fbgemm_runner(args) -> Optional[Runner]:
+def fbgemm_runner(args, dtype: str = "fp32") -> Optional[Runner]:
     try:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -105,7 +148,7 @@ def fbgemm_runner(args) -> Optional[Runner]:
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * args.tables,
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, eps=EPS,
-        weights_precision=SparseType.FP32, pooling_mode=PoolingMode.SUM,
+        weights_precision=SparseType.FP16 if dtype == "fp16" else SparseType.FP32, pooling_mode=PoolingMode.SUM,
     )
     grad = torch.randn(args.batch, args.tables * args.dim)
 
@@ -149,6 +192,7 @@ def torch_runner(args, device: str = "cpu") -> Runner:
 # ----------------------------------------------------------------------------- timing
 def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, iters: int,
                      sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
+    runners = [r for r in runners if getattr(r, phase) is not None]
     times: Dict[str, List[float]] = {r.name: [] for r in runners}
     k = 0
     for i in range(warmup + iters):
@@ -168,50 +212,66 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
     return {name: statistics.median(v) * 1e3 for name, v in times.items()}
 
 
-def workload_fields(args, ids_per_batch: float) -> dict:
+def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
-                pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype="fp32",
+                pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype=dtype,
                 optimizer="rowwise_adagrad", iters=args.iters)
 
 
-def run_cpu(args) -> List[dict]:
+def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     batches = make_batches(args, 4)
     n_ids = statistics.mean(b.values.numel() for b in batches)
-    print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} fp32, batch {args.batch}, "
+    print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
-    runners = neo_runners(args)
-    fb = None if args.no_fbgemm else fbgemm_runner(args)
+    runners = probe_runners(args, dtype, batches) + neo_runners(args, dtype=dtype)
+    fb = None if args.no_fbgemm else fbgemm_runner(args, dtype)
     if fb is not None:
         runners.append(fb)
-    if not args.no_torch:
+    if not args.no_torch and dtype == "fp32":
         runners.append(torch_runner(args))
     records = []
     for threads in args.threads:
         torch.set_num_threads(threads)
+        limit = None
         for phase in ("fwd", "fwd_bwd"):
             res = time_interleaved(runners, phase, batches, args.warmup, args.iters)
+            probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}
+            if probes:   # the machine's limit: the best prefetch setting of the probe
+                best = min(probes, key=probes.get)
+                limit = n_ids / (probes[best] / 1e3)
+                res = {"probe": probes[best], **{k: v for k, v in res.items() if k not in probes}}
             for name, ms in res.items():
-                records.append(dict(backend=name, threads=threads, phase=phase, ms=ms,
-                                    lookups_per_s=n_ids / (ms / 1e3), device="cpu", **workload_fields(args, n_ids)))
+                lps = n_ids / (ms / 1e3)
+                records.append(dict(backend=name, threads=threads, phase=phase, ms=ms, lookups_per_s=lps,
+                                    probe_lookups_per_s=limit,
+                                    fraction_of_probe=lps / limit if limit and phase == "fwd" else None,
+                                    probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
+                                    row_bytes=args.dim * (2 if dtype == "fp16" else 4),
+                                    gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
+                                    device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
+    del runners
     print_table(records)
     return records
 
 
 def print_table(records: List[dict]) -> None:
-    print(f"\n{'backend':<11} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11}")
+    print(f"\n{'backend':<11} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
+          f"{'of probe':>9}")
     for r in records:
-        print(f"{r['backend']:<11} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} {r['lookups_per_s'] / 1e6:>11.2f}")
-    by = {(r["backend"], r["threads"], r["phase"]): r["ms"] for r in records}
-    threads = sorted({r["threads"] for r in records})
+        frac = f"{100 * r['fraction_of_probe']:8.0f}%" if r.get("fraction_of_probe") else f"{'-':>9}"
+        print(f"{r['backend']:<11} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
+              f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac}")
+    by = {(r["backend"], r["dtype"], r["threads"], r["phase"]): r["ms"] for r in records}
+    keys = sorted({(r["dtype"], r["threads"]) for r in records})
     print("\nspeed-up of neo (validate on) = other ms / neo ms   [neo-noval in brackets]")
     for other in ("fbgemm", "torch"):
-        for t in threads:
+        for dtype, t in keys:
             for phase in ("fwd", "fwd_bwd"):
-                if (other, t, phase) in by and ("neo", t, phase) in by:
-                    o = by[(other, t, phase)]
-                    print(f"  neo/{other:<7} threads={t} {phase:<8} {o / by[('neo', t, phase)]:6.2f}x"
-                          f"   [{o / by[('neo-noval', t, phase)]:.2f}x]")
+                if (other, dtype, t, phase) in by and ("neo", dtype, t, phase) in by:
+                    o = by[(other, dtype, t, phase)]
+                    print(f"  neo/{other:<7} {dtype} threads={t} {phase:<8} {o / by[('neo', dtype, t, phase)]:6.2f}x"
+                          f"   [{o / by[('neo-noval', dtype, t, phase)]:.2f}x]")
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -251,7 +311,7 @@ def run_cuda(args) -> List[dict]:
             bw = moved[phase] / (ms / 1e3)
             records.append(dict(backend=name, threads=0, phase=phase, ms=ms, lookups_per_s=n_ids / (ms / 1e3),
                                 bandwidth_gbs=bw / 1e9, bandwidth_share_of_copy=bw / copy_bw, device="cuda",
-                                **workload_fields(args, n_ids)))
+                                **workload_fields(args, n_ids, "fp32")))
             print(f"{name:<8} {phase:<8} {ms:9.3f} ms  {bw / 1e9:8.1f} GB/s  {100 * bw / copy_bw:5.1f}% of copy")
     return records
 
@@ -266,14 +326,22 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "fp16"], help="weight dtypes (fp32, fp16)")
     p.add_argument("--quick", action="store_true", help="small workload for a smoke test")
     p.add_argument("--no-fbgemm", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", help="write the records (a JSON list) to FILE")
     args = p.parse_args(argv)
+    apply_isa(args.isa)
     if args.quick:
         args.tables, args.rows, args.batch, args.iters, args.warmup = 4, 20_000, 256, 3, 1
-    records = run_cpu(args)
+    start_rank(torch.get_num_threads(), system_malloc=False)
+    machine = machine_info(args.isa)
+    print(describe_machine(machine))
+    records = []
+    for dtype in args.dtypes:
+        records += run_cpu(args, dtype, machine)
     if torch.cuda.is_available():
         records += run_cuda(args)
     if args.json:

@@ -4,7 +4,9 @@
     python tools/bench_planner.py [--json out.json] [--quick] [--no-torchrec]
 
 1. Speed: 1,000 production-like tables on 128 ranks (16 nodes x 8), full pipeline
-   (enumerate, estimate, propose, partition x3, pick, plan), best of ``--repeat`` runs.
+   (enumerate, estimate, propose, partition x3, pick, plan), best of ``--repeat`` runs; and
+   ``neo plan`` end to end on a 1,000-table YAML config (a new process: imports, config
+   loading and validation, planning, the report), best of ``--repeat`` (target: 3 s).
 2. Quality: for several production-like sets (rows log-uniform 10..100M, dims 16..256,
    Pareto-skewed pooling factors, fp16/fp32), the predicted max and max/mean rank time of
    the plan restricted to greedy, Karmarkar-Karp and the refinement, side by side, and,
@@ -33,6 +35,31 @@ from bench_common import write_json  # noqa: E402
 from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
                          TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
 from neo.planner.workloads import production_like_tables  # noqa: E402
+
+
+def end_to_end(n: int, repeat: int) -> dict:
+    """Seconds of ``neo plan CONFIG`` in a new process on an ``n``-table config (best of ``repeat``)."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    from neo.planner.workloads import production_like_config
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"plan_{n}_tables.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(production_like_config(n), f, sort_keys=False)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "neo.cli", "plan", path, "--max-tables", "5"],
+                               capture_output=True, text=True)
+            times.append(round(time.perf_counter() - t0, 3))
+            if p.returncode != 0:
+                raise RuntimeError(f"neo plan failed: {p.stderr[-2000:]}")
+    return {"tables": n, "world_size": 128, "local_world_size": 8, "seconds_best": min(times), "seconds_all": times,
+            "command": f"{sys.executable} -m neo.cli plan plan_{n}_tables.yaml --max-tables 5"}
 
 
 def torchrec_plan(tables: List[TableSpec], topo: Topology) -> Dict[str, TablePlan]:
@@ -155,6 +182,10 @@ def main(argv=None) -> int:
         records["speed"] = sp
         print(f"Speed: {sp['tables']} tables on {sp['world_size']} ranks ({sp['world_size'] // 8} x 8): "
               f"best {sp['seconds_best']} s of {sp['seconds_all']} (max/mean {sp['max_over_mean']})\n")
+        e2e = end_to_end(1000, args.repeat)
+        records["end_to_end"] = e2e
+        print(f"neo plan end to end: {e2e['tables']} tables, {e2e['world_size']} ranks: best {e2e['seconds_best']} s "
+              f"of {e2e['seconds_all']} (target 3 s)\n")
     cases = [("200 tables, 2x8, 80 GiB", 200, 16, 8, 80, 1), ("200 tables, 2x8, 24 GiB", 200, 16, 8, 24, 2),
              ("500 tables, 4x8, 80 GiB", 500, 32, 8, 80, 3)]
     if not args.quick:

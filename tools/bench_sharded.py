@@ -21,8 +21,12 @@ its phases: input distribution (both AlltoAlls, until the local batch is built),
 (its planner forced by ParameterConstraints, compute device cpu, fused EXACT_SGD), forward
 and backward timed separately. Column-wise uses shards of ``--cw-dim`` columns in both.
 
+``--isa avx2`` caps every library of both systems (Neo's kernels, ATen, oneDNN, MKL, FBGEMM)
+at AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands in for an AVX2 one.
+
 Output: a table on stdout and, with ``--json``, a list of records with ``system``,
-``sharding_type``, ``world_size``, ``step_ms`` (and the phases).
+``sharding_type``, ``world_size``, ``step_ms`` (and the phases) and ``machine`` (CPU model,
+ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import add_no_shm_arg, add_system_malloc_arg, start_rank, write_json  # noqa: E402
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
+                          machine_info, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -155,6 +160,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     start_rank(args.threads, args.system_malloc)
+    machine = machine_info(args.isa)   # in the rank: the ISA its kernels and ATen chose
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300), shm=not args.no_shm)
     records = []
     for st in args.types:
@@ -177,7 +183,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             dist.all_gather_object(gathered, mine, group=pg.world)
             rec = {"system": r.system, "sharding_type": st, "world_size": world_size,
                    "step_ms": max(g["step_ms"] for g in gathered), "steps": args.steps,
-                   "retain_freed_memory": not args.system_malloc, "neo_shm_collectives": pg.uses_shm}
+                   "retain_freed_memory": not args.system_malloc, "neo_shm_collectives": pg.uses_shm,
+                   "machine": machine}
             if r.system.startswith("neo"):
                 from neo.embedding.backends import resolve_backend_name
 
@@ -229,8 +236,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
+    add_isa_arg(p)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    apply_isa(args.isa)
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -248,6 +257,9 @@ def main(argv=None) -> int:
                                env={"OMP_NUM_THREADS": str(args.threads)})
         records.extend(out[0])
         print(f"[world size {W}: {time.time() - t0:.0f} s]")
+    machines = [r["machine"] for r in records if "machine" in r]
+    if machines:
+        print(describe_machine(machines[0]))
     _print(records)
     if args.json:
         write_json(args.json, records)

@@ -24,9 +24,12 @@ machine hits them alike; samples/s = timed samples / timed seconds (a barrier cl
 samples/CPU-s = timed samples / CPU seconds of both processes (``time.process_time``, all their
 threads): less sensitive to other jobs on a shared machine than the wall clock.
 ``--dense-dtype bf16`` runs the MLPs and the interaction of both systems under ``torch.autocast``.
+``--isa avx2`` caps every library of both systems (Neo's kernels, ATen, oneDNN, MKL, FBGEMM) at
+AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands in for an AVX2 one.
 
 Output: a table and, with ``--json``, records with ``system``, ``sharding_type``, ``workload``,
-``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase).
+``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase)
+and ``machine`` (CPU model, ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import add_no_shm_arg, add_system_malloc_arg, start_rank, write_json  # noqa: E402
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
+                          machine_info, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -74,7 +78,19 @@ class _Runner:
         self.seconds, self.cpu_seconds, self.steps, self.timers = 0.0, 0.0, 0, timers
 
 
-def _neo_runner(args, kind: str, pg, batches) -> _Runner:
+def _balanced_ranks(sizes, world_size: int) -> Dict[str, int]:
+    """Table-wise placement by ids per sample (longest processing time first): each table goes
+    to the rank with the fewest ids so far (the dims are equal). Both systems get the same
+    knowledge: TorchRec's planner the same pooling factors (``_torchrec_runner``)."""
+    load, ranks = [0] * world_size, {}
+    for t in sorted(range(len(sizes)), key=lambda t: (-sizes[t], t)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        ranks[f"t{t}"] = r
+        load[r] += sizes[t]
+    return ranks
+
+
+def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     import torch.nn.functional as F
 
     from neo.config.embedding import OptimizerConfig, TableConfig
@@ -87,7 +103,8 @@ def _neo_runner(args, kind: str, pg, batches) -> _Runner:
     opt = OptimizerConfig("adagrad", lr=0.01)
     tables = [TableConfig(f"t{t}", args.rows, args.dim, (f"f{t}",), optimizer=opt) for t in range(args.tables)]
     types = {t.name: (kind if kind != "mixed" else SIX[i % len(SIX)]) for i, t in enumerate(tables)}
-    plan = even_plan(tables, types, pg.world_size, pg.local_world_size)
+    ranks = _balanced_ranks(sizes, pg.world_size) if args.placement == "balanced" else None
+    plan = even_plan(tables, types, pg.world_size, pg.local_world_size, ranks=ranks)
     sharded = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=False)
     torch.manual_seed(0)
     model = DLRM(sharded, args.tables, args.dim, 13, [512, 256, args.dim], [512, 256, 1])
@@ -117,7 +134,7 @@ def _neo_runner(args, kind: str, pg, batches) -> _Runner:
     return _Runner("neo", kind, lambda: loop.step(), loop.drain, timers)
 
 
-def _torchrec_runner(args, pg_world, batches) -> _Runner:
+def _torchrec_runner(args, pg_world, batches, sizes) -> _Runner:
     import torch.nn.functional as F
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -135,7 +152,8 @@ def _torchrec_runner(args, pg_world, batches) -> _Runner:
                                          for t in range(args.tables)], device=torch.device("meta"))
     torch.manual_seed(0)
     model = TorchRecDLRM(ebc, 13, [512, 256, args.dim], [512, 256, 1], dense_device=torch.device("cpu"))
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"]) for t in range(args.tables)}
+    pf = (lambda t: dict(pooling_factors=[float(sizes[t])])) if args.placement == "balanced" else (lambda t: {})
+    constraints = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"], **pf(t)) for t in range(args.tables)}
     sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD,
                                                           "learning_rate": 0.01, "eps": 1e-8})
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
@@ -166,15 +184,16 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     from neo.distributed import ProcessGroups
 
     start_rank(args.threads, args.system_malloc)
+    machine = machine_info(args.isa)   # in the rank: the ISA its kernels and ATen chose
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=600), shm=not args.no_shm)
     trec_group = dist.new_group(list(range(world_size)))      # TorchRec's collectives on a group of their own
     records = []
     for workload in args.workloads:
         sizes = MULTI_HOT[: args.tables] if workload == "multi-hot" else (1,) * args.tables
         batches = _batches(args, rank, sizes)
-        runners = [_neo_runner(args, kind, pg, batches) for kind in args.neo_plans]
+        runners = [_neo_runner(args, kind, pg, batches, sizes) for kind in args.neo_plans]
         if not args.no_torchrec:
-            runners.append(_torchrec_runner(args, trec_group, batches))
+            runners.append(_torchrec_runner(args, trec_group, batches, sizes))
         for r in runners:                                       # warm-up
             for _ in range(args.warmup):
                 r.step()
@@ -209,7 +228,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                             "batch_per_rank": args.batch, "tables": args.tables, "rows": args.rows, "dim": args.dim,
                             "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype,
                             "retain_freed_memory": not args.system_malloc,
-                            "neo_shm_collectives": pg.uses_shm})
+                            "neo_shm_collectives": pg.uses_shm, "placement": args.placement, "machine": machine})
             if r.timers is not None:                            # rank 0's blocked time per phase
                 records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
         del runners
@@ -245,12 +264,18 @@ def main(argv=None) -> int:
     p.add_argument("--plain", action="store_true", help="Neo without the pipeline (PlainLoop)")
     p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
+    p.add_argument("--placement", choices=["balanced", "naive"], default="balanced",
+                   help="table-wise placement: balanced by ids per sample (Neo: longest first to the least-loaded "
+                        "rank; TorchRec: its planner given the same pooling factors), or naive (Neo: tables in "
+                        "blocks of consecutive ones per rank; TorchRec's planner without pooling factors)")
     p.add_argument("--no-torchrec", action="store_true")
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
+    add_isa_arg(p)
     p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    apply_isa(args.isa)
     if args.quick:
         args.rows, args.batch, args.warmup, args.steps, args.block = 1000, 256, 2, 4, 2
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -260,6 +285,7 @@ def main(argv=None) -> int:
     out = run_multiprocess(_rank_main, args.world_size, args, timeout_s=3600, collective_timeout_s=600,
                            threads=args.threads, env={"OMP_NUM_THREADS": str(args.threads)})
     records = out[0]
+    print(describe_machine(records[0]["machine"]))
     _print(records)
     print(f"({time.time() - t0:.0f} s; {args.world_size} processes x {args.threads} thread; "
           f"machine load average {os.getloadavg()[0]:.1f})")

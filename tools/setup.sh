@@ -19,4 +19,4 @@ if [ "${1:-}" = "--dev" ]; then
 fi
 python -c "import torch; assert torch.__version__.startswith('2.13.0') or torch.cuda.is_available(), torch.__version__"
 pip_q --no-build-isolation --no-deps -e .
-python -c "import neo._C" || { echo "building neo._C failed" >&2; exit 1; }
+python -c "import torch, neo._C" || { echo "building neo._C failed" >&2; exit 1; }

@@ -7,12 +7,15 @@ itself on construction and names the field and the valid values when it is wrong
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-import torch
+if TYPE_CHECKING:                      # torch is imported where a dtype is needed: `neo plan` never loads it
+    import torch
 
-__all__ = ["choice", "PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError"]
+__all__ = ["choice", "PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError",
+           "Placement", "CachePolicy", "CacheStore", "DEFAULT_CACHE_LOAD_FACTOR"]
 
 
 class ConfigError(ValueError):
@@ -48,7 +51,9 @@ class WeightDType(str, enum.Enum):
     BF16 = "bf16"
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
         return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self.value]
 
     @property
@@ -104,6 +109,43 @@ class OptimizerType(str, enum.Enum):
         return n if self.rowwise_state else n * dim
 
 
+class Placement(str, enum.Enum):
+    """Where a table's rows live during training."""
+
+    DEVICE = "device"
+    """Every row in the fast memory of its rank (HBM on a GPU, DRAM on a CPU)."""
+    CACHED = "cached"
+    """A cache of hot rows in fast memory over a backing store holding every row (pinned host
+    memory under a GPU cache, a memory-mapped file on disk under a DRAM cache); see docs/cache.md."""
+
+
+class CachePolicy(str, enum.Enum):
+    """Which cached rows make room for missing ones (docs/cache.md)."""
+
+    LRU = "lru"
+    """Least recently used."""
+    LFU = "lfu"
+    """Least frequently used (counts kept for every row of the table), ties by recency."""
+    LOOKAHEAD = "lookahead"
+    """Belady's rule within the pipeline's window: rows no batch of the next ``cache_lookahead``
+    uses go first (least frequently used first), then the row needed farthest ahead."""
+
+
+class CacheStore(str, enum.Enum):
+    """The backing store of a cached table."""
+
+    AUTO = "auto"
+    """``mmap`` when the cache is in CPU memory, ``host`` when it is on a GPU."""
+    HOST = "host"
+    """Host memory (pinned when a GPU reads it)."""
+    MMAP = "mmap"
+    """A memory-mapped file on disk (tables larger than RAM)."""
+
+
+DEFAULT_CACHE_LOAD_FACTOR = 0.2
+"""Cache size of a cached table that gives neither ``cache_rows`` nor ``cache_load_factor``."""
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     """Hyper-parameters of a fused sparse optimizer."""
@@ -157,6 +199,23 @@ class TableConfig:
     """Round fp16/bf16 weights stochastically when the optimizer writes them (unbiased)."""
     init_scale: Optional[float] = None
     """Weights start uniform in [-s, s]; default s = 1 / sqrt(num_rows)."""
+    placement: Placement = Placement.DEVICE
+    """``device`` (every row in fast memory) or ``cached`` (a cache over a backing store)."""
+    cache_rows: Optional[int] = None
+    """Cached tables: rows the cache holds (at most num_rows); or give ``cache_load_factor``."""
+    cache_load_factor: Optional[float] = None
+    """Cached tables: the cache's share of the rows, in (0, 1]; default 0.2 when neither is given."""
+    cache_policy: CachePolicy = CachePolicy.LOOKAHEAD
+    """Cached tables: eviction policy, lru, lfu or lookahead."""
+    cache_lookahead: int = 16
+    """Cached tables with the lookahead policy: batches beyond the prefetched one whose ids it sees."""
+    cache_store: CacheStore = CacheStore.AUTO
+    """Cached tables: backing store, auto, host or mmap."""
+    cache_dir: Optional[str] = None
+    """Cached tables on ``mmap``: directory of the backing file (default: the module's ``store_dir``)."""
+    cache_store_resident_gib: float = 2.0
+    """Cached tables on ``mmap``: file pages the store keeps mapped in the process before releasing
+    them (bounds resident memory; lower trades speed for memory)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -174,3 +233,39 @@ class TableConfig:
         object.__setattr__(self, "dtype", _enum(WeightDType, self.dtype, f"{where}: dtype"))
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ConfigError(f"{where}: optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")
+        object.__setattr__(self, "placement", _enum(Placement, self.placement, f"{where}: placement"))
+        object.__setattr__(self, "cache_policy", _enum(CachePolicy, self.cache_policy, f"{where}: cache_policy"))
+        object.__setattr__(self, "cache_store", _enum(CacheStore, self.cache_store, f"{where}: cache_store"))
+        self._check_cache(where)
+
+    def _check_cache(self, where: str) -> None:
+        rows, factor = self.cache_rows, self.cache_load_factor
+        if self.placement is Placement.DEVICE:
+            if rows is not None or factor is not None:
+                raise ConfigError(f"{where}: cache_rows / cache_load_factor are set but placement is 'device' "
+                                  "(set placement: cached)")
+            return
+        if rows is not None and factor is not None:
+            raise ConfigError(f"{where}: give cache_rows ({rows}) or cache_load_factor ({factor}), not both")
+        if rows is not None and (not isinstance(rows, int) or not 0 < rows <= self.num_rows):
+            raise ConfigError(f"{where}: cache_rows must be an integer in [1, num_rows={self.num_rows}], got {rows!r}")
+        if factor is not None and (not isinstance(factor, (int, float)) or not 0 < factor <= 1):
+            raise ConfigError(f"{where}: cache_load_factor must be in (0, 1], got {factor!r}")
+        if not isinstance(self.cache_store_resident_gib, (int, float)) or not self.cache_store_resident_gib > 0:
+            raise ConfigError(f"{where}: cache_store_resident_gib must be > 0, got {self.cache_store_resident_gib!r}")
+        if not isinstance(self.cache_lookahead, int) or not 0 <= self.cache_lookahead <= 30:
+            raise ConfigError(f"{where}: cache_lookahead must be an integer in [0, 30], got {self.cache_lookahead!r}")
+
+    @property
+    def cached(self) -> bool:
+        return self.placement is Placement.CACHED
+
+    @property
+    def cache_capacity(self) -> int:
+        """Rows of fast memory this table occupies: num_rows on the device, the cache's size when cached."""
+        if not self.cached:
+            return self.num_rows
+        if self.cache_rows is not None:
+            return self.cache_rows
+        factor = self.cache_load_factor if self.cache_load_factor is not None else DEFAULT_CACHE_LOAD_FACTOR
+        return max(1, min(self.num_rows, math.ceil(factor * self.num_rows)))

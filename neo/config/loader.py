@@ -2,24 +2,28 @@
 
 Each top-level section is one field of :class:`NeoConfig` whose type is a dataclass (or a
 list of dataclasses). Adding a section (``model``, ``data``, ``train``) is adding a field;
-the loader iterates over the fields, merges each section into its OmegaConf structured
-config (type checking) and calls the section's ``validate(where)`` when it has one.
+the loader iterates over the fields, types each section with :mod:`neo.config.typed`
+(OmegaConf's conversion rules, errors naming the full field path such as
+``topology.devices[0].ranks``; 1,000 tables load in a fraction of a second) and calls the
+section's ``validate(where)`` when it has one.
 
 Dotted overrides (``topology.hbm_gib=40``, ``tables[2].dim=64``, ``tables.2.dim=64``) are
-applied to the YAML before validation; values are parsed as YAML scalars.
+applied to the YAML before validation; values are parsed as YAML scalars. Every failure,
+whatever the input (bad YAML, text that is not UTF-8, wrong types, NaN, integers beyond 64
+bits), is a :class:`ConfigError` naming the file, the override or the field.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import re
 import typing
-import dataclasses
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from neo.config.embedding import ConfigError
 from neo.config.data import DataConfig
@@ -27,6 +31,9 @@ from neo.config.model import ModelConfig
 from neo.config.tables import TableEntry
 from neo.config.topology import TopologyConfig
 from neo.config.train import OptimConfig, ShardingConfig, TrainConfig
+from neo.config.typed import build_dataclass
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml's parser where pyyaml has it
 
 __all__ = ["NeoConfig", "load_config", "config_from_dict", "apply_overrides"]
 
@@ -70,6 +77,27 @@ class NeoConfig:
                     raise ConfigError(f"{where}.feature_names: feature {f!r} already reads table {feats[f]!r}")
                 feats[f] = t.name
 
+    def cost_constants(self, world_size: int = 1):
+        """(the planner's cost constants for ``world_size`` ranks, what they are): see
+        :meth:`neo.config.topology.TopologyConfig.to_cost_constants`."""
+        return self.topology.to_cost_constants(world_size, path=self.sharding.cost_constants)
+
+    def dense_spec(self, num_dense: Optional[int] = None):
+        """The planner's :class:`neo.planner.step_model.DenseSpec` of the model, or None when the
+        tables' dims differ (no DLRM). ``num_dense``: the data's dense features (default: the
+        synthetic data's)."""
+        from neo.planner.step_model import DenseSpec
+
+        dims = {t.dim for t in self.tables}
+        if len(dims) != 1:
+            return None
+        m, opt = self.model, self.optim
+        state = {"sgd": 1 if opt.momentum else 0, "adagrad": 1, "adam": 2}.get(opt.type, 1)
+        features = sum(len(t.feature_names) or 1 for t in self.tables)
+        return DenseSpec(num_dense or self.data.synthetic.num_dense, tuple(int(x) for x in m.dense_arch),
+                         tuple(int(x) for x in m.over_arch), features, dims.pop(), m.interaction,
+                         int(m.dcn_layers), int(m.dcn_rank), state)
+
     def table_configs(self):
         """The embedding module's :class:`TableConfig` of every table."""
         return [t.to_table_config(f"tables[{k}]") for k, t in enumerate(self.tables)]
@@ -85,67 +113,87 @@ class NeoConfig:
         return out
 
 
-def _parse_key(key: str) -> str:
-    """``tables.2.dim`` -> ``tables[2].dim`` (OmegaConf's syntax for list indices)."""
-    parts = key.split(".")
-    out = ""
-    for p in parts:
-        if p.isdigit():
-            out += f"[{p}]"
-        else:
-            out += ("." if out else "") + p
-    return out
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
-def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """A copy of ``cfg`` with ``key=value`` overrides applied (values parsed as YAML)."""
-    cfg = cfg.copy()
+def _parse_key(key: str) -> List[Any]:
+    """``tables.2.dim`` or ``tables[2].dim`` -> ``["tables", 2, "dim"]``."""
+    parts: List[Any] = []
+    for name, index in _PATH_PART.findall(key):
+        parts.append(int(index) if index else (int(name) if name.isdigit() else name))
+    if not parts:
+        raise ConfigError(f"override key {key!r}: empty")
+    return parts
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for k, v in new.items():
+            out[k] = _merge(old.get(k), v)
+        return out
+    return new
+
+
+def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str, Any]:
+    """A copy of the plain mapping ``data`` with ``key=value`` overrides applied (values parsed as
+    YAML; a mapping value merges into a mapping)."""
+    data = copy.deepcopy(data)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r}: expected key=value")
         key, value = ov.split("=", 1)
+        path = _parse_key(key.strip())
+        node: Any = data
+        for k, part in enumerate(path[:-1]):
+            nxt = path[k + 1]
+            if isinstance(node, dict):
+                if node.get(part) is None:
+                    node[part] = [] if isinstance(nxt, int) else {}
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                raise ConfigError(f"override {ov!r}: no {part!r} in {'.'.join(map(str, path[:k])) or 'config'}")
         try:
-            OmegaConf.update(cfg, _parse_key(key.strip()), yaml.safe_load(value), merge=True)
-        except (OmegaConfBaseException, IndexError, KeyError, ValueError) as e:
-            raise ConfigError(f"override {ov!r}: {e}") from None
-    return cfg
-
-
-def _structured(cls, node: Any, where: str):
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls), node)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        msg = str(e).splitlines()[0]
-        owner = getattr(e, "object_type", None)
-        if isinstance(e, ConfigKeyError) and owner is not None and dataclasses.is_dataclass(owner):
-            msg = f"unknown key; valid keys: {[f.name for f in dataclasses.fields(owner)]}"
-        raise ConfigError(f"{where}{'.' + key if key else ''}: {msg}") from None
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"override {ov!r}: the value is not valid YAML ({first})") from None
+        last = path[-1]
+        if isinstance(node, dict):
+            node[last] = _merge(node.get(last), parsed)
+        elif isinstance(node, list) and isinstance(last, int) and 0 <= last < len(node):
+            node[last] = _merge(node[last], parsed)
+        else:
+            raise ConfigError(f"override {ov!r}: index {last!r} out of range or not a mapping key")
+    return data
 
 
 def _section(tp, node: Any, where: str):
     origin = typing.get_origin(tp)
-    if origin in (list, List):
+    if origin in (list, List):                 # e.g. 1,000 tables
         (elem,) = typing.get_args(tp)
         if node is None:
             return []
         if not isinstance(node, (list, ListConfig)):
             raise ConfigError(f"{where}: expected a list, got {type(node).__name__}")
-        return [_structured(elem, item, f"{where}[{k}]") for k, item in enumerate(node)]
+        return [build_dataclass(elem, item, f"{where}[{k}]") for k, item in enumerate(node)]
     if node is None:
         return tp()
     if not isinstance(node, (dict, DictConfig)):
         raise ConfigError(f"{where}: expected a mapping, got {type(node).__name__}")
-    return _structured(tp, node, where)
+    return build_dataclass(tp, node, where)
 
 
 def config_from_dict(data: Any, overrides: Sequence[str] = ()) -> NeoConfig:
     """Build, override and validate a :class:`NeoConfig` from a mapping (e.g. parsed YAML)."""
-    raw = OmegaConf.create(data if data is not None else {})
-    if not isinstance(raw, DictConfig):
+    if isinstance(data, DictConfig):
+        data = OmegaConf.to_container(data)
+    data = data if data is not None else {}
+    if not isinstance(data, dict):
         raise ConfigError("config: the top level must be a mapping of sections")
-    raw = apply_overrides(raw, overrides)
+    raw = apply_overrides(data, overrides)
     hints = typing.get_type_hints(NeoConfig)
     names = [f.name for f in dataclasses.fields(NeoConfig)]
     unknown = [k for k in raw.keys() if k not in names]
@@ -161,9 +209,11 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> NeoConfig:
     """Read a YAML config file, apply dotted ``overrides`` and validate it."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_YAML_LOADER)
     except OSError as e:
         raise ConfigError(f"config {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path!r}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path!r}: invalid YAML: {e}") from None
     return config_from_dict(data, overrides)

@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from neo.config.embedding import (ConfigError, OptimizerConfig, choice, OptimizerType, PoolingMode, TableConfig,
-                                  WeightDType)
+from neo.config.embedding import (CachePolicy, CacheStore, ConfigError, OptimizerConfig, choice, OptimizerType,
+                                  Placement, PoolingMode, TableConfig, WeightDType)
 
 __all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS"]
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
 """Valid ``sharding_types`` values (see docs/planner.md)."""
-PLACEMENTS = ("device", "host")
-"""Valid ``placement`` values."""
+PLACEMENTS = ("auto", "device", "cached")
+"""Valid ``placement`` values (``auto``: the planner decides)."""
 
 
 @dataclass
@@ -84,8 +84,25 @@ class TableEntry:
     """Pinned ranks (empty = any); honoured by table_wise and column_wise only."""
     column_shard_width: Optional[int] = None
     """Width of column shards (positive multiple of 4, <= dim); null = planner's choice."""
-    placement: str = "device"
-    """Where the weights live: device (HBM) or host (UVM with an HBM cache)."""
+    placement: str = "auto"
+    """Where the rows live: device (all in fast memory), cached (a cache of hot rows in fast
+    memory over a backing store: host memory under a GPU, a file on disk under a CPU), or auto
+    (the planner chooses: device where memory allows, else cached with a cache size from the
+    table's miss-ratio curve)."""
+    cache_rows: Optional[int] = None
+    """Cached tables: rows of the cache (or give cache_load_factor; null for both: the planner sizes it)."""
+    cache_load_factor: Optional[float] = None
+    """Cached tables: the cache's share of the table's rows, in (0, 1]."""
+    cache_policy: str = "lookahead"
+    """Cached tables: eviction policy, lru, lfu or lookahead (see docs/cache.md)."""
+    cache_lookahead: int = 16
+    """Cached tables, lookahead policy: future batches (after the prefetched one) it looks at."""
+    cache_store: str = "auto"
+    """Cached tables: backing store, auto (mmap on CPU, host on GPU), host or mmap."""
+    cache_dir: Optional[str] = None
+    """Cached tables on mmap: directory of the backing file (default: train.cache_store_dir)."""
+    cache_store_resident_gib: float = 2.0
+    """Cached tables on mmap: file pages kept mapped in the process before they are released."""
 
     def validate(self, where: str = "table") -> None:
         """Raise :class:`ConfigError` naming the field (``where.field``) and the valid values."""
@@ -111,6 +128,11 @@ class TableEntry:
             raise ConfigError(f"{where}.column_shard_width: must be a positive multiple of 4 and <= dim "
                               f"({self.dim}), got {w!r}")
         choice(self.placement, PLACEMENTS, f"{where}.placement")
+        choice(self.cache_policy, [m.value for m in CachePolicy], f"{where}.cache_policy")
+        choice(self.cache_store, [m.value for m in CacheStore], f"{where}.cache_store")
+        if self.placement.lower() != "cached" and (self.cache_rows is not None or self.cache_load_factor is not None):
+            raise ConfigError(f"{where}.cache_rows / cache_load_factor: set, but placement is "
+                              f"{self.placement!r} (set placement: cached)")
         if self.init_scale is not None and self.init_scale <= 0:
             raise ConfigError(f"{where}.init_scale: must be > 0 or null, got {self.init_scale!r}")
         self.to_table_config(where)
@@ -122,7 +144,12 @@ class TableEntry:
             return TableConfig(self.name, int(self.num_rows), int(self.dim), tuple(self.feature_names),
                                PoolingMode(choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")),
                                WeightDType(choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")),
-                               opt, bool(self.stochastic_rounding), self.init_scale)
+                               opt, bool(self.stochastic_rounding), self.init_scale,
+                               placement=Placement.CACHED if self.placement.lower() == "cached" else Placement.DEVICE,
+                               cache_rows=self.cache_rows, cache_load_factor=self.cache_load_factor,
+                               cache_policy=self.cache_policy.lower(), cache_lookahead=int(self.cache_lookahead),
+                               cache_store=self.cache_store.lower(), cache_dir=self.cache_dir,
+                               cache_store_resident_gib=float(self.cache_store_resident_gib))
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
 
@@ -135,6 +162,11 @@ class TableEntry:
         cons = TableConstraints(tuple(ShardingType(s.lower()) for s in self.sharding_types),
                                 tuple(int(r) for r in self.ranks), self.column_shard_width,
                                 Placement(self.placement.lower()))
+        fraction = None
+        if self.cache_rows is not None:
+            fraction = self.cache_rows / tc.num_rows
+        elif self.cache_load_factor is not None:
+            fraction = float(self.cache_load_factor)
         return TableSpec(tc.name, tc.num_rows, tc.dim, tc.dtype.itemsize, opt.state_floats_per_row(tc.dim),
                          not opt.rowwise_state and bool(opt.state_names()), len(tc.feature_names),
-                         float(self.pooling_factor), float(self.access_skew), cons)
+                         float(self.pooling_factor), float(self.access_skew), cons, cache_fraction=fraction)

@@ -1,18 +1,38 @@
 """The ``topology`` section of Neo's YAML config: the cluster the planner plans for.
 
 Bandwidths are GB/s (1e9 bytes/s), latencies microseconds, memories GiB. A field left
-``null`` takes the value of the calibration file ``cost_constants`` if given, else the
-default of :class:`neo.planner.CostConstants` (an H100 node).
+``null`` takes the value of the cost constants in use (``sharding.cost_constants``, else this
+machine's calibration from ``neo calibrate``, else the built-in defaults of its device kind: see
+:mod:`neo.planner.constants`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from neo.config.embedding import ConfigError
 
-__all__ = ["DeviceGroupEntry", "TopologyConfig"]
+__all__ = ["DeviceGroupEntry", "TopologyConfig", "MAX_WORLD_SIZE", "MAX_GIB"]
+
+MAX_WORLD_SIZE = 1 << 16
+"""Most ranks a topology may have (the planner keeps per-rank lists: 65,536 ranks plan in ~1 s)."""
+MAX_GIB = float(2**32)
+"""Most memory per rank, GiB (4 EiB: bytes still fit 64 bits)."""
+
+
+def _check_ranks(name: str, v, where: str) -> None:
+    if v is not None and not 0 < v <= MAX_WORLD_SIZE:
+        raise ConfigError(f"{where}.{name}: must be a positive integer <= {MAX_WORLD_SIZE} or null, got {v!r}")
+
+
+def _check_amount(name: str, v, where: str, zero_ok: bool) -> None:
+    """A memory (GiB) or speed: finite, > 0 (>= 0 when ``zero_ok``), memory at most MAX_GIB."""
+    ok = math.isfinite(v) and (v >= 0 if zero_ok else v > 0) and (name == "speed" or v <= MAX_GIB)
+    if not ok:
+        bound = "" if name == "speed" else f" and <= {MAX_GIB:.0f}"
+        raise ConfigError(f"{where}.{name}: must be finite, {'>= 0' if zero_ok else '> 0'}{bound}, got {v!r}")
 
 
 @dataclass
@@ -47,10 +67,12 @@ class TopologyConfig:
     """Relative speed of every device (see ``devices`` for per-rank values)."""
     devices: List[DeviceGroupEntry] = field(default_factory=list)
     """Per-rank overrides of hbm_gib / host_gib / speed."""
+    device_kind: Optional[str] = None
+    """cpu, h100 or h200: the machine the plan is for (null: this machine)."""
     hbm_bandwidth_gbps: Optional[float] = None
-    """Device memory bandwidth, GB/s (H100 ~3000)."""
+    """Effective bandwidth of row reads and updates of tables far larger than the caches, GB/s."""
     host_bandwidth_gbps: Optional[float] = None
-    """Device reads of host memory (UVM), GB/s."""
+    """Moves of cached rows between the backing store and the cache, GB/s."""
     intra_node_bandwidth_gbps: Optional[float] = None
     """Per-direction GPU-to-GPU bandwidth within a node, GB/s (NVLink4 ~450)."""
     inter_node_bandwidth_gbps: Optional[float] = None
@@ -64,37 +86,36 @@ class TopologyConfig:
     memory_headroom: Optional[float] = None
     """Fraction of hbm_gib kept free, in [0, 1)."""
     cost_constants: Optional[str] = None
-    """Path of a JSON of calibrated :class:`neo.planner.CostConstants` fields."""
+    """Deprecated spelling of ``sharding.cost_constants`` (a JSON of cost constants)."""
 
     def validate(self, where: str = "topology") -> None:
         for name in ("world_size", "local_world_size"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(f"{where}.{name}: must be a positive integer or null, got {v!r}")
+            _check_ranks(name, getattr(self, name), where)
         if self.world_size and self.local_world_size and self.world_size % self.local_world_size:
             raise ConfigError(f"{where}.world_size: {self.world_size} is not a multiple of "
                               f"local_world_size {self.local_world_size}")
         if self.batch_size_per_rank <= 0:
             raise ConfigError(f"{where}.batch_size_per_rank: must be > 0, got {self.batch_size_per_rank!r}")
         for name in ("hbm_gib", "host_gib", "speed"):
-            if not getattr(self, name) > 0 and not (name == "host_gib" and getattr(self, name) == 0):
-                raise ConfigError(f"{where}.{name}: must be > 0, got {getattr(self, name)!r}")
+            _check_amount(name, getattr(self, name), where, zero_ok=name == "host_gib")
         for name in ("hbm_bandwidth_gbps", "host_bandwidth_gbps", "intra_node_bandwidth_gbps",
-                     "inter_node_bandwidth_gbps"):
+                     "inter_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_latency_us"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
+            if v is not None and not v > 0:      # the cost constants they set must be > 0
                 raise ConfigError(f"{where}.{name}: must be > 0 or null, got {v!r}")
-        for name in ("intra_node_latency_us", "inter_node_latency_us", "imbalance_weight"):
+        for name in ("imbalance_weight",):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0 or null, got {v!r}")
+        if self.device_kind is not None and self.device_kind not in ("cpu", "h100", "h200"):
+            raise ConfigError(f"{where}.device_kind: {self.device_kind!r} is not one of ['cpu', 'h100', 'h200']")
         if self.memory_headroom is not None and not 0 <= self.memory_headroom < 1:
             raise ConfigError(f"{where}.memory_headroom: must be in [0, 1), got {self.memory_headroom!r}")
         for k, g in enumerate(self.devices):
             for name in ("hbm_gib", "host_gib", "speed"):
                 v = getattr(g, name)
-                if v is not None and v < 0 or (name == "speed" and v is not None and v == 0):
-                    raise ConfigError(f"{where}.devices[{k}].{name}: must be > 0 or null, got {v!r}")
+                if v is not None:
+                    _check_amount(name, v, f"{where}.devices[{k}]", zero_ok=name != "speed")
             if not g.ranks:
                 raise ConfigError(f"{where}.devices[{k}].ranks: must list at least one rank")
             if self.world_size:
@@ -111,6 +132,8 @@ class TopologyConfig:
         if not W or not L:
             raise ConfigError("topology.world_size / topology.local_world_size: not set "
                               "(give them in the config or with --world-size / --local-world-size)")
+        for name, v in (("world_size", W), ("local_world_size", L)):
+            _check_ranks(name, v, "topology")
         if W % L:
             raise ConfigError(f"topology.world_size: {W} is not a multiple of local_world_size {L}")
         hbm = [self.hbm_gib] * W
@@ -126,25 +149,42 @@ class TopologyConfig:
         devs = tuple(Device(int(h * GIB), int(o * GIB), float(s)) for h, o, s in zip(hbm, host, speed))
         return Topology(W, L, devs, int(self.batch_size_per_rank))
 
-    def to_cost_constants(self):
-        """The planner's :class:`neo.planner.CostConstants`: calibration file, then these fields."""
+    def to_cost_constants(self, world_size: int = 1, path: Optional[str] = None,
+                          machine: Optional[dict] = None):
+        """(the planner's :class:`neo.planner.CostConstants`, what they are): the file ``path``
+        (``sharding.cost_constants``; this section's ``cost_constants`` is its old spelling), else
+        this machine's calibration, else the built-in defaults of the device kind; then the
+        fields of this section that are set."""
         from dataclasses import replace
 
-        from neo.planner.types import CostConstants, PlanningError
+        from neo.machine import machine_info
+        from neo.planner.constants import resolve_constants
+        from neo.planner.types import PlanningError
 
+        machine = dict(machine or machine_info())
+        if self.device_kind is not None and self.device_kind != machine.get("device_kind"):
+            machine = {"device_kind": self.device_kind}            # planning for another machine
         try:
-            c = CostConstants.from_json(self.cost_constants) if self.cost_constants else CostConstants()
-        except (OSError, ValueError, PlanningError) as e:
-            raise ConfigError(f"topology.cost_constants: cannot load {self.cost_constants!r}: {e}") from None
-        upd = {}
-        for src, dst, scale in (("hbm_bandwidth_gbps", "hbm_bw", 1e9), ("host_bandwidth_gbps", "host_bw", 1e9),
-                                ("intra_node_bandwidth_gbps", "intra_bw", 1e9),
-                                ("inter_node_bandwidth_gbps", "inter_bw", 1e9),
-                                ("intra_node_latency_us", "intra_latency", 1e-6),
-                                ("inter_node_latency_us", "inter_latency", 1e-6),
-                                ("imbalance_weight", "imbalance_weight", 1.0),
-                                ("memory_headroom", "memory_headroom", 1.0)):
+            c, what = resolve_constants(path or self.cost_constants, machine, world_size)
+        except PlanningError as e:
+            raise ConfigError(str(e)) from None
+        upd, source = {}, {}
+        for src, dsts, scale in (("hbm_bandwidth_gbps", ("lookup_bw_cold", "update_bw_cold"), 1e9),
+                                 ("host_bandwidth_gbps", ("host_bw",), 1e9),
+                                 ("intra_node_bandwidth_gbps", ("intra_bw",), 1e9),
+                                 ("inter_node_bandwidth_gbps", ("inter_bw",), 1e9),
+                                 ("intra_node_latency_us", ("intra_latency",), 1e-6),
+                                 ("inter_node_latency_us", ("inter_latency",), 1e-6),
+                                 ("imbalance_weight", ("imbalance_weight",), 1.0),
+                                 ("memory_headroom", ("memory_headroom",), 1.0)):
             v = getattr(self, src)
             if v is not None:
-                upd[dst] = float(v) * scale
-        return replace(c, **upd)
+                upd.update({d: float(v) * scale for d in dsts})
+                source.update({d: src for d in dsts})
+        if upd:
+            what += f"; overridden by topology: {sorted(upd)}"
+        try:
+            return replace(c, **upd), what
+        except PlanningError as e:       # name the field that set the constant (e.g. 1e-320 us -> 0 s)
+            fields = sorted({src for d, src in source.items() if d in str(e)})
+            raise ConfigError(f"topology{'.' + fields[0] if len(fields) == 1 else ''}: {e}") from None

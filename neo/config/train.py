@@ -98,9 +98,17 @@ class ShardingConfig:
     """Restrict the planner to one partitioner (``auto`` = the best of all)."""
     plan_file: Optional[str] = None
     """Use this plan JSON (``neo plan --out``) instead of planning."""
+    cost_constants: Optional[str] = None
+    """JSON of the planner's cost constants (``neo calibrate --out``); null: this machine's
+    calibration if ``neo calibrate`` has run, else the built-in defaults of its device kind."""
+    cache_sample_batches: int = 16
+    """Global batches of training data on which ``neo cache-report``'s simulator measures the
+    miss-ratio curve of every table the planner may cache (0: the built-in skew model)."""
 
     def validate(self, where: str = "sharding") -> None:
         self.planner = choice(self.planner, [m.value for m in PlannerMode], f"{where}.planner")
+        if self.cache_sample_batches < 0:
+            raise ConfigError(f"{where}.cache_sample_batches: must be >= 0, got {self.cache_sample_batches}")
         for name, t in self.types.items():
             self.types[name] = choice(t, SHARDING_TYPES, f"{where}.types.{name}")
 
@@ -135,15 +143,27 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Checkpoint every this many steps (0 = only at the end when checkpoint_dir is set)."""
     resume: bool = True
-    """Resume from ``checkpoint_dir``'s latest checkpoint when there is one."""
+    """Resume from ``checkpoint_dir``'s newest intact checkpoint when there is one."""
+    checkpoint_async: bool = True
+    """Write checkpoints in the background (``torch.distributed.checkpoint.async_save``: the
+    state is copied, training goes on while the copy is written); false writes in the step."""
+    state_digest: bool = True
+    """Put ``state_sha256`` (a digest of every parameter and optimizer state) in the final JSON line."""
     run_dir: str = "runs/neo"
     """Metrics (``metrics.jsonl``), TensorBoard events and the plan go here."""
+    cache_store_dir: Optional[str] = None
+    """Directory of the backing files of cached tables on mmap stores (default: RUN_DIR/embedding_store);
+    a table's ``cache_dir`` overrides it. The files are unlinked once mapped: nothing stays behind."""
     seed: int = 0
     """Seed of dense initialisation, embedding initialisation and the data shuffle."""
     embedding_backend: str = "auto"
     """Embedding kernels: auto, reference, cpu, triton, fbgemm."""
     dist_backend: str = "gloo"
     """torch.distributed backend: gloo (CPU) or nccl (GPU)."""
+    collective_timeout_s: float = 600.0
+    """A collective (gloo, the shared-memory exchange, a checkpoint's agreement) waiting longer
+    than this for another rank fails with an error naming the operation and the ranks, instead
+    of waiting forever for a rank that died or stopped."""
     shm_collectives: bool = True
     """Carry the embedding AlltoAlls and AllGathers between ranks of one host through shared
     memory instead of gloo's sockets (see neo/distributed/shm.py); gloo groups only."""
@@ -169,6 +189,8 @@ class TrainConfig:
         for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+        if not self.collective_timeout_s > 0:
+            raise ConfigError(f"{where}.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
         if self.log_every <= 0:
             raise ConfigError(f"{where}.log_every: must be > 0, got {self.log_every}")
         if self.steps == 0 and self.epochs <= 0:

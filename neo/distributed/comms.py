@@ -38,9 +38,10 @@ the ReduceScatter runs as AlltoAll + local sum (faster there, see
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
-from typing import Callable, Generic, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,7 @@ from neo.distributed.shm import ShmTimeout
 __all__ = [
     "Awaitable",
     "CollectiveError",
+    "is_comm_error",
     "CommPrecision",
     "CommConfig",
     "BackwardOrder",
@@ -70,7 +72,8 @@ class CollectiveError(RuntimeError):
     """A collective failed or timed out (usually: another rank failed first); names this rank."""
 
 
-def _is_comm_error(e: BaseException) -> bool:
+def is_comm_error(e: BaseException) -> bool:
+    """Whether ``e`` looks like a failed or timed-out collective (gloo, NCCL, shared memory)."""
     if isinstance(e, ShmTimeout):
         return True
     text = str(e).lower()
@@ -117,7 +120,7 @@ class Awaitable(Generic[T]):
         try:
             return fn()
         except RuntimeError as e:
-            if isinstance(e, CollectiveError) or not _is_comm_error(e):
+            if isinstance(e, CollectiveError) or not is_comm_error(e):
                 raise
             rank = dist.get_rank() if dist.is_initialized() else "?"
             raise CollectiveError(
@@ -263,17 +266,27 @@ class BackwardOrder:
     """Token chain that fixes the order of backward collectives (see module docstring).
 
     One per forward pass; pass the same object to every differentiable collective of it.
+    ``timers`` (``timers(name)`` a context manager, e.g. :class:`neo.train.step.Timers`): the
+    backward collectives' launches and waits are timed as ``output_dist_bwd``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timers: Optional[Callable[[str], Any]] = None) -> None:
         self.token: Optional[torch.Tensor] = None
+        self.timers = timers
+
+
+@contextlib.contextmanager
+def _untimed(_name: str):
+    yield
 
 
 class _Request:
-    def __init__(self, forward: Callable[[torch.Tensor], _Launched], backward: Callable[[torch.Tensor], _Launched]):
+    def __init__(self, forward: Callable[[torch.Tensor], _Launched], backward: Callable[[torch.Tensor], _Launched],
+                 timers: Optional[Callable[[str], Any]] = None):
         self.forward, self.backward = forward, backward
         self.pending: Optional[_Launched] = None
         self.grad_pending: Optional[_Launched] = None
+        self.timed = timers if timers is not None else _untimed
 
 
 class _Start(torch.autograd.Function):
@@ -287,7 +300,8 @@ class _Start(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _grad_dummy):
-        grad = ctx.req.grad_pending.wait()
+        with ctx.req.timed("output_dist_bwd"):
+            grad = ctx.req.grad_pending.wait()
         ctx.req.grad_pending = None
         return None, grad
 
@@ -304,14 +318,15 @@ class _Wait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_token):
-        ctx.req.grad_pending = ctx.req.backward(grad_out.contiguous())
+        with ctx.req.timed("output_dist_bwd"):
+            ctx.req.grad_pending = ctx.req.backward(grad_out.contiguous())
         return None, grad_out.new_empty(0), (grad_out.new_empty(0) if ctx.has_prev else None)
 
 
 def _differentiable(x: torch.Tensor, forward: Callable[[torch.Tensor], _Launched],
                     backward: Callable[[torch.Tensor], _Launched], order: Optional[BackwardOrder],
                     name: str) -> Awaitable[torch.Tensor]:
-    req = _Request(forward, backward)
+    req = _Request(forward, backward, None if order is None else order.timers)
     if torch.is_grad_enabled() and not x.requires_grad:
         # a rank with nothing to differentiate here must still join the backward collective
         x = x.detach().requires_grad_()

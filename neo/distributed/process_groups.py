@@ -7,9 +7,12 @@ Ranks are node-major: ``rank = node * local_world_size + local_rank``. With W = 
     intra  = [0, 1] on node 0, [2, 3] on node 1        (ranks of one node)
     cross  = [0, 2] for local rank 0, [1, 3] for local rank 1   (same local rank, every node)
     dense  = [0, 1, 2, 3]: a second world group, used only by DistributedDataParallel
+    checkpoint = [0, 1, 2, 3]: a gloo world group for checkpoints written in the background
 
 ``dense`` keeps DDP's gradient AllReduces off the group the embedding collectives use, so
-their (separately ordered) issue sequences never interleave on one group.
+their (separately ordered) issue sequences never interleave on one group; ``checkpoint`` does
+the same for the collectives of a checkpoint saved by a background thread
+(``torch.distributed.checkpoint.async_save``) while training goes on.
 
 The embedding collectives take :class:`CommGroup` handles (``world_comm``, ``intra_comm``,
 ``cross_comm``): the torch group plus, where all of its ranks share one host, a
@@ -72,6 +75,8 @@ class ProcessGroups:
     """The W / L ranks with this rank's local index: second stage of hierarchical sharding."""
     dense: Any
     """All ranks, a separate group for DistributedDataParallel of the dense modules."""
+    checkpoint: Any = None
+    """All ranks, gloo: the collectives of background checkpoint saves (default: ``world``)."""
     timeout: Optional[datetime.timedelta] = None
     """Timeout of the sub-groups' collectives (the world group's is init_process_group's)."""
     world_comm: Optional[CommGroup] = None
@@ -82,6 +87,7 @@ class ProcessGroups:
     """``cross`` for the embedding collectives."""
 
     def __post_init__(self) -> None:
+        self.checkpoint = self.checkpoint if self.checkpoint is not None else self.world
         self.world_comm = self.world_comm or CommGroup(self.world)
         self.intra_comm = self.intra_comm or CommGroup(self.intra)
         self.cross_comm = self.cross_comm or CommGroup(self.cross)
@@ -114,7 +120,8 @@ class ProcessGroups:
 
         Args:
             local_world_size: ranks per node (default: W, one node).
-            timeout: collective timeout of the new groups (default: the world group's).
+            timeout: collective timeout of the new groups (default: the world group's, i.e.
+                ``init_process_group(timeout=...)``; ``train.collective_timeout_s`` in training).
             backend: backend of the new groups (default: the world group's).
             shm: carry the AlltoAlls and AllGathers of every gloo group whose ranks share a
                 host through shared memory (:mod:`neo.distributed.shm`).
@@ -126,6 +133,7 @@ class ProcessGroups:
         if L <= 0 or W % L:
             raise ValueError(f"ProcessGroups: world_size {W} is not a multiple of local_world_size {L}")
         nodes = W // L
+        timeout = timeout or _default_timeout()      # new_group's own default would be gloo's 30 minutes
         kw = dict(timeout=timeout, backend=backend)
         intra = cross = None
         # new_group is collective over the whole world: every rank creates every group, in order.
@@ -138,11 +146,11 @@ class ProcessGroups:
             if rank % L == j:
                 cross = g
         dense = dist.new_group(list(range(W)), **kw)
+        checkpoint = dist.new_group(list(range(W)), timeout=timeout, backend="gloo")
         world = dist.group.WORLD
-        wait = timeout or _default_timeout()
         return cls(rank=rank, world_size=W, local_world_size=L, world=world, intra=intra, cross=cross, dense=dense,
-                   timeout=timeout, world_comm=CommGroup.build(world, shm, wait),
-                   intra_comm=CommGroup.build(intra, shm, wait), cross_comm=CommGroup.build(cross, shm, wait))
+                   checkpoint=checkpoint, timeout=timeout, world_comm=CommGroup.build(world, shm, timeout),
+                   intra_comm=CommGroup.build(intra, shm, timeout), cross_comm=CommGroup.build(cross, shm, timeout))
 
 
 def _default_timeout() -> datetime.timedelta:

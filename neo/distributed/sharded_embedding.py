@@ -131,11 +131,13 @@ class ShardedEmbeddingCollection(nn.Module):
         average_gradients: divide embedding gradients by W (mean-loss semantics; see module doc).
         seed: seed of the local shards' initial weights (data-parallel replicas are then
             broadcast from rank 0, so that they start identical).
+        store_dir: directory of the backing files of cached shards (``placement: cached`` on an
+            mmap store); see :mod:`neo.embedding.cache`.
     """
 
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
                  comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
-                 seed: int = 0, device: Optional[torch.device | str] = None):
+                 seed: int = 0, device: Optional[torch.device | str] = None, store_dir: Optional[str] = None):
         super().__init__()
         self.tables = list(tables)
         self.plan = PlanView.from_plan(plan, self.tables)
@@ -150,7 +152,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.lookup: Optional[TableBatchedEmbedding] = None
         if shard_tables:
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
-                                                seed=seed + pg.rank)
+                                                seed=seed + pg.rank, store_dir=store_dir)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
         self._input_dist = InputDist(self.layout, pg, validate=validate)
@@ -162,6 +164,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self._block_cache: Dict[tuple, dict] = {}
         self._after_output: List[Callable[[], None]] = []
         self._places_cache: Dict[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._dp_bag_cache: Dict[tuple, Optional[torch.Tensor]] = {}
+        self.timers: Optional[Callable[[str], Any]] = None
+        """Set by the trainer: the backward collectives and the fused update are timed into it."""
         assert sum(self._local_widths) == self._local_dim
         self._broadcast_replicas()
 
@@ -189,10 +194,47 @@ class ShardedEmbeddingCollection(nn.Module):
         return self._input_dist(batch)
 
     def compute(self, batch: DistributedBatch) -> torch.Tensor:
-        """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order."""
+        """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order.
+
+        Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
+        which their output distribution drops); their fused update still covers all W * B."""
         if self.lookup is None:
             return torch.zeros(batch.local.batch_size, 0, device=batch.local.values.device)
-        return self.lookup(batch.local)
+        return self.lookup(batch.local, pooled_bags=self._dp_bags(batch))
+
+    def _dp_bags(self, batch: DistributedBatch) -> Optional[torch.Tensor]:
+        """(F_local * W * B,) bool: every bag, but a data-parallel slot's other ranks' samples; None
+        without data-parallel slots (or in one process)."""
+        W, B = self.pg.world_size, batch.batch_size
+        key = (W, B)
+        if key not in self._dp_bag_cache:
+            slots = self.layout.slots_on[self.pg.rank]
+            mask = None
+            if W > 1 and any(s.sharding_type is ShardingType.DATA_PARALLEL for s in slots):
+                mask = torch.ones(len(slots), W, B, dtype=torch.bool)
+                for i, s in enumerate(slots):
+                    if s.sharding_type is ShardingType.DATA_PARALLEL:
+                        mask[i] = False
+                        mask[i, self.pg.rank] = True
+                mask = mask.reshape(-1).to(self.device)
+            self._dp_bag_cache[key] = mask
+        return self._dp_bag_cache[key]
+
+    def prefetch(self, batch: DistributedBatch, future: Sequence[DistributedBatch] = ()) -> None:
+        """Start making this rank's cached rows of ``batch`` resident (on the cache's worker
+        thread), for the step that will :meth:`compute` it; ``future``: the batches after it, for
+        the lookahead policy. No-op without cached shards. See :mod:`neo.embedding.cache`."""
+        if self.lookup is not None and self.lookup.has_cache:
+            self.lookup.prefetch(batch.local, [b.local for b in future])
+
+    def flush_cache(self) -> int:
+        """Write back every dirty cached row of this rank's shards; returns the rows written."""
+        return 0 if self.lookup is None else self.lookup.flush_cache()
+
+    def cache_stats(self, settled: bool = False) -> Dict[str, Any]:
+        """Counters of this rank's cached shards, keyed by shard table (``name#k``); ``settled``:
+        once the prefetches in flight have finished."""
+        return {} if self.lookup is None else self.lookup.cache_stats(settled)
 
     def run_after_output(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once, right after the next :meth:`output_dist`'s collectives have arrived.
@@ -212,7 +254,7 @@ class ShardedEmbeddingCollection(nn.Module):
         :class:`~neo.models.PooledPieces` over the received buffer instead, so that a consumer
         such as the fused dot interaction reads it in place (no assembling copy forward, no
         scatter-and-scale pass backward); ``PooledPieces.tensor()`` still assembles."""
-        order = BackwardOrder()
+        order = BackwardOrder(self.timers)
         # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
         xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
         launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]

@@ -101,12 +101,17 @@ class SlotLayout:
 
     @staticmethod
     def _shard_table(t: TableConfig, st: ShardingType, k: int, rows: int, cols: int) -> TableConfig:
-        """A shard is a smaller table: rows re-based to 0, its columns only."""
+        """A shard is a smaller table: rows re-based to 0, its columns only. A cached table's
+        shard caches the same share of its rows (``cache_rows`` scaled by the shard's rows)."""
+        cache_rows = t.cache_rows
+        if cache_rows is not None:
+            cache_rows = max(1, min(rows, -(-cache_rows * rows // t.num_rows)))
         return replace(
             t, name=f"{t.name}#{k}", num_rows=rows, dim=cols,
             feature_names=tuple(f"{f}#{k}" for f in t.feature_names),
             pooling=PoolingMode.SUM if st.splits_rows else t.pooling,
             init_scale=t.init_scale if t.init_scale is not None else t.num_rows ** -0.5,
+            cache_rows=cache_rows,
         )
 
     def local_columns(self, rank: int) -> List[int]:

@@ -15,7 +15,9 @@ features ``fb1``, ``fb2``)::
     output_offsets  = [0, 4, 12, 20] # feature f fills columns output_offsets[f] : output_offsets[f+1]
     feature_mean    = [0, 0, 0]      # 1 where the feature's table pools by mean
 
-Row ``id`` of table ``t`` is ``weights[weight_offsets[t] + id * D_t : ... + D_t]``.
+Row ``id`` of table ``t`` is ``weights[weight_offsets[t] + id * D_t : ... + D_t]``. A cached table
+(``placement: cached``) occupies only its cache: ``table_rows[t]`` is its number of cache slots
+and the ids its kernels see are slots (:mod:`neo.embedding.cache`).
 Per-element optimizer state (adagrad, adam, lamb) is laid out exactly like the weights;
 per-row state (rowwise_adagrad) has one value per global row.
 """
@@ -73,7 +75,7 @@ class GroupLayout:
         for t in tables[1:]:
             if (t.dtype, t.optimizer, t.stochastic_rounding) != (first.dtype, first.optimizer, first.stochastic_rounding):
                 raise ValueError(f"table '{t.name}' differs from '{first.name}' in dtype or optimizer; it needs its own group")
-        rows = [t.num_rows for t in tables]
+        rows = [t.cache_capacity for t in tables]          # a cached table's kernel rows are its cache slots
         dims = [t.dim for t in tables]
         w_off, r_off, acc_w, acc_r = [], [], 0, 0
         for r, d in zip(rows, dims):

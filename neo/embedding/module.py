@@ -13,22 +13,34 @@ kernel launch (see :mod:`neo.embedding.layout`). The backward pass never forms a
 gradient: the backend sums each touched row's gradients and applies the optimizer to it
 in the same pass.
 
-Input checks (``validate=True``, the default): the batch's features must be exactly the
-module's, ids must be int32/int64, and every id must lie in ``[0, rows)`` of its table;
-failures raise :class:`~neo.embedding.checks.EmbeddingInputError` naming feature and
+Input checks (``validate=True``, the default): a batch built with ``validate=False`` has its
+layout checked (:meth:`~neo.sparse.KeyedJaggedBatch.ensure_checked`, a
+:class:`~neo.sparse.JaggedValidationError` naming the feature); the batch's features must be
+exactly the module's, ids must be int32/int64, and every id must lie in ``[0, rows)`` of its
+table; failures raise :class:`~neo.embedding.checks.EmbeddingInputError` naming feature and
 table. ``validate=False`` skips them for speed: backends then ignore invalid ids (they
 contribute zero and are not updated) rather than touch memory out of bounds.
+
+Cached tables (``placement: cached``, :mod:`neo.embedding.cache`): the group buffers hold
+only their cache slots; a batch's rows are made resident before its lookup (``prefetch`` /
+``prefetch_async``, or at the lookup itself) and its ids become slots, so the same kernels
+run unchanged and train exactly as if every row were in fast memory (fp32: bit for bit).
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
+import contextlib
+import warnings
+
 import torch
 from torch import nn
 
 from neo.config.embedding import TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
+from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache, make_store
+from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids
 from neo.embedding.layout import GroupLayout, group_key
 from neo.sparse import KeyedJaggedBatch
@@ -54,19 +66,37 @@ class _GroupRunner:
     def step(self) -> torch.Tensor:
         return getattr(self.owner, f"group{self.index}_step")
 
+    def table_slots(self, t: int) -> torch.Tensor:
+        """(kernel rows, D) view of table ``t``'s part of the weight buffer (a cached table: its slots)."""
+        rows, dim, off = int(self.layout.table_rows[t]), int(self.layout.table_dims[t]), int(self.layout.weight_offsets[t])
+        return self.weights[off : off + rows * dim].view(rows, dim)
+
+    def table_state_slots(self, t: int) -> List[torch.Tensor]:
+        """Views of table ``t``'s optimizer state: (kernel rows, D) per element, (kernel rows,) per row."""
+        rows, dim = int(self.layout.table_rows[t]), int(self.layout.table_dims[t])
+        if self.layout.optimizer.type.rowwise_state:
+            r0 = int(self.layout.row_offsets[t])
+            return [s[r0 : r0 + rows] for s in self.states]
+        off = int(self.layout.weight_offsets[t])
+        return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
+
 
 class _PooledLookup(torch.autograd.Function):
     """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
 
     @staticmethod
-    def forward(ctx, anchor, runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size: int):
+    def forward(ctx, anchor, runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size: int,
+                prefetched: Optional[Prefetched] = None, pooled=None):
+        """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
+        pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
         owner = runner.owner
-        ctx.runner, ctx.batch_size = runner, batch_size
+        ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
         ctx.save_for_backward(indices, offsets, per_sample_weights)
         prepare = getattr(owner.backend, "prepare", None)   # backends that wrap storage (fbgemm)
         if prepare is not None:
             prepare(runner.layout, runner.weights, runner.states)
-        return owner.backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+        fi, fo, fw = pooled if pooled is not None else (indices, offsets, per_sample_weights)
+        return owner.backend.forward(runner.layout, runner.weights, fi, fo, fw, batch_size)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -74,12 +104,15 @@ class _PooledLookup(torch.autograd.Function):
         runner = ctx.runner
         owner = runner.owner
         runner.step.add_(1)
-        owner.backend.backward_update(
-            runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
-            indices, offsets, per_sample_weights, ctx.batch_size,
-            owner.learning_rates[runner.index], int(runner.step), owner.seed,
-        )
-        return None, None, None, None, None, None
+        with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
+            owner.backend.backward_update(
+                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
+                indices, offsets, per_sample_weights, ctx.batch_size,
+                owner.learning_rates[runner.index], int(runner.step), owner.seed,
+            )
+        if ctx.prefetched is not None:       # this step is done with the group's cached rows
+            owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
+        return None, None, None, None, None, None, None, None
 
 
 class TableBatchedEmbedding(nn.Module):
@@ -92,6 +125,8 @@ class TableBatchedEmbedding(nn.Module):
         device: where weights and optimizer state live.
         validate: check inputs and name the feature and table at fault (see module doc).
         seed: seeds the initial weights and stochastic rounding.
+        store_dir: directory of the backing files of cached tables on ``mmap`` stores (a
+            table's ``cache_dir`` overrides it).
     """
 
     def __init__(
@@ -101,6 +136,7 @@ class TableBatchedEmbedding(nn.Module):
         device: Optional[torch.device | str] = None,
         validate: bool = True,
         seed: int = 0,
+        store_dir: Optional[str] = None,
     ):
         super().__init__()
         tables = list(tables)
@@ -119,6 +155,8 @@ class TableBatchedEmbedding(nn.Module):
         self.tables = tables
         self.feature_names = [f for t in tables for f in t.feature_names]
         self.validate, self.seed = validate, seed
+        self.timers = None
+        """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
         self.backend = get_backend(self.backend_name)
 
@@ -128,22 +166,41 @@ class TableBatchedEmbedding(nn.Module):
         self.groups: List[_GroupRunner] = []
         self.learning_rates: List[float] = []
         gen = torch.Generator().manual_seed(seed)
+        caches: Dict[str, TableCache] = {}
+        moves = moves_for(self.backend_name) if any(t.cached for t in tables) else None
         for gi, group_tables in enumerate(grouped.values()):
             layout = GroupLayout.build(group_tables, device)
+            opt = layout.optimizer
+            state_init = [opt.initial_accumulator_value if n == "sum" else 0.0 for n in opt.type.state_names()]
             weights = torch.empty(layout.num_weights, dtype=torch.float32)
+            stores = {}
             for t, cfg in enumerate(group_tables):
                 scale = cfg.init_scale if cfg.init_scale is not None else cfg.num_rows ** -0.5
                 off, n = int(layout.weight_offsets[t]), cfg.num_rows * cfg.dim
-                weights[off : off + n].uniform_(-scale, scale, generator=gen)
+                if cfg.cached:           # the same numbers, drawn into the backing store
+                    stores[t] = make_store(cfg, device, store_dir)
+                    stores[t].initialize(gen, scale, state_init)
+                    weights[off : off + cfg.cache_capacity * cfg.dim].zero_()
+                else:
+                    weights[off : off + n].uniform_(-scale, scale, generator=gen)
             self.register_buffer(f"group{gi}_weights", weights.to(device=device, dtype=layout.dtype.torch_dtype))
-            opt = layout.optimizer
             state_len = layout.num_rows if opt.type.rowwise_state else layout.num_weights
-            for name in opt.type.state_names():
-                init = opt.initial_accumulator_value if name == "sum" else 0.0
+            for name, init in zip(opt.type.state_names(), state_init):
                 self.register_buffer(f"group{gi}_{name}", torch.full((state_len,), init, dtype=torch.float32, device=device))
             self.register_buffer(f"group{gi}_step", torch.zeros((), dtype=torch.int64))
-            self.groups.append(_GroupRunner(self, gi, layout))
+            runner = _GroupRunner(self, gi, layout)
+            self.groups.append(runner)
             self.learning_rates.append(opt.lr)
+            for t, store in stores.items():
+                cfg = group_tables[t]
+                caches[cfg.name] = TableCache(cfg, runner.table_slots(t), runner.table_state_slots(t), store, moves)
+                if cfg.cache_capacity >= cfg.num_rows:
+                    warnings.warn(f"table '{cfg.name}': its cache of {cfg.cache_capacity} rows holds all "
+                                  f"{cfg.num_rows} rows, so nothing is ever evicted; placement: device does the "
+                                  "same without the copies", stacklevel=2)
+        self._cache: Optional[ModuleCache] = None
+        if caches:
+            self._cache = ModuleCache(caches, {t.name: t.feature_names for t in tables if t.name in caches})
 
         self._group_order = [f for g in self.groups for f in g.layout.features]
         # column permutation from group order back to table order (None when already equal)
@@ -169,24 +226,56 @@ class TableBatchedEmbedding(nn.Module):
         by_feature = {f: t.dim for t in self.tables for f in t.feature_names}
         return [by_feature[f] for f in self.feature_names]
 
-    def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
-        """Pooled embeddings ``(B, sum of D)``, features in table order."""
+    def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Pooled embeddings ``(B, sum of D)``, features in table order.
+
+        ``pooled_bags``: (F * B,) bool in ``batch``'s key order, the bags to pool; the others
+        come out as zeros, but the fused backward still updates from every bag (its gradient
+        rows must then be given for all B samples). Data-parallel replicas pool only their own
+        samples this way, and apply the update of the whole global batch."""
         if self.validate:
+            batch.ensure_checked()        # the layout, where the batch was built with validate=False
             check_features(batch, self.feature_names, self.feature_table)
+        if pooled_bags is not None:
+            n_bags = len(batch.keys) * batch.batch_size
+            if (not isinstance(pooled_bags, torch.Tensor) or pooled_bags.dtype != torch.bool
+                    or tuple(pooled_bags.shape) != (n_bags,)):
+                raise EmbeddingInputError(
+                    f"pooled_bags must be a bool tensor of F * B = {n_bags} flags, one per bag, got "
+                    f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
+                    f"{tuple(getattr(pooled_bags, 'shape', ()))}")
+        train = torch.is_grad_enabled() and self.training
+        prefetched = None
+        if self._cache is not None:
+            if self.validate:        # the caches see valid ids only: name a bad one before anything moves
+                self._check_batch_ids(batch)
+            prefetched = self._cache.take(batch, train)
+        if pooled_bags is not None:
+            one_per_bag = torch.ones_like(batch.lengths)          # a flag per bag, reordered like the bags
+            pooled_bags = KeyedJaggedBatch(batch.keys, pooled_bags, one_per_bag, batch.batch_size, validate=False)
+            pooled_bags = pooled_bags.permute(self._group_order).values
         batch = batch.permute(self._group_order)
         B = batch.batch_size
-        values = batch.values.to(torch.int64)
+        ids = batch.values.to(torch.int64)
+        values = ids if prefetched is None else prefetched.substitute(batch, ids)   # cached tables: slots
         offsets = batch.offsets.to(torch.int64)
         psw = None if batch.weights is None else batch.weights.to(torch.float32)
+        pooled = None
+        if pooled_bags is not None:                      # the same bags, the unpooled ones emptied
+            keep = torch.repeat_interleave(pooled_bags, batch.lengths.to(torch.int64))
+            p_off = torch.zeros_like(offsets)
+            torch.cumsum(batch.lengths.to(torch.int64) * pooled_bags, 0, out=p_off[1:])
+            pooled = (values[keep], p_off, None if psw is None else psw[keep])
         # Backends that count invalid ids in their forward pass (cpu) make the separate id
         # check unnecessary on good input: it runs only to name the culprit once one is seen.
-        counted = self.validate and getattr(self.backend, "counts_invalid_ids", False)
-        id_check = lambda: check_ids(values, offsets, B, self._group_order,  # noqa: E731
+        # Not with pooled_bags: the forward never sees the ids of the other bags, the update does.
+        counted = self.validate and getattr(self.backend, "counts_invalid_ids", False) and pooled is None
+        id_check = lambda: check_ids(ids, offsets, B, self._group_order,  # noqa: E731
                                      self._feature_rows, self._feature_table_names)
-        if self.validate and not counted:
+        if self.validate and not counted and prefetched is None:
             id_check()
         anchor = None
-        if torch.is_grad_enabled() and self.training:
+        if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
         outputs, f0 = [], 0
         for g in self.groups:
@@ -194,15 +283,70 @@ class TableBatchedEmbedding(nn.Module):
             lo, hi = int(offsets[f0 * B]), int(offsets[(f0 + nf) * B])
             g_off = offsets[f0 * B : (f0 + nf) * B + 1] - lo
             g_psw = None if psw is None else psw[lo:hi]
-            outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B))
+            g_pooled = None
+            if pooled is not None:
+                pv, po, pw = pooled
+                plo, phi = int(po[f0 * B]), int(po[(f0 + nf) * B])
+                g_pooled = (pv[plo:phi], po[f0 * B : (f0 + nf) * B + 1] - plo, None if pw is None else pw[plo:phi])
+            outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")
             f0 += nf
+        if prefetched is not None and anchor is None:
+            self._cache.complete(prefetched)          # no backward will come
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)   # (B, sum D) group order
         if self._out_perm is not None:
             out = out.index_select(1, self._out_perm)                           # (B, sum D) table order
         return out
+
+    def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:
+        p = batch.permute(self._group_order)
+        check_ids(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size, self._group_order,
+                  self._feature_rows, self._feature_table_names)
+
+    # ------------------------------------------------------------------ the cache
+    @property
+    def has_cache(self) -> bool:
+        """True when some table is ``placement: cached``."""
+        return self._cache is not None
+
+    def prefetch(self, batch: KeyedJaggedBatch, future: Sequence[KeyedJaggedBatch] = ()) -> None:
+        """Start making ``batch``'s cached rows resident on the cache's worker thread, for a
+        training step that will look ``batch`` up (this same object) later; ``future``: the
+        batches after it, nearest first (the lookahead policy's window). No-op without cached tables.
+
+        Rows of batches prefetched and not yet done are never evicted, so prefetching batch
+        i+1 while step i computes is safe; the lookup waits for what is not finished."""
+        if self._cache is None:
+            return
+        if self.validate:
+            batch.ensure_checked()
+            check_features(batch, self.feature_names, self.feature_table)
+            self._check_batch_ids(batch)
+        self._cache.prefetch_async(batch, future, train=True)
+
+    def flush_cache(self) -> int:
+        """Write every dirty cached row back to its store (before a checkpoint); rows written."""
+        return 0 if self._cache is None else self._cache.flush()
+
+    def cache_stats(self, settled: bool = False) -> Dict[str, CacheStats]:
+        """Counters of every cached table (sums since creation); ``settled``: after the prefetches
+        in flight have finished (exact per-step accounting, at the price of a wait)."""
+        if self._cache is None:
+            return {}
+        if settled:
+            self._cache.wait_idle()
+        return self._cache.stats()
+
+    def _store_view(self, cfg: TableConfig):
+        """A cached table's backing store, with every dirty row written back (and the cache
+        emptied when no batch is in flight, so that writes through the views are seen)."""
+        cache = self._cache
+        cache.flush()
+        if cache.in_flight == 0:
+            cache.drop()
+        return cache.caches[cfg.name].store
 
     # ------------------------------------------------------- weights and state
     def _locate(self, name: str):
@@ -213,23 +357,19 @@ class TableBatchedEmbedding(nn.Module):
         raise KeyError(f"no table named '{name}' (tables: {[t.name for t in self.tables]})")
 
     def table_weight(self, name: str) -> torch.Tensor:
-        """A ``(rows, D)`` view of one table's weights, in their storage dtype (writes go through)."""
+        """A ``(rows, D)`` view of one table's weights, in their storage dtype (writes go through).
+
+        A cached table's view is its backing store after a flush (see :meth:`_store_view`)."""
         g, t, cfg = self._locate(name)
-        off = int(g.layout.weight_offsets[t])
-        return g.weights[off : off + cfg.num_rows * cfg.dim].view(cfg.num_rows, cfg.dim)
+        if cfg.cached:
+            return self._store_view(cfg).weights
+        return g.table_slots(t)
 
     def table_optimizer_state(self, name: str) -> Dict[str, torch.Tensor]:
         """Views of one table's optimizer state: ``(rows, D)`` per element, ``(rows,)`` per row."""
         g, t, cfg = self._locate(name)
-        out = {}
-        for sname, s in zip(cfg.optimizer.type.state_names(), g.states):
-            if cfg.optimizer.type.rowwise_state:
-                r0 = int(g.layout.row_offsets[t])
-                out[sname] = s[r0 : r0 + cfg.num_rows]
-            else:
-                off = int(g.layout.weight_offsets[t])
-                out[sname] = s[off : off + cfg.num_rows * cfg.dim].view(cfg.num_rows, cfg.dim)
-        return out
+        views = self._store_view(cfg).states if cfg.cached else g.table_state_slots(t)
+        return dict(zip(cfg.optimizer.type.state_names(), views))
 
     def optimizer_steps(self) -> Dict[str, int]:
         """Updates applied so far, per table (tables of one group share the counter)."""

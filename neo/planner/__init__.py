@@ -6,6 +6,7 @@ Stages: :mod:`enumerate` (options per table) -> :mod:`cost` (estimates) ->
 -> :mod:`plan` (JSON) -> :mod:`report` (text). See docs/planner.md.
 """
 
+from neo.planner.constants import CostConstants, builtin_constants, resolve_constants  # noqa: F401
 from neo.planner.cost import PartCosts, estimate_parts  # noqa: F401
 from neo.planner.enumerate import Option, enumerate_options  # noqa: F401
 from neo.planner.partition import Assignment, Problem, greedy, karmarkar_karp  # noqa: F401
@@ -15,7 +16,6 @@ from neo.planner.planner import PARTITIONERS, evaluate_plan, plan_tables  # noqa
 from neo.planner.report import format_report  # noqa: F401
 from neo.planner.types import (  # noqa: F401
     GIB,
-    CostConstants,
     Device,
     Placement,
     PlanningError,

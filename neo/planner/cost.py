@@ -1,28 +1,35 @@
-"""Cost model: per-shard lookup time, communication time and bytes, memory.
+"""Cost model: per-shard lookup and update time, communication time and bytes, memory.
 
-Formulas (docs/planner.md has the derivation). Notation: B = batch per rank, W ranks,
-L ranks per node, N = W / L nodes, G = B * W global batch, F features of the table,
-P pooling factor, D dim, s weight bytes, c shard columns, rho = shard rows / table rows,
-a = activation bytes (fp32), i = id bytes, BW_hbm = hbm_bw * hbm_efficiency.
+Formulas (docs/planner.md has the derivation; the constants are :class:`CostConstants`,
+measured by ``neo calibrate``). Notation: B = batch per rank, W ranks, L ranks per node,
+N = W / L nodes, G = B * W global batch, F features of the table, P pooling factor, D dim,
+s weight bytes, c shard columns, rho = shard rows / table rows, a = activation bytes,
+i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + q).
 
-- Lookup (forward):  ids_on_shard * c * s / (BW_hbm * speed), ids_on_shard = G*F*P*rho
-  (the owner of a model-parallel shard serves the global batch; ids assumed spread over
-  row blocks uniformly, e.g. hashed). Backward + fused optimizer = ``bwd_factor`` x forward.
-  Host (UVM) placement: the fraction ``h`` of lookups hitting the HBM cache go at BW_hbm,
-  the rest at ``host_bw``; ``h`` follows a Zipf(access_skew) law on the cached rows.
-- ids AlltoAll: the owner receives G*F*P*rho*i bytes, (L-1)/W of them from its own node
-  (intra-node bandwidth) and (W-L)/W from other nodes (inter-node bandwidth).
-- pooled AlltoAll (forward) and its gradient (backward): 2*G*F*c*a bytes, same split.
-- row-wise ReduceScatter (forward) + AllGather (backward) of the G*F*D partial sums,
-  hierarchical: 2 * V*(L-1)/L at intra bandwidth + 2 * (V/L)*(N-1)/N at inter bandwidth.
-- data-parallel AllReduce of the dense gradient (rows*D*a bytes): the same hierarchical
-  ring, 2(W-1)/W bytes per byte overall (RS + AG).
-- Memory: weights rows*c*s + optimizer state rows*state*4 + I/O buffers (ids received,
-  pooled outputs and their gradients); DP adds a dense fp32 gradient buffer.
-
-Every rank also sends its own ids and receives the pooled outputs of every model-parallel
-table for its local batch (the "input side"); that is the same on every rank and is
-returned by :func:`input_side_cost` so that it appears in the predicted time.
+- Forward (fused lookup) of a shard: ``bags * lookup_bag_s + ids * (lookup_id_s + r /
+  bw_lookup(footprint))`` + ``kernel_overhead``, where bw goes log-linearly from
+  ``lookup_bw_hot`` (footprint <= ``hot_bytes``: rows come from the caches) to
+  ``lookup_bw_cold`` (footprint >= ``cold_bytes``). The owner of a model-parallel shard serves
+  the global batch (ids = G*F*P*rho: ids assumed spread over row blocks, e.g. hashed); a
+  data-parallel replica pools its own batch (B*F*P).
+- Backward + fused optimizer: ``ids * update_id_s + U * (update_row_s + 2 (r + q) /
+  bw_update(footprint))`` over the ids whose gradients the shard applies (a data-parallel
+  replica: the global batch's), U = distinct rows among them (Zipf(access_skew) model, or the
+  measured count, :mod:`neo.planner.cache_model`).
+- Cached placement: plus the step's misses ``U (1 - h(f)) x (2 (r + q) / host_bw +
+  cache_miss_latency)``.
+- Input distribution: the owner receives the ids of its parts (i bytes each), (L-1)/W of
+  them from its node (``intra_bw``) and (W-L)/W from other nodes (``inter_bw``); every rank
+  sends its own (the input side); data-parallel replicas receive every rank's ids.
+- Output distribution: pooled AlltoAll (forward) and its gradient (backward): 2*G*F*c*a
+  bytes, same split; row-wise ReduceScatter + AllGather of the G*F*c partial sums,
+  hierarchical; data-parallel: the AllGather of the (B, c) gradients, (W-1)*B*F*c*a bytes.
+- Memory: weights rows*c*s + optimizer state + I/O buffers (ids received, pooled outputs and
+  their gradients). A cached shard holds f of its rows plus the cache index (12 bytes per row
+  of the shard: slot, count and lookahead window; 17 per slot) in device memory and every row
+  in the backing store (``host``).
+- Latency: each collective kind the plan uses costs ``intra_latency`` (``inter_latency``
+  across nodes) once per step, the same on every rank (collectives are fused across tables).
 
 References: Mudigere et al., ISCA 2022 (Neo), Sec. 4: cost = communication + load
 imbalance; TorchRec ``shard_estimators.py`` (EmbeddingPerfEstimator) for the split into
@@ -33,19 +40,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 
-from neo.planner.types import CostConstants, Placement, ShardingType, TableSpec, Topology
+from neo.planner.cache_model import distinct_per_batch, hit_rate
+from neo.planner.constants import CostConstants
+from neo.planner.types import ShardingType, TableSpec, Topology
 
-__all__ = ["PartCosts", "estimate_parts", "input_side_cost", "zipf_hit_rate", "collective_latency"]
+__all__ = ["PartCosts", "estimate_parts", "input_side_cost", "input_side_split", "zipf_hit_rate",
+           "collective_latency", "collective_latency_split", "cache_parts", "lookup_parts", "seconds_per_byte"]
 
 
 @dataclass(frozen=True)
 class PartCosts:
     """Costs of the shards (parts) of one sharding option; arrays of equal length.
 
-    ``compute`` is seconds at speed 1.0 (divide by the device speed); ``comm`` seconds.
+    ``compute`` (= ``fwd`` + ``bwd``) is seconds at speed 1.0 (divide by the device speed);
+    ``comm`` (= ``comm_in`` + output distribution) seconds.
     """
 
     compute: np.ndarray
@@ -54,6 +66,18 @@ class PartCosts:
     host: np.ndarray
     bytes_intra: np.ndarray
     bytes_inter: np.ndarray
+    hit_rate: Optional[np.ndarray] = None
+    """Cached parts: expected hit rate of a step's distinct rows."""
+    miss_seconds: Optional[np.ndarray] = None
+    """Cached parts: seconds a step spends moving misses (included in ``compute`` and ``bwd``)."""
+    distinct: Optional[np.ndarray] = None
+    """Distinct rows a step's update touches (a cache must hold two steps' worth)."""
+    fwd: Optional[np.ndarray] = None
+    """Forward lookup seconds (at speed 1), ``kernel_overhead`` included."""
+    bwd: Optional[np.ndarray] = None
+    """Backward + fused optimizer seconds (at speed 1), cache misses included."""
+    comm_in: Optional[np.ndarray] = None
+    """Input distribution seconds (the ids), part of ``comm``."""
 
 
 def zipf_hit_rate(cached_rows: float, rows: int, alpha: float) -> float:
@@ -83,63 +107,108 @@ def _hier_collective(volume: np.ndarray, topo: Topology, c: CostConstants):
     return intra, inter, intra / c.intra_bw + inter / c.inter_bw
 
 
-def _lookup_seconds(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.ndarray,
-                    placement: Placement, c: CostConstants) -> np.ndarray:
-    """Forward + backward lookup time at speed 1 for ``ids`` ids on shards of ``cols`` columns."""
-    nbytes = ids * cols * table.weight_bytes
-    if placement is Placement.HOST:
-        hit = np.array([zipf_hit_rate(c.cache_load_factor * r, int(r), table.access_skew) for r in rows])
-        fwd = nbytes * (hit / c.lookup_bw + (1.0 - hit) / c.host_bw)
-    else:
-        fwd = nbytes / c.lookup_bw
-    return fwd * (1.0 + c.bwd_factor) + np.where(rows > 0, c.kernel_overhead, 0.0)
+def seconds_per_byte(footprint: np.ndarray, hot_bw: float, cold_bw: float, c: CostConstants) -> np.ndarray:
+    """1 / bandwidth for tables of ``footprint`` bytes: hot up to ``hot_bytes``, cold from ``cold_bytes``."""
+    f = np.maximum(np.asarray(footprint, dtype=np.float64), 1.0)
+    t = np.clip(np.log(f / c.hot_bytes) / math.log(c.cold_bytes / c.hot_bytes), 0.0, 1.0)
+    return (1.0 - t) / hot_bw + t / cold_bw
+
+
+def _distinct(table: TableSpec, ids: np.ndarray, rows: np.ndarray, global_ids: float) -> np.ndarray:
+    """Distinct rows among ``ids`` ids of each part (measured, scaled to the part, or the Zipf model)."""
+    out = np.zeros_like(rows)
+    seen = {}
+    for k, (r, n) in enumerate(zip(rows, ids)):
+        if r <= 0 or n <= 0:
+            continue
+        key = (int(r), float(n))                      # row-split parts repeat (sizes differ by one row)
+        if key not in seen:
+            if table.distinct_per_batch is not None:
+                full = global_ids * r / max(1, table.rows)
+                seen[key] = table.distinct_per_batch * r / max(1, table.rows) * min(1.0, n / max(full, 1e-30))
+            else:
+                seen[key] = min(float(r), distinct_per_batch(int(r), table.access_skew, float(n)))
+        out[k] = seen[key]
+    return out
+
+
+def lookup_parts(table: TableSpec, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
+                 rows: np.ndarray, global_ids: float, c: CostConstants):
+    """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1."""
+    row_b = cols * table.weight_bytes
+    state_b = 4.0 * table.state_floats_per_row * (cols / table.dim if table.state_per_element else 1.0)
+    foot = rows * (row_b + state_b)
+    fwd = bags * c.lookup_bag_s + ids * (c.lookup_id_s + row_b * seconds_per_byte(foot, c.lookup_bw_hot,
+                                                                                c.lookup_bw_cold, c))
+    U = _distinct(table, update_ids, rows, global_ids)
+    bwd = update_ids * c.update_id_s + U * (c.update_row_s + 2.0 * (row_b + state_b) * seconds_per_byte(
+        foot, c.update_bw_hot, c.update_bw_cold, c))
+    return fwd + np.where(rows > 0, c.kernel_overhead, 0.0), bwd, U
+
+
+def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.ndarray, fraction: float,
+                global_ids: float, c: CostConstants, distinct: Optional[np.ndarray] = None):
+    """(miss seconds, hit rate, device bytes of cache + index, store bytes, distinct rows) per part
+    of a cached table whose parts cache ``fraction`` of their rows; ``ids``: ids per step on each
+    part, ``global_ids``: ids per step of the whole table over the global batch."""
+    row_bytes = cols * table.weight_bytes + 4.0 * table.state_floats_per_row * (
+        cols / table.dim if table.state_per_element else 1.0)
+    U = _distinct(table, ids, rows, global_ids) if distinct is None else distinct
+    hit = np.zeros_like(rows)
+    seen = {}
+    for k, (r, n) in enumerate(zip(rows, ids)):
+        if r > 0:
+            key = (int(r), float(n))
+            if key not in seen:
+                seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve)
+            hit[k] = seen[key]
+    miss_s = U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)
+    device = np.ceil(fraction * rows) * (row_bytes + 17.0) + rows * 12.0      # slots; index per row (docs/cache.md)
+    return miss_s, hit, device, rows * row_bytes, U
 
 
 def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols: np.ndarray,
-                   topo: Topology, c: CostConstants, placement: Placement = Placement.DEVICE) -> PartCosts:
-    """Costs of each shard (rows[k] x cols[k]) of ``table`` sharded as ``stype``."""
+                   topo: Topology, c: CostConstants, cache_fraction: Optional[float] = None) -> PartCosts:
+    """Costs of each shard (rows[k] x cols[k]) of ``table`` sharded as ``stype``; cached with a
+    cache of ``cache_fraction`` of each shard's rows when given, else all rows on the device."""
     rows = np.asarray(rows, dtype=np.float64)
     cols = np.asarray(cols, dtype=np.float64)
     W, L = topo.world_size, topo.local_world_size
     B = topo.batch_size_per_rank
     G = B * W
-    F, P, D = table.num_features, table.pooling_factor, table.dim
+    F, P = table.num_features, table.pooling_factor
     a, i_b = c.act_bytes, c.id_bytes
     rho = rows / max(1, table.rows)
     f_intra, f_inter = (L - 1) / W, (W - L) / W
-    zeros = np.zeros_like(rows)
     if table.state_per_element:
         state_floats = table.state_floats_per_row * cols / table.dim
     else:
         state_floats = np.full_like(cols, float(table.state_floats_per_row))
     weights = rows * cols * table.weight_bytes
     state = rows * state_floats * 4.0
+    ones = np.ones_like(rows)
 
     if stype is ShardingType.DATA_PARALLEL:
-        ids = B * F * P * np.ones_like(rows)
-        compute = _lookup_seconds(table, ids, cols, rows, placement, c)
-        # dense optimizer step over the whole replica after the AllReduce (read+write weights and state)
-        compute = compute + 2.0 * (weights + state) / c.lookup_bw
-        grad = rows * cols * a
-        b_in, b_out, t = _hier_collective(grad, topo, c)
-        b_in, b_out, t = 2 * b_in, 2 * b_out, 2 * t  # RS + AG
-        buffers = B * F * P * i_b + grad
-        hbm, host = weights + state + buffers, zeros
-        if placement is Placement.HOST:
-            hbm, host = c.cache_load_factor * weights + buffers, weights + state
-        return PartCosts(compute, t, hbm, host, b_in, b_out)
-
-    if stype in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        bags, ids, upd = B * F * ones, B * F * P * ones, G * F * P * ones   # pools its own, updates all
+        in_bytes = (W - 1) * B * F * P * i_b * ones                           # every rank's ids
+        out_bytes = (W - 1) * B * F * cols * a                                # AllGather of the gradients
+        b_in = (in_bytes + out_bytes) * (L - 1) / max(1, W - 1) if W > 1 else 0 * ones
+        b_out = (in_bytes + out_bytes) - b_in
+        comm_in = in_bytes * ((L - 1) / max(1, W - 1) / c.intra_bw + (W - L) / max(1, W - 1) / c.inter_bw)
+        comm = comm_in + out_bytes * ((L - 1) / max(1, W - 1) / c.intra_bw + (W - L) / max(1, W - 1) / c.inter_bw)
+        buffers = G * F * P * i_b + G * F * cols * a
+    elif stype in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
         span = W if stype is ShardingType.ROW_WISE else L
-        ids = G * F * P * rho
-        compute = _lookup_seconds(table, ids, cols, rows, placement, c)
+        bags, ids = G * F * ones, G * F * P * rho
+        upd = ids
         ids_bytes = ids * i_b
         partial = G * F * cols * a  # partial pooled sums of the global batch
+        comm_in = ids_bytes * f_intra / c.intra_bw + ids_bytes * f_inter / c.inter_bw
         if stype is ShardingType.ROW_WISE:
             rs_in, rs_out, rs_t = _hier_collective(partial, topo, c)
             b_in = ids_bytes * f_intra + 2 * rs_in
             b_out = ids_bytes * f_inter + 2 * rs_out
-            comm = ids_bytes * f_intra / c.intra_bw + ids_bytes * f_inter / c.inter_bw + 2 * rs_t
+            comm = comm_in + 2 * rs_t
         else:  # intra-node RS of the partial sums, then the node's 1/L share goes out by AlltoAll
             rs = partial * (span - 1) / span
             out = 2 * partial / span
@@ -148,44 +217,66 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
             comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + 2 * partial
     else:  # TW, CW, TWCW: the owner serves the whole global batch for its columns
-        ids = G * F * P * np.ones_like(rows)
-        compute = _lookup_seconds(table, ids, cols, rows, placement, c)
+        bags, ids = G * F * ones, G * F * P * ones
+        upd = ids
         ids_bytes = ids * i_b
         out = 2 * G * F * cols * a
         b_in = (ids_bytes + out) * f_intra
         b_out = (ids_bytes + out) * f_inter
+        comm_in = ids_bytes * f_intra / c.intra_bw + ids_bytes * f_inter / c.inter_bw
         comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + out
-    hbm, host = weights + state + buffers, zeros
-    if placement is Placement.HOST:
-        hbm, host = c.cache_load_factor * weights + buffers, weights + state
-    return PartCosts(compute, comm, hbm, host, b_in, b_out)
+    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c)
+    if cache_fraction is None:
+        return PartCosts(fwd + bwd, comm, weights + state + buffers, np.zeros_like(rows), b_in, b_out,
+                         distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)
+    miss_s, hit, device, store, _ = cache_parts(table, upd, cols, rows, cache_fraction, G * F * P, c, U)
+    return PartCosts(fwd + bwd + miss_s, comm, device + buffers, store, b_in, b_out, hit, miss_s, U,
+                     fwd, bwd + miss_s, comm_in)
 
 
 def input_side_cost(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):
     """Per-rank (seconds, bytes_intra, bytes_inter, hbm bytes) that every rank pays for
     ``table`` independent of placement: sending its local ids and receiving its local
     pooled outputs (and sending their gradients back). Zero for data-parallel."""
+    s_in, s_out, b_in, b_out, mem = input_side_split(table, stype, topo, c)
+    return s_in + s_out, b_in, b_out, mem
+
+
+def input_side_split(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):
+    """(input distribution s, output distribution s, bytes intra, bytes inter, hbm bytes) of the input side."""
     if stype is ShardingType.DATA_PARALLEL:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     W, L, B = topo.world_size, topo.local_world_size, topo.batch_size_per_rank
     F, P, D = table.num_features, table.pooling_factor, table.dim
-    vol = B * F * P * c.id_bytes + 2 * B * F * D * c.act_bytes
-    b_in, b_out = vol * (L - 1) / W, vol * (W - L) / W
-    return b_in / c.intra_bw + b_out / c.inter_bw, b_in, b_out, B * F * D * c.act_bytes * 2.0
+    ids, pooled = B * F * P * c.id_bytes, 2 * B * F * D * c.act_bytes
+    fi, fo = (L - 1) / W, (W - L) / W
+    s_in = ids * (fi / c.intra_bw + fo / c.inter_bw)
+    s_out = pooled * (fi / c.intra_bw + fo / c.inter_bw)
+    return s_in, s_out, (ids + pooled) * fi, (ids + pooled) * fo, B * F * D * c.act_bytes * 2.0
 
 
 def collective_latency(types_used, topo: Topology, c: CostConstants) -> float:
     """Fixed latency per step of the (fused) collectives the plan uses; the same on every rank."""
+    return sum(collective_latency_split(types_used, topo, c))
+
+
+def collective_latency_split(types_used, topo: Topology, c: CostConstants):
+    """(input distribution, output distribution) latency per step: 0 in one process."""
+    if topo.world_size == 1:
+        return 0.0, 0.0
     lat = c.inter_latency if topo.num_nodes > 1 else c.intra_latency
-    n = 0
     used = set(types_used)
+    n_in = 2 if used else 0                     # lengths + ids AlltoAlls, shared by every type
+    n_out = 0
     if used & {ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE}:
-        n += 4  # ids AlltoAll (2: lengths + values), pooled AlltoAll fwd + bwd
+        n_out += 2                              # pooled AlltoAll forward + backward
     if ShardingType.ROW_WISE in used:
-        n += 4  # ids AlltoAll (2), ReduceScatter, AllGather
+        n_out += 2                              # ReduceScatter, AllGather
     if ShardingType.TABLE_ROW_WISE in used:
-        n += 5
+        n_out += 3
+    if ShardingType.TABLE_COLUMN_WISE in used:
+        n_out += 2
     if ShardingType.DATA_PARALLEL in used:
-        n += 1
-    return n * lat
+        n_out += 1                              # AllGather of the gradients
+    return n_in * lat, n_out * lat

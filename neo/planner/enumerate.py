@@ -9,18 +9,26 @@ the partitioner places the parts:
   table_column_wise: parts on the node's least-loaded ranks);
 - ``fixed``: part k on rank k (row_wise, data_parallel).
 
+A cached table (``placement: cached``) has one option per sharding and cache size (its fixed
+``cache_fraction``, else each of :data:`neo.planner.cache_model.CACHE_FRACTIONS` whose cache
+holds two batches' distinct rows); an ``auto`` table has its device options and, when
+``allow_cache``, its cached ones.
+
 After TorchRec's ``EmbeddingEnumerator`` (torchrec/distributed/planner/enumerators.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from neo.planner.cache_model import CACHE_FRACTIONS
 from neo.planner.cost import PartCosts, estimate_parts
-from neo.planner.types import GIB, CostConstants, PlanningError, ShardingType, TableSpec, Topology
+from neo.planner.constants import CostConstants
+from neo.planner.types import GIB, Placement, PlanningError, ShardingType, TableSpec, Topology
 
 __all__ = ["Option", "enumerate_options", "split_evenly", "column_widths"]
 
@@ -44,6 +52,8 @@ class Option:
     costs: PartCosts
     allowed_ranks: Optional[Tuple[int, ...]] = None
     """Pinned ranks (scope ``rank`` only); None = any rank."""
+    cache_fraction: Optional[float] = None
+    """Cached: the share of each part's rows its cache holds; None: every row on the device."""
 
     @property
     def num_parts(self) -> int:
@@ -123,14 +133,41 @@ def _check_constraints(idx: int, t: TableSpec, topo: Topology) -> Tuple[Sharding
     return allowed
 
 
-def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, topo, c, pins=None) -> Option:
-    costs = estimate_parts(t, st, rs, cs, topo, c, t.constraints.placement)
-    return Option(idx, st, scope, np.asarray(ro), np.asarray(rs), np.asarray(co), np.asarray(cs), costs, pins)
+def _fractions(t: TableSpec, allow_cache: bool) -> List[Optional[float]]:
+    """Cache shares to consider (None: on the device)."""
+    p = t.constraints.placement
+    if p is Placement.DEVICE or (p is Placement.AUTO and not allow_cache):
+        return [None]
+    cached = [t.cache_fraction] if t.cache_fraction is not None else list(CACHE_FRACTIONS)
+    return cached if p is Placement.CACHED else [None] + cached
 
 
-def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants) -> List[Option]:
+def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, topo, c, pins=None,
+          fractions=(None,)) -> List[Option]:
+    """Options of one split, one per cache share; a cache too small for two steps' distinct rows
+    (the step computing and the one prefetching) is left out, and when every one of a cached
+    table's shares is, the smallest share that holds them stands in."""
+    out, need = [], 0.0
+    rs = np.asarray(rs)
+    for f in fractions:
+        costs = estimate_parts(t, st, rs, cs, topo, c, f)
+        if f is not None:
+            short = (np.ceil(f * rs) < 2.0 * costs.distinct) & (rs > 0)
+            if short.any():
+                need = max(need, float((2.0 * costs.distinct[short] / rs[short]).max()))
+                continue
+        out.append(Option(idx, st, scope, np.asarray(ro), rs, np.asarray(co), np.asarray(cs), costs, pins, f))
+    if not out and need:
+        f = min(1.0, math.ceil(need * 100.0) / 100.0)
+        out.append(Option(idx, st, scope, np.asarray(ro), rs, np.asarray(co), np.asarray(cs),
+                          estimate_parts(t, st, rs, cs, topo, c, f), pins, f))
+    return out
+
+
+def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allow_cache: bool = True) -> List[Option]:
     """All options of one table allowed by its constraints (before the memory filter)."""
     allowed = _check_constraints(idx, t, topo)
+    fr = _fractions(t, allow_cache)
     W, L = topo.world_size, topo.local_world_size
     pins = tuple(sorted(set(t.constraints.ranks))) or None
     width = t.constraints.column_shard_width
@@ -139,28 +176,28 @@ def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants) -> L
     zero = np.array([0])
     for st in allowed:
         if st is ShardingType.TABLE_WISE:
-            opts.append(_make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins))
+            opts.extend(_make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins, fr))
         elif st is ShardingType.DATA_PARALLEL:
-            opts.append(_make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
-                              np.zeros(W, np.int64), np.full(W, t.dim), topo, c))
+            opts.extend(_make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
+                              np.zeros(W, np.int64), np.full(W, t.dim), topo, c, None, fr))
         elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
             k = W if st is ShardingType.ROW_WISE else L
             ro, rs = split_evenly(t.rows, k)
-            opts.append(_make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
-                              ro, rs, np.zeros(k, np.int64), np.full(k, t.dim), topo, c))
+            opts.extend(_make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
+                              ro, rs, np.zeros(k, np.int64), np.full(k, t.dim), topo, c, None, fr))
         elif st is ShardingType.COLUMN_WISE:
             widths = [width] if width else _default_cw_widths(t.dim, len(pins) if pins else W)
             if not widths and st in t.constraints.sharding_types:
                 widths = [t.dim]  # forced but too narrow to split: a single column shard
             for w in widths:
                 co, cs = column_widths(t.dim, w)
-                opts.append(_make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
-                                  co, cs, topo, c, pins))
+                opts.extend(_make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+                                  co, cs, topo, c, pins, fr))
         elif st is ShardingType.TABLE_COLUMN_WISE:
             w = width or _round4(t.dim / min(L, max(1, t.dim // 4)))
             co, cs = column_widths(t.dim, w)
-            opts.append(_make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
-                              co, cs, topo, c))
+            opts.extend(_make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+                              co, cs, topo, c, None, fr))
     return opts
 
 
@@ -176,9 +213,11 @@ def _shortfall(opt: Option, topo: Topology, hbm_cap: np.ndarray, host_cap: np.nd
     return float(max(opt.costs.hbm.max() - hbm_cap[ranks].max(), opt.costs.host.max() - host_cap[ranks].max()))
 
 
-def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConstants) -> List[List[Option]]:
+def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConstants,
+                      allow_cache: bool = True) -> List[List[Option]]:
     """Options of every table whose parts fit a device; raises :class:`PlanningError` naming
-    the table and the memory missing when none does."""
+    the table and the memory missing when none does. ``allow_cache=False``: ``auto`` tables on
+    the device only (the planner's first try)."""
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -187,7 +226,7 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
     host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
     out: List[List[Option]] = []
     for idx, t in enumerate(tables):
-        opts = table_options(idx, t, topo, c)
+        opts = table_options(idx, t, topo, c, allow_cache)
         fits = [o for o in opts if _shortfall(o, topo, hbm_cap, host_cap) <= 0]
         if not fits:
             best = min(opts, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))
@@ -195,7 +234,7 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
             need = best.max_part_hbm
             raise PlanningError(
                 f"table '{t.name}' cannot be placed: its smallest shard ({best.sharding_type.value}, "
-                f"{t.constraints.placement.value} placement) needs {need:.0f} bytes ({need / GIB:.2f} GiB) "
+                f"{'cached' if best.cache_fraction is not None else 'device'} placement) needs {need:.0f} bytes ({need / GIB:.2f} GiB) "
                 f"on one device; {miss:.0f} bytes ({miss / GIB:.2f} GiB) missing. Allowed sharding types: "
                 f"{[o.value for o in (t.constraints.sharding_types or tuple(ShardingType))]}")
         out.append(fits)

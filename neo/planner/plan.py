@@ -4,7 +4,9 @@ JSON shape (documented in docs/planner.md)::
 
     {"world_size": W, "local_world_size": L,
      "tables": {NAME: {"sharding_type": "table_wise", "placement": "device",
-                       "shards": [{"rank": r, "row_offset": o, "rows": n, "col_offset": c, "cols": d}]}},
+                       "shards": [{"rank": r, "row_offset": o, "rows": n, "col_offset": c, "cols": d}],
+                       # placement "cached" only: each shard caches this share of its rows
+                       "cache_load_factor": f, "cache_rows": k, "expected_hit_rate": h, "miss_ms": m}},
      "ranks": [{"rank": r, "memory_bytes": m, "host_memory_bytes": h, "predicted_ms": t,
                 "compute_ms": x, "comm_ms": y, "comm_bytes_intra": a, "comm_bytes_inter": b}],
      "summary": {"partitioner": "...", "proposal": "...", "max_ms": .., "mean_ms": .., "imbalance": ..,
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from neo.planner.types import Placement, Shard, ShardingType
 
@@ -29,15 +31,28 @@ class TablePlan:
     sharding_type: ShardingType
     shards: Tuple[Shard, ...]
     placement: Placement = Placement.DEVICE
+    cache_load_factor: Optional[float] = None
+    """Cached tables: the share of each shard's rows its cache holds."""
+    cache_rows: Optional[int] = None
+    """Cached tables: cache rows of all shards together."""
+    expected_hit_rate: Optional[float] = None
+    """Cached tables: predicted hit rate of a step's distinct rows."""
+    miss_ms: Optional[float] = None
+    """Cached tables: predicted milliseconds a step spends moving misses (its slowest shard)."""
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"sharding_type": self.sharding_type.value, "placement": self.placement.value,
-                "shards": [asdict(s) for s in self.shards]}
+        d = {"sharding_type": self.sharding_type.value, "placement": self.placement.value,
+             "shards": [asdict(s) for s in self.shards]}
+        if self.placement is Placement.CACHED:
+            d.update(cache_load_factor=self.cache_load_factor, cache_rows=self.cache_rows,
+                     expected_hit_rate=self.expected_hit_rate, miss_ms=self.miss_ms)
+        return d
 
     @staticmethod
     def from_dict(d: Dict[str, Any]) -> "TablePlan":
         return TablePlan(ShardingType(d["sharding_type"]), tuple(Shard(**s) for s in d["shards"]),
-                         Placement(d.get("placement", "device")))
+                         Placement(d.get("placement", "device")), d.get("cache_load_factor"), d.get("cache_rows"),
+                         d.get("expected_hit_rate"), d.get("miss_ms"))
 
 
 @dataclass(frozen=True)

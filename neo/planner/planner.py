@@ -8,9 +8,15 @@ part is at most ``theta`` x the ideal per-rank load (total work / W), else the o
 the smallest largest part: small tables stay whole (or data-parallel when replicas are
 cheaper than the ids/pooled AlltoAlls), heavy ones are split column/row-wise so that no
 single shard dominates a rank (the Neo paper's hierarchical mix). A memory-aware variant
-also caps each part at a fraction of the device memory. Every proposal is partitioned by
-greedy, Karmarkar-Karp and the refinement; the feasible result with the lowest objective
-(max + imbalance_weight x (max - mean) predicted rank time) wins.
+also caps each part at a fraction of the device memory. When the chosen options need more
+memory than the cluster has, tables move to their next option with less memory (a smaller
+cache, or a cache instead of every row on the device) in the order of the least time added
+per byte saved, until they fit. Every proposal is partitioned by greedy, Karmarkar-Karp and
+the refinement; the feasible result with the lowest objective (max + imbalance_weight x
+(max - mean) predicted rank time) wins.
+
+Tables with ``placement: auto`` are first planned on the device only; their cached options
+(:mod:`neo.planner.cache_model`) enter only when that plan does not fit.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from neo.planner.enumerate import Option, enumerate_options
 from neo.planner.partition import Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp, objective
 from neo.planner.refine import refine
 from neo.planner.plan import Plan, RankStats, TablePlan
-from neo.planner.types import GIB, CostConstants, PlanningError, Shard, ShardingType, TableSpec, Topology
+from neo.planner.constants import CostConstants
+from neo.planner.types import (GIB, Placement, PlanningError, Shard, ShardingType, TableSpec,
+                               Topology)
 
 __all__ = ["plan_tables", "evaluate_plan", "propose", "build_problem", "PARTITIONERS"]
 
@@ -57,7 +65,10 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
                         for o in opts]) for opts in options]
     maxpart = [np.array([o.max_part_seconds for o in opts]) for opts in options]
     maxhbm = [np.array([o.max_part_hbm for o in opts]) for opts in options]
+    sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
     min_cap = min(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    input_hbm = _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
     out: List[Proposal] = []
     seen = set()
     for mem_frac in (1.0, 0.5):
@@ -75,11 +86,42 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
                 if new == choice:
                     break
                 choice = new
-            key = tuple(choice)
-            if key not in seen:
-                seen.add(key)
-                out.append(Proposal(f"theta={theta:g},mem={mem_frac:g}", key))
+            for slack in (1.0, 0.9, 0.75):
+                fitted = _fit_total_memory(choice, totals, sumhbm, slack * total_cap - input_hbm)
+                key = tuple(fitted)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(Proposal(f"theta={theta:g},mem={mem_frac:g}" + (f",fit={slack:g}" if fitted != choice
+                                                                                 else ""), key))
+                if fitted == choice:
+                    break
     return out
+
+
+def _fit_total_memory(choice: List[int], totals, sumhbm, cap: float) -> List[int]:
+    """Move tables to options with less memory (fewer cached rows, or cached instead of on the
+    device), least seconds added per byte saved first, until the chosen options fit ``cap``."""
+    choice = list(choice)
+    need = sum(float(h[j]) for h, j in zip(sumhbm, choice))
+    while need > cap:
+        best = None
+        for k, j in enumerate(choice):
+            h, t = sumhbm[k], totals[k]
+            saves = h[j] - h
+            ok = saves > 0
+            if not ok.any():
+                continue
+            ratio = np.where(ok, (t - t[j]) / np.where(ok, saves, 1.0), np.inf)
+            # among the moves of this table, the cheapest per byte; ties: the one saving most
+            m = int(np.lexsort((-saves, ratio))[0])
+            if best is None or ratio[m] < best[0]:
+                best = (ratio[m], k, m)
+        if best is None:
+            break
+        _, k, m = best
+        need -= float(sumhbm[k][choice[k]] - sumhbm[k][m])
+        choice[k] = m
+    return choice
 
 
 def build_problem(tables: Sequence[TableSpec], chosen: Sequence[Option], topo: Topology, c: CostConstants):
@@ -166,24 +208,38 @@ def _check_total_memory(tables, options, topo: Topology, c: CostConstants) -> No
         raise PlanningError(
             f"the tables need at least {need:.0f} bytes ({need / GIB:.2f} GiB) of device memory in total but the "
             f"{topo.world_size} ranks have {cap:.0f} bytes ({cap / GIB:.2f} GiB): {need - cap:.0f} bytes "
-            f"({(need - cap) / GIB:.2f} GiB) missing; largest tables: {names} (placement: host moves a table "
-            f"to host memory)")
+            f"({(need - cap) / GIB:.2f} GiB) missing; largest tables: {names} (placement: cached keeps a "
+            f"cache of a table's hot rows in device memory and every row in host memory or on disk)")
 
 
 def plan_tables(tables: Sequence[TableSpec], topo: Topology, constants: Optional[CostConstants] = None,
-                partitioners: Sequence[str] = PARTITIONERS) -> Plan:
-    """Plan every table; raises :class:`PlanningError` when one cannot be placed."""
+                partitioners: Sequence[str] = PARTITIONERS, alternatives: int = 0) -> Plan:
+    """Plan every table; raises :class:`PlanningError` when one cannot be placed.
+
+    ``alternatives``: also keep the next best distinct plans (other sharding types, cache sizes
+    or ranks), best first, as plan dicts in ``summary["alternatives"]``."""
     c = constants or CostConstants()
     bad = [p for p in partitioners if p not in PARTITIONERS]
     if bad:
         raise PlanningError(f"unknown partitioners {bad}; valid: {list(PARTITIONERS)}")
     if not tables:
         raise PlanningError("no tables to plan")
-    options = enumerate_options(tables, topo, c)
+    if any(t.constraints.placement is Placement.AUTO for t in tables):
+        try:                          # auto tables on the device when everything fits there
+            return _plan(tables, topo, c, partitioners, allow_cache=False, alternatives=alternatives)
+        except PlanningError:
+            pass
+    return _plan(tables, topo, c, partitioners, allow_cache=True, alternatives=alternatives)
+
+
+def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partitioners: Sequence[str],
+          allow_cache: bool, alternatives: int = 0) -> Plan:
+    options = enumerate_options(tables, topo, c, allow_cache)
     _check_total_memory(tables, options, topo, c)
     proposals = propose(tables, options, topo, c)
     best = None
     candidates = []
+    feasible = []
     errors: List[PlanningError] = []
     for prop in proposals:
         chosen = [options[k][j] for k, j in enumerate(prop.choice)]
@@ -198,6 +254,8 @@ def plan_tables(tables: Sequence[TableSpec], topo: Topology, constants: Optional
                                "max_ms": float(loads.max()) * 1e3,
                                "max_over_mean": float(loads.max() / max(loads.mean(), 1e-30)),
                                "over_bytes": max(0.0, over)})
+            if ok:
+                feasible.append((obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo))
             if ok and (best is None or obj < best[0]):
                 best = (obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo)
     if best is None:
@@ -211,10 +269,25 @@ def plan_tables(tables: Sequence[TableSpec], topo: Topology, constants: Optional
         if errors:
             raise errors[0]
         raise PlanningError(f"no {algos} plan could be built")
-    _, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo = best
-    part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
-    return _to_plan(tables, topo, c, chosen, part_ranks,
-                    {"partitioner": algo, "proposal": prop.name, "candidates": candidates})
+    plans, seen = [], set()
+    for obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo in sorted(feasible, key=lambda f: f[0]):
+        part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
+        on_rank: Dict[int, set] = {}
+        for o, r in zip(chosen, part_ranks):
+            for k, rank in enumerate(r.tolist()):
+                on_rank.setdefault(rank, set()).add((o.table, k))
+        key = (tuple((o.sharding_type, o.cache_fraction, o.num_parts) for o in chosen),   # ranks relabelled: same plan
+               frozenset(frozenset(s) for s in on_rank.values()))
+        if key in seen:
+            continue
+        seen.add(key)
+        plans.append(_to_plan(tables, topo, c, chosen, part_ranks,
+                              {"partitioner": algo, "proposal": prop.name, "candidates": candidates}))
+        if len(plans) > alternatives:
+            break
+    if alternatives:
+        plans[0].summary["alternatives"] = [p.to_dict() for p in plans[1:]]
+    return plans[0]
 
 
 def _part_ranks(chosen, a: Assignment, pos_arr, part_arr, group_of, W: int) -> List[np.ndarray]:
@@ -237,15 +310,26 @@ def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict
         tp = table_plans[t.name]
         sh = tp.shards
         arr = lambda f: np.array([getattr(s, f) for s in sh], dtype=np.int64)  # noqa: E731
-        t_eff = t if tp.placement is t.constraints.placement else TableSpec(
-            t.name, t.rows, t.dim, t.weight_bytes, t.state_floats_per_row, t.state_per_element, t.num_features,
-            t.pooling_factor, t.access_skew, replace(t.constraints, placement=tp.placement))
-        eff.append(t_eff)
-        costs = estimate_parts(t_eff, tp.sharding_type, arr("rows"), arr("cols"), topo, c, tp.placement)
+        fraction = None
+        if tp.placement is Placement.CACHED:
+            fraction = tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
+        eff.append(replace(t, constraints=replace(t.constraints, placement=tp.placement)))
+        costs = estimate_parts(t, tp.sharding_type, arr("rows"), arr("cols"), topo, c, fraction)
         chosen.append(Option(idx, tp.sharding_type, "rank", arr("row_offset"), arr("rows"), arr("col_offset"),
-                             arr("cols"), costs))
+                             arr("cols"), costs, None, fraction))
         part_ranks.append(arr("rank"))
     return _to_plan(eff, topo, c, chosen, part_ranks, dict(summary or {}))
+
+
+def _table_plan(o: Option, shards, speeds: np.ndarray) -> TablePlan:
+    if o.cache_fraction is None:
+        return TablePlan(o.sharding_type, shards, Placement.DEVICE)
+    pc = o.costs
+    w = np.maximum(pc.distinct, 1e-30)
+    hit = float((pc.hit_rate * w).sum() / w.sum())
+    miss_ms = float((pc.miss_seconds / speeds).max() * 1e3)     # the slowest part: what a step waits for
+    cache_rows = int(sum(np.ceil(o.cache_fraction * r) for r in o.rows))
+    return TablePlan(o.sharding_type, shards, Placement.CACHED, o.cache_fraction, cache_rows, hit, miss_ms)
 
 
 def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dict) -> Plan:
@@ -271,13 +355,13 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
         t = tables[o.table]
         shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
                        for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
-        out_tables[t.name] = TablePlan(o.sharding_type, shards, t.constraints.placement)
+        out_tables[t.name] = _table_plan(o, shards, speed[ranks])
     lat = collective_latency([o.sharding_type for o in chosen], topo, c)
     pred = compute + comm + lat
     ranks = tuple(RankStats(r, int(hbm[r]), float(pred[r] * 1e3), float(compute[r] * 1e3),
                             float((comm[r] + lat) * 1e3), float(b_in[r]), float(b_out[r]), int(host[r]))
                   for r in range(W))
-    summary = dict(summary, max_ms=float(pred.max() * 1e3), mean_ms=float(pred.mean() * 1e3),
+    summary = dict(summary, device_kind=c.device_kind, max_ms=float(pred.max() * 1e3), mean_ms=float(pred.mean() * 1e3),
                    imbalance=float(pred.max() / max(pred.mean(), 1e-30)),
                    objective_ms=float(objective(pred, c.imbalance_weight) * 1e3), latency_ms=lat * 1e3,
                    uniform_ms=float((in_t + lat) * 1e3))

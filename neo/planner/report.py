@@ -28,14 +28,28 @@ def format_report(plan: Plan, max_tables: int = 0) -> str:
     lines.append("Tables")
     width = max([len(n) for n in plan.tables] + [5])
     lines.append(f"  {'table':{width}s}  {'sharding':17s} {'place':6s} shards (rank[rows, cols])")
+    cached = []
     for k, (name, tp) in enumerate(plan.tables.items()):
+        if tp.placement.value == "cached":
+            cached.append((name, tp))
         if max_tables and k >= max_tables:
-            lines.append(f"  ... {len(plan.tables) - max_tables} more tables")
-            break
+            continue
         lines.append(f"  {name:{width}s}  {tp.sharding_type.value:17s} {tp.placement.value:6s} {_shards(tp)}")
+    if max_tables and len(plan.tables) > max_tables:
+        lines.append(f"  ... {len(plan.tables) - max_tables} more tables")
+    if cached:
+        lines.append("")
+        lines.append("Cached tables (a cache of hot rows in fast memory over a backing store holding every row)")
+        lines.append(f"  {'table':{width}s}  {'cache rows':>12s} {'share':>6s} {'expected hit':>12s} "
+                     f"{'miss ms/step':>12s}")
+        for name, tp in cached:
+            lines.append(f"  {name:{width}s}  {tp.cache_rows:12,d} {tp.cache_load_factor:6.1%} "
+                         f"{tp.expected_hit_rate:12.3f} {tp.miss_ms:12.3f}")
     lines.append("")
+    cpu = plan.summary.get("device_kind", "h100") == "cpu"
+    fast, slow = ("mem MiB", "store MiB") if cpu else ("HBM MiB", "host MiB")
     lines.append("Ranks")
-    lines.append(f"  {'rank':>4s} {'node':>4s} {'HBM MiB':>10s} {'host MiB':>10s} {'pred ms':>9s} {'compute':>9s} "
+    lines.append(f"  {'rank':>4s} {'node':>4s} {fast:>10s} {slow:>10s} {'pred ms':>9s} {'compute':>9s} "
                  f"{'comm ms':>9s} {'intra MB':>10s} {'inter MB':>10s} {'shards':>6s}")
     counts = [0] * W
     for tp in plan.tables.values():
@@ -47,10 +61,17 @@ def format_report(plan: Plan, max_tables: int = 0) -> str:
                      f"{r.comm_bytes_inter / 1e6:10.2f} {counts[r.rank]:6d}")
     lines.append("")
     mem = [r.memory_bytes for r in plan.ranks]
-    lines.append(f"Predicted step: max {plan.max_ms:.3f} ms, mean {plan.mean_ms:.3f} ms, "
-                 f"imbalance max/mean {plan.imbalance:.3f}; HBM max {max(mem) / GIB:.3f} GiB, "
+    label = "host memory (embeddings)" if cpu else "HBM"
+    lines.append(f"Predicted embedding time per step (per rank): max {plan.max_ms:.3f} ms, mean {plan.mean_ms:.3f} ms, "
+                 f"imbalance max/mean {plan.imbalance:.3f}; {label} max {max(mem) / GIB:.3f} GiB, "
                  f"min {min(mem) / GIB:.3f} GiB")
     s = plan.summary
+    step = s.get("step")
+    if step:
+        comps = ", ".join(f"{k} {v:.3f}" for k, v in step["components_ms"].items())
+        lines.append(f"Predicted step: {step['step_ms']:.3f} ms ({comps}); {step['samples_per_s']:.0f} samples/s")
+    if s.get("cost_constants"):
+        lines.append(f"Cost constants: {s['cost_constants']}")
     if s:
         lines.append(f"Chosen: partitioner {s.get('partitioner')}, proposal {s.get('proposal')}")
         cands = s.get("candidates", [])

@@ -12,8 +12,7 @@ Learning Recommendation Models", ISCA 2022), written from scratch.
 from __future__ import annotations
 
 import enum
-import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "TableConstraints",
     "TableSpec",
     "Shard",
-    "CostConstants",
     "GIB",
 ]
 
@@ -67,12 +65,15 @@ class ShardingType(str, enum.Enum):
 
 
 class Placement(str, enum.Enum):
-    """Where a table's weights live."""
+    """Where a table's rows live (docs/cache.md)."""
 
     DEVICE = "device"
-    """Device memory (HBM)."""
-    HOST = "host"
-    """Host memory (UVM) with a device-side cache of ``CostConstants.cache_load_factor`` of the rows."""
+    """Every row in the device's fast memory (HBM; DRAM on a CPU)."""
+    CACHED = "cached"
+    """A cache of hot rows in fast memory over a backing store (host memory, or a file on disk)
+    holding every row; the planner sizes the cache from the table's miss-ratio curve."""
+    AUTO = "auto"
+    """A constraint only: the planner chooses device or cached (device where memory allows)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class TableConstraints:
     column_shard_width: Optional[int] = None
     """Width of column shards (multiple of 4) for column_wise / table_column_wise; None = planner's choice."""
     placement: Placement = Placement.DEVICE
-    """Where the weights live: device (HBM) or host (UVM + HBM cache)."""
+    """device, cached, or auto (the planner chooses)."""
 
     def __post_init__(self) -> None:
         try:
@@ -179,8 +180,14 @@ class TableSpec:
     pooling_factor: float = 1.0
     """Mean ids per sample per feature."""
     access_skew: float = 0.0
-    """Zipf exponent of the id distribution (0 = uniform); sets the cache hit rate of host placement."""
+    """Zipf exponent of the id distribution (0 = uniform): the built-in miss-ratio model of a cached table."""
     constraints: TableConstraints = field(default_factory=TableConstraints)
+    cache_fraction: Optional[float] = None
+    """Cached tables: the cache's share of the rows when the user fixed it (None: the planner sizes it)."""
+    hit_curve: Tuple[Tuple[float, float], ...] = ()
+    """Measured (cache share of the rows, hit rate of a batch's distinct rows) points; empty: the skew model."""
+    distinct_per_batch: Optional[float] = None
+    """Measured distinct rows per global batch (with ``hit_curve``); None: the skew model."""
 
     def state_floats(self, cols: int) -> int:
         """Optimizer state floats per row for a shard of ``cols`` columns."""
@@ -201,64 +208,6 @@ class Shard:
     rows: int
     col_offset: int
     cols: int
-
-
-@dataclass(frozen=True)
-class CostConstants:
-    """Bandwidths, latencies and factors of the cost model (defaults: an H100 node).
-
-    Calibrate by measuring and writing a JSON with any subset of these fields
-    (:meth:`from_json`). Bandwidths are bytes/second, latencies seconds.
-    """
-
-    hbm_bw: float = 3.0e12
-    """Effective device memory bandwidth of embedding lookups (H100 HBM3 ~3.35 TB/s peak)."""
-    hbm_efficiency: float = 0.5
-    """Fraction of ``hbm_bw`` that random row gathers achieve."""
-    host_bw: float = 25e9
-    """Bandwidth of device reads from host memory (UVM over PCIe 5 ~ 25-50 GB/s)."""
-    intra_bw: float = 450e9
-    """Per-direction bandwidth between two GPUs of a node (NVLink4 ~ 450 GB/s)."""
-    inter_bw: float = 25e9
-    """Per-GPU bandwidth across nodes (one 200-400 Gb/s NIC per GPU ~ 25-50 GB/s)."""
-    intra_latency: float = 10e-6
-    """Fixed cost of one collective within a node."""
-    inter_latency: float = 30e-6
-    """Fixed cost of one collective across nodes."""
-    bwd_factor: float = 2.0
-    """Backward + fused optimizer time / forward lookup time (reads grads, reads+writes weights and state)."""
-    kernel_overhead: float = 5e-6
-    """Fixed compute cost per shard per step (kernel launch, bucketization)."""
-    id_bytes: int = 8
-    """Bytes per id sent in the ids AlltoAll (int64)."""
-    act_bytes: int = 4
-    """Bytes per element of pooled embeddings and their gradients (fp32)."""
-    cache_load_factor: float = 0.2
-    """Fraction of a host-placed table's rows cached in HBM."""
-    imbalance_weight: float = 0.25
-    """Objective = max rank time + imbalance_weight x (max - mean) rank time."""
-    memory_headroom: float = 0.0
-    """Fraction of each device's memory kept free (0 = use all of ``Device.hbm_bytes``)."""
-
-    @property
-    def lookup_bw(self) -> float:
-        return self.hbm_bw * self.hbm_efficiency
-
-    def to_dict(self) -> Dict[str, float]:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(d: Dict[str, float]) -> "CostConstants":
-        names = {f.name for f in fields(CostConstants)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise PlanningError(f"cost constants: unknown fields {unknown}; valid: {sorted(names)}")
-        return replace(CostConstants(), **d)
-
-    @staticmethod
-    def from_json(path: str) -> "CostConstants":
-        with open(path) as f:
-            return CostConstants.from_dict(json.load(f))
 
 
 def tiling_error(rows: int, dim: int, shards: Sequence[Shard]) -> Optional[str]:

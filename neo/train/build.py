@@ -26,11 +26,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
-from neo.config.embedding import ConfigError, TableConfig
+from neo.config.embedding import ConfigError, Placement, TableConfig
 from neo.config.tables import OptimizerEntry
 
-__all__ = ["DataSpec", "init_process_groups", "resolve_tables", "prepare_data", "make_loaders", "make_plan",
-           "validate_training_config", "rename_features"]
+__all__ = ["DataSpec", "init_process_groups", "attempt_store", "restart_attempt", "resolve_tables", "prepare_data", "make_loaders", "make_plan",
+           "validate_training_config", "rename_features", "apply_placements"]
 
 
 # ----------------------------------------------------------------------------- 0. config checks
@@ -44,19 +44,41 @@ def validate_training_config(cfg) -> None:
 
 # ----------------------------------------------------------------------------- 1. process groups
 def init_process_groups(train_cfg):
-    """Initialise torch.distributed (torchrun env or one local rank) and build :class:`ProcessGroups`."""
+    """Initialise torch.distributed (torchrun env or one local rank) and build :class:`ProcessGroups`.
+
+    Under torchrun every restart attempt rendezvouses on a store of its own (the agent's store
+    outlives its workers: keys a killed attempt left there would otherwise send the new workers
+    to dead peers' addresses, see :func:`attempt_store`)."""
     from neo.distributed import ProcessGroups
 
-    timeout = datetime.timedelta(seconds=600)
+    timeout = datetime.timedelta(seconds=train_cfg.collective_timeout_s)
     if not dist.is_initialized():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 or "MASTER_ADDR" in os.environ:
-            dist.init_process_group(train_cfg.dist_backend, init_method="env://", timeout=timeout)
+            store, rank, world = attempt_store(timeout)
+            dist.init_process_group(train_cfg.dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     W = dist.get_world_size()
     L = int(os.environ.get("LOCAL_WORLD_SIZE", str(W)))
     return ProcessGroups.build(L, shm=train_cfg.shm_collectives)
+
+
+def restart_attempt() -> int:
+    """torchrun's restart count of this worker group (0: the first attempt, or not under torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def attempt_store(timeout: datetime.timedelta):
+    """(store, rank, world size) of the ``env://`` rendezvous, its keys under ``neo/attempt-<k>/``.
+
+    torchrun's agent hosts the workers' TCPStore and keeps it across restarts of the workers,
+    while ``init_process_group`` writes fixed keys (every rank's gloo address) under one fixed
+    prefix: the workers of attempt k+1 would read the addresses attempt k's dead workers left
+    there and fail to connect (or wait on them). A prefix per attempt keeps the rounds apart."""
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"neo/attempt-{restart_attempt()}/", store), rank, world
 
 
 # ----------------------------------------------------------------------------- 2. tables
@@ -193,21 +215,110 @@ def feature_mapping(data_keys: Sequence[str], tables: Sequence[TableConfig]) -> 
 
 
 # ----------------------------------------------------------------------------- 4. plan
-def make_plan(cfg, pg, batch_size: int) -> Dict[str, Any]:
-    """The plan (JSON dict) for this world; rank 0 plans and broadcasts it. Also returns the report."""
-    from neo.planner import PARTITIONERS, Plan, format_report, plan_tables
+def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict[str, Any]:
+    """The plan (JSON dict) for this world; rank 0 plans and broadcasts it. Also returns the report.
+
+    Tables the planner may cache (``placement: cached``, or ``auto`` when the tables do not all
+    fit in device memory) get miss-ratio curves measured on ``sharding.cache_sample_batches``
+    global batches of ``data`` (:func:`measure_cache_curves`)."""
+    from neo.planner import PARTITIONERS, Placement as PlanPlacement, Plan, PlanningError, format_report, plan_tables
+    from neo.planner.step_model import predict_step
 
     payload = [None]
     if pg.rank == 0:
+        topo = cfg.topology.to_topology(pg.world_size, pg.local_world_size)
+        topo = replace(topo, batch_size_per_rank=batch_size)
+        consts, what = cfg.cost_constants(pg.world_size)
         if cfg.sharding.plan_file:
             plan = Plan.load(cfg.sharding.plan_file)
         else:
-            topo = cfg.topology.to_topology(pg.world_size, pg.local_world_size)
-            topo = replace(topo, batch_size_per_rank=batch_size)
-            consts = cfg.topology.to_cost_constants()
             parts = PARTITIONERS if cfg.sharding.partitioner == "auto" else (cfg.sharding.partitioner,)
-            plan = plan_tables(cfg.table_specs(), topo, consts, parts)
+            specs = cfg.table_specs()
+            plan, cache = None, [s.constraints.placement is PlanPlacement.CACHED for s in specs]
+            if any(s.constraints.placement is PlanPlacement.AUTO for s in specs):
+                device = [replace(s, constraints=replace(s.constraints, placement=PlanPlacement.DEVICE))
+                          if s.constraints.placement is PlanPlacement.AUTO else s for s in specs]
+                try:
+                    plan = plan_tables(device, topo, consts, parts) if not any(cache) else None
+                except PlanningError:
+                    cache = [c or s.constraints.placement is PlanPlacement.AUTO for c, s in zip(cache, specs)]
+            if plan is None:
+                if data is not None and cfg.sharding.cache_sample_batches and any(cache):
+                    specs = measure_cache_curves(cfg, data, specs, cache, batch_size * pg.world_size)
+                plan = plan_tables(specs, topo, consts, parts)
+            plan.summary["cost_constants"] = what
+            dense = dense_spec(cfg, data.num_dense if data is not None else None)
+            if dense is not None:
+                plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)
     return payload[0]
+
+
+def dense_spec(cfg, num_dense: Optional[int] = None):
+    """The planner's dense part of the config's model (see :meth:`neo.config.NeoConfig.dense_spec`)."""
+    return cfg.dense_spec(num_dense)
+
+
+def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], global_batch: int):
+    """``specs`` with a measured miss-ratio curve (``hit_curve``, ``distinct_per_batch``) for
+    every table marked in ``which``: the table's ids in the first ``sharding.cache_sample_batches``
+    global batches of the training data, run through ``neo cache-report``'s simulator with the
+    table's policy, two batches pinned at a time (as under the training pipeline), at each cache
+    share the planner considers whose cache holds two batches."""
+    import types
+
+    import numpy as np
+
+    from neo.embedding.cache.simulate import simulate
+    from neo.planner.cache_model import CACHE_FRACTIONS
+
+    tables = {t.name: t for t in resolve_tables(cfg)}
+    one = types.SimpleNamespace(rank=0, world_size=1)
+    loader, _ = make_loaders(replace(cfg, train=replace(cfg.train, batch_size=global_batch)), data, one)
+    mapping = feature_mapping(loader.meta.sparse_names, list(tables.values()))
+    picked = [s for s, w in zip(specs, which) if w]
+    ids: Dict[str, List[np.ndarray]] = {s.name: [] for s in picked}
+    it = iter(loader)
+    try:
+        for k, batch in enumerate(it):
+            sparse = rename_features(batch, mapping).sparse
+            for s in picked:
+                ids[s.name].append(np.unique(np.concatenate([sparse.feature(f)[0].numpy()
+                                                            for f in tables[s.name].feature_names])))
+            if k + 1 >= cfg.sharding.cache_sample_batches:
+                break
+    finally:
+        it.close()
+    out = list(specs)
+    for i, (s, w) in enumerate(zip(specs, which)):
+        batches = ids.get(s.name) if w else None
+        if not batches:
+            continue
+        t = tables[s.name]
+        need = max(len(np.union1d(a, b)) for a, b in zip(batches, batches[1:] or batches))
+        fractions = [s.cache_fraction] if s.cache_fraction is not None else list(CACHE_FRACTIONS)
+        curve = tuple((f, simulate(batches, t.num_rows, max(1, int(np.ceil(f * t.num_rows))), t.cache_policy.value,
+                                   t.cache_lookahead, pipelined=True).hit_rate)
+                      for f in fractions if np.ceil(f * t.num_rows) >= need)
+        out[i] = replace(s, hit_curve=curve, distinct_per_batch=float(np.mean([len(b) for b in batches])))
+    return out
+
+
+def apply_placements(tables: Sequence[TableConfig], plan: Dict[str, Any]) -> List[TableConfig]:
+    """The tables as the plan places them: a table the plan caches becomes ``placement: cached``
+    with the plan's cache share (a size fixed in its config stays); one it keeps on the device
+    loses any cache settings."""
+    out = []
+    for t in tables:
+        tp = plan["tables"][t.name]
+        if tp.get("placement") == Placement.CACHED.value:
+            if t.cached and (t.cache_rows is not None or t.cache_load_factor is not None):
+                out.append(t)
+            else:
+                out.append(replace(t, placement=Placement.CACHED, cache_rows=None,
+                                   cache_load_factor=float(tp.get("cache_load_factor") or 0.2)))
+        else:
+            out.append(replace(t, placement=Placement.DEVICE, cache_rows=None, cache_load_factor=None))
+    return out

@@ -19,8 +19,9 @@ step i stores the position after batch i, not after the prefetched i+2.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -71,13 +72,25 @@ class PlainLoop:
 
 
 class TrainPipeline:
-    """Batches i+1 (input_dist launched) and i+2 (on device) in flight while step i computes."""
+    """Batches read, redistributed and (with cached tables) prefetched ahead of the step computing.
 
-    def __init__(self, source: Iterator[StepBatch], sharded, step_fn: StepFn, device: torch.device, timers):
+    ``ahead`` is how many batches beyond the current one have finished their input
+    distribution when a step starts (0 without cached tables: batch i+1's is in flight under
+    step i, as in the module docstring). With cached tables, ``ahead = 1 + lookahead``: at
+    step i the ids of batch i+1 are on the rank that holds each shard, and
+    ``prefetch(dist_i+1, future=[dist_i+2, ...])`` makes its rows resident while step i
+    computes (:meth:`neo.distributed.ShardedEmbeddingCollection.prefetch`), with the lookahead
+    policy seeing the ``ahead - 1`` batches after it. Collectives are issued in the same order
+    on every rank whatever ``ahead`` is, and the arithmetic stays the plain loop's.
+    """
+
+    def __init__(self, source: Iterator[StepBatch], sharded, step_fn: StepFn, device: torch.device, timers,
+                 ahead: int = 0, prefetch: Optional[Callable[[Any, List[Any]], None]] = None):
         self.source, self.sharded, self.step_fn, self.device, self.timers = source, sharded, step_fn, device, timers
-        self._next: Optional[StepBatch] = None          # batch i+1
-        self._next_dist = None                           # its input_dist awaitable
-        self._after: Optional[StepBatch] = None          # batch i+2
+        self.ahead, self.prefetch = ahead, prefetch
+        self._ready: Deque[Tuple[StepBatch, Any]] = deque()    # input_dist done: batches i .. i + ahead
+        self._launched: Optional[Tuple[StepBatch, Any]] = None  # input_dist in flight (ids sent under a step)
+        self._after: Optional[StepBatch] = None                  # read and copied, not yet redistributed
         self._started = False
 
     def _read(self) -> Optional[StepBatch]:
@@ -85,33 +98,43 @@ class TrainPipeline:
             sb = next(self.source, None)
             return None if sb is None else _to_device(sb, self.device)
 
-    def _launch(self, sb: Optional[StepBatch]):
-        if sb is None:
-            return None
+    def _launch_next(self) -> None:
+        """Launch the input distribution of the batch read ahead, and read the one after it."""
+        if self._launched is not None or self._after is None:
+            return
+        sb = self._after
         with self.timers("input_dist"):
             aw = self.sharded.input_dist(sb.batch.sparse)
         # its ids AlltoAll goes out once the current step's pooled embeddings have arrived (under compute)
         self.sharded.run_after_output(aw.progress)
-        return aw
+        self._launched = (sb, aw)
+        self._after = self._read()
+
+    def _complete_launched(self) -> None:
+        sb, aw = self._launched
+        self._launched = None
+        with self.timers("input_dist"):
+            self._ready.append((sb, aw.wait()))
 
     def step(self) -> Optional[Tuple[torch.Tensor, StepBatch]]:
         if not self._started:
             self._started = True
-            self._next = self._read()
-            self._next_dist = self._launch(self._next)
             self._after = self._read()
-        if self._next is None:
+        while len(self._ready) <= self.ahead:                 # batches i .. i + ahead redistributed
+            self._launch_next()
+            if self._launched is None:
+                break                                          # the data has ended
+            self._complete_launched()
+        if not self._ready:
             return None
-        current, current_dist = self._next, self._next_dist
-        with self.timers("input_dist"):
-            dist_batch = current_dist.wait()                 # ids of batch i (second AlltoAll)
-        self._next = self._after                             # batch i+1: redistribute under step i
-        self._next_dist = self._launch(self._next)
-        self._after = self._read()                           # batch i+2: read and copy
+        current, dist_batch = self._ready.popleft()
+        self._launch_next()                                    # batch i + ahead + 1: redistributed under step i
+        if self.prefetch is not None and self._ready:          # batch i + 1's rows: resident under step i
+            nxt = [d for _, d in self._ready]
+            self.prefetch(nxt[0], nxt[1:])
         return self.step_fn(current, dist_batch), current
 
     def drain(self) -> None:
         """Complete the in-flight input distribution (before other collectives, e.g. evaluation)."""
-        if self._next_dist is not None:
-            with self.timers("input_dist"):
-                self._next_dist.wait()
+        if self._launched is not None:
+            self._complete_launched()

@@ -1,6 +1,10 @@
 """Where a run's numbers go: ``RUN_DIR/metrics.jsonl``, TensorBoard, a progress bar (rank 0 only).
 
-Every record is one JSON object per line: ``{"kind": "train" | "eval" | "final", "step": N, ...}``.
+Every record is one JSON object per line: ``{"kind": "train" | "eval" | "cache" | "restart" | "final", "step": N, ...}``
+A run that resumes from a checkpoint (a restart under torchrun included) first drops the records
+of the steps after that checkpoint, which it is about to redo, then writes a ``restart`` record
+(``from_step``, ``attempt``, ``checkpoint``, ``dropped_records``): no step appears twice.
+(nested values, e.g. per-table cache counters, become TensorBoard tags ``kind/table/field``).
 TensorBoard events go to ``RUN_DIR/tensorboard`` when ``tensorboard`` is importable (otherwise a
 warning, once, and the JSONL file alone).
 """
@@ -21,21 +25,27 @@ class RunLog:
     """Metrics sink of one rank; only rank 0 writes."""
 
     def __init__(self, run_dir: str, rank: int, total_steps: int, initial_step: int = 0, progress: bool = True,
-                 tensorboard: bool = True):
+                 tensorboard: bool = True, rewind_to: Optional[int] = None):
         self.active = rank == 0
         self.run_dir = run_dir
         self._jsonl = None
         self._tb = None
         self._bar = None
+        self.dropped_records = 0
+        """Records of steps after ``rewind_to`` removed from the file (they are being redone)."""
         if not self.active:
             return
         os.makedirs(run_dir, exist_ok=True)
-        self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a")
+        path = os.path.join(run_dir, "metrics.jsonl")
+        if rewind_to is not None:
+            self.dropped_records = _rewind(path, rewind_to)
+        self._jsonl = open(path, "a")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+                purge = None if rewind_to is None else rewind_to + 1       # events of redone steps go too
+                self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"), purge_step=purge)
             except ImportError:
                 warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=2)
         if progress:
@@ -67,7 +77,7 @@ class RunLog:
         self._jsonl.write(json.dumps(rec, default=_jsonable) + "\n")
         self._jsonl.flush()
         if self._tb is not None:
-            for k, v in values.items():
+            for k, v in _flatten(values):
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self._tb.add_scalar(f"{kind}/{k}", v, step)
             self._tb.flush()
@@ -79,6 +89,43 @@ class RunLog:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _rewind(path: str, step: int) -> int:
+    """Keep the records of steps up to ``step`` (and no final record of a run that went beyond
+    it); rewrite the file atomically. Returns how many records were dropped."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            late = int(rec.get("step", 0)) > step or (rec.get("kind") == "final" and int(rec.get("step", 0)) >= step)
+        except (ValueError, TypeError, AttributeError):
+            late = True                                  # a line cut short by the crash
+        if not late:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return 0
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(x + "\n" for x in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _flatten(values: Dict[str, Any], prefix: str = ""):
+    """(``a/b``, value) pairs of a nested dict (TensorBoard tags)."""
+    for k, v in values.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}/")
+        else:
+            yield f"{prefix}{k}", v
 
 
 def _jsonable(x: Any) -> Optional[Any]:

@@ -21,7 +21,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -31,17 +31,33 @@ __all__ = ["DenseStep", "Timers", "wrap_ddp"]
 
 
 class Timers:
-    """Wall-clock seconds per named phase, summed (``with timers("lookup"): ...``)."""
+    """Wall-clock seconds per named phase, summed (``with timers("lookup"): ...``).
+
+    Also where the rank is: ``current`` names the innermost phase running now (heartbeats report
+    it), ``failed_in`` the innermost phase an exception left (errors name it)."""
 
     def __init__(self) -> None:
         self.seconds: Dict[str, float] = defaultdict(float)
+        self._stack: List[str] = []
+        self.failed_in: Optional[str] = None
+
+    @property
+    def current(self) -> str:
+        stack = self._stack
+        return stack[-1] if stack else ""
 
     @contextmanager
     def __call__(self, name: str):
         t0 = time.perf_counter()
+        self._stack.append(name)
         try:
             yield
+        except BaseException:
+            if self.failed_in is None:
+                self.failed_in = name
+            raise
         finally:
+            self._stack.pop()
             self.seconds[name] += time.perf_counter() - t0
 
     def reset(self) -> None:

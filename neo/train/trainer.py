@@ -29,16 +29,43 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from neo.train.build import (feature_mapping, init_process_groups, make_loaders, make_plan, prepare_data,
-                             rename_features, resolve_tables, validate_training_config)
-from neo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from neo.config.embedding import CachePolicy
+from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan, prepare_data,
+                             rename_features, resolve_tables, restart_attempt, validate_training_config)
+from neo.train.cache_log import CacheMonitor
+from neo.distributed.comms import CollectiveError, is_comm_error
+from neo.distributed.heartbeat import Heartbeat
+from neo.train.checkpoint import (CheckpointError, Checkpointer, find_resumable, job_state, load_checkpoint,
+                                  state_sha256)
 from neo.train.metrics import BinaryMetrics
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
 from neo.train.run_log import RunLog
 from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
+from neo.train.step_stats import StepStats
 
 __all__ = ["Trainer", "dense_optimizer"]
+
+
+_PHASES = {
+    "data": "reading the next batch",
+    "input_dist": "the input distribution (ids and lengths AlltoAll)",
+    "lookup": "the embedding lookup",
+    "output_dist": "the pooled-embedding AlltoAll / ReduceScatter",
+    "dense_fwd": "the dense forward",
+    "backward": "the backward (dense-gradient AllReduce of DDP, embedding-gradient AlltoAll, fused update)",
+    "embedding_bwd": "the embedding backward",
+    "output_dist_bwd": "the embedding-gradient AlltoAll",
+    "optimizer": "the dense optimizer step",
+    "metrics": "the loss average AllReduce",
+    "evaluate": "the evaluation",
+    "checkpoint": "the checkpoint save",
+    "state_digest": "the state digest's AllGather",
+}
+"""What each phase timer covers, for errors naming the operation that failed."""
+
+_PHASES_OUTSIDE_STEPS = {"metrics", "evaluate", "checkpoint", "state_digest"}
+"""Timed for errors, left out of ``phase_ms_per_step``."""
 
 
 def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
@@ -93,16 +120,29 @@ class Trainer:
                              "training samples")
         self.total_steps = t.steps or t.epochs * self.steps_per_epoch
 
-        self.plan, self.plan_report = make_plan(cfg, self.pg, self.B)
+        self.plan, self.plan_report = make_plan(cfg, self.pg, self.B, self.data)
         self.say(self.plan_report)
+        self.tables = apply_placements(self.tables, self.plan)
         torch.manual_seed(t.seed)
+        store_dir = t.cache_store_dir or os.path.join(t.run_dir, "embedding_store")
         self.sharded = ShardedEmbeddingCollection(self.tables, self.plan, self.pg, backend=t.embedding_backend,
-                                                  seed=t.seed, device=self.device)
+                                                  seed=t.seed, device=self.device, store_dir=store_dir)
+        cached = [tb for tb in self.tables if tb.cached]
+        self.cache_monitor = CacheMonitor(self.sharded, [tb.name for tb in cached],
+                                          self.pg.world if self.W > 1 else None)
+        # cached tables: batch i+1's ids on their shards' ranks under step i (and the lookahead window)
+        self.ahead = 1 + max((tb.cache_lookahead for tb in cached if tb.cache_policy is CachePolicy.LOOKAHEAD),
+                             default=0) if cached else 0
         feats = [f for tb in self.tables for f in tb.feature_names]
         m = cfg.model
         self.model = DLRM(self.sharded, len(feats), self.tables[0].dim, self.data.num_dense, list(m.dense_arch),
                           list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank).to(self.device)
         self.timers = Timers()
+        self.sharded.timers = self.timers                     # the backward's collectives and fused update
+        if self.sharded.lookup is not None:
+            self.sharded.lookup.timers = self.timers
+        self.step_stats = StepStats()
+        self.heartbeat = Heartbeat(None, self.rank, self.W, phase=lambda: self.timers.current)
         self.step_module = DenseStep(self.model, self.timers, overlap=t.pipelined,
                                      dense_dtype=torch.bfloat16 if t.dense_dtype == "bf16" else torch.float32)
         self.ddp = wrap_ddp(self.step_module, self.pg)
@@ -113,22 +153,56 @@ class Trainer:
         self.step = 0
         self.losses: List[float] = []
         """Local loss of every step run by this trainer (tests compare them)."""
-        if t.checkpoint_dir and t.resume:
-            path = latest_checkpoint(t.checkpoint_dir)
-            if path is not None:
-                self.load(path)
+        self.attempt = restart_attempt()
+        """torchrun's restart count: > 0 when this process replaces workers that failed."""
+        self.resumed_from = None
+        """The checkpoint this run resumed from (None: it started from step 0)."""
+        self.checkpointer = None
+        if t.checkpoint_dir:
+            # disk-backed cached tables are written from their stores, not staged in memory
+            self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, async_save=t.checkpoint_async and not cached)
+            if t.resume:
+                path = find_resumable(t.checkpoint_dir, self.pg, say=self.say)
+                if path is not None:
+                    self.load(path)
+
+    def _predicted_vs_measured(self) -> Dict[str, Any]:
+        """The plan's predicted step next to the steady-state measured one, component by component."""
+        out: Dict[str, Any] = {}
+        pred = self.plan.get("summary", {}).get("step")
+        if pred:
+            out["predicted_step_ms"] = pred["step_ms"]
+            out["predicted_components_ms"] = pred["components_ms"]
+        meas = self.step_stats.summary()
+        if meas:
+            out["measured_step_ms"] = meas["step_ms"]
+            out["measured_components_ms"] = meas["components_ms"]
+        if pred and meas and meas["step_ms"] > 0:
+            out["prediction_ratio"] = round(pred["step_ms"] / meas["step_ms"], 3)
+        if "cost_constants" in self.plan.get("summary", {}):
+            out["cost_constants"] = self.plan["summary"]["cost_constants"]
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def load(self, path: str) -> None:
         meta = load_checkpoint(path, sharded=self.sharded, dense_model=self.model, optimizer=self.optimizer,
                                loader=self.train_loader, pg=self.pg)
         self.step = int(meta["step"])
+        self.resumed_from = path
         self.say(f"neo train: resumed from {path} at step {self.step}")
 
-    def save(self) -> str:
-        return save_checkpoint(self.cfg.train.checkpoint_dir, self.step, sharded=self.sharded, dense_model=self.model,
-                               optimizer=self.optimizer, loader_state=self._last_loader_state, pg=self.pg,
-                               meta={"global_batch": self.B * self.W})
+    def save(self) -> None:
+        """Start a checkpoint of the current step (written in the background unless configured not to)."""
+        lookup = self.sharded.lookup
+        steps = max(lookup.optimizer_steps().values(), default=0) if lookup is not None else 0
+        meta = {"step": self.step, "world_size": self.W, "local_world_size": self.pg.local_world_size,
+                "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan}
+        state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
+        self.checkpointer.save(self.step, state, meta)
+
+    def state_sha256(self) -> str:
+        """Digest of every parameter and optimizer state (collective; see neo/train/checkpoint/digest.py)."""
+        return state_sha256(self.sharded, self.model, self.optimizer, self.pg)
 
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> None:
@@ -227,24 +301,60 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> Dict[str, Any]:
-        """Train to ``total_steps``; evaluate and checkpoint at their cadence and at the end."""
+        """Train to ``total_steps``; evaluate and checkpoint at their cadence and at the end.
+
+        A collective that fails or times out (another rank died, stopped or went elsewhere)
+        raises :class:`neo.distributed.comms.CollectiveError` naming the step, the operation
+        and, from the heartbeats, the ranks at fault."""
+        try:
+            return self._fit()
+        except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
+            if isinstance(e, CheckpointError) or not (isinstance(e, CollectiveError) or is_comm_error(e)):
+                raise
+            raise self._named_failure(e) from e
+        finally:
+            self.heartbeat.close()
+
+    def _named_failure(self, e: BaseException) -> CollectiveError:
+        phase = self.timers.failed_in or "a collective"
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        return CollectiveError(
+            f"rank {self.rank}: step {self.step + 1}: {_PHASES.get(phase, phase)} did not complete within "
+            f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: {self.heartbeat.diagnose()}. "
+            f"Cause: {cause}")
+
+    def _fit(self) -> Dict[str, Any]:
         t = self.cfg.train
-        runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress)
+        restarted = self.resumed_from is not None or self.attempt > 0
+        runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
+                        rewind_to=self.step if restarted else None)
+        if restarted:       # records of the steps being redone were dropped: say where the run went on from
+            runlog.record("restart", self.step, {"from_step": self.step, "attempt": self.attempt,
+                                                 "checkpoint": self.resumed_from,
+                                                 "dropped_records": runlog.dropped_records})
         if self.rank == 0:
             os.makedirs(t.run_dir, exist_ok=True)
             with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
                 json.dump(self.plan, f, indent=1)
-        Loop = TrainPipeline if t.pipelined else PlainLoop
-        loop = Loop(self._batches(), self.sharded, self._train_step, self.device, self.timers)
+        if t.pipelined:
+            loop = TrainPipeline(self._batches(), self.sharded, self._train_step, self.device, self.timers,
+                                 ahead=self.ahead, prefetch=self.sharded.prefetch if self.ahead else None)
+        else:
+            loop = PlainLoop(self._batches(), self.sharded, self._train_step, self.device, self.timers)
         self._last_loader_state = self.train_loader.state_dict()
         start_step, window_loss, window_n = self.step, 0.0, 0
         train_s, eval_s, t0 = 0.0, 0.0, time.perf_counter()
         last_eval: Dict[str, Any] = {}
         self.timers.reset()
         while self.step < self.total_steps:
+            self.heartbeat.step = self.step
+            before, t_step = dict(self.timers.seconds), time.perf_counter()
             out = loop.step()
             if out is None:
                 break
+            if self.checkpointer is not None:
+                self.checkpointer.poll()                           # a failed background save stops the run
+            self.step_stats.record(time.perf_counter() - t_step, before, self.timers.seconds)
             loss, sb = out
             self.step += 1
             self._last_loader_state = sb.loader_state
@@ -257,11 +367,14 @@ class Trainer:
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 avg = torch.tensor([window_loss, float(window_n)], dtype=torch.float64)
                 if self.W > 1:
-                    dist.all_reduce(avg, group=self.pg.world)
+                    with self.timers("metrics"):
+                        dist.all_reduce(avg, group=self.pg.world)
                 elapsed = train_s + (pause - t0)
                 runlog.record("train", self.step, {
                     "loss": float(avg[0] / avg[1]), "lr": self.schedule(self.step - 1),
                     "samples_per_s": (self.step - start_step) * self.B * self.W / max(elapsed, 1e-9)})
+                if self.cache_monitor.active:
+                    runlog.record("cache", self.step, self.cache_monitor.window())
                 window_loss, window_n = 0.0, 0
             eval_now = t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps
             ckpt_now = t.checkpoint_dir and t.checkpoint_every and self.step % t.checkpoint_every == 0 \
@@ -270,21 +383,28 @@ class Trainer:
                 train_s += pause - t0
                 loop.drain()
                 if eval_now:
-                    last_eval = self.evaluate()
+                    with self.timers("evaluate"):
+                        last_eval = self.evaluate()
                     runlog.record("eval", self.step, last_eval)
                     runlog.message(f"step {self.step}: auc {last_eval.get('auc', float('nan')):.4f} "
                                    f"logloss {last_eval.get('logloss', float('nan')):.4f}")
                 if ckpt_now:
-                    self.save()
+                    with self.timers("checkpoint"):
+                        self.save()
                 t0 = time.perf_counter()
                 eval_s += t0 - pause
         train_s += time.perf_counter() - t0
         steps_run = self.step - start_step
-        if steps_run or not last_eval:
-            last_eval = self.evaluate()
-        if t.checkpoint_dir and steps_run:
-            self.save()
-        phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()}
+        with self.timers("evaluate"):
+            if steps_run or not last_eval:
+                last_eval = self.evaluate()
+        with self.timers("checkpoint"):
+            if t.checkpoint_dir and steps_run:
+                self.save()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()                             # the last checkpoint is committed
+        phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()
+                  if k not in _PHASES_OUTSIDE_STEPS}
         final = {
             "steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
             "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"), "accuracy": last_eval.get("accuracy"),
@@ -293,6 +413,12 @@ class Trainer:
             "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2),
             "phase_ms_per_step": phases,
         }
+        if self.cache_monitor.active:
+            final["cache"] = self.cache_monitor.summary()
+        final.update(self._predicted_vs_measured())
+        if t.state_digest:
+            with self.timers("state_digest"):
+                final["state_sha256"] = self.state_sha256()
         runlog.record("final", self.step, final)
         runlog.close()
         return final

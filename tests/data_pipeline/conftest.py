@@ -1,4 +1,4 @@
-"""Fixtures of the data pipeline tests: the reference data in ``<repo root>/../shared/data``."""
+"""Fixtures of the data pipeline tests: the reference data in ``data_pipeline/samples/``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dp_helpers import shared_file  # noqa: E402  (also puts the repository root on sys.path)
+from dp_helpers import sample_path  # noqa: E402  (also puts the repository root on sys.path)
 
 
 @pytest.fixture
 def criteo_sample() -> str:
-    return shared_file("criteo_kaggle_sample.tsv")
+    return sample_path("criteo_kaggle_sample.tsv")
 
 
 @pytest.fixture

@@ -6,21 +6,12 @@ import math
 import os
 import sys
 
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-SHARED = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 
-
-def shared_file(name: str) -> str:
-    """Path of a reference file; FAILS (never skips) when the reference data is missing."""
-    path = os.path.join(SHARED, name)
-    if not os.path.exists(path):
-        pytest.fail(f"reference data missing: {path} (clone the repository with shared/ beside it: "
-                    f"<repo root>/../shared/data)", pytrace=False)
-    return path
+from data_pipeline.samples import sample_path  # noqa: E402  (the reference data inside the repository)
 
 
 def py_parse(line: bytes):

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from dp_helpers import shared_file
+from dp_helpers import sample_path
 from data_pipeline.cli import main
 
 
-def test_missing_reference_data_fails_not_skips():
-    with pytest.raises(pytest.fail.Exception, match="reference data missing"):
-        shared_file("no_such_file.tsv")
+def test_missing_reference_data_is_named():
+    with pytest.raises(FileNotFoundError, match="'no_such_file.tsv' is not in .*samples.*criteo_kaggle_sample.tsv"):
+        sample_path("no_such_file.tsv")
 
 
 def test_commands_end_to_end(tmp_path, criteo_sample, capsys):

@@ -171,3 +171,24 @@ def test_reader_error_reaches_the_consumer(tmp_path):
             got.extend(sample_ids([b]))
     assert got == list(range(len(got))) and len(got) < 300  # the first file's samples, then the error
     assert L.epoch == 0
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_shuffle_order_is_the_documented_one(tmp_path, prefetch):
+    """Window k of a rank's range, permuted by default_rng([seed, epoch, k]), batches cut across
+    windows: computed here from the sample indices alone (windows span row groups and files)."""
+    write_indexed(tmp_path / "o", jagged=True, rows_per_file=300, row_group_rows=64)
+    seed, win, B, world, rank = 5, 70, 16, 2, 1
+    L = ParquetLoader(str(tmp_path / "o"), LoaderOptions(batch_size=B, shuffle=True, shuffle_window=win, seed=seed,
+                                                        rank=rank, world_size=world, prefetch_batches=prefetch))
+    lo, hi = rank * N // world, (rank + 1) * N // world
+    for epoch in (0, 1):
+        want = []
+        for k, a in enumerate(range(0, hi - lo, win)):
+            n = min(win, hi - lo - a)
+            want.extend((lo + a + np.random.default_rng([seed, epoch, k]).permutation(n)).tolist())
+        got = [b for b in L]
+        assert sample_ids(got) == want
+        for b in got:
+            ids = b.dense[:, 0].long().tolist()
+            assert b.sparse.to_dict()["cat_2"] == [[10 * i + j for j in range(i % 4)] for i in ids]

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dp_helpers import shared_file
+from dp_helpers import sample_path
 from data_pipeline.loader import LoaderOptions, ParquetLoader
 from data_pipeline.locality import (NUM_BUCKETS, fit_skew, parse_locality_stats, reuse_histogram, target_histogram,
                                     total_variation, zipf_ranks)
@@ -86,7 +86,7 @@ def test_zipf_skew_controls_reuse():
 
 @pytest.mark.parametrize("year", ["2021", "2022"])
 def test_locality_stats_and_preset(tmp_path, year):
-    path = shared_file(f"dlrm_datasets_{year}_locality_stats.txt")
+    path = sample_path(f"dlrm_datasets_{year}_locality_stats.txt")
     secs = parse_locality_stats(path)
     assert len(secs) == {"2021": 17, "2022": 16}[year]
     for s in secs:

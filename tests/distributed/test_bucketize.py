@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from neo import _C
+from neo.cpp import use_cpu_isa
 from neo.distributed import input_dist
 from neo.distributed.input_dist import bucketize_rows, bucketize_rows_reference
-
 
 
 def _batch(seed: int, B: int, rows: int, dtype: torch.dtype):
@@ -20,13 +21,15 @@ def _batch(seed: int, B: int, rows: int, dtype: torch.dtype):
     return ids, off, torch.rand(ids.numel(), generator=g)
 
 
+@pytest.mark.parametrize("isa", _C.cpu_isa_supported())   # every ISA variant of the kernel this machine runs
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("bounds", [[0, 50], [0, 17, 50], [0, 10, 11, 30, 50], list(range(0, 51, 2)), [5, 20]])
-def test_bucketize_matches_reference(dtype, bounds):
+def test_bucketize_matches_reference(dtype, bounds, isa):
     assert input_dist._C is not None, "neo._C is not built: the kernel under test is missing"
     ids, off, w = _batch(len(bounds), 64, 50, dtype)
     for weights in (None, w):
-        got = bucketize_rows(ids, off, bounds, weights)
+        with use_cpu_isa(isa):
+            got = bucketize_rows(ids, off, bounds, weights)
         ref = bucketize_rows_reference(ids, off, bounds, weights)
         assert len(got) == len(ref) == len(bounds) - 1
         for (gl, gi, gw), (rl, ri, rw) in zip(got, ref):

@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.multiprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

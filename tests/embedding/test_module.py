@@ -109,3 +109,35 @@ def test_config_validation_names_fields():
         TableConfig("t", 0, 8)
     with pytest.raises(ValueError, match=r"feature 'x' is read by tables 'a' and 'b'"):
         TableBatchedEmbedding([TableConfig("a", 2, 4, feature_names=("x",)), TableConfig("b", 2, 4, feature_names=("x",))])
+
+
+@pytest.mark.parametrize("b_optimizer", ["adagrad", "sgd"])
+def test_pooling_a_subset_of_bags_keeps_the_full_update(b_optimizer):
+    """``pooled_bags``: unpooled bags come out as zeros; the fused update still covers every bag
+    (what a data-parallel replica does with the other ranks' samples). With ``b`` on another
+    optimizer the kernels' groups reorder the features (a1, a2, c | b): the flags follow their bags."""
+    from neo.config.embedding import OptimizerConfig
+
+    opt = OptimizerConfig("adagrad", lr=0.1)
+    tables = [TableConfig("a", 30, 8, optimizer=opt, feature_names=("a1", "a2")),
+              TableConfig("b", 20, 4, optimizer=OptimizerConfig(b_optimizer, lr=0.1), pooling="mean"),
+              TableConfig("c", 10, 4, optimizer=opt)]
+    full = TableBatchedEmbedding(tables, backend="cpu", seed=2)
+    part = TableBatchedEmbedding(tables, backend="cpu", seed=2)
+    batch = KeyedJaggedBatch.from_lists({"a1": [[1, 2], [3], [], [4, 4]], "a2": [[5], [6, 7], [8], [9]],
+                                         "b": [[1], [2, 3], [4], []], "c": [[0, 1], [2], [3], [9]]},
+                                        weights=None)
+    mask = torch.tensor([1, 0, 1, 0] + [0, 0, 1, 1] + [1, 1, 0, 1] + [0, 1, 1, 0], dtype=torch.bool)   # (F * B,)
+    grad = torch.randn(4, 24, generator=torch.Generator().manual_seed(0))
+    out_full, out_part = full(batch), part(batch, pooled_bags=mask)
+    cols = {"a1": slice(0, 8), "a2": slice(8, 16), "b": slice(16, 20), "c": slice(20, 24)}
+    for f, key in enumerate(("a1", "a2", "b", "c")):
+        for b in range(4):
+            want = out_full[b, cols[key]] if mask[f * 4 + b] else torch.zeros_like(out_full[b, cols[key]])
+            assert torch.equal(out_part[b, cols[key]], want), (key, b)
+    (out_full * grad).sum().backward()
+    (out_part * 0 + out_part).backward(grad)                                       # the same gradient rows
+    for t in tables:
+        assert torch.equal(full.table_weight(t.name), part.table_weight(t.name)), t.name
+        for name, v in full.table_optimizer_state(t.name).items():
+            assert torch.equal(v, part.table_optimizer_state(t.name)[name]), (t.name, name)

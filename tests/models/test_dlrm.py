@@ -3,10 +3,14 @@
 import pytest
 import torch
 
+import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.cpp import use_cpu_isa
 from neo.embedding import TableBatchedEmbedding
 from neo.models import DLRM, DotInteraction, LowRankCrossNet
 from neo.sparse import KeyedJaggedBatch
+
+ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
 
 
 def test_dot_interaction_is_every_pair_once():
@@ -38,15 +42,32 @@ def test_dot_interaction_gradient_matches_autograd_of_the_formula():
     assert torch.autograd.gradcheck(lambda d, p: DotInteraction(F, D)(d, p), (dense, pooled))
 
 
-@pytest.mark.parametrize("F,D", [(1, 16), (3, 8), (5, 5), (15, 16), (16, 64), (26, 64), (31, 32), (40, 48), (26, 20)])
-def test_fused_dot_interaction_matches_the_formula_in_float64(F, D):
-    """The C++ kernel (fp32) against the plain formula evaluated in float64, forward and backward.
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+@pytest.mark.parametrize("F,D", [(1, 16), (3, 8), (5, 5), (15, 16), (16, 64), (26, 64), (31, 32), (40, 48), (26, 20),
+                                 (26, 128), (2, 4), (7, 36), (26, 72)])
+def test_fused_dot_interaction_matches_the_formula_in_float64(F, D, isa):
+    """The C++ kernel (fp32) against the plain formula evaluated in float64, forward and
+    backward, with the kernels of each ISA variant (their register blocks differ).
 
-    Shapes cover one, two and three 16-column chunks of the Gram rows (n = F + 1 up to 41),
-    row-block remainders, and D off the 16-float vector width (the scalar path)."""
+    Shapes cover pair tiles and row blocks with remainders (n = F + 1 from 2 to 41), D a
+    multiple of the vector width (4, 8, 16 floats) or not (the scalar tail columns), and
+    remainders of the backward's column blocks."""
     assert DotInteraction(F, D)._kernels is not None, "neo._C is not built"
+    with use_cpu_isa(isa):
+        _fused_against_float64(F, D)
+
+
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+def test_fused_dot_interaction_large_batch_streams_its_gradient(isa):
+    """B 700 x 26 features x D 64: the pooled gradient (4.6 MB) is large enough for the
+    backward's streaming stores (kStreamBytes in csrc/kernels/interaction.h); the same check
+    against float64."""
+    with use_cpu_isa(isa):
+        _fused_against_float64(26, 64, B=700)
+
+
+def _fused_against_float64(F, D, B=37):
     torch.manual_seed(F * 100 + D)
-    B = 37
     dense, pooled = torch.randn(B, D), torch.randn(B, F * D)
     d64 = dense.double().requires_grad_()
     p64 = pooled.double().requires_grad_()
@@ -78,10 +99,16 @@ def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autoca
         DotInteraction(F, D, kernel="cuda")
 
 
-def test_fused_dot_interaction_reads_pooled_pieces_in_place():
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+def test_fused_dot_interaction_reads_pooled_pieces_in_place(isa):
     """PooledPieces over a source-major buffer (two pieces of 3 and 2 features, as a 2-rank
     AlltoAll leaves them) against the torch path on the assembled (B, F * D) tensor; the
     gradient comes back in the buffer's layout, times grad_scale."""
+    with use_cpu_isa(isa):
+        _pooled_pieces_in_place()
+
+
+def _pooled_pieces_in_place():
     from neo.models import PooledPieces
 
     torch.manual_seed(3)

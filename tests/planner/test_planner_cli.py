@@ -1,7 +1,10 @@
 """``neo plan`` end to end through neo.cli.main."""
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from neo.cli import main
 from neo.planner import Plan, ShardingType
@@ -46,3 +49,21 @@ def test_neo_plan_errors(capsys):
     rc = main(["plan", EXAMPLE, "topology.hbm_gib=1", "tables[0].sharding_types=[table_wise]"])
     err = capsys.readouterr().err
     assert rc == 2 and "'user_id'" in err and "GiB" in err and "missing" in err
+
+
+def test_simulate_predicts_the_step_at_each_world_size(capsys):
+    gpu = os.path.join(os.path.dirname(EXAMPLE), "mlperf_dcnv2_gpu.yaml")
+    assert main(["plan", gpu, "--simulate", "8,16", "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["world_size"] for r in rows] == [8, 16] and all(r["device_kind"] == "h100" for r in rows)
+    for r in rows:
+        c = r["components_ms"]
+        assert r["step_ms"] == pytest.approx(sum(c.values()), rel=1e-3)
+        assert r["samples_per_s"] == pytest.approx(r["global_batch"] / r["step_ms"] * 1e3, rel=1e-3)
+        assert r["rank_ms_max"] >= r["rank_ms_mean"] > 0
+    assert rows[1]["global_batch"] == 2 * rows[0]["global_batch"]          # weak scaling by default
+    assert main(["plan", gpu, "--simulate", "8,16", "--strong", "--json"]) == 0
+    strong = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert strong[0]["global_batch"] == strong[1]["global_batch"]
+    assert main(["plan", gpu, "--simulate"]) == 0
+    assert "scaling" in capsys.readouterr().out

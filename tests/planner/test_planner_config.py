@@ -37,7 +37,7 @@ def test_example_config_loads():
     assert user.name == "user_id" and user.state_floats_per_row == 2 * 128 and user.state_per_element
     assert user.access_skew == 1.1
     by = {s.name: s for s in specs}
-    assert by["url_hash"].constraints.placement is Placement.HOST and by["url_hash"].weight_bytes == 2
+    assert by["url_hash"].constraints.placement is Placement.CACHED and by["url_hash"].weight_bytes == 2
     assert by["hashtag"].constraints.sharding_types == (ShardingType.COLUMN_WISE,)
     assert by["group_ids"].constraints.ranks == (0, 1)
     assert by["item_history"].num_features == 2
@@ -68,7 +68,9 @@ def test_overrides():
     ("tables[3].dim=abc", r"tables\[3\]\.dim"),
     ("tables[2].dtype=fp8", r"tables\[2\]\.dtype: 'fp8' is not one of \['fp32', 'fp16', 'bf16'\]"),
     ("tables[0].sharding_types=[diagonal]", r"tables\[0\]\.sharding_types\[0\]: 'diagonal' is not one of .*row_wise"),
-    ("tables[0].placement=disk", r"tables\[0\]\.placement: 'disk' is not one of \['device', 'host'\]"),
+    ("tables[0].placement=disk", r"tables\[0\]\.placement: 'disk' is not one of \['auto', 'device', 'cached'\]"),
+    ("tables[0].cache_rows=10", r"tables\[0\]\.cache_rows / cache_load_factor: set, but placement is 'device'"),
+    ("tables[10].cache_policy=fifo", r"tables\[10\]\.cache_policy: 'fifo' is not one of \['lru', 'lfu', 'lookahead'\]"),
     ("tables[0].optimizer.type=rmsprop", r"tables\[0\]\.optimizer\.type: 'rmsprop' is not one of"),
     ("tables[0].optimizer.beta1=2", r"tables\[0\]\.optimizer.*beta1"),
     ("tables[0].column_shard_width=6", r"tables\[0\]\.column_shard_width"),
@@ -105,15 +107,18 @@ def test_heterogeneous_devices_to_topology():
         config_from_dict({"topology": {"world_size": 4, "local_world_size": 2, "devices": [{"ranks": [9]}]}})
 
 
-def test_cost_constants_from_topology(tmp_path):
+def test_cost_constants_from_a_file_then_topology_fields(tmp_path):
     calib = tmp_path / "calib.json"
-    calib.write_text('{"bwd_factor": 3.0, "inter_bw": 1e9}')
-    cfg = config_from_dict({"topology": {"cost_constants": str(calib), "inter_node_bandwidth_gbps": 50}})
-    c = cfg.topology.to_cost_constants()
-    assert c.bwd_factor == 3.0 and c.inter_bw == 50e9
-    bad = config_from_dict({"topology": {"cost_constants": str(tmp_path / "missing.json")}})
-    with pytest.raises(ConfigError, match="topology.cost_constants"):
-        bad.topology.to_cost_constants()
+    calib.write_text('{"device_kind": "cpu", "update_id_s": 3e-9, "inter_bw": 1e9}')
+    cfg = config_from_dict({"sharding": {"cost_constants": str(calib)},
+                            "topology": {"inter_node_bandwidth_gbps": 50}})
+    c, what = cfg.cost_constants(2)
+    assert c.update_id_s == 3e-9 and c.inter_bw == 50e9 and what.startswith(f"file {calib}")
+    old = config_from_dict({"topology": {"cost_constants": str(calib)}})          # the old spelling
+    assert old.cost_constants(1)[0].update_id_s == 3e-9
+    bad = config_from_dict({"sharding": {"cost_constants": str(tmp_path / "missing.json")}})
+    with pytest.raises(ConfigError, match="sharding.cost_constants: cannot use .*missing.json"):
+        bad.cost_constants(1)
 
 
 def test_sharding_types_section_constrains_the_plan():
@@ -124,7 +129,7 @@ def test_sharding_types_section_constrains_the_plan():
                             "topology": {"world_size": 2, "local_world_size": 2},
                             "sharding": {"types": {"a": "row_wise", "b": "column_wise"}}})
     specs = cfg.table_specs()
-    plan = plan_tables(specs, cfg.topology.to_topology(), cfg.topology.to_cost_constants())
+    plan = plan_tables(specs, cfg.topology.to_topology(), cfg.cost_constants(2)[0])
     types = {name: t["sharding_type"] for name, t in plan.to_dict()["tables"].items()}
     assert types == {"a": "row_wise", "b": "column_wise"}
 
@@ -134,3 +139,23 @@ def test_unknown_key_lists_the_valid_keys():
         config_from_dict({"tables": [{"name": "a", "num_rows": 3, "dim": 4, "dimm": 8}]})
     with pytest.raises(ConfigError, match=r"topology\.hbm: unknown key; valid keys: \[.*'hbm_gib'"):
         config_from_dict({"tables": [], "topology": {"hbm": 3}})
+
+
+def test_large_configs_load_typed_and_errors_still_name_table_and_field():
+    from neo.config import config_from_dict
+    from neo.planner.workloads import production_like_config
+
+    data = production_like_config(1000)
+    cfg = config_from_dict(data, ["tables[7].dim=64", "tables.8.pooling_factor=2"])
+    assert len(cfg.tables) == 1000 and cfg.tables[7].dim == 64 and cfg.tables[8].pooling_factor == 2.0
+    assert isinstance(cfg.tables[5].optimizer.lr, float) and cfg.tables[5].optimizer.type == "rowwise_adagrad"
+    for override, match in [("tables[999].dim=6", r"tables\[999\]\.dim: must be a positive multiple of 4"),
+                            ("tables[998].dim=abc", r"tables\[998\]\.dim: Value 'abc' of type 'str' could not be "
+                                                    r"converted to Integer"),
+                            ("tables[997].num_rows=1.5", r"tables\[997\]\.num_rows: Value 1\.5"),
+                            ("tables[996].colour=red", r"tables\[996\]\.colour: unknown key; valid keys: \['name', "),
+                            ("tables[995].optimizer.lr=fast", r"tables\[995\]\.optimizer\.lr: Value 'fast'"),
+                            ("tables[1000].dim=8", r"override 'tables\[1000\]\.dim=8': index 1000 out of range|no 1000"),
+                            ("tables[994].feature_names=x", r"tables\[994\]\.feature_names: expected a list")]:
+        with pytest.raises(ConfigError, match=match):
+            config_from_dict(data, [override])

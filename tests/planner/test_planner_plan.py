@@ -150,30 +150,38 @@ def test_hierarchical_table_row_wise_stays_in_one_node(make_table):
     assert_invariants(plan, tables, topo)
 
 
-def test_host_placement_uses_host_memory(make_table):
-    t = TableSpec("uvm", 10_000_000, 64, constraints=TableConstraints(placement=Placement.HOST), access_skew=1.1)
+def test_cached_placement_keeps_every_row_in_host_memory(make_table):
+    t = TableSpec("uvm", 10_000_000, 64, constraints=TableConstraints(placement=Placement.CACHED), access_skew=1.1)
     plan = plan_tables([t], Topology.uniform(2, 2, hbm_gib=1))
     assert sum(r.host_memory_bytes for r in plan.ranks) >= 10_000_000 * 64 * 4
-    assert plan.tables["uvm"].placement is Placement.HOST
+    tp = plan.tables["uvm"]
+    assert tp.placement is Placement.CACHED and 0 < tp.cache_load_factor < 1
+    assert sum(r.memory_bytes for r in plan.ranks) < 2 * 2**30
 
 
 def test_cost_constants_from_json(tmp_path):
     p = tmp_path / "c.json"
-    p.write_text(json.dumps({"inter_bw": 50e9, "bwd_factor": 3.0}))
+    p.write_text(json.dumps({"inter_bw": 50e9, "update_id_s": 3e-9}))
     c = CostConstants.from_json(str(p))
-    assert c.inter_bw == 50e9 and c.bwd_factor == 3.0 and c.hbm_bw == CostConstants().hbm_bw
+    assert c.inter_bw == 50e9 and c.update_id_s == 3e-9 and c.lookup_bw_cold == CostConstants().lookup_bw_cold
     p.write_text(json.dumps({"nope": 1}))
     with pytest.raises(PlanningError, match="nope"):
         CostConstants.from_json(str(p))
+    for name, value in (("intra_bw", 0), ("lookup_id_s", -1e-9), ("dense_flops", 0.0)):
+        with pytest.raises(PlanningError, match=f"cost constant {name}: must be > 0"):
+            CostConstants(**{name: value})
 
 
-def test_tiny_table_with_many_ids_goes_data_parallel(make_table):
-    """A replica's AllReduce (100 x 16 x 4 B) is cheaper than AlltoAll-ing 50 ids per sample."""
+def test_data_parallel_is_chosen_only_where_the_model_says_it_is_cheaper(make_table):
+    """Neo's data-parallel replicas receive every rank's ids and apply the global batch's update:
+    the planner weighs that against the AlltoAlls, and its choice is never worse than forcing it."""
+    topo = Topology.uniform(8, 4)
     t = [make_table("tiny", 100, 16, pf=50), make_table("x", 10000, 64)]
-    plan = plan_tables(t, Topology.uniform(8, 4))
-    assert plan.tables["tiny"].sharding_type is ShardingType.DATA_PARALLEL
-    # ... but a big table never is: its AllReduce would dwarf the lookups
-    assert plan.tables["x"].sharding_type is not ShardingType.DATA_PARALLEL
+    free = plan_tables(t, topo)
+    forced = plan_tables([make_table("tiny", 100, 16, pf=50, types=[ShardingType.DATA_PARALLEL]), t[1]], topo)
+    assert forced.tables["tiny"].sharding_type is ShardingType.DATA_PARALLEL
+    assert free.summary["objective_ms"] <= forced.summary["objective_ms"] + 1e-9
+    assert free.tables["x"].sharding_type is not ShardingType.DATA_PARALLEL
 
 
 def test_inputs_not_mutated(make_tables):
@@ -207,6 +215,6 @@ def test_plans_pass_the_runtimes_plan_view(st):
               {"name": "a", "num_rows": 5000, "dim": 32}, {"name": "b", "num_rows": 7, "dim": 16},
               {"name": "c", "num_rows": 200000, "dim": 128, "pooling_factor": 20}]
     cfg = config_from_dict({"tables": tables, "topology": {"world_size": 8, "local_world_size": 4, "hbm_gib": 2}})
-    plan = plan_tables(cfg.table_specs(), cfg.topology.to_topology(), cfg.topology.to_cost_constants())
+    plan = plan_tables(cfg.table_specs(), cfg.topology.to_topology(), cfg.cost_constants(8)[0])
     view = plan_view.PlanView.from_plan(plan.to_json(), cfg.table_configs())
     assert view.tables["forced"].sharding_type.value == st.value

@@ -12,11 +12,6 @@ from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import MIXED, tiny_config, train_and_collect
 
 
-@pytest.fixture(scope="module")
-def tmp_data(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("ckpt"))
-
-
 # decay and warmup make the schedule's step matter; adam on a table makes the optimizer step matter
 SCHEDULE = ["optim.warmup_steps=3", "optim.decay_start=5", "optim.decay_steps=20", "optim.type=adam",
             "tables.3.optimizer.type=adam", "data.shuffle_window=1000"]
@@ -30,7 +25,7 @@ def test_stop_and_resume_equals_uninterrupted(tmp_data, world):
     full = run_multiprocess(train_and_collect, world, tmp_data, ["train.steps=80"] + SCHEDULE + plan)
     first = run_multiprocess(train_and_collect, world, tmp_data,
                              ["train.steps=50", f"train.checkpoint_dir={ck}"] + SCHEDULE + plan)
-    assert os.path.exists(f"{ck}/step-50/meta.json")
+    assert os.path.exists(f"{ck}/step-50/.metadata") and os.path.exists(f"{ck}/step-50/manifest.json")
     rest = run_multiprocess(train_and_collect, world, tmp_data,
                             ["train.steps=80", f"train.checkpoint_dir={ck}"] + SCHEDULE + plan)
     for f, a, b in zip(full, first, rest):
@@ -73,11 +68,25 @@ def test_checkpoint_loads_under_another_plan_and_world_size(tmp_data):
         assert sum(o["position"] for o in outs) == 12 * 64 * 2
 
 
-class _Boom(RuntimeError):
-    pass
+def _disk_full_writer(rank: int, world_size: int):
+    """A DCP FileSystemWriter that fails like a full disk on the last rank, after writing part of its file."""
+    import errno
+
+    import torch.distributed.checkpoint as dcp
+
+    class DiskFull(dcp.FileSystemWriter):
+        def write_data(self, plan, planner):
+            if rank == world_size - 1:
+                path = os.path.join(self.path, f"__{rank}_0.distcp")
+                with open(path, "wb") as f:
+                    f.write(b"\0" * 1000)                       # a partial file, then the disk is full
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            return super().write_data(plan, planner)
+
+    return DiskFull
 
 
-def _crash_mid_write(rank, world_size, tmp, ck):
+def _crash_mid_write(rank, world_size, tmp, ck, async_save):
     from neo.train.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
     from neo.train.trainer import Trainer
 
@@ -86,37 +95,34 @@ def _crash_mid_write(rank, world_size, tmp, ck):
     tr.fit()                                               # writes step-6
     good = latest_checkpoint(ck)
     expected = tr.sharded.full_weights()
-    calls = []
-
-    def failing_save(obj, path):
-        calls.append(path)
-        if len(calls) == 2 and rank == world_size - 1:     # one rank dies after its first file
-            raise _Boom("disk full")
-        torch.save(obj, path)
-
     tr.step = 7
     with torch.no_grad():                                  # change the weights: the old checkpoint must win
         for name, buf in tr.sharded.lookup.named_buffers():
             if name.endswith("_weights"):
                 buf.add_(1.0)
+    message = ""
     try:
         save_checkpoint(ck, 7, sharded=tr.sharded, dense_model=tr.model, optimizer=tr.optimizer,
-                        loader_state=tr.train_loader.state_dict(), pg=tr.pg, save_fn=failing_save)
+                        loader_state=tr.train_loader.state_dict(), pg=tr.pg, async_save=async_save,
+                        storage_writer=_disk_full_writer(rank, world_size))
         raised = False
-    except CheckpointError:
-        raised = True
+    except CheckpointError as e:
+        raised, message = True, str(e)
     after = latest_checkpoint(ck)
     cfg2 = tiny_config(tmp, f"train.checkpoint_dir={ck}", "train.resume=true")
     tr2 = Trainer(cfg2, log=lambda *a, **k: None)
     same = all(torch.equal(tr2.sharded.full_weights()[n], w) for n, w in expected.items())
-    return {"raised": raised, "good": good, "after": after, "step": tr2.step, "same": same,
+    return {"raised": raised, "message": message, "good": good, "after": after, "step": tr2.step, "same": same,
             "tmp_left": os.path.exists(os.path.join(ck, "tmp-7"))}
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_crash_mid_write_keeps_previous_checkpoint(tmp_data, world):
+@pytest.mark.parametrize("world,async_save", [(1, False), (2, True)])
+def test_full_disk_mid_write_keeps_previous_checkpoint(tmp_data, world, async_save):
     ck = f"{tmp_data}/crash-{world}"
-    for out in run_multiprocess(_crash_mid_write, world, tmp_data, ck):
+    for out in run_multiprocess(_crash_mid_write, world, tmp_data, ck, async_save):
         assert out["raised"]
+        # every rank's error names the failing rank, the cause and the file
+        assert f"rank {world - 1}" in out["message"] and "No space left on device" in out["message"], out["message"]
+        assert f"__{world - 1}_0.distcp" in out["message"] and "step-6" in out["message"]
         assert out["good"].endswith("step-6") and out["after"] == out["good"]
-        assert out["step"] == 6 and out["same"]
+        assert out["step"] == 6 and out["same"] and not out["tmp_left"]

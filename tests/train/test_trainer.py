@@ -46,12 +46,7 @@ def train_and_collect(rank: int, world_size: int, tmp: str, overrides, steps_bef
     states = tr.sharded.full_optimizer_state()
     dense = {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}
     return {"losses": tr.losses, "final": final, "weights": weights, "states": states, "dense": dense,
-            "plan_types": sorted({t["sharding_type"] for t in tr.plan["tables"].values()})}
-
-
-@pytest.fixture(scope="module")
-def tmp_data(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("train"))
+            "plan_types": sorted({t["sharding_type"] for t in tr.plan["tables"].values()}), "plan": tr.plan}
 
 
 def assert_same(a, b):

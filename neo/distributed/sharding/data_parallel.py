@@ -5,16 +5,20 @@ single-process training (for adagrad/adam the aggregated row gradient matters, n
 its sum over steps), and every replica must apply the same update. Neo therefore:
 
 1. sends each DP feature's ids to every rank in input distribution (they ride the same
-   ids AlltoAll), so every replica pools the whole global batch ``(W * B, D)``;
-2. forward: each rank keeps the rows of its own samples (no communication);
+   ids AlltoAll), so every replica holds the ids of the whole global batch;
+2. forward: each replica pools only its own B samples (``TableBatchedEmbedding(...,
+   pooled_bags=...)``: the other ranks' bags are left out of the lookup) and keeps those rows
+   (no communication);
 3. backward: an AllGather of the ``(B, D)`` pooled gradients gives every replica the
-   gradient of all ``W * B`` samples; the fused backward sums them per row and updates.
+   gradient of all ``W * B`` samples; the fused backward sums them per row over every bag of
+   the global batch and updates.
 
 The gradient reduction is thus a SUM over ranks of per-sample gradients, each already
 scaled by the collection's ``1 / W`` (mean-loss semantics, see the sharded collection):
 the result equals the unsharded module's update for the global-mean loss, and replicas
-stay bit-identical (same inputs, same order). Cost: each replica looks up W times the
-local batch; the alternative (AllReduce of a dense (rows, D) gradient) touches every row.
+stay bit-identical (same inputs, same order). Cost: each replica's forward looks up its own
+batch; its fused update covers the global batch's rows (the alternative, an AllReduce of a
+dense (rows, D) gradient, touches every row).
 """
 
 from __future__ import annotations

@@ -6,9 +6,15 @@
   with a stable parallel radix sort, each touched row's gradient is summed in fp32 and the
   optimizer applied to it in place. No dense gradient.
 
+ISA: the kernels are built once per instruction set (``baseline``, ``avx2``, ``avx512`` on
+x86-64) and ``neo._C`` runs the best one this CPU supports; ``NEO_CPU_ISA`` overrides it
+(``neo.cpp``). ``CpuBackend.isa`` says which runs; the first backend of a process logs it
+(logger ``neo``, INFO).
+
 Ids outside ``[0, rows)`` contribute zero and are not updated; the number skipped by the
 last call is kept in ``last_invalid_count`` (cheap: counted by the kernels).
-Threads: ``torch.set_num_threads``. Results do not depend on the number of threads.
+Threads: ``torch.set_num_threads``. Results depend neither on the number of threads nor on the
+ISA variant (the same IEEE operations in the same order; tested bit for bit).
 
 Huge pages: random rows of multi-gigabyte tables make nearly every lookup a TLB miss. The
 first time the backend sees a weight or state buffer of at least 64 MiB it asks the kernel
@@ -19,6 +25,7 @@ the fused backward by about a third. Set ``NEO_HUGEPAGES=0`` to skip it.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import List, Optional
 
@@ -60,6 +67,19 @@ def _psw(w: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 _HUGEPAGE_MIN_BYTES = 64 << 20
+_logged_isa = False
+
+
+def _log_isa_once() -> None:
+    global _logged_isa
+    if not _logged_isa:
+        _logged_isa = True
+        from neo.cpp import cpu_isa_info
+
+        info = cpu_isa_info()
+        logging.getLogger("neo").info("cpu backend: %s kernels (built: %s; CPU: %s%s)", info["neo_cpu_isa"],
+                                      ", ".join(info["built"]), info["cpu_model"],
+                                      f"; NEO_CPU_ISA={info['forced']}" if info["forced"] else "")
 
 
 class CpuBackend:
@@ -70,6 +90,12 @@ class CpuBackend:
         self.last_invalid_count = 0
         self._advised: set = set()
         self._hugepages = os.environ.get("NEO_HUGEPAGES", "1") != "0"
+        _log_isa_once()
+
+    @property
+    def isa(self) -> str:
+        """The ISA variant of the kernels that run: ``baseline``, ``avx2`` or ``avx512``."""
+        return _C.cpu_isa()
 
     def _advise_hugepages(self, buffers) -> None:
         if not self._hugepages:

@@ -7,9 +7,9 @@
 // within a key: summation order = order of occurrence, deterministic).
 #pragma once
 
-#include "common.h"
+#include "util.h"
 
-namespace neo {
+NEO_KERNELS_BEGIN
 
 // Sorts items[0, n) by bits [32, 32 + key_bits); returns the buffer (a or b) holding the result.
 inline uint64_t* radix_sort_by_key(uint64_t* a, uint64_t* b, int64_t n, int key_bits) {
@@ -52,4 +52,4 @@ inline uint64_t* radix_sort_by_key(uint64_t* a, uint64_t* b, int64_t n, int key_
   return a;
 }
 
-}  // namespace neo
+NEO_KERNELS_END

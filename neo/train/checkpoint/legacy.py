@@ -1,4 +1,8 @@
-"""Checkpoints: sharded embeddings with their optimizer state, dense model and optimizer, LR
+"""The earlier checkpoint format (``neo1``), kept so that checkpoints written before Neo moved to
+``torch.distributed.checkpoint`` still load (:func:`load_checkpoint`); :func:`save_checkpoint`
+writes it only for the tests of that path.
+
+Checkpoints: sharded embeddings with their optimizer state, dense model and optimizer, LR
 schedule step, data position and RNG; written atomically; loadable under another plan or world size.
 
 Layout of ``DIR/step-<N>/`` (one directory per checkpoint)::
@@ -39,11 +43,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "CheckpointError"]
+from neo.train.checkpoint.layout import CheckpointError, latest_checkpoint
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or does not fit the model."""
+__all__ = ["save_checkpoint", "load_checkpoint"]
 
 
 def _agree(ok: bool, pg) -> bool:
@@ -77,17 +79,6 @@ def _shard_payload(sharded) -> Dict[str, Any]:
             tensors[f"{i}.{name}"] = v.clone()
     steps = lookup.optimizer_steps() if lookup is not None else {}
     return {"records": records, "tensors": tensors, "optimizer_step": max(steps.values(), default=0)}
-
-
-def latest_checkpoint(root: str) -> Optional[str]:
-    """Path of the newest complete checkpoint under ``root`` (None when there is none)."""
-    try:
-        with open(os.path.join(root, "latest")) as f:
-            name = f.read().strip()
-    except OSError:
-        return None
-    path = os.path.join(root, name)
-    return path if os.path.exists(os.path.join(path, "meta.json")) else None
 
 
 def save_checkpoint(root: str, step: int, *, sharded, dense_model, optimizer, loader_state: Dict[str, Any],

@@ -1,7 +1,8 @@
 // Stochastic rounding fp32 -> fp16/bf16, bit-identical to neo.embedding.backends.reference
 // (sr_uniform + round_weights): a splitmix64 hash of (seed, step, flat element index) gives a
-// uniform u in [0, 1) with 24 random bits; the neighbour `other` of the nearest value `r` on
-// x's side is taken when u < p = (x - r) / (other - r), all in fp32 in the reference's order.
+// uniform u in [0, 1) with 24 random bits (the key of (seed, step) is made by the entry
+// point, embedding_backward.cpp); the neighbour `other` of the nearest value `r` on x's side
+// is taken when u < p = (x - r) / (other - r), all in fp32 in the reference's order.
 #pragma once
 
 #include <cmath>
@@ -11,16 +12,13 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-namespace neo {
+#include "isa_ns.h"
 
-constexpr uint64_t kSrStep = 0x9E3779B97F4A7C15ULL;
+NEO_KERNELS_BEGIN
+
 constexpr uint64_t kSrElem = 0xBF58476D1CE4E5B9ULL;
 constexpr uint64_t kSrMix1 = 0xBF58476D1CE4E5B9ULL;
 constexpr uint64_t kSrMix2 = 0x94D049BB133111EBULL;
-
-inline uint64_t sr_key(int64_t seed, int64_t step) {
-  return static_cast<uint64_t>(seed) ^ (static_cast<uint64_t>(step) * kSrStep);
-}
 
 inline float sr_uniform(uint64_t key, uint64_t elem) {
   uint64_t z = (elem * kSrElem) ^ key;
@@ -60,4 +58,4 @@ inline T round_stochastic(float x, float u) {
   return (u < p) ? other : r;
 }
 
-}  // namespace neo
+NEO_KERNELS_END

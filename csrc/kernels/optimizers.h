@@ -1,58 +1,55 @@
-// Row-wise application of the fused sparse optimizers, in fp32, in exactly the operation
-// order of neo.embedding.backends.reference.apply_optimizer (each torch op rounds to fp32
-// once; no FMA contraction here: the including file is compiled with fp-contract=off), so
-// fp16/bf16 weights match the reference bit for bit. Exceptions (reductions, whose order
-// inside torch is its own): rowwise_adagrad's mean(g*g) and LAMB's row norms may differ
-// from torch in the last fp32 bit.
+// Row-wise application of the fused sparse optimizers (OptParams: kernel_types.h), in fp32,
+// in exactly the operation order of neo.embedding.backends.reference.apply_optimizer (each
+// torch op rounds to fp32 once; no FMA contraction: the kernels are compiled with
+// -ffp-contract=off), so fp16/bf16 weights match the reference bit for bit. Exceptions
+// (reductions, whose order inside torch is its own): rowwise_adagrad's mean(g*g) and LAMB's
+// row norms may differ from torch in the last fp32 bit. The loops have compile-time
+// lengths for the common D and vectorize with the variant's instructions.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
-#include "common.h"
+#include "round16.h"
 #include "stochastic_rounding.h"
+#include "util.h"
 
-namespace neo {
-
-enum OptKind : int64_t { kSGD = 0, kAdagrad = 1, kRowwiseAdagrad = 2, kAdam = 3, kLamb = 4 };
-
-struct OptParams {
-  int64_t kind = kSGD;
-  float lr = 0, eps = 0, wd = 0, b1 = 0, b2 = 0;
-  float one_minus_b1 = 0, one_minus_b2 = 0;   // (1 - b1) in double, then fp32 (as torch casts the scalar)
-  float bias1 = 1, bias2 = 1;                 // 1 - b^step in double, then fp32
-  bool has_wd = false;
-};
-
-inline OptParams make_opt_params(int64_t kind, double lr, double eps, double wd, double b1, double b2, int64_t step) {
-  OptParams o;
-  o.kind = kind;
-  o.lr = static_cast<float>(lr);
-  o.eps = static_cast<float>(eps);
-  o.wd = static_cast<float>(wd);
-  o.has_wd = wd != 0.0;
-  o.b1 = static_cast<float>(b1);
-  o.b2 = static_cast<float>(b2);
-  o.one_minus_b1 = static_cast<float>(1.0 - b1);
-  o.one_minus_b2 = static_cast<float>(1.0 - b2);
-  o.bias1 = static_cast<float>(1.0 - std::pow(b1, static_cast<double>(step)));
-  o.bias2 = static_cast<float>(1.0 - std::pow(b2, static_cast<double>(step)));
-  return o;
-}
+NEO_KERNELS_BEGIN
 
 // Sum of squares with 16 independent lanes, then a tree over the lanes (short dependency
-// chain: this sits on every row's critical path). The order is fixed, so results do not
-// depend on threads.
+// chain: this sits on every row's critical path). The order is fixed, so results depend
+// neither on threads nor on the ISA: the 16 lanes are one GCC vector (one zmm, two ymm or
+// four xmm registers) and the tree is the same pairwise sums as lane[l] += lane[l + w]
+// for w = 8, 4, 2, 1, done on vector halves (a scalar tree on the stack cost ~60 cycles a
+// row in row-wise Adagrad).
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
 inline float sum_squares(const float* x, int64_t n) {
-  float lane[16] = {0};
+  f32x16 lane = {};
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lane[l] += x[i + l] * x[i + l];
-  const int64_t rem = n - i;  // < 16
-  for (int64_t l = 0; l < rem; ++l) lane[l] += x[i + l] * x[i + l];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
-  return lane[0];
+  for (; i + 16 <= n; i += 16) {
+    f32x16 v;
+    std::memcpy(&v, x + i, sizeof(v));
+    lane += v * v;
+  }
+  if (i < n) {   // the last n - i (< 16) values into the first lanes; the others add +0 to a sum >= +0
+    float t[16] = {0};
+    std::memcpy(t, x + i, (n - i) * sizeof(float));
+    f32x16 v;
+    std::memcpy(&v, t, sizeof(v));
+    lane += v * v;
+  }
+  f32x8 lo8, hi8;   // the tree on vector halves
+  std::memcpy(&lo8, &lane, sizeof(lo8));
+  std::memcpy(&hi8, reinterpret_cast<const char*>(&lane) + sizeof(lo8), sizeof(hi8));
+  const f32x8 a = lo8 + hi8;
+  f32x4 lo4, hi4;
+  std::memcpy(&lo4, &a, sizeof(lo4));
+  std::memcpy(&hi4, reinterpret_cast<const char*>(&a) + sizeof(lo4), sizeof(hi4));
+  const f32x4 b = lo4 + hi4;
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 // Write fp32 row `wf` back to storage: as is (fp32), nearest even, or stochastically with
@@ -62,12 +59,7 @@ inline void store_row(float* w, const float* wf, int64_t D, bool, uint64_t, int6
 }
 template <typename T>
 inline void store_row(T* w, const float* wf, int64_t D, bool stochastic, uint64_t key, int64_t elem0) {
-  if (stochastic) {
-    for (int64_t d = 0; d < D; ++d)
-      w[d] = round_stochastic<T>(wf[d], sr_uniform(key, static_cast<uint64_t>(elem0 + d)));
-  } else {
-    for (int64_t d = 0; d < D; ++d) w[d] = T(wf[d]);
-  }
+  store_row16(w, wf, D, stochastic, key, elem0);   // round16.h: eight at a time where the ISA allows
 }
 
 // One optimizer step on one row.
@@ -128,4 +120,4 @@ inline void update_row(const OptParams& o, T* w, float* g, float* s0, float* s1,
   store_row(w, wf, D, stochastic, key, elem0);
 }
 
-}  // namespace neo
+NEO_KERNELS_END

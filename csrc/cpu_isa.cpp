@@ -1,0 +1,185 @@
+// Runtime choice of the kernel variant (see cpu_isa.h): CPU feature detection, NEO_CPU_ISA.
+#include "cpu_isa.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define NEO_X86 1
+#endif
+
+namespace neo {
+
+Tuning& tuning() {
+  static Tuning t;
+  return t;
+}
+
+namespace {
+
+struct Features {
+  bool avx = false, avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool os_ymm = false, os_zmm = false;   // the OS saves the YMM / ZMM state (XCR0)
+};
+
+#if defined(NEO_X86)
+uint64_t xcr0() {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+#endif
+
+Features detect() {
+  Features f;
+#if defined(NEO_X86)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1;
+  f.avx = (c >> 28) & 1;
+  f.fma = (c >> 12) & 1;
+  f.f16c = (c >> 29) & 1;
+  if (osxsave) {
+    const uint64_t x = xcr0();
+    f.os_ymm = (x & 0x6) == 0x6;               // SSE and AVX state
+    f.os_zmm = f.os_ymm && (x & 0xE0) == 0xE0;  // opmask, ZMM_Hi256, Hi16_ZMM state
+  }
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.avx2 = (b >> 5) & 1;
+    f.avx512f = (b >> 16) & 1;
+    f.avx512dq = (b >> 17) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+  }
+#endif
+  return f;
+}
+
+const Features& features() {
+  static const Features f = detect();
+  return f;
+}
+
+struct Variant {
+  const char* name;
+  const KernelTable* (*table)();
+  std::vector<const char*> (*missing)(const Features&);   // CPU features it needs and lacks
+};
+
+std::vector<const char*> missing_avx2(const Features& f) {
+  std::vector<const char*> m;
+  if (!f.avx || !f.os_ymm) m.push_back("avx (with OS support)");
+  if (!f.avx2) m.push_back("avx2");
+  if (!f.fma) m.push_back("fma");
+  if (!f.f16c) m.push_back("f16c");
+  return m;
+}
+
+std::vector<const char*> missing_avx512(const Features& f) {
+  std::vector<const char*> m = missing_avx2(f);
+  if (!f.avx512f) m.push_back("avx512f");
+  if (!f.avx512bw) m.push_back("avx512bw");
+  if (!f.avx512vl) m.push_back("avx512vl");
+  if (!f.avx512dq) m.push_back("avx512dq");
+  if (f.avx512f && !f.os_zmm) m.push_back("OS support for the AVX-512 state");
+  return m;
+}
+
+// Built variants, lowest first (setup.py defines NEO_HAVE_AVX2 / NEO_HAVE_AVX512 where it builds them).
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"baseline", [] { return &baseline::kernel_table(); }, [](const Features&) { return std::vector<const char*>{}; }},
+#if defined(NEO_HAVE_AVX2)
+      {"avx2", [] { return &avx2::kernel_table(); }, missing_avx2},
+#endif
+#if defined(NEO_HAVE_AVX512)
+      {"avx512", [] { return &avx512::kernel_table(); }, missing_avx512},
+#endif
+  };
+  return v;
+}
+
+const Variant* best_variant() {
+  const Variant* best = &variants().front();
+  for (const Variant& v : variants())
+    if (v.missing(features()).empty()) best = &v;
+  return best;
+}
+
+std::string join(const std::vector<std::string>& xs) {
+  std::string s;
+  for (const auto& x : xs) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// The variant called `name` ("" or "auto": the best), or a runtime_error saying why not.
+const Variant& resolve(std::string name, const char* what) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (name.empty() || name == "auto" || name == "native") return *best_variant();
+  std::vector<std::string> built;
+  for (const Variant& v : variants()) built.push_back(v.name);
+  const std::string runnable = join(cpu_isa_supported());
+  for (const Variant& v : variants()) {
+    if (name != v.name) continue;
+    const auto miss = v.missing(features());
+    if (miss.empty()) return v;
+    std::string lacks;
+    for (const char* m : miss) lacks += std::string(lacks.empty() ? "" : ", ") + m;
+    throw std::runtime_error(std::string("neo._C: ") + what + "=" + name + " asks for the " + name +
+                             " kernels, but this CPU lacks " + lacks + "; it can run: " + runnable +
+                             " (unset it to use the best one)");
+  }
+  const bool known = name == "baseline" || name == "avx2" || name == "avx512";
+  throw std::runtime_error(std::string("neo._C: ") + what + "=" + name +
+                           (known ? " is not built into this library (x86-64 builds only)" : " is not a CPU ISA variant") +
+                           "; built: " + join(built) + "; this CPU can run: " + runnable);
+}
+
+std::atomic<const KernelTable*> g_active{nullptr};
+
+}  // namespace
+
+void init_cpu_isa() {
+  const char* env = std::getenv("NEO_CPU_ISA");
+  g_active.store(resolve(env ? env : "", "NEO_CPU_ISA").table());
+}
+
+const KernelTable& kernels() {
+  const KernelTable* k = g_active.load(std::memory_order_acquire);
+  if (k == nullptr) {   // used before the module's init (C++ callers): choose now
+    init_cpu_isa();
+    k = g_active.load();
+  }
+  return *k;
+}
+
+void set_cpu_isa(const std::string& name) { g_active.store(resolve(name, "cpu isa").table()); }
+
+std::string cpu_isa() { return kernels().isa; }
+
+std::vector<std::string> cpu_isa_variants() {
+  std::vector<std::string> out;
+  for (const Variant& v : variants()) out.push_back(v.name);
+  return out;
+}
+
+std::vector<std::string> cpu_isa_supported() {
+  std::vector<std::string> out;
+  for (const Variant& v : variants())
+    if (v.missing(features()).empty()) out.push_back(v.name);
+  return out;
+}
+
+std::vector<std::pair<std::string, bool>> cpu_features() {
+  const Features& f = features();
+  return {{"avx", f.avx}, {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f},
+          {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
+          {"os_ymm_state", f.os_ymm}, {"os_zmm_state", f.os_zmm}};
+}
+
+}  // namespace neo

@@ -1,0 +1,84 @@
+// Per-ISA builds of the hot kernels with runtime dispatch.
+//
+// Every hot kernel (pooled lookup, fused backward + optimizer, dot interaction,
+// bucketization, the gather probe) lives in csrc/kernels/ and is compiled once per ISA
+// variant by a wrapper in csrc/isa/ (kernels_<isa>.cpp: `#define NEO_ISA <isa>`, then the
+// kernel headers), with that variant's flags (setup.py):
+//
+//   baseline   the compiler's default target (x86-64: SSE2; aarch64: NEON)
+//   avx2       -mavx2 -mfma -mf16c                                   (x86-64 only)
+//   avx512     avx2's plus -mavx512f -mavx512bw -mavx512vl -mavx512dq (x86-64 only)
+//
+// Each variant's code sits in its own namespace (neo::baseline, neo::avx2, neo::avx512) and
+// exports one KernelTable of function pointers. The entry points (embedding_forward.cpp,
+// ...; compiled for the baseline) validate their tensors and call the active table.
+// At import the best variant the CPU supports is chosen (cpuid + xgetbv), unless
+// NEO_CPU_ISA=baseline|avx2|avx512 asks for another one; asking for one the CPU lacks,
+// or one not built, is an error that says what the CPU offers.
+//
+// Portability: no translation unit but the variants is compiled with more than the
+// baseline's instructions, and the variants' objects are linked after every baseline
+// object, so where a variant emits an inline function of a shared header (std::, c10::)
+// out of line the linker keeps the baseline copy (the first definition of a COMDAT
+// group wins). tests/embedding/test_cpu_isa.py checks the built library: no AVX
+// instruction outside neo::avx2 / neo::avx512, no AVX-512 register outside neo::avx512.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_types.h"
+
+namespace neo {
+
+struct KernelTable {
+  const char* isa;  // "baseline", "avx2", "avx512"
+
+  // Pooled forward of a group: writes (B, total_dim) fp32; returns the invalid id count.
+  int64_t (*forward_f32)(const GroupMeta&, const float* W, const Lookup&, float* out);
+  int64_t (*forward_f16)(const GroupMeta&, const c10::Half* W, const Lookup&, float* out);
+  int64_t (*forward_bf16)(const GroupMeta&, const c10::BFloat16* W, const Lookup&, float* out);
+
+  // Fused backward + optimizer step in place; returns the invalid id count.
+  int64_t (*backward_f32)(const GroupMeta&, float* W, const Lookup&, const UpdateArgs&);
+  int64_t (*backward_f16)(const GroupMeta&, c10::Half* W, const Lookup&, const UpdateArgs&);
+  int64_t (*backward_bf16)(const GroupMeta&, c10::BFloat16* W, const Lookup&, const UpdateArgs&);
+
+  // DLRM dot interaction: out (B, D + P); backward writes grad_dense (B, D) and
+  // grad_pooled (the pooled layout, times scale).
+  void (*interaction_forward)(const InteractionArgs&, float* out);
+  void (*interaction_backward)(const InteractionArgs&, const float* grad_out, float* grad_dense,
+                               float* grad_pooled, float scale);
+
+  // Row-range bucketization of one feature's ids.
+  void (*bucketize_i32)(const BucketizeArgs<int32_t>&);
+  void (*bucketize_i64)(const BucketizeArgs<int64_t>&);
+
+  // Memory probe: sums rows ids[0..n) of `row_bytes` bytes each of table (as integers),
+  // prefetching `prefetch` ids ahead into L1 and `far` ids ahead into L2 (0: none), on
+  // the torch threads; returns a checksum.
+  uint64_t (*gather_probe)(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n,
+                           int64_t prefetch, int64_t far);
+};
+
+// The variants' tables (defined in csrc/isa/kernels_<isa>.cpp; only those built exist).
+namespace baseline { const KernelTable& kernel_table(); }
+namespace avx2 { const KernelTable& kernel_table(); }
+namespace avx512 { const KernelTable& kernel_table(); }
+
+// The active variant's kernels (chosen at import; see init_cpu_isa).
+const KernelTable& kernels();
+
+// Chooses the variant: NEO_CPU_ISA if set, else the best the CPU supports. Throws
+// std::runtime_error with a readable message if NEO_CPU_ISA names an unknown, unbuilt or
+// unsupported variant.
+void init_cpu_isa();
+
+std::string cpu_isa();                              // the active variant
+std::vector<std::string> cpu_isa_variants();        // built, lowest first
+std::vector<std::string> cpu_isa_supported();       // built and runnable on this CPU
+std::vector<std::pair<std::string, bool>> cpu_features();   // detected CPU features (x86: cpuid/xgetbv)
+void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks); throws like init_cpu_isa
+
+}  // namespace neo

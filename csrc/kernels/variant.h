@@ -1,0 +1,31 @@
+// One ISA variant of every hot kernel, and the table through which the entry points call
+// them (cpu_isa.h). Included once per variant by csrc/isa/kernels_<isa>.cpp.
+#pragma once
+
+#include "../cpu_isa.h"
+#include "backward.h"
+#include "bucketize.h"
+#include "forward.h"
+#include "interaction.h"
+#include "probe.h"
+
+#define NEO_STR_(x) #x
+#define NEO_STR(x) NEO_STR_(x)
+
+namespace neo {
+namespace NEO_ISA {
+
+const KernelTable& kernel_table() {
+  static const KernelTable table{
+      NEO_STR(NEO_ISA),
+      &forward<float>, &forward<c10::Half>, &forward<c10::BFloat16>,
+      &backward<float>, &backward<c10::Half>, &backward<c10::BFloat16>,
+      &interaction_forward, &interaction_backward,
+      &bucketize<int32_t>, &bucketize<int64_t>,
+      &gather_probe,
+  };
+  return table;
+}
+
+}  // namespace NEO_ISA
+}  // namespace neo

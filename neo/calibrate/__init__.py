@@ -1,0 +1,211 @@
+"""``neo calibrate``: measure this machine's cost constants with Neo's own kernels and collectives.
+
+    neo calibrate [--out PATH] [--quick]                                   # one process
+    torchrun --standalone --nproc-per-node 2 -m neo.calibrate [--out PATH]  # at 2 ranks on this host
+
+Measures (:mod:`neo.calibrate.measure`) fused lookups and fused backward + optimizer over table
+sizes, dims and pooling factors, the AlltoAll of the transport training uses and the dense
+gradients' AllReduce over message sizes, MLP layers, the dot interaction and the dense optimizer,
+and a small model trained by the real trainer; fits :class:`neo.planner.CostConstants` to them
+(:mod:`neo.calibrate.fit`), and writes one JSON: ``{"format", "machine", "date", "constants":
+{"<world size>": {...}}, "fit": {...}, "measurements": {...}}``. A run at another world size adds
+its constants to the same file. Default path: this machine's calibration file in the user's cache
+directory (``neo.planner.constants.calibration_path``), which ``neo plan`` and ``neo train`` then
+use; ``--out`` to choose another (then name it in ``sharding.cost_constants``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+__all__ = ["main", "fit_constants"]
+
+
+def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Records of every rank averaged field by field (the ranks measured the same things)."""
+    out = []
+    for recs in zip(*per_rank):
+        r = dict(recs[0])
+        r["seconds"] = float(np.mean([x["seconds"] for x in recs]))
+        out.append(r)
+    return out
+
+
+def _t(foot: float, hot: float, cold: float) -> float:
+    return float(np.clip(np.log(max(foot, 1.0) / hot) / np.log(cold / hot), 0.0, 1.0))
+
+
+def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int):
+    """(CostConstants, fit quality per group) from the measurements of one world size."""
+    from neo.calibrate.fit import fit_linear
+    from neo.planner.constants import builtin_constants
+    from neo.planner.cost import seconds_per_byte
+    from neo.planner.step_model import DenseSpec, dense_seconds
+
+    base = builtin_constants(machine.get("device_kind", "cpu"))
+    hot = float(machine.get("l2_bytes") or 1 << 20)
+    cold = float(max(4 * (machine.get("l3_bytes") or 32 << 20), 8 * hot))
+    quality: Dict[str, float] = {}
+    rows = []
+    for r in meas["lookups"]:
+        t = _t(r["footprint"], hot, cold)
+        if r["phase"] == "fwd":
+            rows.append(dict(r, call=1.0, bytes_hot=r["ids"] * r["row_bytes"] * (1 - t),
+                             bytes_cold=r["ids"] * r["row_bytes"] * t))
+    fwd, quality["lookup_fwd"] = fit_linear(rows, ["call", "bags", "ids", "bytes_hot", "bytes_cold"],
+                                            floor={"bags": 1e-12, "ids": 1e-12, "bytes_hot": 1e-13,
+                                                   "bytes_cold": 1e-13})
+    rows = []
+    for r in meas["lookups"]:
+        t = _t(r["footprint"], hot, cold)
+        if r["phase"] == "bwd":
+            moved = 2.0 * r["distinct"] * (r["row_bytes"] + r["state_bytes"])
+            rows.append(dict(r, call=1.0, bytes_hot=moved * (1 - t), bytes_cold=moved * t))
+    bwd, quality["update"] = fit_linear(rows, ["call", "ids", "distinct", "bytes_hot", "bytes_cold"],
+                                        floor={"ids": 1e-12, "distinct": 1e-12, "bytes_hot": 1e-13,
+                                               "bytes_cold": 1e-13})
+    upd = dict(device_kind=base.device_kind, world_size=world_size, hot_bytes=hot, cold_bytes=cold,
+               lookup_bag_s=fwd["bags"], lookup_id_s=fwd["ids"], lookup_bw_hot=1 / fwd["bytes_hot"],
+               lookup_bw_cold=1 / max(fwd["bytes_cold"], fwd["bytes_hot"]),
+               update_id_s=bwd["ids"], update_row_s=bwd["distinct"], update_bw_hot=1 / bwd["bytes_hot"],
+               update_bw_cold=1 / max(bwd["bytes_cold"], bwd["bytes_hot"]),
+               lookup_call_s=max(fwd["call"] + bwd["call"], 1e-7), kernel_overhead=base.kernel_overhead)
+    for op, lat, bw in (("alltoall", "intra_latency", "intra_bw"), ("allreduce", "allreduce_latency", "allreduce_bw")):
+        rows = [dict(r, one=1.0) for r in meas["collectives"] if r["op"] == op]
+        if rows:
+            f, quality[op] = fit_linear(rows, ["one", "bytes"], floor={"one": 1e-7, "bytes": 1e-13})
+            upd[lat], upd[bw] = f["one"], 1 / f["bytes"]
+    rows = [r for r in meas["dense"] if r["kind"] in ("mlp", "interaction")]
+    d, quality["dense"] = fit_linear([dict(r, layers=r["layers"] or 1) for r in rows],
+                                     ["layers", "flops", "interaction_flops"],
+                                     floor={"layers": 1e-7, "flops": 1e-14, "interaction_flops": 1e-14})
+    upd.update(dense_layer_s=d["layers"], dense_flops=1 / d["flops"], interaction_flops=1 / d["interaction_flops"],
+               dense_optimizer_bw=float(np.median([r["bytes"] / r["seconds"] for r in meas["dense"]
+                                                   if r["kind"] == "optimizer"])))
+    c = replace(base, **upd)
+    # the per-step costs no kernel shows: the small model's measured steps minus what the model explains
+    mach = meas.get("machinery") or {}
+    m = mach.get("measured", {}).get("components_ms")
+    if m:
+        spec = DenseSpec(4, (16,), (1,), num_features=world_size, dim=16, optimizer_state_floats=0)
+        dense_model = dense_seconds(spec, 256, world_size, c)
+        lat = c.intra_latency if world_size > 1 else 0.0
+        ids_b = 256 * world_size * 4.0 * (world_size - 1) / world_size
+        kernel = (256 * world_size) * (c.lookup_bag_s + c.lookup_id_s + 64 * seconds_per_byte(
+            np.array([1000 * 128.0]), c.lookup_bw_hot, c.lookup_bw_cold, c)[0])
+        c = replace(
+            c,
+            input_dist_overhead=max(1e-6, m["input_dist"] / 1e3 - 2 * lat - ids_b / c.intra_bw),
+            output_dist_overhead=max(1e-6, m["output_dist"] / 1e3 - 2 * lat),
+            lookup_call_s=max(1e-6, (m["embedding_fwd"] + m["embedding_bwd"]) / 1e3 - 2 * kernel),
+            step_overhead=max(1e-6, (m["other"] + m["data"]) / 1e3 + max(0.0, m["dense"] / 1e3 - dense_model)))
+    return c, quality
+
+
+def _machine() -> Dict[str, Any]:
+    from neo.machine import machine_info
+
+    m = machine_info()
+    for level, key in ((2, "l2_bytes"), (3, "l3_bytes")):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{level}/size") as f:
+                s = f.read().strip()
+            m[key] = int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1) if s[-1] in "KM" else int(s)
+        except (OSError, ValueError):
+            m[key] = None
+    return m
+
+
+def _init():
+    import torch.distributed as dist
+
+    from neo.distributed import ProcessGroups
+
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "MASTER_ADDR" in os.environ:
+            dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return ProcessGroups.build(int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="neo calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="JSON to write (default: this machine's calibration file)")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (about a minute)")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    from neo.calibrate import measure
+    from neo.planner.constants import FORMAT, calibration_path
+
+    pg = _init()
+    W, rank = pg.world_size, pg.rank
+    t0 = time.perf_counter()
+    mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick),
+            "collectives": measure.collectives(pg, args.quick),
+            "dense": measure.dense(pg.world if W > 1 else None, args.quick),
+            "threads": torch.get_num_threads()}
+    mine["machinery"] = measure.machinery(pg, args.quick)
+    gathered: List[Any] = [None] * W
+    if W > 1:
+        dist.all_gather_object(gathered, mine, group=pg.world)
+    else:
+        gathered = [mine]
+    if rank == 0:
+        meas = {k: _mean_records([g[k] for g in gathered]) for k in ("lookups", "collectives", "dense")}
+        runs = [g["machinery"]["measured"] for g in gathered if g["machinery"].get("measured")]
+        comps = {}
+        if runs:
+            for k in runs[0]["components_ms"]:
+                vals = [r["components_ms"][k] for r in runs]
+                # a rank that waits for a slower one does it inside a collective: the collectives'
+                # own cost is what the least-waiting rank sees there; the rest is averaged
+                comps[k] = float(min(vals) if k in ("input_dist", "output_dist") else np.mean(vals))
+        meas["machinery"] = {"measured": {"components_ms": comps}, "per_rank": runs}
+        meas["threads"] = mine["threads"]
+        machine = _machine()
+        c, quality = fit_constants(meas, machine, W)
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        c = replace(c, source=f"neo calibrate on {machine['cpu_model']} ({machine['cpu_isa']}, {machine['cores']} cores"
+                              f"{', ' + machine['gpu'] if machine.get('gpu') else ''}), {W} rank(s) x "
+                              f"{mine['threads']} thread(s), {date}")
+        path = args.out or calibration_path(machine)
+        doc: Dict[str, Any] = {}
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                doc = {}
+            if doc.get("format") != FORMAT or doc.get("machine", {}).get("cpu_model") != machine["cpu_model"]:
+                doc = {}
+        doc.update(format=FORMAT, machine=machine, date=date)
+        doc.setdefault("constants", {})[str(W)] = c.to_dict()
+        doc.setdefault("fit", {})[str(W)] = {k: round(v, 4) for k, v in quality.items()}
+        doc.setdefault("measurements", {})[str(W)] = meas
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, default=float)
+        os.replace(tmp, path)
+        print(json.dumps({"path": path, "world_size": W, "seconds": round(time.perf_counter() - t0, 1),
+                          "fit_median_relative_error": doc["fit"][str(W)],
+                          "constants": {k: v for k, v in c.to_dict().items() if k not in ("source",)}}))
+    if W > 1:
+        dist.barrier(group=pg.world)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

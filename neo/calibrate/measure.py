@@ -1,0 +1,179 @@
+"""What ``neo calibrate`` measures, with Neo's own kernels, collectives and trainer.
+
+Every rank runs the same measurement at the same time (a barrier before each), so that ranks
+sharing the machine's cores and memory bandwidth are measured as they will train; each record
+is the median of a few repetitions, averaged over the ranks by the caller.
+
+- :func:`lookups`: ``TableBatchedEmbedding`` forward and fused backward + optimizer on one
+  table, over dims, pooling factors and table sizes (from cache-sized to far larger);
+- :func:`collectives`: Neo's AlltoAll (through the transport training uses: shared memory, gloo
+  or NCCL) and the dense gradients' AllReduce, over message sizes;
+- :func:`dense`: MLP layers forward + backward, the dot interaction, the dense optimizer;
+- :func:`machinery`: a small model trained by the real :class:`neo.train.trainer.Trainer` for the
+  per-step costs no kernel shows (launches, bookkeeping, the loop).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["timed", "lookups", "collectives", "dense", "machinery"]
+
+
+def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
+          setup: Optional[Callable[[], Any]] = None) -> float:
+    """Median seconds of ``fn(setup())`` (or ``fn()``) over ``reps`` runs after ``warmup``; ``setup``
+    runs untimed before each (barrier first when ``group``)."""
+    call = (lambda: fn(setup())) if setup is not None else fn
+    for _ in range(warmup):
+        call()
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.barrier(group=group)
+    ts = []
+    for _ in range(reps):
+        arg = setup() if setup is not None else None
+        t0 = time.perf_counter()
+        fn(arg) if setup is not None else fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def _uniform_batch(rows: int, B: int, P: int, gen: torch.Generator):
+    from neo.sparse import KeyedJaggedBatch
+
+    ids = torch.randint(0, rows, (B * P,), generator=gen)
+    return KeyedJaggedBatch(("f",), ids, torch.full((B,), P, dtype=torch.int64), B)
+
+
+def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
+    """Records ``{"phase": "fwd"|"bwd", "bags", "ids", "distinct", "row_bytes", "state_bytes",
+    "footprint", "seconds"}`` of one-table lookups (adagrad: state as large as the weights)."""
+    from neo.config.embedding import OptimizerConfig, TableConfig
+    from neo.embedding import TableBatchedEmbedding
+
+    gen = torch.Generator().manual_seed(dist.get_rank(group) if group is not None else 0)
+    B = 2048
+    footprints = (256 << 10, 16 << 20, 384 << 20)
+    dims = (16, 64) if quick else (16, 64, 128)
+    pools = (1, 16)
+    reps = 5 if quick else 9
+    out = []
+    warm = True
+    for foot in footprints:
+        for D in dims:
+            rows = max(64, foot // (8 * D))
+            emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
+                                                     optimizer=OptimizerConfig("adagrad", lr=0.01))],
+                                        backend="auto", validate=False)
+            for P in pools:
+                batch = _uniform_batch(rows, B, P, gen)
+                distinct = int(torch.unique(batch.values).numel())
+                grad = torch.randn(B, D, generator=gen)
+                warmup = 10 if warm else 2                   # the first kernel calls of the process
+                warm = False
+                with torch.no_grad():
+                    fwd = timed(lambda: emb(batch), reps, group, warmup)
+                bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=lambda: emb(batch))
+                common = {"bags": B, "ids": B * P, "distinct": distinct, "row_bytes": 4 * D, "state_bytes": 4 * D,
+                          "footprint": rows * 8 * D}
+                out.append(dict(common, phase="fwd", seconds=fwd))
+                out.append(dict(common, phase="bwd", seconds=bwd))
+            del emb
+    return out
+
+
+def collectives(pg, quick: bool = False) -> List[Dict[str, float]]:
+    """Records ``{"op": "alltoall"|"allreduce", "bytes" (a rank sends), "seconds"}``; none in one process."""
+    from neo.distributed.comms import all_reduce, all_to_all
+
+    W = pg.world_size
+    if W == 1:
+        return []
+    out = []
+    sizes = (4 << 10, 256 << 10, 4 << 20) if quick else (4 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
+    def burst(fn, n=10):                 # back to back, as in training: the collectives pace the ranks
+        def run():
+            for _ in range(n):
+                fn()
+        return timed(run, 5, pg.world, warmup=1) / n
+
+    for nbytes in sizes:
+        per = max(1, nbytes // 4 // W)
+        x = torch.randn(per * W)
+        t = burst(lambda: all_to_all(x, [per] * W, [per] * W, pg.world_comm).wait())
+        out.append({"op": "alltoall", "bytes": per * 4 * (W - 1), "seconds": t})
+        g = torch.randn(max(1, nbytes // 4))
+        t = burst(lambda: all_reduce(g, pg.dense).wait())
+        out.append({"op": "allreduce", "bytes": g.numel() * 4 * 2 * (W - 1) / W, "seconds": t})
+    return out
+
+
+def dense(group, quick: bool = False) -> List[Dict[str, float]]:
+    """Records ``{"kind": "mlp"|"interaction"|"optimizer", ..., "seconds"}`` (forward + backward)."""
+    from neo.models.interaction import DotInteraction
+    from neo.models.mlp import MLP
+
+    gen = torch.Generator().manual_seed(0)
+    B = 2048
+    reps = 3 if quick else 5
+    out = []
+    shapes = [(13, 64), (64, 16), (512, 256), (256, 64), (64, 512), (1024, 1024)]
+    if quick:
+        shapes = shapes[:4]
+    for i, o in shapes:
+        m = MLP(i, [o])
+        x = torch.randn(B, i, generator=gen, requires_grad=True)
+
+        def step():
+            m(x).sum().backward()
+        out.append({"kind": "mlp", "layers": 1, "flops": 6.0 * B * i * o, "interaction_flops": 0.0,
+                    "seconds": timed(step, reps, group)})
+    for F, D in ((8, 16), (26, 64)) if quick else ((8, 16), (26, 64), (26, 128)):
+        inter = DotInteraction(F, D)
+        d = torch.randn(B, D, generator=gen, requires_grad=True)
+        p = torch.randn(B, F * D, generator=gen, requires_grad=True)
+
+        def step():
+            inter(d, p).sum().backward()
+        n = F + 1
+        out.append({"kind": "interaction", "layers": 0, "flops": 0.0,
+                    "interaction_flops": 3.0 * B * n * (n - 1) * D, "seconds": timed(step, reps, group)})
+    for n in (1 << 20, 8 << 20):
+        params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
+        for q in params:
+            q.grad = torch.randn_like(q)
+        opt = torch.optim.Adagrad(params, lr=0.01, fused=True)
+        out.append({"kind": "optimizer", "bytes": n * 4.0 * 4, "seconds": timed(opt.step, reps, group)})
+    return out
+
+
+def machinery(pg, quick: bool = False) -> Dict[str, Any]:
+    """A small DLRM (one table per rank, batch 256) trained by the real trainer on synthetic
+    data: its measured components (``neo.train.step_stats``) and the model's inputs."""
+    from neo.config import config_from_dict
+    from neo.train.trainer import Trainer
+
+    W = pg.world_size
+    tmp = os.path.join(tempfile.gettempdir(), "neo-calibrate")
+    tables = [{"name": f"m{k}", "num_rows": 1000, "dim": 16, "feature_names": [f"f{k}"]} for k in range(W)]
+    cfg = config_from_dict({
+        "tables": tables, "topology": {"hbm_gib": 1},
+        "model": {"interaction": "dot", "dense_arch": [16], "over_arch": [1]},
+        "data": {"source": "synthetic", "synthetic": {"num_samples": 64 * 256 * W, "val_samples": 256 * W,
+                                                      "num_dense": 4, "distribution": "uniform",
+                                                      "cache_dir": os.path.join(tmp, "data")}},
+        "optim": {"type": "sgd", "lr": 0.01},
+        "sharding": {"types": {t["name"]: "table_wise" for t in tables}, "cache_sample_batches": 0},
+        "train": {"batch_size": 256, "steps": 40 if quick else 120, "eval_every": 0, "eval_batches": 1,
+                  "log_every": 1000, "progress": False, "run_dir": os.path.join(tmp, f"run{pg.rank}")},
+    })
+    tr = Trainer(cfg, pg=pg, log=lambda *a, **k: None)
+    tr.fit()
+    return {"measured": tr.step_stats.summary(), "plan": tr.plan}

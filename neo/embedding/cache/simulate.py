@@ -1,0 +1,197 @@
+"""Hit rates of cache policies on an id trace: ``neo cache-report`` and the planner's miss-ratio curves.
+
+A trace is the row ids of one table in access order, cut into batches of B ids. Accesses are
+the distinct ids of each batch (a batch's rows are brought in once, whatever their count).
+
+- ``lru``, ``lfu``, ``lookahead``: :class:`~neo.embedding.cache.index.CacheIndex` itself, the
+  code that decides evictions in training, each batch admitted and then completed (with
+  ``pipelined``, batch b+1 is admitted before b completes, as under the training pipeline,
+  which pins two batches). ``lookahead`` sees the next ``lookahead`` batches.
+- ``belady``: the exact optimum (Belady's MIN) over the sequence of every batch's sorted
+  distinct ids, every accessed row brought into the cache: evict the resident row whose next
+  access is farthest (never first). The bar every policy is measured against.
+- ``ways``: a set-associative cache of the same capacity (FBGEMM's GPU cache has 32 ways),
+  lru or lfu within each set (rows hashed to sets); its ``conflict_misses`` are the accesses
+  it misses that the fully associative cache of the same capacity and policy hits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from neo.config.embedding import CachePolicy
+from neo.embedding.cache.index import CacheCapacityError, CacheIndex
+
+__all__ = ["SimResult", "batch_rows", "simulate", "simulate_belady", "simulate_set_associative", "report",
+           "POLICIES"]
+
+POLICIES = ("lru", "lfu", "lookahead", "belady")
+
+
+@dataclass
+class SimResult:
+    """One (capacity, policy) row of ``neo cache-report``."""
+
+    capacity: int
+    policy: str
+    accesses: int
+    hits: int
+    hit_rate: float
+    ways: Optional[int] = None
+    conflict_misses: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, object]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k in ("capacity", "policy")}
+
+
+def batch_rows(trace: np.ndarray, batch_size: int, num_rows: int) -> List[np.ndarray]:
+    """Sorted distinct ids of each batch of ``batch_size`` ids (the last, partial batch included)."""
+    trace = np.asarray(trace)
+    if trace.ndim != 1 or not np.issubdtype(trace.dtype, np.integer):
+        raise ValueError(f"the trace must be a 1-D integer array, got shape {trace.shape} and dtype {trace.dtype}")
+    if batch_size <= 0:
+        raise ValueError(f"batch size must be > 0, got {batch_size}")
+    bad = (trace < 0) | (trace >= num_rows)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"trace position {pos}: id {int(trace[pos])} is outside [0, {num_rows}) "
+                         f"({int(bad.sum())} ids out of range)")
+    return [np.unique(trace[i:i + batch_size]) for i in range(0, len(trace), batch_size)]
+
+
+def _check_capacity(batches: Sequence[np.ndarray], capacity: int, num_rows: int, pinned_batches: int) -> None:
+    if not 0 < capacity <= num_rows:
+        raise ValueError(f"capacity {capacity} must be in [1, {num_rows}]")
+    need = max(len(b) for b in batches) if pinned_batches == 1 else \
+        max((len(np.union1d(a, b)) for a, b in zip(batches, batches[1:])), default=len(batches[0]))
+    if need > capacity:
+        raise CacheCapacityError(f"capacity {capacity} is below the {need} distinct rows of "
+                                 f"{'one batch' if pinned_batches == 1 else 'two consecutive batches'}")
+
+
+def simulate(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str, lookahead: int = 2,
+             pipelined: bool = False, hit_masks: Optional[List[np.ndarray]] = None) -> SimResult:
+    """lru / lfu / lookahead with the training cache's own index (see the module docstring).
+    ``hit_masks``: a list that receives each batch's (U,) bool mask of hits."""
+    _check_capacity(batches, capacity, num_rows, 2 if pipelined else 1)
+    index = CacheIndex("trace", num_rows, capacity, CachePolicy(policy))
+    tensors = [torch.from_numpy(b.astype(np.int64)) for b in batches]
+    k = lookahead if policy == "lookahead" else 0
+    hits = accesses = 0
+    prev = None
+    for i, rows in enumerate(tensors):
+        adm = index.admit(rows, tensors[i + 1:i + 1 + k])
+        hits += adm.hits
+        if hit_masks is not None:
+            hit_masks.append(~np.isin(batches[i], adm.miss_rows.numpy()))
+        accesses += int(rows.numel())
+        if pipelined:
+            if prev is not None:
+                index.complete(prev)
+            prev = adm.seq
+        else:
+            index.complete(adm.seq)
+    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0)
+
+
+def simulate_belady(batches: Sequence[np.ndarray], capacity: int) -> SimResult:
+    """Belady's MIN on the concatenated sorted distinct ids of the batches (exact optimum)."""
+    seq = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    n = len(seq)
+    order = np.lexsort((np.arange(n), seq))                   # by row, then position
+    nxt = np.full(n, n, dtype=np.int64)                       # n: never again
+    same = seq[order[1:]] == seq[order[:-1]]
+    nxt[order[:-1][same]] = order[1:][same]
+    resident: Dict[int, int] = {}                             # row -> its next access
+    heap: List = []                                           # (-next access, row), stale entries skipped
+    hits = 0
+    for i in range(n):
+        row, nu = int(seq[i]), int(nxt[i])
+        if row in resident:
+            hits += 1
+        elif len(resident) >= capacity:
+            while True:
+                neg, victim = heapq.heappop(heap)
+                if resident.get(victim) == -neg:
+                    del resident[victim]
+                    break
+        resident[row] = nu
+        heapq.heappush(heap, (-nu, row))
+    return SimResult(capacity, "belady", n, hits, hits / n if n else 0.0)
+
+
+def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str,
+                             ways: int) -> SimResult:
+    """A ``ways``-way set-associative cache of ``capacity`` rows, ``policy`` (lru, lfu) within each set.
+
+    Rows go to set ``hash(row) % (capacity // ways)``. A batch's missing rows take, in each set,
+    the ways its own rows do not use, least recently (lru) or least frequently (lfu, ties by
+    recency) used first; rows beyond those miss without being cached, as in a hardware-style
+    set-associative cache (FBGEMM's ``lxu_cache``)."""
+    if policy not in ("lru", "lfu"):
+        raise ValueError(f"set-associative simulation supports lru and lfu, not {policy!r}")
+    sets = max(1, capacity // ways)
+    tag = np.full((sets, ways), -1, dtype=np.int64)
+    last = np.zeros((sets, ways), dtype=np.int64)
+    count = np.zeros(num_rows, dtype=np.int64) if policy == "lfu" else None
+    full_hits: List[np.ndarray] = []
+    simulate(batches, num_rows, capacity, policy, hit_masks=full_hits)
+    hits = accesses = conflict = 0
+    for b, rows in enumerate(batches, start=1):
+        rows = rows.astype(np.int64)
+        if count is not None:
+            count[rows] += 1
+        s_of = (rows * 0x9E3779B1) % sets                                   # multiplicative hash
+        match = tag[s_of] == rows[:, None]                                  # (U, ways)
+        present = match.any(axis=1)
+        hits += int(present.sum())
+        accesses += len(rows)
+        conflict += int((~present & full_hits[b - 1]).sum())
+        r_idx, w_idx = np.nonzero(match)
+        last[s_of[r_idx], w_idx] = b                                         # used by this batch: kept
+        miss, ms = rows[~present], s_of[~present]
+        if not len(miss):
+            continue
+        order = np.argsort(ms, kind="stable")
+        miss, ms = miss[order], ms[order]
+        first = np.searchsorted(ms, ms, side="left")
+        rank = np.arange(len(ms)) - first                                    # j-th miss of its set
+        u_sets = np.unique(ms)
+        key = last[u_sets].astype(np.float64)                                # (S, ways)
+        if count is not None:
+            key = np.where(tag[u_sets] >= 0, count[np.maximum(tag[u_sets], 0)] * 2.0 ** 32, 0.0) + key
+        key[tag[u_sets] < 0] = -1.0                                          # free ways first
+        key[last[u_sets] == b] = np.inf                                      # this batch's rows stay
+        way_order = np.argsort(key, axis=1, kind="stable")
+        set_pos = np.searchsorted(u_sets, ms)
+        ok = rank < ways
+        w = way_order[set_pos[ok], rank[ok]]
+        usable = np.isfinite(key[set_pos[ok], w])
+        tag[ms[ok][usable], w[usable]] = miss[ok][usable]
+        last[ms[ok][usable], w[usable]] = b
+    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0, ways, int(conflict))
+
+
+def report(batches: Sequence[np.ndarray], num_rows: int, capacities: Iterable[int],
+           policies: Sequence[str] = POLICIES, lookahead: int = 2, ways: Optional[int] = None,
+           pipelined: bool = False) -> List[SimResult]:
+    """Every (capacity, policy) result, capacities in the order given (``neo cache-report``)."""
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise ValueError(f"unknown policies {bad}; valid: {list(POLICIES)}")
+    out = []
+    for k in capacities:
+        for p in policies:
+            if p == "belady":
+                out.append(simulate_belady(batches, k))
+            elif ways:
+                out.append(simulate_set_associative(batches, num_rows, k, p, ways) if p != "lookahead"
+                           else simulate(batches, num_rows, k, p, lookahead, pipelined))
+            else:
+                out.append(simulate(batches, num_rows, k, p, lookahead, pipelined))
+    return out

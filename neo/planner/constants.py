@@ -1,0 +1,269 @@
+"""The cost model's constants: what a machine does per byte, per id, per flop, per collective.
+
+:class:`CostConstants` holds one machine's numbers (format 2). They come, in this order, from:
+
+1. the file a config names (``sharding.cost_constants: PATH``);
+2. the calibration file of this machine, written by ``neo calibrate`` (``neo.calibrate``) in the
+   user's cache directory (:func:`calibration_path`), with one set of constants per world size
+   it was run at (ranks share the machine's cores and memory bandwidth, so the numbers depend
+   on how many run at once);
+3. the built-in defaults of the device kind found (:func:`builtin_constants`: cpu, h100, h200).
+
+A file from another machine kind, or in an older format, gives a warning and the defaults; a
+rate or a time that is zero or negative is refused naming the constant.
+
+Pure Python: no torch, no process group (the caller says which device kind it runs on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, Optional, Tuple
+
+from neo.planner.types import PlanningError
+
+__all__ = ["CostConstants", "FORMAT", "builtin_constants", "calibration_path", "machine_key", "load_constants",
+           "resolve_constants", "DEVICE_KINDS"]
+
+FORMAT = 2
+DEVICE_KINDS = ("cpu", "h100", "h200")
+
+# Fields that are settings rather than measurements: zero is allowed.
+_SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size"}
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """One machine's constants of the cost model (docs/planner.md, "Cost model").
+
+    Times are seconds, rates bytes/s or flop/s. A table's shard, per step:
+    forward = bags x ``lookup_bag_s`` + ids x (``lookup_id_s`` + row bytes / lookup bandwidth);
+    backward + optimizer = ids x ``update_id_s`` + distinct rows x (``update_row_s`` + 2 x (row +
+    state bytes) / update bandwidth); each bandwidth goes from its ``_hot`` value (the table's
+    bytes fit the caches: at most ``hot_bytes``) to its ``_cold`` value (``cold_bytes`` and more).
+    A collective costs its latency + the bytes a rank sends / bandwidth.
+    """
+
+    device_kind: str = "h100"
+    """cpu, h100 or h200: which machine these describe."""
+    source: str = "built-in"
+    """Where the numbers come from (a calibration run, a datasheet)."""
+    world_size: int = 0
+    """Ranks per machine the numbers were measured with (0: any)."""
+    # embedding lookups (fused kernels)
+    lookup_bag_s: float = 2e-11
+    """Forward: per bag (one feature of one sample)."""
+    lookup_id_s: float = 2e-11
+    """Forward: per id, besides reading its row."""
+    lookup_bw_hot: float = 3.0e12
+    """Forward: bytes/s reading rows of a table that fits the caches."""
+    lookup_bw_cold: float = 1.6e12
+    """Forward: bytes/s reading rows of a table far larger than the caches."""
+    update_id_s: float = 5e-11
+    """Backward + optimizer: per id (sort, gradient gather)."""
+    update_row_s: float = 2e-11
+    """Backward + optimizer: per distinct row updated."""
+    update_bw_hot: float = 2.0e12
+    """Backward + optimizer: bytes/s reading and writing rows and state of a cache-sized table."""
+    update_bw_cold: float = 1.2e12
+    """Backward + optimizer: bytes/s for a table far larger than the caches."""
+    hot_bytes: float = 40e6
+    """Table bytes (rows and state) up to which rows come at the ``_hot`` bandwidths."""
+    cold_bytes: float = 2e9
+    """Table bytes from which rows come at the ``_cold`` bandwidths (log-linear in between)."""
+    kernel_overhead: float = 10e-6
+    """Per shard per step: its share of the kernels' setup."""
+    lookup_call_s: float = 30e-6
+    """Per rank per step: the embedding module's forward and backward calls (launches, bookkeeping)."""
+    # collectives of the embeddings (AlltoAll, ReduceScatter, AllGather)
+    intra_bw: float = 300e9
+    """Bytes/s a rank sends to ranks of its node (NVLink4 ~450 GB/s; shared memory on a CPU)."""
+    inter_bw: float = 25e9
+    """Bytes/s a rank sends to other nodes (one 200-400 Gb/s NIC per GPU)."""
+    intra_latency: float = 15e-6
+    """Fixed cost of one collective within a node."""
+    inter_latency: float = 40e-6
+    """Fixed cost of one collective across nodes."""
+    input_dist_overhead: float = 60e-6
+    """Per step: the input distribution's bookkeeping besides its collectives (regrouping ids)."""
+    output_dist_overhead: float = 60e-6
+    """Per step: the output distribution's bookkeeping besides its collectives (assembling columns)."""
+    # the dense part
+    allreduce_bw: float = 150e9
+    """Bytes/s of the dense gradients' AllReduce (DDP), per rank."""
+    allreduce_latency: float = 40e-6
+    """Fixed cost of one AllReduce bucket."""
+    dense_flops: float = 250e12
+    """Flop/s of the MLPs (forward and backward)."""
+    dense_layer_s: float = 30e-6
+    """Per MLP layer per step (forward + backward launches)."""
+    interaction_flops: float = 60e12
+    """Flop/s of the interaction (dot products, cross layers' elementwise work)."""
+    dense_optimizer_bw: float = 1.5e12
+    """Bytes/s of the dense optimizer's pass over parameters and state."""
+    step_overhead: float = 300e-6
+    """Per step: the rest of the loop (Python, loss, logging)."""
+    # the cache
+    host_bw: float = 25e9
+    """Bytes/s moving cached rows between the backing store and the cache."""
+    cache_miss_latency: float = 0.1e-6
+    """Per missing row of a cached table (index work, gather and scatter)."""
+    # encodings and the planner's objective
+    id_bytes: int = 4
+    """Bytes per id on the wire (int32)."""
+    act_bytes: int = 4
+    """Bytes per element of pooled embeddings and their gradients (fp32)."""
+    cache_load_factor: float = 0.2
+    """Cache share of the rows assumed for a cached table whose plan does not say (evaluate_plan)."""
+    imbalance_weight: float = 0.25
+    """Objective = max rank time + imbalance_weight x (max - mean) rank time."""
+    memory_headroom: float = 0.0
+    """Fraction of each device's memory kept free (0 = use all of ``Device.hbm_bytes``)."""
+    format: int = FORMAT
+    """Version of this layout (older files are refused with a warning)."""
+
+    def __post_init__(self) -> None:
+        if self.device_kind not in DEVICE_KINDS:
+            raise PlanningError(f"cost constants: device_kind {self.device_kind!r} is not one of {list(DEVICE_KINDS)}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("device_kind", "source") or isinstance(v, str):
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise PlanningError(f"cost constant {f.name}: expected a number, got {v!r}")
+            if f.name in _SETTINGS:
+                if v < 0:
+                    raise PlanningError(f"cost constant {f.name}: must be >= 0, got {v!r}")
+            elif not v > 0:
+                raise PlanningError(f"cost constant {f.name}: must be > 0, got {v!r}")
+        if not self.hot_bytes < self.cold_bytes:
+            raise PlanningError(f"cost constants: hot_bytes ({self.hot_bytes}) must be below cold_bytes "
+                                f"({self.cold_bytes})")
+
+    @property
+    def lookup_bw(self) -> float:
+        """The forward's bandwidth for a large table (the old model's single figure)."""
+        return self.lookup_bw_cold
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "CostConstants":
+        names = {f.name for f in fields(CostConstants)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise PlanningError(f"cost constants: unknown fields {unknown}; valid: {sorted(names)}")
+        if int(d.get("format", FORMAT)) != FORMAT:
+            raise PlanningError(f"cost constants: format {d.get('format')} is not {FORMAT}")
+        return replace(CostConstants(), **d)
+
+    @staticmethod
+    def from_json(path: str) -> "CostConstants":
+        with open(path) as f:
+            return CostConstants.from_dict(json.load(f))
+
+
+# ----------------------------------------------------------------------------- built-in defaults
+_H100 = CostConstants(
+    device_kind="h100",
+    source="built-in defaults for an H100 node (datasheet: HBM3 3.35 TB/s, random row gathers at about 50%; "
+           "NVLink4 450 GB/s per direction; one 400 Gb/s NIC per GPU; dense bf16 at about a third of 990 "
+           "TFLOP/s); not measured: run neo calibrate on the machine",
+)
+_H200 = replace(
+    _H100, device_kind="h200", lookup_bw_hot=4.4e12, lookup_bw_cold=2.4e12, update_bw_hot=3.0e12,
+    update_bw_cold=1.8e12, cold_bytes=3e9,
+    source="built-in defaults for an H200 node (datasheet: HBM3e 4.8 TB/s, the rest as H100); not measured: "
+           "run neo calibrate on the machine",
+)
+_CPU = CostConstants(
+    device_kind="cpu",
+    lookup_bag_s=6e-9, lookup_id_s=7e-9, lookup_bw_hot=12e9, lookup_bw_cold=3e9,
+    update_id_s=14e-9, update_row_s=20e-9, update_bw_hot=8e9, update_bw_cold=2.5e9,
+    hot_bytes=1e6, cold_bytes=256e6, kernel_overhead=5e-6, lookup_call_s=150e-6,
+    intra_bw=4e9, inter_bw=1e9, intra_latency=40e-6, inter_latency=200e-6,
+    input_dist_overhead=400e-6, output_dist_overhead=400e-6,
+    allreduce_bw=1.5e9, allreduce_latency=150e-6,
+    dense_flops=60e9, dense_layer_s=40e-6, interaction_flops=20e9, dense_optimizer_bw=6e9, step_overhead=1.5e-3,
+    host_bw=3e9, cache_miss_latency=0.4e-6,
+    source="built-in defaults for one core of a 2-core x86-64 VM with AVX-512 (the project's CI machine); not "
+           "measured on this machine: run neo calibrate",
+)
+_BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
+
+
+def builtin_constants(device_kind: str) -> CostConstants:
+    """The built-in defaults of a device kind (cpu, h100, h200), each naming its source."""
+    if device_kind not in _BUILTIN:
+        raise PlanningError(f"device kind {device_kind!r}: no built-in cost constants; have {list(_BUILTIN)}")
+    return _BUILTIN[device_kind]
+
+
+# ----------------------------------------------------------------------------- calibration files
+def machine_key(machine: Dict[str, Any]) -> str:
+    """A file-name-safe key of a machine: its device kind, CPU model, cores and GPU."""
+    parts = [machine.get("device_kind", "cpu"), machine.get("cpu_model", "cpu"), f"{machine.get('cores', 0)}c"]
+    if machine.get("gpu"):
+        parts.append(machine["gpu"])
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(str(p) for p in parts).lower()).strip("-")
+
+
+def calibration_path(machine: Dict[str, Any], cache_dir: Optional[str] = None) -> str:
+    """Where ``neo calibrate`` keeps this machine's constants (``$XDG_CACHE_HOME/neo`` or ``~/.cache/neo``)."""
+    root = cache_dir or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "neo")
+    return os.path.join(root, f"calibration-{machine_key(machine)}.json")
+
+
+def _pick(per_world: Dict[str, Any], world_size: int) -> Tuple[Dict[str, Any], int]:
+    """The constants measured at ``world_size`` ranks, else at the nearest world size measured."""
+    sizes = sorted(int(w) for w in per_world)
+    best = min(sizes, key=lambda w: (abs(w - world_size), -w))
+    return per_world[str(best)], best
+
+
+def load_constants(path: str, world_size: int, device_kind: Optional[str] = None) -> CostConstants:
+    """Constants of a file: a calibration (``{"format", "machine", "constants": {W: {...}}}``) or a
+    flat mapping of fields. Raises :class:`PlanningError` naming the problem."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise PlanningError(f"{path}: expected a JSON object")
+    if "constants" in data:
+        if int(data.get("format", 0)) != FORMAT:
+            raise PlanningError(f"{path}: calibration format {data.get('format')} is older than {FORMAT}")
+        fields_, measured_at = _pick(data["constants"], world_size)
+        c = CostConstants.from_dict(fields_)
+        if measured_at != world_size:
+            warnings.warn(f"{path}: no constants measured at {world_size} ranks; using those of {measured_at}",
+                          stacklevel=2)
+    else:
+        c = CostConstants.from_dict(data)
+    if device_kind is not None and c.device_kind != device_kind:
+        raise PlanningError(f"{path}: constants of a {c.device_kind} machine, this one is {device_kind}")
+    return c
+
+
+def resolve_constants(explicit: Optional[str], machine: Dict[str, Any], world_size: int,
+                      cache_dir: Optional[str] = None) -> Tuple[CostConstants, str]:
+    """(constants, what they are) in the order of the module docstring. A named file that cannot
+    be used is an error; an unusable calibration file of this machine is a warning."""
+    kind = machine.get("device_kind", "cpu")
+    if explicit:
+        try:
+            return load_constants(explicit, world_size), f"file {explicit}"
+        except (OSError, ValueError) as e:
+            raise PlanningError(f"sharding.cost_constants: cannot use {explicit!r}: {e}") from None
+    path = calibration_path(machine, cache_dir)
+    if os.path.exists(path):
+        try:
+            c = load_constants(path, world_size, kind)
+            return c, f"calibrated on this machine ({c.source}; {path})"
+        except (OSError, ValueError) as e:
+            warnings.warn(f"calibration file {path} not used ({e}); built-in {kind} defaults instead", stacklevel=2)
+    c = builtin_constants(kind)
+    return c, f"built-in {kind} defaults ({c.source})"

@@ -1,0 +1,159 @@
+"""A training step, predicted: the embeddings' plan and the dense part, in the trainer's components.
+
+The sharding plan predicts each rank's embedding work (forward lookups, fused backward +
+optimizer) and communication (input distribution: the ids; output distribution: pooled
+embeddings, their gradients, row-wise reductions, data-parallel gathers). Ranks meet at every
+collective, so a step lasts as long as the busiest rank's embedding work and communication,
+plus the dense part every rank runs alike:
+
+    step = max_r (fwd_r + bwd_r + in_r + out_r) + dense + step_overhead
+
+with the components of the busiest rank. Dense part (:class:`DenseSpec`, per rank, B samples):
+the MLPs (6 B in out flops per layer: forward, input and weight gradients) at ``dense_flops``
+plus ``dense_layer_s`` per layer; the interaction (dot: pairs of the F + 1 vectors; DCNv2: the
+low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over parameters and
+state at ``dense_optimizer_bw``; with W > 1 ranks, DDP's AllReduce of the gradients (25 MiB
+buckets, ``allreduce_latency`` each, ``allreduce_bw``). Data loading is assumed hidden (the
+loader runs ahead on its own threads). Pure numpy; the constants are ``neo calibrate``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from neo.planner.constants import CostConstants
+from neo.planner.cost import collective_latency_split, estimate_parts, input_side_split
+from neo.planner.plan import Plan
+from neo.planner.types import Placement, ShardingType, TableSpec, Topology
+
+__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "predict_step", "COMPONENTS"]
+
+COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense")
+_BUCKET = 25 * 2**20                    # DDP's default bucket (bytes)
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """The dense part of a DLRM / DCNv2 (``model`` section, tables' F and D)."""
+
+    num_dense: int
+    bottom: Tuple[int, ...]
+    top: Tuple[int, ...]
+    num_features: int
+    dim: int
+    interaction: str = "dot"
+    dcn_layers: int = 3
+    dcn_rank: int = 512
+    optimizer_state_floats: int = 1
+    """Dense optimizer state per parameter: sgd 0, adagrad 1, adam 2."""
+
+    @property
+    def interaction_width(self) -> int:
+        n = self.num_features + 1
+        return self.dim + n * (n - 1) // 2 if self.interaction == "dot" else n * self.dim
+
+    def layers(self) -> List[Tuple[int, int]]:
+        """(in, out) of every Linear: bottom, cross layers' two factors, top."""
+        out, width = [], self.num_dense
+        for w in self.bottom:
+            out.append((width, w))
+            width = w
+        if self.interaction == "dcn":
+            e = self.interaction_width
+            out += [(e, self.dcn_rank), (self.dcn_rank, e)] * self.dcn_layers
+        width = self.interaction_width
+        for w in self.top:
+            out.append((width, w))
+            width = w
+        return out
+
+    @property
+    def params(self) -> int:
+        return sum(i * o + o for i, o in self.layers())
+
+    def flops(self, batch: int) -> Tuple[float, float]:
+        """(matmul flops, interaction flops) of forward + backward for ``batch`` samples."""
+        mm = 6.0 * batch * sum(i * o for i, o in self.layers())
+        n = self.num_features + 1
+        if self.interaction == "dot":
+            inter = 3.0 * batch * n * (n - 1) * self.dim            # pairs x D x 2, forward and backward
+        else:
+            inter = 3.0 * batch * self.interaction_width * 4 * self.dcn_layers
+        return mm, inter
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Milliseconds of a step and its components (``COMPONENTS`` + ``other``), per rank."""
+
+    step_ms: float
+    components_ms: Dict[str, float]
+    critical_rank: int
+    samples_per_s: float
+    rank_ms: Tuple[float, ...]
+    """Each rank's embedding work + communication (ms), before the dense part."""
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"step_ms": round(self.step_ms, 4), "components_ms": {k: round(v, 4) for k, v in
+                                                                     self.components_ms.items()},
+                "critical_rank": self.critical_rank, "samples_per_s": round(self.samples_per_s, 1),
+                "rank_ms": [round(x, 4) for x in self.rank_ms]}
+
+
+def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants) -> float:
+    """Seconds of the dense part of a step on one rank (see the module docstring)."""
+    mm, inter = spec.flops(batch)
+    t = mm / c.dense_flops + inter / c.interaction_flops + (len(spec.layers()) + 1) * c.dense_layer_s
+    t += spec.params * 4.0 * (2 + 2 * spec.optimizer_state_floats) / c.dense_optimizer_bw
+    if world_size > 1:
+        grad = spec.params * 4.0
+        t += math.ceil(grad / _BUCKET) * c.allreduce_latency + grad * 2 * (world_size - 1) / world_size / c.allreduce_bw
+    return t
+
+
+def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo: Topology,
+                 c: CostConstants) -> StepPrediction:
+    """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring)."""
+    W = topo.world_size
+    speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
+    comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
+    by_name = {t.name: t for t in tables}
+    used = set()
+    for name, tp in plan.tables.items():
+        t = by_name[name]
+        used.add(tp.sharding_type)
+        sh = tp.shards
+        rows = np.array([s.rows for s in sh], dtype=np.float64)
+        cols = np.array([s.cols for s in sh], dtype=np.float64)
+        ranks = np.array([s.rank for s in sh], dtype=np.int64)
+        frac = None
+        if tp.placement is Placement.CACHED:
+            frac = tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
+        pc = estimate_parts(t, tp.sharding_type, rows, cols, topo, c, frac)
+        np.add.at(comp["fwd"], ranks, pc.fwd / speed[ranks])
+        np.add.at(comp["bwd"], ranks, pc.bwd / speed[ranks])
+        np.add.at(comp["in"], ranks, pc.comm_in)
+        np.add.at(comp["out"], ranks, pc.comm - pc.comm_in)
+        s_in, s_out, _, _, _ = input_side_split(t, tp.sharding_type, topo, c)
+        comp["in"] += s_in
+        comp["out"] += s_out
+    lat_in, lat_out = collective_latency_split(used, topo, c)
+    comp["in"] += lat_in + c.input_dist_overhead
+    comp["out"] += lat_out + c.output_dist_overhead
+    holds = np.zeros(W, dtype=bool)
+    for tp in plan.tables.values():
+        holds[[s.rank for s in tp.shards]] = True
+    comp["fwd"] += np.where(holds, c.lookup_call_s / 2, 0.0)
+    comp["bwd"] += np.where(holds, c.lookup_call_s / 2, 0.0)
+    per_rank = comp["fwd"] + comp["bwd"] + comp["in"] + comp["out"]
+    r = int(np.argmax(per_rank))
+    d = dense_seconds(dense, topo.batch_size_per_rank, W, c)
+    parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
+             "output_dist": comp["out"][r], "dense": d, "other": c.step_overhead}
+    step = sum(parts.values())
+    return StepPrediction(step * 1e3, {k: v * 1e3 for k, v in parts.items()}, r,
+                          topo.batch_size_per_rank * W / step, tuple(float(x) * 1e3 for x in per_rank))

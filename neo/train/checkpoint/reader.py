@@ -1,0 +1,145 @@
+"""Reading a checkpoint: choosing the newest intact one, loading it into the current job.
+
+:func:`find_resumable` walks the candidates (``latest`` first, then every ``step-<N>`` newest
+first), verifies each one's checksums across the ranks and returns the first intact one; a
+damaged one is reported (its damaged files named) and skipped. :func:`load_checkpoint`
+reads either format into the job's current plan and world size:
+
+- ``dcp``: ``dcp.load`` into this rank's shard views, resharded by DCP from whichever saved
+  chunks overlap them;
+- ``neo1`` (earlier versions): :func:`neo.train.checkpoint.legacy.load_checkpoint`.
+
+The data position: under the same world size each rank's loader state (and RNG state) is
+restored exactly; under another world size the epoch and the global number of samples
+consumed are kept (each rank resumes at ``sum(old positions) // W_new`` of its new shard).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
+
+from neo.train.checkpoint import legacy
+from neo.train.checkpoint.dcp_state import dense_state, embedding_state, load_dense, restore_rank_state
+from neo.train.checkpoint.integrity import verify_checkpoint
+from neo.train.checkpoint.layout import FORMAT_DCP, FORMAT_NEO1, CheckpointError, candidates, checkpoint_format
+
+__all__ = ["find_resumable", "load_checkpoint"]
+
+
+def find_resumable(root: str, pg, say: Callable[[str], None] = print) -> Optional[str]:
+    """The newest intact checkpoint under ``root`` (None when there is none at all). Collective.
+
+    Raises :class:`CheckpointError` when checkpoints exist but every one is damaged (naming
+    the damage), rather than silently starting over."""
+    problems: List[str] = []
+    for path in candidates(root):
+        fmt = checkpoint_format(path)
+        if fmt == FORMAT_NEO1:
+            return path                                          # no checksums in that format
+        error = verify_checkpoint(path, pg) if fmt == FORMAT_DCP else f"{path}: no .metadata: the save did not finish"
+        if error is None:
+            for p in problems:
+                say(f"neo train: skipped a damaged checkpoint: {p}")
+            return path
+        problems.append(error)
+    if problems:
+        raise CheckpointError("no intact checkpoint under " + root + ": " + " | ".join(problems) +
+                              " (set train.resume=false to start over)")
+    return None
+
+
+def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
+                    restore_rng: bool = True) -> Dict[str, Any]:
+    """Restore a checkpoint into the current (possibly differently sharded) job; returns its meta."""
+    fmt = checkpoint_format(path)
+    if fmt == FORMAT_NEO1:
+        try:
+            return legacy.load_checkpoint(path, sharded=sharded, dense_model=dense_model, optimizer=optimizer,
+                                          loader=loader, pg=pg, restore_rng=restore_rng)
+        except (OSError, RuntimeError, KeyError, EOFError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"{path}: unreadable checkpoint of the earlier format (neo1): {e}") from e
+    if fmt != FORMAT_DCP:
+        raise CheckpointError(f"{path} is not a checkpoint: neither torch.distributed.checkpoint's .metadata "
+                              "nor the earlier format's meta.json and shards-0.pt are there")
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{os.path.join(path, 'meta.json')}: missing or unreadable: {e}") from e
+    W0 = int(meta["world_size"])
+    same_world = W0 == pg.world_size
+    md = dcp.FileSystemReader(path).read_metadata()
+    _check_tables(path, sharded, md)
+    emb, after = embedding_state(sharded, for_load=True, saved=list(md.state_dict_metadata))
+    dense = dense_state(dense_model, optimizer)
+    ranks = [pg.rank] if same_world else list(range(W0))
+    state: Dict[str, Any] = {"embedding": emb, "dense": dense, "embedding_optimizer_step": 0,
+                             "ranks": {str(r): b"" for r in ranks}}
+    try:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=pg.checkpoint,
+                 planner=_LoadPlanner())
+    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException / RuntimeError / KeyError
+        raise CheckpointError(f"{path}: torch.distributed.checkpoint could not load it into this job: {e}") from e
+    with torch.no_grad():
+        for fix in after:
+            fix()
+    load_dense(dense_model, optimizer, state["dense"])
+    if sharded.lookup is not None:
+        sharded.lookup.set_optimizer_steps(int(state["embedding_optimizer_step"]))
+    mine = {int(r): restore_rank_state(b) for r, b in state["ranks"].items()}
+    if same_world:
+        own = mine[pg.rank]
+        if loader is not None:
+            loader.load_state_dict(own["loader"])
+        if restore_rng:
+            torch.set_rng_state(own["rng"]["torch"])
+            np.random.set_state(own["rng"]["numpy"])
+            random.setstate(own["rng"]["python"])
+    elif loader is not None:
+        total = sum(int(s["loader"]["position"]) for s in mine.values())
+        new = loader.state_dict()
+        new.update(epoch=int(mine[0]["loader"]["epoch"]), position=min(total // pg.world_size, loader.shard_size))
+        loader.load_state_dict(new)
+    return meta
+
+
+class _LoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner without its fallback to the key format of torch <= 2.3.
+
+    When the checkpoint holds keys the load state dict lacks (a table none of whose shards is
+    on this rank, other ranks' loader states), the default planner re-flattens the state dict
+    the pre-2.4 way if any of those keys exist in that format too, which turns
+    ``dense.optimizer.param_groups`` into one key the checkpoint does not have. Neo's
+    checkpoints are all written by torch >= 2.4: the plain local plan is the right one."""
+
+    def create_local_plan(self):
+        return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+
+
+def _check_tables(path: str, sharded, md) -> None:
+    """Name a table (or optimizer state) this job has and the checkpoint lacks, or a shape change."""
+    saved = md.state_dict_metadata
+    for t in sharded.tables:
+        for name in ("weight",) + tuple(t.optimizer.type.state_names()):
+            key = f"embedding.{t.name}.{name}"
+            bands = [k for k in saved if k.startswith(key + "@")]
+            if bands:                                    # per-row state of a column-split table, per band
+                key = bands[0]
+            if key not in saved:
+                what = "table" if name == "weight" else f"optimizer state '{name}' of table"
+                raise CheckpointError(f"{path}: the checkpoint has no {what} '{t.name}' (key {key}); "
+                                      "was it saved with other tables or another optimizer?")
+            size = tuple(getattr(saved[key], "size", ()))
+            want = (t.num_rows, t.dim) if name == "weight" or not t.optimizer.type.rowwise_state else (t.num_rows,)
+            if size != want:
+                raise CheckpointError(f"{path}: table '{t.name}' {name} is {size} in the checkpoint, {want} here")

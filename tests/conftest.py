@@ -1,0 +1,24 @@
+"""Suite-wide test settings: the ``multiprocess`` marker.
+
+Every test in a module that uses the shared multi-process helper (``tests.multiprocess``) or
+launches ``torchrun`` is marked ``multiprocess``: they take most of the suite's time, so a quick
+loop while editing can leave them out (``pytest -m "not multiprocess"``) and CI runs everything in
+one pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.multiprocess import run_multiprocess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and getattr(module, "run_multiprocess", None) is run_multiprocess:
+            item.add_marker(pytest.mark.multiprocess)

@@ -1,0 +1,321 @@
+"""Per-ISA builds of the CPU kernels (csrc/cpu_isa.h): every variant this machine runs,
+against the reference and against each other.
+
+- the variants built and the runtime choice agree with the CPU's flags (/proc/cpuinfo);
+- NEO_CPU_ISA forces a variant, and a bad value fails the import with a readable message;
+- per variant: the pooled forward is bit-identical to the reference (every dtype and row
+  length, fp16/bf16 conversion of every 16-bit pattern), the fused backward + optimizer
+  matches the reference (test_cpu_backend's tolerances) and is bit-identical across
+  variants, bucketization equals the plain-torch reference, the gather probe reads the
+  right rows;
+- the built library is portable: no AVX instruction outside neo::avx2 / neo::avx512, no
+  AVX-512 register outside neo::avx512 (objdump).
+
+(The dot interaction per variant: tests/models/test_dlrm.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import neo._C as C  # a missing build must fail here, not skip
+from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.cpp import cpu_flags, cpu_isa_info, use_cpu_isa
+from neo.embedding import TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+from harness import clone_weights, random_batch, run_steps
+from test_cpu_backend import OPTIMIZERS, train_and_compare_16bit
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+VARIANTS = C.cpu_isa_supported()
+
+
+def _cpuinfo_flags() -> set:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_variants_follow_the_cpu_flags():
+    """Built: baseline, avx2, avx512 on x86-64 (baseline elsewhere). Runnable: those whose
+    features /proc/cpuinfo lists (on the 2-core AMD EPYC dev machine: all three). Chosen by
+    default: the best runnable one."""
+    assert C.cpu_isa_variants() == (["baseline", "avx2", "avx512"] if X86 else ["baseline"])
+    flags = _cpuinfo_flags()
+    expected = ["baseline"]
+    if X86 and {"avx", "avx2", "fma", "f16c"} <= flags:
+        expected.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            expected.append("avx512")
+    assert C.cpu_isa_supported() == expected
+    features = dict(C.cpu_features())
+    for name in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"):
+        assert features[name] == (name in flags), name
+    assert C.cpu_isa() == (os.environ.get("NEO_CPU_ISA") or expected[-1])
+    info = cpu_isa_info()
+    assert info["neo_cpu_isa"] == C.cpu_isa() and info["supported"] == expected
+    assert info["cpu_model"] and set(info["cpu_flags"]) <= flags
+
+
+def _import_with(isa: str) -> subprocess.CompletedProcess:
+    code = "import torch, neo._C as C, neo.cpp as p; print(C.cpu_isa()); print(p.cpu_kernels('embedding_forward') is C)"
+    env = dict(os.environ, NEO_CPU_ISA=isa)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+def test_neo_cpu_isa_forces_a_variant(isa):
+    r = _import_with(isa.upper())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [isa, "True"]
+
+
+def test_neo_cpu_isa_rejects_what_it_cannot_honour():
+    r = _import_with("avx9000")
+    assert r.returncode != 0
+    assert "NEO_CPU_ISA=avx9000 is not a CPU ISA variant" in r.stderr and "this CPU can run: " + ", ".join(VARIANTS) in r.stderr
+    missing = [v for v in ("avx2", "avx512") if v not in VARIANTS]
+    for isa in missing:                       # a variant this CPU lacks (none on the dev machine)
+        r = _import_with(isa)
+        assert r.returncode != 0 and f"asks for the {isa} kernels, but this CPU lacks" in r.stderr
+    with pytest.raises(RuntimeError, match="not a CPU ISA variant"):
+        C._set_cpu_isa("sse9")
+
+
+def test_use_cpu_isa_switches_and_restores():
+    before = C.cpu_isa()
+    for isa in VARIANTS:
+        with use_cpu_isa(isa):
+            assert C.cpu_isa() == isa
+            assert TableBatchedEmbedding([TableConfig("a", 5, 4)], backend="cpu").backend.isa == isa
+        assert C.cpu_isa() == before
+
+
+# ------------------------------------------------------------------------------- forward
+DIMS = (4, 12, 16, 36, 64, 128, 256, 320)   # vector remainders, one pass, passes of wide rows
+
+
+def _tables(dtype: str, dims=DIMS, rows: int = 60):
+    return [TableConfig(f"t{d}", rows, d, feature_names=(f"f{d}", f"g{d}"), dtype=dtype,
+                        pooling="mean" if d % 8 else "sum") for d in dims]
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_forward_is_bit_identical_to_the_reference(isa, dtype, weighted):
+    tables = _tables(dtype)
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False)
+    fast = TableBatchedEmbedding(tables, backend="cpu", validate=False)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        batch = random_batch(tables, 24, gen, max_len=12, long_bag=70, weighted=weighted)
+        with use_cpu_isa(isa):
+            out = fast(batch)
+        expected = ref(batch)
+        assert torch.equal(out, expected), f"{isa}: max diff {(out - expected).abs().max()}"
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_forward_converts_every_16_bit_pattern_exactly(isa, dtype):
+    """One row per 16 patterns of all 65,536 (normal, subnormal, zero, inf, NaN), one id per
+    bag: the output is the exact fp32 value of every pattern, as torch converts it."""
+    patterns = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    name = "fp16" if dtype == torch.float16 else "bf16"
+    tables = [TableConfig("p", (1 << 16) // 16, 16, dtype=name)]
+    emb = TableBatchedEmbedding(tables, backend="cpu", validate=False)
+    emb.table_weight("p").copy_(patterns.view(-1, 16))
+    ids = torch.arange((1 << 16) // 16)
+    batch = KeyedJaggedBatch(("p",), ids, torch.ones_like(ids), ids.numel())
+    with use_cpu_isa(isa), torch.no_grad():
+        out = emb(batch)
+    expected = torch.zeros(ids.numel(), 16) + patterns.view(-1, 16).float()   # the pooling's sum from +0.0
+    nan = expected.isnan()
+    assert nan.sum() > 0 and torch.equal(out.isnan(), nan)
+    assert torch.equal(out[~nan].view(torch.int32), expected[~nan].view(torch.int32))
+
+
+# ------------------------------------------------------------------------------- backward
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_backward_update_matches_the_reference(isa, opt, dtype):
+    """test_cpu_backend's comparison (same tolerances), with the kernels of each variant."""
+    o = OptimizerConfig(opt, lr=0.05, weight_decay=0.01, initial_accumulator_value=0.01 if "adagrad" in opt else 0.0)
+    tables = [TableConfig(f"t{d}", 50, d, feature_names=(f"f{d}",), dtype=dtype, stochastic_rounding=dtype != "fp32",
+                          pooling="mean" if d == 12 else "sum", optimizer=o) for d in (4, 12, 16, 64, 128, 72)]
+    with use_cpu_isa(isa):
+        if dtype == "fp32":
+            run_steps(tables, "cpu", steps=2, batch_size=16, weighted=True, long_bag=40)
+        else:
+            train_and_compare_16bit(tables, steps=2, batch_size=16, weighted=True, long_bag=40)
+
+
+EDGE_VALUES = [0.0, -0.0, 1.0, -3.0000001, 1e-8, 6e-8, -3e-6, -2.5e-5, 6.1e-5, 65504.0, 65519.0, 65520.0, -1e5,
+               1.1754944e-38, -1e-40, 3.38e38, 3.4e38, float("inf"), float("nan"), 0.1, -0.30000001, 2049.0]
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("sr", [True, False], ids=["stochastic", "nearest"])
+def test_16bit_rounding_of_edge_values_is_the_references(isa, dtype, sr):
+    """The update's fp32 -> fp16/bf16 rounding (eight lanes at a time on AVX2 / AVX-512, with
+    the stochastic-rounding hash in 64-bit lanes) on values at the formats' edges: zeros,
+    subnormals, the largest finite values and what overflows, inf, NaN, ties. SGD with lr 1
+    from zero weights writes round(target) exactly where the reference does."""
+    targets = torch.tensor(EDGE_VALUES * 8)[: 16 * 10].view(10, 16)     # 10 rows of 16: whole vectors and more
+    targets = targets * (1 + torch.arange(10).view(10, 1) * 1e-3)     # vary the mantissas row by row
+    tables = [TableConfig("e", 10, 16, dtype=dtype, stochastic_rounding=sr, optimizer=OptimizerConfig("sgd", lr=1.0))]
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False, seed=4)
+    fast = TableBatchedEmbedding(tables, backend="cpu", validate=False, seed=4)
+    for m in (ref, fast):
+        m.table_weight("e").zero_()
+    batch = KeyedJaggedBatch(("e",), torch.arange(10), torch.ones(10, dtype=torch.int64), 10)
+    ref(batch).backward(-targets)
+    with use_cpu_isa(isa):
+        fast(batch).backward(-targets)
+    a, b = ref.table_weight("e"), fast.table_weight("e")
+    assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
+    assert torch.equal(a[~a.isnan()].view(torch.int16), b[~b.isnan()].view(torch.int16))
+
+
+def _train(tables, batches, grads):
+    emb = TableBatchedEmbedding(tables, backend="cpu", seed=5)
+    outs = []
+    for b, g in zip(batches, grads):
+        out = emb(b)
+        outs.append(out.detach().clone())
+        out.backward(g)
+    return outs + [emb.table_weight(t.name).clone() for t in tables] + \
+        [s.clone() for t in tables for s in emb.table_optimizer_state(t.name).values()]
+
+
+@pytest.mark.parametrize("opt,dtype", [("rowwise_adagrad", "fp32"), ("adam", "fp16"), ("lamb", "bf16"),
+                                       ("adagrad", "fp32"), ("sgd", "bf16")])
+def test_variants_train_bit_identically(opt, dtype):
+    """Same IEEE operations in the same order in every variant (no FMA in the embedding
+    kernels): outputs, weights and optimizer state agree to the last bit."""
+    tables = [TableConfig(f"t{i}", 300, d, feature_names=(f"f{i}",), pooling=p, dtype=dtype,
+                          optimizer=OptimizerConfig(opt, lr=0.05, weight_decay=0.01))
+              for i, (d, p) in enumerate([(4, "sum"), (12, "mean"), (64, "sum"), (128, "mean"), (256, "sum")])]
+    gen = torch.Generator().manual_seed(9)
+    batches = [random_batch(tables, 64, gen, max_len=20, weighted=True) for _ in range(3)]
+    grads = [torch.randn(64, sum(t.dim for t in tables), generator=gen) for _ in batches]
+    results = {}
+    for isa in VARIANTS:
+        with use_cpu_isa(isa):
+            results[isa] = _train(tables, batches, grads)
+    for isa in VARIANTS[1:]:
+        for a, b in zip(results[VARIANTS[0]], results[isa]):
+            assert torch.equal(a, b), f"{isa} differs from {VARIANTS[0]}"
+
+
+# ------------------------------------------------------------------------------- bucketize, probe
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_bucketize_matches_the_reference(isa, dtype):
+    from neo.distributed.input_dist import bucketize_rows, bucketize_rows_reference
+
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(0, 9, (200,), generator=g)
+    off = torch.zeros(201, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=off[1:])
+    ids = torch.randint(-2, 1000, (int(off[-1]),), generator=g).to(dtype)
+    for bounds in ([0, 1000], [0, 333, 1000], [0] + list(range(10, 1000, 50)) + [1000]):   # 1, 2, 21 shards
+        with use_cpu_isa(isa):
+            got = bucketize_rows(ids, off, bounds, None)
+        for (gl, gi, _), (rl, ri, _) in zip(got, bucketize_rows_reference(ids, off, bounds, None)):
+            assert torch.equal(gl, rl) and torch.equal(gi, ri)
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+def test_gather_probe_reads_the_rows_it_is_given(isa):
+    """The probe's checksum is the sum, per vector lane, of the 32-bit words of the rows read
+    (wrapping at 2^32): recomputed here for the variant's lane count, on one thread."""
+    lanes = {"baseline": 4, "avx2": 8, "avx512": 16}[isa]
+    g = torch.Generator().manual_seed(2)
+    table = torch.randint(-(2 ** 31), 2 ** 31 - 1, (500, 64), dtype=torch.int32, generator=g)   # rows of 256 B
+    ids = torch.randint(0, 500, (3000,), generator=g)
+    words = table[ids].view(-1, lanes).to(torch.int64) & 0xFFFFFFFF
+    expected = int(((words.sum(0) & 0xFFFFFFFF)).sum())
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with use_cpu_isa(isa):
+            for near, far in ((0, 0), (16, 0), (16, 128)):
+                assert C.gather_probe(table, 256, ids, near, far) == expected
+    finally:
+        torch.set_num_threads(prev)
+    with pytest.raises(RuntimeError, match="ids must lie in"):
+        C.gather_probe(table, 256, torch.tensor([500]), 0, 0)
+
+
+# ------------------------------------------------------------------------------- portability
+def _functions(objdump: str):
+    """(symbol, [instruction lines]) per function of `objdump -d` output."""
+    name, body = None, []
+    for line in objdump.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if m:
+            if name is not None:
+                yield name, body
+            name, body = m.group(1), []
+        elif name is not None and "\t" in line:
+            body.append(line.split("\t", 1)[1])
+    if name is not None:
+        yield name, body
+
+
+AVX512_OPERAND = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{%k")
+VEX = re.compile(r"^v[a-z]")   # AVX instructions (VEX or EVEX encoded) all start with v
+
+
+def test_library_is_portable():
+    """Only neo::avx2 code uses AVX, only neo::avx512 code AVX-512 registers: the entry
+    points, the baseline variant and every function the translation units share (inline
+    functions of std::, c10::, at::, merged by the linker) run on any x86-64, so the build
+    does not depend on the machine it was built on.
+
+    A function outside the variants' namespaces may use AVX only if it is local to its
+    translation unit (a compiler clone such as ``std::vector<float>::vector [clone
+    .constprop.0]`` inside a variant): nothing else can call it."""
+    if not X86:
+        assert C.cpu_isa_variants() == ["baseline"]
+        return
+    lib = C.__file__
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", lib], capture_output=True, text=True, check=True).stdout
+    kinds = {}
+    for line in subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            kinds[parts[2]] = parts[1]
+    seen = {"avx2": 0, "avx512": 0}
+    bad = []
+    for name, body in _functions(text):
+        in512 = "3neo6avx512" in name               # mangled namespace neo::avx512 (in the name or its arguments)
+        in2 = "3neo4avx2" in name
+        local = kinds.get(name, "?") in ("t", "r")
+        for ins in body:
+            is512, isvex = bool(AVX512_OPERAND.search(ins)), bool(VEX.match(ins.strip()))
+            if not (is512 or isvex):
+                continue
+            seen["avx512" if in512 else "avx2"] += in512 or in2
+            if not (in512 or (in2 and not is512) or local):
+                bad.append((name, kinds.get(name), ins))
+                break
+    assert not bad, f"{len(bad)} shared functions outside the AVX variants use AVX: {bad[:5]}"
+    assert seen["avx512"] > 1000 and seen["avx2"] > 1000, seen   # the variants are really there

@@ -1,0 +1,89 @@
+"""The planner and cached tables: the miss-ratio model against simulation, cache sizing within
+memory, device placement while it fits, and the plan's cache fields."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neo.embedding.cache.simulate import batch_rows, simulate, simulate_belady
+from neo.planner import Placement, Plan, format_report, plan_tables
+from neo.planner.cache_model import CACHE_FRACTIONS, distinct_per_batch, hit_rate
+from neo.planner.types import GIB, TableConstraints, TableSpec, Topology
+
+
+def zipf_trace(rows: int, n: int, alpha: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
+    return rng.choice(rows, size=n, p=p / p.sum())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.9, 1.2])
+def test_skew_model_matches_the_simulated_cache(alpha):
+    rows, B = 50_000, 4096
+    batches = batch_rows(zipf_trace(rows, B * 60, alpha), B, rows)
+    measured_u = np.mean([len(b) for b in batches])
+    assert distinct_per_batch(rows, alpha, B) == pytest.approx(measured_u, rel=0.05)
+    # the model is the steady state of a cache of the hottest rows: above LFU (whose counts start
+    # cold), below the optimum (up to the first-access misses a 60-batch trace still pays)
+    k = int(0.1 * rows)
+    model = hit_rate(0.1, rows, alpha, B)
+    assert simulate(batches, rows, k, "lfu").hit_rate - 0.02 <= model <= simulate_belady(batches, k).hit_rate + 0.05
+    model = [hit_rate(f, rows, alpha, B) for f in CACHE_FRACTIONS]
+    assert model == sorted(model) and 0 < model[0] and model[-1] < 1
+
+
+def test_measured_curve_is_interpolated():
+    curve = ((0.05, 0.4), (0.2, 0.7))
+    assert hit_rate(0.05, 1000, 0.0, 10, curve) == pytest.approx(0.4)
+    assert 0.4 < hit_rate(0.1, 1000, 0.0, 10, curve) < 0.7
+    assert hit_rate(0.5, 1000, 0.0, 10, curve) == pytest.approx(0.7)
+    assert hit_rate(1.0, 1000, 0.0, 10, curve) == 1.0
+
+
+def _tables(placement, n=6, rows=4_000_000):
+    return [TableSpec(f"t{k}", rows, 64, state_floats_per_row=1, pooling_factor=4, access_skew=1.05,
+                      constraints=TableConstraints(placement=placement)) for k in range(n)]
+
+
+def test_auto_tables_stay_on_the_device_while_they_fit():
+    plan = plan_tables(_tables(Placement.AUTO), Topology.uniform(2, 2, hbm_gib=8))
+    assert {tp.placement for tp in plan.tables.values()} == {Placement.DEVICE}
+
+
+def test_auto_tables_are_cached_when_device_memory_runs_short():
+    tables = _tables(Placement.AUTO)                      # 6 x 4M x 64 x (4 B + state): ~6.2 GiB
+    topo = Topology.uniform(2, 2, hbm_gib=2)
+    plan = plan_tables(tables, topo)
+    cached = [tp for tp in plan.tables.values() if tp.placement is Placement.CACHED]
+    assert cached, "nothing was cached although the tables need 3x the device memory"
+    assert all(r.memory_bytes <= 2 * GIB for r in plan.ranks)
+    for tp in cached:
+        assert tp.cache_load_factor in CACHE_FRACTIONS and 0 < tp.expected_hit_rate < 1 and tp.miss_ms > 0
+        assert tp.cache_rows == sum(int(np.ceil(tp.cache_load_factor * s.rows)) for s in tp.shards)
+    assert "Cached tables" in format_report(plan)
+    again = Plan.from_json(plan.to_json())
+    assert again.tables == plan.tables
+
+
+def test_a_fixed_cache_size_is_kept():
+    t = TableSpec("t", 1_000_000, 32, constraints=TableConstraints(placement=Placement.CACHED), cache_fraction=0.2,
+                  access_skew=1.1)
+    tp = plan_tables([t], Topology.uniform(1, 1)).tables["t"]
+    assert tp.placement is Placement.CACHED and tp.cache_load_factor == 0.2 and tp.cache_rows == 200_000
+
+
+def test_more_skew_means_a_higher_expected_hit_rate():
+    hits = []
+    for alpha in (0.6, 1.2):
+        t = TableSpec("t", 2_000_000, 32, constraints=TableConstraints(placement=Placement.CACHED),
+                      cache_fraction=0.05, access_skew=alpha)
+        hits.append(plan_tables([t], Topology.uniform(1, 1)).tables["t"].expected_hit_rate)
+    assert hits[0] < hits[1]
+
+
+def test_a_cache_too_small_for_two_batches_is_never_planned():
+    # 100k rows, 512 x 8 ids per rank per step, uniform: ~4k distinct rows per batch at 1 rank
+    t = TableSpec("t", 100_000, 16, pooling_factor=8, constraints=TableConstraints(placement=Placement.CACHED))
+    tp = plan_tables([t], Topology.uniform(1, 1)).tables["t"]
+    assert tp.cache_rows >= 2 * distinct_per_batch(100_000, 0.0, 512 * 8)

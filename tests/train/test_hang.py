@@ -1,0 +1,69 @@
+"""A rank that stops responding makes the others fail within the collective timeout, with an
+error naming the step, the operation and the rank at fault; never an endless wait.
+
+Rank 1 stops itself with SIGSTOP (alive, silent: what a swapped-out or wedged process looks
+like) just before a step; rank 0 must raise ``CollectiveError`` within the timeout, through
+the shared-memory transport and through gloo's sockets alike. Rank 0 then kills rank 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch.distributed as dist
+
+from tests.multiprocess import run_multiprocess
+from tests.train.test_trainer import MIXED, tiny_config
+
+TIMEOUT_S = 6.0
+
+
+def _stop_rank_one(rank, world_size, tmp, stop_at, shm):
+    from neo.distributed.comms import CollectiveError
+    from neo.train.trainer import Trainer
+
+    pids = [None] * world_size
+    dist.all_gather_object(pids, os.getpid())
+    cfg = tiny_config(tmp, "train.steps=30", f"train.shm_collectives={shm}",
+                      f"train.collective_timeout_s={TIMEOUT_S}", *MIXED)
+    tr = Trainer(cfg, log=lambda *a, **k: None)
+    if rank == 1:
+        step_fn = tr._train_step
+
+        def stopping_step(sb, dist_batch):
+            if tr.step == stop_at:
+                os.kill(os.getpid(), signal.SIGSTOP)            # rank 0 kills this process when it notices
+            return step_fn(sb, dist_batch)
+
+        tr._train_step = stopping_step
+        tr.fit()
+        return "rank 1 was not stopped"
+    t0 = time.monotonic()
+    try:
+        tr.fit()
+        error = None
+    except CollectiveError as e:
+        error = str(e)
+    waited = time.monotonic() - t0
+    os.kill(pids[1], signal.SIGKILL)
+    return {"error": error, "waited": waited, "step": tr.step}
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_a_stopped_rank_is_named_within_the_timeout(tmp_data, shm):
+    stop_at = 7
+    out, dead = run_multiprocess(_stop_rank_one, 2, tmp_data, stop_at, shm, collective_timeout_s=TIMEOUT_S,
+                                 may_die=[1], timeout_s=120)
+    assert dead is None
+    assert out["error"] is not None, "rank 0 finished although rank 1 had stopped"
+    assert out["step"] == stop_at                             # it failed in the step rank 1 never ran
+    msg = out["error"]
+    assert f"rank 0: step {stop_at + 1}:" in msg, msg
+    assert "rank 1 has sent no heartbeat" in msg, msg           # the rank at fault, by its heartbeat
+    assert "did not complete within train.collective_timeout_s = 6 s" in msg, msg
+    assert any(op in msg for op in ("AlltoAll", "AllReduce")), msg   # the operation
+    # the step, plus at most the timeout of each collective it was waiting in, plus slack
+    assert out["waited"] < 3 * TIMEOUT_S + 15, out["waited"]

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Benchmark of the embedding cache (docs/cache.md): hit rates, training speed, a table larger than RAM.
+
+    python tools/bench_cache.py --json bench_out/cache.json [--parts a,b,c] [--quick] [--plot PNG]
+
+(a) **Hit rate vs capacity** of lru, lfu, lookahead (window 16) and Belady's optimum, and of a
+    32-way set-associative cache (FBGEMM's GPU cache layout) with lru and lfu, on Zipf traces
+    (alpha 0.9, 1.05, 1.2; 500k rows, 4096 ids per batch, 400 batches) and on traces drawn from the production
+    access statistics (``data_pipeline/samples/dlrm_datasets_20xx_locality_stats.txt``: the
+    mixture of 8 Zipf tables fitted to each file's reuse histogram at its batch of 65,536 lookups
+    per table, rows and lookups scaled down 8-fold, one cache over all 8). Records: ``trace``, ``capacity``, ``capacity_fraction``, ``policy``,
+    ``ways``, ``hit_rate``, ``conflict_misses``. Target: lookahead within 10% of Belady at 5%.
+(b) **Training throughput** with a 5% cache against every row in memory, on the same data
+    (``configs/cached_tables.yaml``: 4 tables x 2M rows, 2 ranks, torchrun): records with
+    ``distribution``, ``policy``, ``cache_fraction``, ``samples_per_s``, ``in_memory_samples_per_s``.
+    Target: at least 0.8x on Zipf 1.05. (FBGEMM's and TorchRec's CPU paths have no cache, so the
+    peer here is the same model with every row in memory.)
+(c) **A table twice this machine's RAM**, on disk (an mmap store in ``--disk-dir``) under a DRAM
+    cache, trained for ``--disk-steps`` steps: samples/s, and the process's peak and final resident
+    memory against ``--budget-gib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+POLICIES = ("lru", "lfu", "lookahead", "belady")
+
+
+def machine() -> Dict[str, Any]:
+    """CPU model and widest vector ISA of this machine (recorded with every figure)."""
+    names, flags = [], set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                names.append(line.split(":", 1)[1].strip())
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "baseline"
+    return {"cpu_model": names[0] if names else platform.processor(), "cpu_isa": isa, "cores": os.cpu_count(),
+            "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
+
+
+# ----------------------------------------------------------------------------- (a) hit rates
+def zipf_trace(rows: int, batches: int, ids: int, alpha: float, seed: int) -> np.ndarray:
+    from data_pipeline.locality import zipf_ranks
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(rows)                                # hot rows spread over the table
+    return perm[zipf_ranks(rng, batches * ids, rows, alpha)]
+
+
+def production_trace(year: str, batches: int, scale: int, seed: int):
+    """Batches of the 8 Zipf tables fitted to the file's reuse histogram at its own batch size
+    (65,536 lookups per table; ``neo-data synth --preset production-<year>`` does the same),
+    scaled down ``scale``-fold in rows and in lookups (the reuse per batch is unchanged), their
+    row ranges stacked: one cache over a rank's 8 tables."""
+    from data_pipeline.locality import fit_mixture, target_histogram, zipf_ranks
+    from data_pipeline.samples import locality_stats_path
+
+    target, sec = target_histogram(locality_stats_path(year))
+    mix = fit_mixture(target, sec.batch_size, 8, seed=seed)
+    tables = [(max(1, r // scale), s) for r, s in mix.tables]
+    ids = sec.batch_size // scale
+    rng = np.random.default_rng(seed)
+    offsets = np.cumsum([0] + [r for r, _ in tables])
+    perms = [rng.permutation(r) for r, _ in tables]
+    out = [np.concatenate([offsets[t] + perms[t][zipf_ranks(rng, ids, r, s)] for t, (r, s) in enumerate(tables)])
+           for _ in range(batches)]
+    return out, int(offsets[-1]), dict(mix.to_dict(), scaled_tables=tables, ids_per_table=ids, scale=scale)
+
+
+def part_a(args) -> List[Dict[str, Any]]:
+    from neo.embedding.cache.simulate import batch_rows, report
+
+    fractions = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+    traces = []
+    nb = 100 if args.quick else 400
+    for alpha in (0.9, 1.05, 1.2):
+        rows, B = 500_000, 4096
+        t = zipf_trace(rows, nb, B, alpha, seed=1)
+        traces.append((f"zipf-{alpha}", batch_rows(t, B, rows), rows, {"alpha": alpha, "ids_per_batch": B}))
+    for year in ("2021", "2022"):
+        parts, rows, mix = production_trace(year, 40 if args.quick else 150, 8, seed=1)
+        traces.append((f"production-{year}", [np.unique(p) for p in parts], rows,
+                       {"ids_per_batch": sum(len(p) for p in parts) // len(parts), "mixture": mix}))
+    out = []
+    args.trace_info = {name: info for name, _, _, info in traces}
+    for name, batches, rows, info in traces:
+        distinct = float(np.mean([len(b) for b in batches]))
+        caps = [int(f * rows) for f in fractions if f * rows >= 2 * distinct]
+        t0 = time.perf_counter()
+        res = report(batches, rows, caps, POLICIES, lookahead=16, pipelined=True)
+        res += report(batches, rows, caps, ("lru", "lfu"), ways=32)
+        for r in res:
+            d = r.to_dict()
+            d.update(trace=name, rows=rows, capacity_fraction=round(r.capacity / rows, 4),
+                     distinct_per_batch=round(distinct, 1), ways=d.get("ways", None))
+            out.append(d)
+        best = {r.capacity: r.hit_rate for r in res if r.policy == "belady"}
+        line = " ".join(f"{r.policy}{'/32w' if r.ways else ''}@{r.capacity / rows:.0%}={r.hit_rate:.3f}"
+                        for r in res if abs(r.capacity / rows - 0.05) < 1e-9)
+        la = [r for r in res if r.policy == "lookahead" and abs(r.capacity / rows - 0.05) < 1e-9 and not r.ways]
+        ratio = la[0].hit_rate / best[la[0].capacity] if la else float("nan")
+        print(f"(a) {name:16s} {line}  lookahead/belady {ratio:.3f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return out
+
+
+def plot_a(records, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in records))
+    fig, axes = plt.subplots(1, len(traces), figsize=(4 * len(traces), 3.6), sharey=True)
+    for ax, name in zip(np.atleast_1d(axes), traces):
+        for pol, ways, style in (("belady", None, "k-"), ("lookahead", None, "C0-"), ("lfu", None, "C1-"),
+                                 ("lru", None, "C2-"), ("lfu", 32, "C1:"), ("lru", 32, "C2:")):
+            rs = sorted((r for r in records if r["trace"] == name and r["policy"] == pol and r.get("ways") == ways),
+                        key=lambda r: r["capacity_fraction"])
+            if rs:
+                ax.plot([100 * r["capacity_fraction"] for r in rs], [r["hit_rate"] for r in rs], style,
+                        marker="o", ms=3, label=pol + (f" {ways}-way" if ways else ""))
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("cache size, % of rows")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("hit rate (distinct ids per batch)")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
+# ----------------------------------------------------------------------------- (b) training
+def _train(overrides: List[str], steps: int) -> Dict[str, Any]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "neo.train", "configs/cached_tables.yaml", "train.progress=false", f"train.steps={steps}"] + overrides
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"training failed ({' '.join(overrides)}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+DEVICE = [f"tables.{k}.{x}" for k in range(4) for x in ("placement=device", "cache_load_factor=null")]
+
+
+def part_b(args) -> List[Dict[str, Any]]:
+    out = []
+    steps = 150 if args.quick else 400
+    for alpha in ([1.05] if args.quick else [1.05, 0.9, 1.2]):
+        data = [f"data.synthetic.skew=[{alpha}]"]
+        base = [_train(data + DEVICE, steps)["samples_per_s"]]           # one before, one after the cached runs
+        runs = {}
+        for pol in ("lookahead", "lfu", "lru"):
+            runs[pol] = _train(data + [f"tables.{k}.cache_policy={pol}" for k in range(4)], steps)
+        base.append(_train(data + DEVICE, steps)["samples_per_s"])
+        in_mem = float(np.mean(base))
+        for pol, f in runs.items():
+            st = f["cache"]
+            hit = float(np.mean([s["hit_rate"] for s in st.values()]))
+            rec = {"distribution": f"zipf-{alpha}", "policy": pol, "cache_fraction": 0.05,
+                   "samples_per_s": f["samples_per_s"], "in_memory_samples_per_s": round(in_mem, 1),
+                   "in_memory_runs": base, "ratio": round(f["samples_per_s"] / in_mem, 3), "hit_rate": round(hit, 4),
+                   "prefetch_ms_per_step": round(1e3 * sum(s["prefetch_s"] for s in st.values()) / steps / 2, 3),
+                   "exposed_ms_per_step": round(1e3 * sum(s["exposed_s"] for s in st.values()) / steps / 2, 3),
+                   "phase_ms_per_step": f["phase_ms_per_step"], "steps": steps, "world_size": 2}
+            out.append(rec)
+            print(f"(b) zipf-{alpha} {pol:9s} {rec['samples_per_s']:10.0f} samples/s vs {in_mem:10.0f} in memory: "
+                  f"{rec['ratio']:.3f}x (hit rate {hit:.3f}, prefetch {rec['prefetch_ms_per_step']} ms/step, "
+                  f"exposed {rec['exposed_ms_per_step']})", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- (c) disk
+def part_c(args) -> Dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--disk-run", "--disk-dir", args.disk_dir,
+           "--budget-gib", str(args.budget_gib), "--disk-steps", str(args.disk_steps),
+           "--disk-gib", str(args.disk_gib), "--store-resident-gib", str(args.store_resident_gib)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200,
+                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+    sys.stderr.write(p.stderr[-2000:])
+    if p.returncode != 0:
+        raise RuntimeError(f"disk run failed:\n{p.stderr[-3000:]}")
+    rec = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"(c) {rec['table_gib']:.1f} GiB table on disk ({rec['table_over_ram']:.2f}x RAM): {rec['samples_per_s']:.0f} "
+          f"samples/s over {rec['steps']} steps; peak RSS {rec['peak_rss_gib']:.2f} GiB (budget {rec['budget_gib']} GiB), "
+          f"hit rate {rec['hit_rate']:.3f}", flush=True)
+    return rec
+
+
+def _rss() -> Dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM", "RssFile", "RssAnon"):
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def disk_run(args) -> None:
+    """Runs in its own process: one cached table of ``--disk-gib`` (default 2 x RAM) on disk."""
+    import torch
+
+    from data_pipeline.locality import zipf_ranks
+    from neo.config.embedding import OptimizerConfig, TableConfig
+    from neo.embedding import TableBatchedEmbedding
+    from neo.sparse import KeyedJaggedBatch
+
+    torch.manual_seed(0)
+    ram = machine()["ram_bytes"]
+    D = 64
+    row_bytes = D * 4 + 4                                      # fp32 weights + rowwise_adagrad state
+    gib = args.disk_gib or 2 * ram / 2**30
+    rows = int(gib * 2**30 / row_bytes)
+    B, steps = 8192, args.disk_steps
+    cache_rows = int(0.01 * rows)
+    t = TableConfig("huge", rows, D, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.05), placement="cached",
+                    cache_rows=cache_rows, cache_policy="lru", cache_store="mmap", init_scale=0.01,
+                    cache_store_resident_gib=args.store_resident_gib)
+    t0 = time.perf_counter()
+    emb = TableBatchedEmbedding([t], backend="cpu", store_dir=args.disk_dir, validate=False)
+    init_s = time.perf_counter() - t0
+    head = torch.nn.Linear(D, 1)
+    opt = torch.optim.Adagrad(head.parameters(), lr=0.01)
+    rng = np.random.default_rng(0)
+    mult = 2654435761                                           # odd: a bijection mod rows unless rows shares factors
+    while np.gcd(mult, rows) != 1:
+        mult += 2
+
+    def batch():
+        ids = (zipf_ranks(rng, B, rows, 1.05).astype(np.int64) * mult) % rows
+        return (KeyedJaggedBatch(("huge",), torch.from_numpy(ids), torch.ones(B, dtype=torch.int64), B),
+                torch.randint(0, 2, (B,)).float())
+
+    nxt = batch()
+    peak = _rss()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        cur, nxt = nxt, batch()
+        emb.prefetch(nxt[0])                                    # batch i+1's rows under step i
+        logits = head(emb(cur[0])).squeeze(1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, cur[1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 20 == 0:
+            r = _rss()
+            peak = {k: max(peak.get(k, 0), v) for k, v in r.items()}
+    dt = time.perf_counter() - t0
+    emb.flush_cache()
+    r = _rss()
+    peak = {k: max(peak.get(k, 0), v) for k, v in r.items()}
+    s = emb.cache_stats()["huge"].as_dict()
+    rec = {"table_rows": rows, "dim": D, "table_gib": rows * row_bytes / 2**30, "ram_gib": ram / 2**30,
+           "table_over_ram": rows * row_bytes / ram, "cache_rows": cache_rows, "cache_fraction": cache_rows / rows,
+           "policy": "lru", "store": "mmap", "batch_ids": B, "steps": steps, "samples_per_s": steps * B / dt,
+           "init_s": round(init_s, 1), "train_s": round(dt, 1), "hit_rate": s["hit_rate"],
+           "peak_rss_gib": peak["VmHWM"] / 2**30, "final_rss_gib": r["VmRSS"] / 2**30,
+           "peak_rss_file_gib": peak.get("RssFile", 0) / 2**30, "budget_gib": args.budget_gib,
+           "under_budget": peak["VmHWM"] <= args.budget_gib * 2**30, "cache_stats": s,
+           "disk_dir": args.disk_dir, **machine()}
+    print(json.dumps(rec))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None, help="write the records here")
+    ap.add_argument("--parts", default="a,b,c")
+    ap.add_argument("--quick", action="store_true", help="shorter traces and runs (a smoke test)")
+    ap.add_argument("--plot", default=None, help="PNG of hit rate vs capacity (needs matplotlib)")
+    ap.add_argument("--disk-dir", default=os.path.join(ROOT, ".cache", "bench_cache_store"))
+    ap.add_argument("--disk-gib", type=float, default=0.0, help="size of the on-disk table (default: 2 x RAM)")
+    ap.add_argument("--disk-steps", type=int, default=200)
+    ap.add_argument("--budget-gib", type=float, default=6.0, help="resident memory the disk run must stay under")
+    ap.add_argument("--store-resident-gib", type=float, default=1.0, help="the disk run's cache_store_resident_gib")
+    ap.add_argument("--disk-run", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.disk_run:
+        disk_run(args)
+        return 0
+    parts = set(args.parts.split(","))
+    out: Dict[str, Any] = {"benchmark": "cache", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "machine": machine(), "command": " ".join([sys.executable, *sys.argv])}
+    if "a" in parts:
+        out["hit_rates"] = part_a(args)
+        out["traces"] = args.trace_info
+        if args.plot:
+            plot_a(out["hit_rates"], args.plot)
+    if "b" in parts:
+        out["training"] = part_b(args)
+    if "c" in parts:
+        out["disk"] = part_c(args)
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

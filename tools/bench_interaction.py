@@ -1,0 +1,155 @@
+"""DLRM's dot interaction: Neo's fused C++ kernel against the plain-PyTorch path (bmm), side by side.
+
+    python tools/bench_interaction.py                              # n = 27, D = 64 and 128, B = 2048, 1 thread
+    python tools/bench_interaction.py --isa avx2 --json bench_out/interaction_avx2.json
+    python tools/bench_interaction.py --threads 1,2 --all-variants
+
+Both are ``neo.models.interaction.DotInteraction`` on the same fp32 tensors: ``kernel="auto"``
+(``neo._C``'s fused forward and backward, csrc/kernels/interaction.h, in the ISA variant
+chosen at import) and ``kernel="torch"`` (a concatenation, one ``bmm`` for the Gram matrix
+and a gather of its upper triangle; the backward one ``bmm`` with the symmetrised pair
+gradients). Shapes: F = 26 pooled features plus the dense vector (n = 27 vectors of D
+floats per sample), B samples. Per iteration, each system runs forward (autograd on) and
+backward with a fixed upstream gradient; systems alternate in a rotating order so load
+from other jobs hits both alike; medians over ``--iters``. Before timing, the two outputs
+and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
+the fused kernel's lower ISA variants (those the --isa cap allows).
+
+Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
+Output: a table, torch / Neo time ratios, and with ``--json`` records with the machine
+(CPU model, ISA flags, the --isa cap, the kernels' and ATen's ISA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+
+import torch  # noqa: E402
+
+ORDER = ("baseline", "avx2", "avx512")
+
+
+class System:
+    def __init__(self, name: str, module, isa=None):
+        self.name, self.module, self.isa = name, module, isa
+        self.times: Dict[str, List[float]] = {"fwd": [], "bwd": []}
+
+    def step(self, dense, pooled, grad, record: bool) -> None:
+        from neo.cpp import use_cpu_isa
+
+        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            out = self.module(dense, pooled)
+            t1 = time.perf_counter()
+            out.backward(grad)
+            t2 = time.perf_counter()
+        if record:
+            self.times["fwd"].append(t1 - t0)
+            self.times["bwd"].append(t2 - t1)
+
+
+def systems_for(F: int, D: int, all_variants: bool) -> List[System]:
+    from neo import _C
+    from neo.models.interaction import DotInteraction
+
+    active = _C.cpu_isa()
+    out = [System(f"neo-{active}", DotInteraction(F, D))]
+    if all_variants:   # the lower variants the cap allows
+        for isa in ORDER[:ORDER.index(active)]:
+            out.append(System(f"neo-{isa}", DotInteraction(F, D), isa=isa))
+    out.append(System("torch", DotInteraction(F, D, kernel="torch")))
+    return out
+
+
+def check_agree(systems: List[System], dense, pooled, grad) -> None:
+    """The fused kernel against the torch path (the tests compare both with float64)."""
+    ref_sys = systems[-1]
+    ref = ref_sys.module(dense, pooled)
+    ref_g = torch.autograd.grad(ref, (dense, pooled), grad)
+    for s in systems[:-1]:
+        s.step(dense, pooled, grad, record=False)
+        out = s.module(dense, pooled)
+        g = torch.autograd.grad(out, (dense, pooled), grad)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+        for a, b in zip(g, ref_g):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
+def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
+    F, B = args.features, args.batch
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(D)
+    dense = torch.randn(B, D, generator=gen).requires_grad_()
+    pooled = torch.randn(B, F * D, generator=gen).requires_grad_()
+    n = F + 1
+    grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
+    systems = systems_for(F, D, args.all_variants)
+    check_agree(systems, dense, pooled, grad)
+    for i in range(args.warmup + args.iters):
+        k = i % len(systems)
+        for s in systems[k:] + systems[:k]:
+            s.step(dense, pooled, grad, record=i >= args.warmup)
+            dense.grad = pooled.grad = None
+    records = []
+    for s in systems:
+        fwd, bwd = (1e3 * statistics.median(s.times[p]) for p in ("fwd", "bwd"))
+        tot = 1e3 * statistics.median(a + b for a, b in zip(s.times["fwd"], s.times["bwd"]))
+        records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, fwd_ms=fwd, bwd_ms=bwd,
+                            fwd_bwd_ms=tot, iters=args.iters, machine=machine))
+    return records
+
+
+def print_records(records: List[dict]) -> None:
+    print(f"\n{'system':<14} {'n':>3} {'D':>4} {'B':>5} {'threads':>7} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8}")
+    for r in records:
+        print(f"{r['system']:<14} {r['n']:>3} {r['dim']:>4} {r['batch']:>5} {r['threads']:>7} {r['fwd_ms']:>8.2f} "
+              f"{r['bwd_ms']:>8.2f} {r['fwd_bwd_ms']:>8.2f}")
+    print("\ntorch / neo (time ratio; > 1: Neo faster)")
+    for r in records:
+        if r["system"] == "torch":
+            continue
+        t = next(x for x in records if x["system"] == "torch" and x["dim"] == r["dim"] and x["threads"] == r["threads"])
+        r["speedup_vs_torch"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+        sp = r["speedup_vs_torch"]
+        print(f"  {r['system']:<14} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
+              f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--features", type=int, default=26, help="pooled features F (n = F + 1 vectors)")
+    p.add_argument("--dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1])
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10,
+                   help="untimed iterations first: on the VM the first touches of freshly allocated memory are slow")
+    p.add_argument("--all-variants", action="store_true", help="also time the fused kernel's lower ISA variants")
+    add_isa_arg(p)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    apply_isa(args.isa)
+    start_rank(1, system_malloc=False)
+    machine = machine_info(args.isa)
+    print(describe_machine(machine))
+    records = []
+    for threads in args.threads:
+        for D in args.dims:
+            records += run_shape(args, D, threads, machine)
+    print_records(records)
+    if args.json:
+        write_json(args.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
