@@ -4,7 +4,7 @@ A user's clone, an sdist or anyone's CI has only the repository: a test, tool or
 reads ``../something`` or ``/home/someone/...`` works on the machine it was written on and
 nowhere else. Every tracked file outside ``.ci/`` is scanned for
 
-* relative paths that climb out of the repository (``../shared/data``), as text (code,
+* relative paths that climb out of the repository (``../other_project/data``), as text (code,
   configs, docs) and as ``".."`` components of ``os.path.join(...)`` / ``Path(...)`` calls;
   a ``../`` path is accepted only where it names something that exists inside the repository,
   resolved from the file's own folder (a Markdown link) or from the repository root;
@@ -115,9 +115,9 @@ def test_no_tracked_file_refers_outside_the_repository():
 def test_the_scan_finds_what_it_must():
     """The detector itself, on lines like the ones that once broke a fresh clone."""
     assert outside_references("tests/data_pipeline/dp_helpers.py",
-                              'SHARED = os.path.join(REPO, "..", "shared", "data")\n')
-    assert outside_references("tools/bench_data.py", 'default="../shared/data/criteo_kaggle_sample.tsv"\n')
-    assert outside_references("docs/x.md", "the stats file in `/work/shared/data`\n")
+                              'SHARED = os.path.join(REPO, "..", "other_project", "data")\n')
+    assert outside_references("tools/bench_data.py", 'default="../other_project/data/criteo_kaggle_sample.tsv"\n')
+    assert outside_references("docs/x.md", "the stats file in `/work/other_project/data`\n")
     assert outside_references("configs/x.yaml", "cache_dir: /scratch/mh\n")
     # Paths that stay inside, system paths and prose are fine.
     assert not outside_references("docs/training.md", "see [the README](../README.md)\n")
