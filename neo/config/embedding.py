@@ -207,7 +207,7 @@ class TableConfig:
     """Cached tables: the cache's share of the rows, in (0, 1]; default 0.2 when neither is given."""
     cache_policy: CachePolicy = CachePolicy.LOOKAHEAD
     """Cached tables: eviction policy, lru, lfu or lookahead."""
-    cache_lookahead: int = 16
+    cache_lookahead: int = 32
     """Cached tables with the lookahead policy: batches beyond the prefetched one whose ids it sees."""
     cache_store: CacheStore = CacheStore.AUTO
     """Cached tables: backing store, auto, host or mmap."""
@@ -253,8 +253,8 @@ class TableConfig:
             raise ConfigError(f"{where}: cache_load_factor must be in (0, 1], got {factor!r}")
         if not isinstance(self.cache_store_resident_gib, (int, float)) or not self.cache_store_resident_gib > 0:
             raise ConfigError(f"{where}: cache_store_resident_gib must be > 0, got {self.cache_store_resident_gib!r}")
-        if not isinstance(self.cache_lookahead, int) or not 0 <= self.cache_lookahead <= 30:
-            raise ConfigError(f"{where}: cache_lookahead must be an integer in [0, 30], got {self.cache_lookahead!r}")
+        if not isinstance(self.cache_lookahead, int) or not 0 <= self.cache_lookahead <= 62:
+            raise ConfigError(f"{where}: cache_lookahead must be an integer in [0, 62], got {self.cache_lookahead!r}")
 
     @property
     def cached(self) -> bool:

@@ -95,7 +95,7 @@ class TableEntry:
     """Cached tables: the cache's share of the table's rows, in (0, 1]."""
     cache_policy: str = "lookahead"
     """Cached tables: eviction policy, lru, lfu or lookahead (see docs/cache.md)."""
-    cache_lookahead: int = 16
+    cache_lookahead: int = 32
     """Cached tables, lookahead policy: future batches (after the prefetched one) it looks at."""
     cache_store: str = "auto"
     """Cached tables: backing store, auto (mmap on CPU, host on GPU), host or mmap."""

@@ -46,16 +46,16 @@ _PINNED = (1 << 63) - 1          # the key of slots that must not be evicted
 
 
 class _Window:
-    """Which of the next batches (at most 31) need each row: one bit per batch in a (N,) int32 mask.
+    """Which of the next batches (at most 63) need each row: one bit per batch in a (N,) int64 mask.
 
     The window moves by a batch or so per admission: a batch entering sets its bit on its rows, a
     batch leaving clears it, so each admission costs two scatters of a batch's rows, and asking
     for the nearest batch that needs a few candidate rows is a gather of their masks."""
 
-    MAX_BATCHES = 31
+    MAX_BATCHES = 63
 
     def __init__(self, num_rows: int, device: torch.device):
-        self.mask = torch.zeros(num_rows, dtype=torch.int32, device=device)
+        self.mask = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.bits: Dict[int, Tuple[torch.Tensor, int]] = {}       # id(rows tensor) -> (rows, bit)
         self.free_bits = list(range(self.MAX_BATCHES - 1, -1, -1))
 

@@ -29,7 +29,7 @@ from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["ModuleCache", "Prefetched"]
 
-_MEMO = 40                       # batches whose distinct rows are kept: the window (<= 31) and two more
+_MEMO = 66                       # batches whose distinct rows are kept: the window (<= 63) and two more
 
 
 @dataclass
