@@ -18,6 +18,7 @@ log-spaced grid (no per-row arrays, whatever the table's size).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence, Tuple
 
@@ -31,15 +32,24 @@ CACHE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 _GRID = 256
 
 
+_UNIT = np.linspace(0.0, 1.0, _GRID)
+
+
+@functools.lru_cache(maxsize=65536)
 def zipf_batch_model(rows: int, alpha: float, ids_per_batch: float) -> Tuple[float, np.ndarray, np.ndarray]:
     """(distinct rows per batch U, grid of row ranks x, cumulative share of accesses at x).
 
     ``share(k)`` = fraction of a batch's distinct rows among the ``k`` hottest rows; read it
-    with :func:`np.interp` in log(k)."""
+    with :func:`np.interp` in log(k). Memoized (the planner asks for the same table part under
+    several sharding options): the arrays are read-only."""
     n = max(float(ids_per_batch), 0.0)
     if rows <= 0 or n == 0:
-        return 0.0, np.array([1.0, max(rows, 1)]), np.array([0.0, 1.0])
-    x = np.unique(np.concatenate([np.geomspace(1.0, float(rows), _GRID), [float(rows)]]))
+        return 0.0, _frozen(np.array([1.0, max(rows, 1)])), _frozen(np.array([0.0, 1.0]))
+    if rows < _GRID:                                     # log-spaced points would repeat ranks
+        x = np.unique(np.geomspace(1.0, float(rows), _GRID))
+    else:
+        x = np.exp(_UNIT * math.log(rows))                 # = geomspace(1, rows), ends exact below
+        x[0], x[-1] = 1.0, float(rows)
     if alpha <= 1e-9:
         q = np.full_like(x, 1.0 - math.exp(-n / rows))
     else:
@@ -52,7 +62,12 @@ def zipf_batch_model(rows: int, alpha: float, ids_per_batch: float) -> Tuple[flo
     seg = 0.5 * (q[1:] + q[:-1]) * np.diff(x)
     cum = np.concatenate([[q[0]], q[0] + np.cumsum(seg)])
     U = float(cum[-1])
-    return U, x, cum / U
+    return U, _frozen(x), _frozen(cum / U)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def hit_rate(fraction: float, rows: int, alpha: float, ids_per_batch: float,
