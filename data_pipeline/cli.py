@@ -4,6 +4,8 @@
     neo-data multihot --input out/train --output out_mh/train --cache-dir .cache/mh
     neo-data synth --output syn/ --samples 100000000 --preset production-2021
     neo-data inspect out/train
+    neo-data mlperf-layout --from-synthetic --samples 1000000 --days 3 --output mlperf_syn/
+    neo-data mlperf-layout --from-parquet out/train --eval-parquet out/validation out/test --days 23 -o mlperf/
 """
 
 from __future__ import annotations
@@ -116,11 +118,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--auc-samples", type=int, default=1_000_000)
     _writer_args(s)
 
+    ml = sub.add_parser("mlperf-layout", help="MLPerf / TorchRec Criteo day files (day_<N>_dense.npy, "
+                        "day_<N>_sparse_multi_hot.npz or day_<N>_sparse.npy, day_<N>_labels.npy)")
+    src = ml.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-synthetic", action="store_true", help="planted-teacher samples (options below)")
+    src.add_argument("--from-parquet", nargs="+", metavar="DIR", help="Parquet written by neo-data (training days)")
+    ml.add_argument("--eval-parquet", nargs="+", default=[], metavar="DIR",
+                    help="Parquet of the eval day (its first half is validation, the rest test)")
+    ml.add_argument("--output", "-o", required=True)
+    ml.add_argument("--one-hot", action="store_true", help="day_<N>_sparse.npy (n, F) instead of multi-hot .npz")
+    ml.add_argument("--days", type=int, default=23,
+                    help="training days the samples are cut into (the eval day is numbered --days)")
+    ml.add_argument("--samples", type=int, default=None, help="synthetic: training samples")
+    ml.add_argument("--eval-samples", type=int, default=None, help="synthetic: eval-day samples (default: one day's)")
+    ml.add_argument("--dense", type=int, default=13, help="synthetic: dense features")
+    ml.add_argument("--rows", default="mlperf",
+                    help="synthetic: rows per table, comma-separated, one value, or 'mlperf'")
+    ml.add_argument("--sizes", default="mlperf", help="synthetic multi-hot: ids per bag per table, or 'mlperf'")
+    ml.add_argument("--distribution", default="zipf", choices=["zipf", "uniform"])
+    ml.add_argument("--skew", default="1.05", help="synthetic: Zipf skew, one value or one per table")
+    ml.add_argument("--seed", type=int, default=0)
+    ml.add_argument("--workers", type=int, default=2)
+    ml.add_argument("--auc-samples", type=int, default=1_000_000)
+
     i = sub.add_parser("inspect", help="schema, row count and feature statistics")
     i.add_argument("paths", nargs="+", help="Parquet files or directories")
     i.add_argument("--max-rows", type=int, default=1_000_000, help="rows scanned for statistics (0: all)")
 
-    for p in (c, m, s, i):
+    for p in (c, m, s, ml, i):
         p.add_argument("--summary", default=None, help="write the JSON summary to this file (else print it)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap
@@ -169,10 +194,36 @@ def _run(args) -> int:
                 stats = locality_stats_path(args.preset.split("-")[1])
             apply_preset(o, args.preset, stats, num_tables=args.tables)
         _emit(generate(o, prog), args.summary)
+    elif args.command == "mlperf-layout":
+        try:
+            summary = _mlperf_layout(args, prog)
+        except ValueError as exc:   # bad options or source data (days > samples, variable bags, ...)
+            print(f"neo-data mlperf-layout: error: {exc}", file=sys.stderr)
+            return 2
+        _emit(summary, args.summary)
     elif args.command == "inspect":
         from .stats import inspect_dataset
         _emit(inspect_dataset(args.paths, args.max_rows or None, prog), args.summary)
     return 0
+
+
+def _mlperf_layout(args: argparse.Namespace, prog) -> Dict[str, Any]:
+    from .mlperf_write import layout_from_parquet, layout_from_synthetic
+    layout = "one_hot" if args.one_hot else "multi_hot"
+    if args.from_parquet:
+        return layout_from_parquet(args.from_parquet, args.output, layout, args.days, args.eval_parquet, prog)
+    from .synthetic import SynthOptions
+    if args.samples is None:
+        raise ValueError("--from-synthetic needs --samples")
+    rows = _ints(args.rows, MLPERF_TABLE_SIZES)
+    sizes = [1] if args.one_hot else _ints(args.sizes, MLPERF_MULTI_HOT_SIZES)
+    if len(rows) == 1:
+        rows = rows * (len(sizes) if len(sizes) > 1 else 26)
+    o = SynthOptions(num_samples=args.samples, num_dense=args.dense, table_rows=rows, ids_per_bag=sizes,
+                     distribution=args.distribution, skew=_floats(args.skew), seed=args.seed, workers=args.workers,
+                     auc_samples=args.auc_samples)
+    ev = args.samples // args.days if args.eval_samples is None else args.eval_samples
+    return layout_from_synthetic(o, args.output, layout, args.days, ev, prog)
 
 
 if __name__ == "__main__":

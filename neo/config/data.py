@@ -9,22 +9,39 @@ sizes come from the ``tables`` section (one feature per table, in table order); 
 Parquet (``source: parquet``): ``train_paths`` / ``val_paths`` (directories or files) written
 by ``neo-data``. Features are matched to the tables' ``feature_names`` by name, or by position
 when the names differ (Criteo's ``cat_0 .. cat_25``).
+
+MLPerf (``source: mlperf``): the reference's Criteo 1TB day files (``day_<N>_dense.npy``,
+``day_<N>_sparse_multi_hot.npz`` or ``day_<N>_sparse.npy``, ``day_<N>_labels.npy``) in
+``mlperf.dir``, memory-mapped; training on ``mlperf.train_days``, evaluation on the first half
+(validation) or the second half (test) of ``mlperf.val_day`` (see :class:`MlperfDataConfig` and
+docs/data_pipeline.md, "MLPerf reference layout").
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from neo.config.embedding import ConfigError, choice
 
-__all__ = ["DataSource", "SyntheticDataConfig", "DataConfig"]
+__all__ = ["DataSource", "MlperfLayout", "SyntheticDataConfig", "MlperfDataConfig", "DataConfig"]
+
+MLPERF_MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+"""Ids per bag of the 26 MLPerf DLRM-DCNv2 features (as ``data_pipeline.schema.MLPERF_MULTI_HOT_SIZES``)."""
 
 
 class DataSource(str, enum.Enum):
     SYNTHETIC = "synthetic"
     PARQUET = "parquet"
+    MLPERF = "mlperf"
+
+
+class MlperfLayout(str, enum.Enum):
+    MULTI_HOT = "multi_hot"
+    """``day_<N>_sparse_multi_hot.npz``: one (n, k_f) array per feature (MLPerf DLRM-DCNv2)."""
+    ONE_HOT = "one_hot"
+    """``day_<N>_sparse.npy``: (n, F), one id per feature (TorchRec's Criteo 1TB binary)."""
 
 
 @dataclass
@@ -74,20 +91,97 @@ class SyntheticDataConfig:
             raise ConfigError(f"{where}.base_ctr: must be in (0, 1), got {self.base_ctr}")
 
 
+def parse_days(items: List[str], where: str) -> List[int]:
+    """``["0-22"]`` or ``[0, 1, 5]`` (YAML ints arrive as strings) -> day numbers, in order."""
+    out: List[int] = []
+    for k, item in enumerate(items):
+        text = str(item).strip()
+        try:
+            if "-" in text.lstrip("-"):
+                a, b = (int(x) for x in text.split("-", 1))
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(text))
+        except ValueError:
+            raise ConfigError(f"{where}[{k}]: {item!r} is neither a day number nor a range 'a-b' with a <= b") from None
+    if any(d < 0 for d in out):
+        raise ConfigError(f"{where}: day numbers must be >= 0, got {out}")
+    return out
+
+
+@dataclass
+class MlperfDataConfig:
+    """The MLPerf / TorchRec Criteo day files (``source: mlperf``; docs/data_pipeline.md)."""
+
+    dir: str = ""
+    """Directory of the ``day_<N>_*`` files (written by MLPerf's scripts or ``neo-data mlperf-layout``)."""
+    layout: str = "multi_hot"
+    """multi_hot (``day_<N>_sparse_multi_hot.npz``) or one_hot (``day_<N>_sparse.npy``)."""
+    train_days: List[str] = field(default_factory=lambda: ["0-22"])
+    """Training days, in order: numbers and inclusive ranges, e.g. ``[0-22]`` (the reference) or ``[0, 1]``."""
+    val_day: Optional[int] = 23
+    """The eval day (the reference: 23); null = no evaluation."""
+    eval_split: str = "validation"
+    """Which half of ``val_day`` evaluation reads: validation (the first ``ceil(n / 2)`` rows) or test (the rest)."""
+    multi_hot_sizes: List[int] = field(default_factory=lambda: list(MLPERF_MULTI_HOT_SIZES))
+    """multi_hot: ids per bag of each feature, checked against the files (one_hot: every bag is 1 id)."""
+    fold_ids: Optional[bool] = None
+    """Fold ids modulo their table's num_rows while reading; null = as the reference (one_hot: yes,
+    multi_hot: no, its ids were folded when materialized). Unfolded ids are checked (``id_check``)."""
+    id_check: str = "head"
+    """Ids < num_rows check before training: head (the first ``id_check_rows`` rows of every day),
+    full (every id: reads all sparse bytes, ~3.6 TB for the full MLPerf set) or off."""
+    id_check_rows: int = 65536
+    """Rows per day file the ``head`` check reads (MLPerf multi-hot: 56 MB of ids per day)."""
+
+    def days(self) -> List[int]:
+        """The training days as numbers."""
+        return parse_days(self.train_days, "data.mlperf.train_days")
+
+    def folds(self) -> bool:
+        """Whether ids are folded modulo the table sizes (``fold_ids`` resolved)."""
+        return self.layout == MlperfLayout.ONE_HOT.value if self.fold_ids is None else bool(self.fold_ids)
+
+    def validate(self, where: str) -> None:
+        if not self.dir:
+            raise ConfigError(f"{where}.dir: needed with source: mlperf (the directory of the day_<N>_* files)")
+        self.layout = choice(self.layout, [m.value for m in MlperfLayout], f"{where}.layout")
+        days = parse_days(self.train_days, f"{where}.train_days")
+        if not days:
+            raise ConfigError(f"{where}.train_days: at least one day is needed")
+        if len(set(days)) != len(days):
+            raise ConfigError(f"{where}.train_days: days repeat: {days}")
+        if self.val_day is not None and self.val_day < 0:
+            raise ConfigError(f"{where}.val_day: must be >= 0 or null, got {self.val_day}")
+        self.eval_split = choice(self.eval_split, ["validation", "test"], f"{where}.eval_split")
+        if not self.multi_hot_sizes or any(k <= 0 for k in self.multi_hot_sizes):
+            raise ConfigError(f"{where}.multi_hot_sizes: must be positive, got {list(self.multi_hot_sizes)}")
+        self.id_check = choice(self.id_check, ["head", "full", "off"], f"{where}.id_check")
+        if self.id_check_rows <= 0:
+            raise ConfigError(f"{where}.id_check_rows: must be > 0, got {self.id_check_rows}")
+
+
 @dataclass
 class DataConfig:
     """Where training and validation batches come from."""
 
     source: str = "synthetic"
-    """``synthetic`` (generated and cached, see :class:`SyntheticDataConfig`) or ``parquet``."""
+    """``synthetic`` (generated and cached, see :class:`SyntheticDataConfig`), ``parquet`` or
+    ``mlperf`` (the reference's day files, see :class:`MlperfDataConfig`)."""
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     """Generator options (``source: synthetic``)."""
+    mlperf: MlperfDataConfig = field(default_factory=MlperfDataConfig)
+    """Day files (``source: mlperf``)."""
     train_paths: List[str] = field(default_factory=list)
     """Parquet files or directories of the training split (``source: parquet``)."""
     val_paths: List[str] = field(default_factory=list)
     """Parquet files or directories of the validation split (``source: parquet``; empty = no evaluation)."""
     shuffle: bool = True
-    """Shuffle training samples within windows (seeded by ``train.seed`` and the epoch)."""
+    """Shuffle training samples within windows (seeded by ``train.seed`` and the epoch). With
+    ``source: mlperf``, false reads the days in file order as the reference does (its training
+    days were shuffled once, on disk)."""
     shuffle_window: int = 262144
     """Samples per shuffle window."""
     prefetch_batches: int = 8
@@ -97,6 +191,8 @@ class DataConfig:
         self.source = choice(self.source, [m.value for m in DataSource], f"{where}.source")
         if self.source == "synthetic":
             self.synthetic.validate(f"{where}.synthetic")
+        elif self.source == "mlperf":
+            self.mlperf.validate(f"{where}.mlperf")
         elif not self.train_paths:
             raise ConfigError(f"{where}.train_paths: needed with source: parquet")
         if self.shuffle_window <= 0:

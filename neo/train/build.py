@@ -5,7 +5,8 @@
    (so that one code path serves both);
 2. :func:`resolve_tables`: the tables' configs, ``optim.sparse`` applied;
 3. :func:`prepare_data`: synthetic data generated once into a cache keyed by its options (rank 0
-   generates, the others wait), or the Parquet paths; the loaders of this rank;
+   generates, the others wait), the Parquet paths, or the MLPerf day files opened and checked;
+   the loaders of this rank;
 4. :func:`make_plan`: the planner's plan for this world (``sharding.types`` as constraints),
    computed on rank 0 and broadcast;
 5. :func:`build_model`: ``DLRM`` on a :class:`ShardedEmbeddingCollection`, the dense part in
@@ -29,8 +30,9 @@ import torch.distributed as dist
 from neo.config.embedding import ConfigError, Placement, TableConfig
 from neo.config.tables import OptimizerEntry
 
-__all__ = ["DataSpec", "init_process_groups", "attempt_store", "restart_attempt", "resolve_tables", "prepare_data", "make_loaders", "make_plan",
-           "validate_training_config", "rename_features", "apply_placements"]
+__all__ = ["DataSpec", "MlperfData", "init_process_groups", "attempt_store", "restart_attempt", "resolve_tables",
+           "prepare_data", "make_loaders", "make_plan", "validate_training_config", "rename_features",
+           "apply_placements"]
 
 
 # ----------------------------------------------------------------------------- 0. config checks
@@ -104,6 +106,20 @@ class DataSpec:
     num_dense: int
     best_auc: Optional[float]
     """The synthetic teacher's AUC (the best a model can reach), when the data reports it."""
+    mlperf: Optional["MlperfData"] = None
+    """``source: mlperf``: the opened, checked day files (the paths above are informational)."""
+
+
+@dataclass
+class MlperfData:
+    """The MLPerf day files of a run: memory-mapped segments of each split, and the id folding."""
+
+    train: List[Any]
+    """``data_pipeline.mlperf_layout.Segment`` s of the training days, in order."""
+    eval: List[Any]
+    """Segments of the evaluated half of the eval day (empty: no evaluation)."""
+    fold_rows: Optional[List[int]]
+    """Ids are read modulo these (one per data feature), or as stored (None)."""
 
 
 def _synth_options(cfg, tables: Sequence[TableConfig]):
@@ -148,10 +164,57 @@ def _generate(cfg, tables, out: str, log) -> None:
     os.replace(tmp, out)                        # atomic: a half-written set is never reused
 
 
+def _prepare_mlperf(cfg, tables: Sequence[TableConfig], pg) -> DataSpec:
+    """Open and check the MLPerf day files before training: every file present and complete, row
+    counts equal per day, bag widths as ``data.mlperf.multi_hot_sizes``, features matching the
+    tables, and (ids not folded) ids below their table's rows: the ``id_check`` scan, the days
+    spread over the ranks and the first error shared, so that every rank raises it."""
+    from data_pipeline.mlperf_layout import (META_FILE, LayoutError, check_shapes, open_days, read_layout_meta,
+                                             scan_ids, split_segments)
+    from data_pipeline.schema import sparse_names
+
+    m = cfg.data.mlperf
+    train_days = m.days()
+    multi = m.layout == "multi_hot"
+    days = open_days(m.dir, train_days + ([m.val_day] if m.val_day is not None else []), m.layout,
+                     len(m.multi_hot_sizes))
+    num_dense = check_shapes(days, list(m.multi_hot_sizes) if multi else None)
+    keys = sparse_names(len(days[train_days[0]].bag_sizes))
+    mapping = feature_mapping(keys, tables) or {}
+    owner = {f: t for t in tables for f in t.feature_names}
+    table = [owner.get(mapping.get(k, k)) for k in keys]          # None: a feature no table reads
+    rows = [t.num_rows if t is not None else 2**62 for t in table]
+    meta = read_layout_meta(m.dir) or {}
+    if not m.folds():
+        for f, (n, t) in enumerate(zip(meta.get("table_sizes") or [], table)):
+            if t is not None and n > t.num_rows:
+                raise LayoutError(f"{os.path.join(m.dir, META_FILE)}: feature {f} ({keys[f]}) has ids below "
+                                  f"table_sizes[{f}] = {n}, table {t.name!r} has num_rows = {t.num_rows} "
+                                  "(raise num_rows, or fold ids with data.mlperf.fold_ids: true)")
+        if m.id_check != "off":
+            mine = [d for i, d in enumerate(days.values()) if i % pg.world_size == pg.rank]
+            names = [f"{k} -> table {getattr(t, 'name', None)!r}" for k, t in zip(keys, table)]
+            error = scan_ids(mine, rows, names, None if m.id_check == "full" else m.id_check_rows)
+            errors = [error]
+            if pg.world_size > 1:
+                errors = [None] * pg.world_size
+                dist.all_gather_object(errors, error, group=pg.world)
+            if any(errors):
+                raise LayoutError(next(e for e in errors if e))
+    train = split_segments(days, "train", train_days)
+    ev = split_segments(days, m.eval_split, eval_day=m.val_day) if m.val_day is not None else []
+    best = meta.get(f"best_auc_{m.eval_split}", meta.get("best_auc"))
+    return DataSpec([p for s in train for p in s.day.paths], [p for s in ev for p in s.day.paths], num_dense, best,
+                    MlperfData(train, ev, rows if m.folds() else None))
+
+
 def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
-    """Paths of the train / validation splits (generating synthetic data on rank 0 if needed)."""
+    """Paths of the train / validation splits (generating synthetic data on rank 0 if needed);
+    for ``source: mlperf`` the opened, checked day files (:func:`_prepare_mlperf`)."""
     from data_pipeline.reader import list_parquet_files
 
+    if cfg.data.source == "mlperf":
+        return _prepare_mlperf(cfg, tables, pg)
     if cfg.data.source == "synthetic":
         out = synthetic_dir(cfg, tables)
         if pg.rank == 0 and not os.path.exists(os.path.join(out, "summary.json")):
@@ -179,15 +242,19 @@ def make_loaders(cfg, data: DataSpec, pg):
     from data_pipeline.loader import LoaderOptions, ParquetLoader
 
     B = cfg.train.batch_size
-    train = ParquetLoader(data.train_paths, LoaderOptions(
-        batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
-        shuffle_window=cfg.data.shuffle_window, seed=cfg.train.seed, drop_last=True,
-        prefetch_batches=cfg.data.prefetch_batches))
-    val = None
-    if data.val_paths:
-        val = ParquetLoader(data.val_paths, LoaderOptions(
-            batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=False, drop_last=False,
-            prefetch_batches=cfg.data.prefetch_batches))
+    train_opts = LoaderOptions(batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
+                               shuffle_window=cfg.data.shuffle_window, seed=cfg.train.seed, drop_last=True,
+                               prefetch_batches=cfg.data.prefetch_batches)
+    val_opts = LoaderOptions(batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=False, drop_last=False,
+                             prefetch_batches=cfg.data.prefetch_batches)
+    if data.mlperf is not None:
+        from data_pipeline.mlperf_layout import MlperfLoader
+
+        m = data.mlperf
+        train = MlperfLoader(m.train, train_opts, m.fold_rows)
+        return train, (MlperfLoader(m.eval, val_opts, m.fold_rows) if m.eval else None)
+    train = ParquetLoader(data.train_paths, train_opts)
+    val = ParquetLoader(data.val_paths, val_opts) if data.val_paths else None
     return train, val
 
 
@@ -246,10 +313,11 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
                 if data is not None and cfg.sharding.cache_sample_batches and any(cache):
                     specs = measure_cache_curves(cfg, data, specs, cache, batch_size * pg.world_size)
                 plan = plan_tables(specs, topo, consts, parts)
-            plan.summary["cost_constants"] = what
-            dense = dense_spec(cfg, data.num_dense if data is not None else None)
-            if dense is not None:
-                plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts).to_dict()
+        # a plan from a file is predicted with this machine's constants, like one planned here
+        plan.summary["cost_constants"] = what
+        dense = dense_spec(cfg, data.num_dense if data is not None else None)
+        if dense is not None:
+            plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)

@@ -143,3 +143,15 @@ def test_evaluation_covers_uneven_shards(tmp_data):
                                                              "data.synthetic.val_samples=2047"] + MIXED)
     assert [o["final"]["eval_samples"] for o in outs] == [2047, 2047]
     assert outs[0]["final"]["auc"] == outs[1]["final"]["auc"]
+
+
+def test_a_plan_from_a_file_is_predicted_like_a_planned_one(tmp_data):
+    import json
+
+    (planned,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=3"])
+    path = f"{tmp_data}/plan_no_summary.json"
+    with open(path, "w") as f:
+        json.dump(dict(planned["plan"], summary={}), f)               # as a hand-written plan would be
+    (loaded,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=3", f"sharding.plan_file={path}"])
+    assert loaded["final"]["predicted_step_ms"] == planned["final"]["predicted_step_ms"] > 0
+    assert loaded["final"]["predicted_components_ms"] == planned["final"]["predicted_components_ms"]
