@@ -2,6 +2,7 @@
 
     neo plan CONFIG --world-size W --local-world-size L [--out plan.json]
     neo train CONFIG [key=value ...]
+    neo mlperf CONFIG --results-dir DIR [--seeds N] [--division open|closed] [key=value ...]
     neo cache-report TRACE.npy --batch-size B --num-rows N --capacity K[,K...] --json
 """
 
@@ -16,6 +17,7 @@ COMMANDS = {
     "train": ("neo.commands.train", "train a model from a config file"),
     "cache-report": ("neo.commands.cache_report", "hit rates of cache policies on an id trace, against Belady"),
     "calibrate": ("neo.calibrate", "measure this machine's cost constants for the planner"),
+    "mlperf": ("neo.commands.mlperf", "run the MLPerf DLRM-DCNv2 benchmark: time to target AUC, MLPerf logs"),
 }
 
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from neo.config.embedding import ConfigError
 from neo.config.data import DataConfig
+from neo.config.mlperf import MLPerfConfig
 from neo.config.model import ModelConfig
 from neo.config.tables import TableEntry
 from neo.config.topology import TopologyConfig
@@ -56,6 +57,9 @@ class NeoConfig:
     """``neo train``: planner mode and pinned sharding types (see :class:`neo.config.train.ShardingConfig`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """``neo train``: batch, length, cadences, checkpoints (see :class:`neo.config.train.TrainConfig`)."""
+    mlperf: MLPerfConfig = field(default_factory=MLPerfConfig)
+    """``neo mlperf``: target AUC, evaluation cadence, submission fields (see
+    :class:`neo.config.mlperf.MLPerfConfig`)."""
 
     def validate(self) -> None:
         """Validate every section (its ``validate(where)``), then cross-section rules."""

@@ -142,6 +142,8 @@ class TrainConfig:
     """Checkpoint directory (null = none); ``DIR/step-<N>`` and ``DIR/latest``."""
     checkpoint_every: int = 0
     """Checkpoint every this many steps (0 = only at the end when checkpoint_dir is set)."""
+    checkpoint_keep: int = 2
+    """Complete checkpoints kept (the newest ones; older ones are removed once a newer one is committed)."""
     resume: bool = True
     """Resume from ``checkpoint_dir``'s newest intact checkpoint when there is one."""
     checkpoint_async: bool = True
@@ -189,6 +191,8 @@ class TrainConfig:
         for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"{where}.checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
         if not self.collective_timeout_s > 0:
             raise ConfigError(f"{where}.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
         if self.log_every <= 0:

@@ -9,9 +9,11 @@ Launch::
 
 :class:`Trainer` builds the job (:mod:`neo.train.build`), then :meth:`Trainer.fit` runs the
 pipelined (or plain) loop with evaluation and checkpoints at their cadence and returns the final
-metrics. Loss = BCE-with-logits, mean over the rank's batch; DDP averages dense gradients and
-the sharded collection divides embedding gradients by W, so W ranks of B samples train like one
-process on the global batch of W x B (see neo/distributed/sharded_embedding.py).
+metrics (``fit(hook=...)``: a :class:`FitHook` may add evaluation points and stop the run after
+one, as the MLPerf harness does, neo/mlperf/). Loss = BCE-with-logits, mean over the rank's
+batch; DDP averages dense gradients and the sharded collection divides embedding gradients by W,
+so W ranks of B samples train like one process on the global batch of W x B (see
+neo/distributed/sharded_embedding.py).
 
 Every rank takes the same number of steps: the loaders drop the last partial batch and an
 epoch is ``(N // W) // B`` steps on every rank (rank shards may differ by one sample).
@@ -23,7 +25,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -44,7 +46,7 @@ from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
 
-__all__ = ["Trainer", "dense_optimizer"]
+__all__ = ["FitHook", "Trainer", "dense_optimizer"]
 
 
 _PHASES = {
@@ -83,6 +85,23 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused)
+
+
+class FitHook:
+    """Optional observer of :meth:`Trainer.fit`; this base class changes nothing.
+
+    After every step ``after_step(step)`` may ask for an evaluation (every rank must answer the
+    same). The trainer then completes the in-flight input distribution and calls
+    ``evaluate(step, run_eval)``, where ``run_eval()`` is :meth:`Trainer.evaluate` (collective);
+    it returns the metrics and whether to stop training now. A stopped run skips the final
+    evaluation (its metrics are that evaluation's) and finishes as at ``total_steps``."""
+
+    def after_step(self, step: int) -> bool:
+        return False
+
+    def evaluate(self, step: int, run_eval: Callable[[], Dict[str, Any]]) -> Tuple[Dict[str, Any], bool]:
+        return run_eval(), False
+
 
 class Trainer:
     """Builds the job of a validated :class:`neo.config.NeoConfig` (see module doc).
@@ -160,7 +179,8 @@ class Trainer:
         self.checkpointer = None
         if t.checkpoint_dir:
             # disk-backed cached tables are written from their stores, not staged in memory
-            self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, async_save=t.checkpoint_async and not cached)
+            self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
+                                             async_save=t.checkpoint_async and not cached)
             if t.resume:
                 path = find_resumable(t.checkpoint_dir, self.pg, say=self.say)
                 if path is not None:
@@ -300,14 +320,15 @@ class Trainer:
         return metrics.compute(self.pg.world if self.W > 1 else None)
 
     # ------------------------------------------------------------------ the loop
-    def fit(self) -> Dict[str, Any]:
-        """Train to ``total_steps``; evaluate and checkpoint at their cadence and at the end.
+    def fit(self, hook: Optional[FitHook] = None) -> Dict[str, Any]:
+        """Train to ``total_steps`` (or until ``hook`` stops it); evaluate and checkpoint at their
+        cadence (and the hook's evaluation points) and at the end.
 
         A collective that fails or times out (another rank died, stopped or went elsewhere)
         raises :class:`neo.distributed.comms.CollectiveError` naming the step, the operation
         and, from the heartbeats, the ranks at fault."""
         try:
-            return self._fit()
+            return self._fit(hook or FitHook())
         except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
             if isinstance(e, CheckpointError) or not (isinstance(e, CollectiveError) or is_comm_error(e)):
                 raise
@@ -323,7 +344,7 @@ class Trainer:
             f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: {self.heartbeat.diagnose()}. "
             f"Cause: {cause}")
 
-    def _fit(self) -> Dict[str, Any]:
+    def _fit(self, hook: FitHook) -> Dict[str, Any]:
         t = self.cfg.train
         restarted = self.resumed_from is not None or self.attempt > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
@@ -345,6 +366,7 @@ class Trainer:
         start_step, window_loss, window_n = self.step, 0.0, 0
         train_s, eval_s, t0 = 0.0, 0.0, time.perf_counter()
         last_eval: Dict[str, Any] = {}
+        last_eval_step, stop = -1, False
         self.timers.reset()
         while self.step < self.total_steps:
             self.heartbeat.step = self.step
@@ -377,14 +399,19 @@ class Trainer:
                     runlog.record("cache", self.step, self.cache_monitor.window())
                 window_loss, window_n = 0.0, 0
             eval_now = t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps
+            hook_eval = hook.after_step(self.step)
             ckpt_now = t.checkpoint_dir and t.checkpoint_every and self.step % t.checkpoint_every == 0 \
                 and self.step < self.total_steps
-            if eval_now or ckpt_now:
+            if eval_now or hook_eval or ckpt_now:
                 train_s += pause - t0
                 loop.drain()
-                if eval_now:
+                if eval_now or hook_eval:
                     with self.timers("evaluate"):
-                        last_eval = self.evaluate()
+                        if hook_eval:
+                            last_eval, stop = hook.evaluate(self.step, self.evaluate)
+                        else:
+                            last_eval = self.evaluate()
+                    last_eval_step = self.step
                     runlog.record("eval", self.step, last_eval)
                     runlog.message(f"step {self.step}: auc {last_eval.get('auc', float('nan')):.4f} "
                                    f"logloss {last_eval.get('logloss', float('nan')):.4f}")
@@ -393,10 +420,12 @@ class Trainer:
                         self.save()
                 t0 = time.perf_counter()
                 eval_s += t0 - pause
+                if stop:
+                    break
         train_s += time.perf_counter() - t0
         steps_run = self.step - start_step
         with self.timers("evaluate"):
-            if steps_run or not last_eval:
+            if (steps_run or not last_eval) and last_eval_step != self.step:
                 last_eval = self.evaluate()
         with self.timers("checkpoint"):
             if t.checkpoint_dir and steps_run:

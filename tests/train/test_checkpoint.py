@@ -126,3 +126,20 @@ def test_full_disk_mid_write_keeps_previous_checkpoint(tmp_data, world, async_sa
         assert f"__{world - 1}_0.distcp" in out["message"] and "step-6" in out["message"]
         assert out["good"].endswith("step-6") and out["after"] == out["good"]
         assert out["step"] == 6 and out["same"] and not out["tmp_left"]
+
+
+def test_checkpoint_keep_leaves_the_newest(tmp_data):
+    ck = f"{tmp_data}/keep"
+    run_multiprocess(train_and_collect, 1, tmp_data,
+                     ["train.steps=10", "train.checkpoint_every=2", "train.checkpoint_keep=3",
+                      f"train.checkpoint_dir={ck}"])
+    assert sorted(d for d in os.listdir(ck) if d.startswith("step-")) == ["step-10", "step-6", "step-8"]
+    with open(f"{ck}/latest") as f:
+        assert f.read().strip() == "step-10"
+
+
+def test_checkpoint_keep_below_one_is_refused(tmp_data):
+    from neo.config.embedding import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.checkpoint_keep: must be >= 1, got 0"):
+        tiny_config(tmp_data, "train.checkpoint_keep=0")
