@@ -17,6 +17,8 @@ COMMANDS = {
     "train": ("neo.commands.train", "train a model from a config file"),
     "cache-report": ("neo.commands.cache_report", "hit rates of cache policies on an id trace, against Belady"),
     "calibrate": ("neo.calibrate", "measure this machine's cost constants for the planner"),
+    "profile-layers": ("neo.commands.profile_layers", "measure each dense layer's time and bytes (pipeline profile)"),
+    "partition": ("neo.commands.partition", "split a layer profile into pipeline stages (PipeDream's DP)"),
     "mlperf": ("neo.commands.mlperf", "run the MLPerf DLRM-DCNv2 benchmark: time to target AUC, MLPerf logs"),
 }
 

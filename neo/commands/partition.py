@@ -1,0 +1,96 @@
+"""``neo partition PROFILE.json --stages S [--bandwidth-gbps G] [--devices N] [--speeds s0,s1,...] [--micro-batches M]``
+
+Splits a layer profile (``neo profile-layers``) into S contiguous stages with the least
+bottleneck (PipeDream's dynamic program, :mod:`neo.pipeline.partition`) and prints one JSON line::
+
+    {"stages": [[0, 2], [3, 5]], "stage_ms": [1.9, 2.1], "bottleneck_ms": 2.1}
+
+``--devices N`` (N >= S) replicates stages too and adds ``"replicas": [...]`` (summing to N);
+``--speeds`` gives each stage's device speed (times scale by 1/speed); ``--micro-batches M`` adds
+``"schedules"``: every schedule's predicted step and bubble (:mod:`neo.pipeline.perf_model`,
+profile at the micro-batch size) and ``"best_schedule"``.
+
+    neo partition profile.json --stages 4
+    neo partition profile.json --stages 4 --devices 8 --bandwidth-gbps 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from neo.pipeline.partition import PartitionError, load_profile, partition
+
+_FLAGS = {"stages", "devices", "bandwidth_gbps", "speeds", "micro_batches", "virtual_stages"}
+
+
+def _speeds(text: str) -> List[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected speeds such as 1,1,0.5, got {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neo partition",
+                                description="Split a layer profile into pipeline stages (PipeDream's DP).")
+    p.add_argument("profile", help="profile JSON (neo profile-layers --out)")
+    p.add_argument("--stages", type=int, required=True, help="S, the number of pipeline stages")
+    p.add_argument("--bandwidth-gbps", type=float, default=None, help="point-to-point GB/s (default: the profile's)")
+    p.add_argument("--devices", type=int, default=None, help="N >= S devices: replicate stages (PipeDream)")
+    p.add_argument("--speeds", type=_speeds, default=None, help="per-stage device speeds, e.g. 1,1,0.5,0.5")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="also predict every schedule's step with M micro-batches")
+    p.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank of interleaved_1f1b")
+    return p
+
+
+def _message(e: Exception) -> str:
+    """A request error in the flags' words: ``--stages 12 exceeds the profile's 9 layers``."""
+    if isinstance(e, PartitionError):
+        base = e.field.split("[")[0]
+        if base in _FLAGS:
+            return f"--{base.replace('_', '-')}{e.field[len(base):]} {e.detail}"
+    return str(e)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from neo.pipeline.perf_model import SCHEDULES, best_schedule, predict, stage_times
+
+    args = _parser().parse_args(argv)
+    try:
+        profile = load_profile(args.profile)
+    except PartitionError as e:
+        where = "" if e.field == "profile" else f"profile {args.profile!r}: "
+        print(f"neo partition: error: {where}{e}", file=sys.stderr)
+        return 2
+    try:
+        part = partition(profile, args.stages, args.bandwidth_gbps, args.devices, args.speeds)
+        out = {"stages": [list(s) for s in part.stages], "stage_ms": part.stage_ms, "bottleneck_ms": part.bottleneck_ms}
+        if args.devices is not None:
+            out["replicas"] = part.replicas
+        if args.micro_batches is not None:
+            if args.micro_batches < 1:
+                raise PartitionError("micro_batches", f"must be >= 1, got {args.micro_batches}")
+            st = stage_times(profile, part, args.bandwidth_gbps, args.speeds)
+            bw = args.bandwidth_gbps or profile.bandwidth_gbps
+            kw = dict(comm_ms=st.comm_ms, virtual_stages=args.virtual_stages, stage_param_bytes=st.param_bytes,
+                      bandwidth_gbps=bw)
+            preds = {}
+            for name in SCHEDULES:
+                try:
+                    pr = predict(name, st.fwd_ms, st.bwd_ms, args.micro_batches, **kw)
+                except ValueError as e:
+                    if not str(e).startswith(f"{name}:"):
+                        raise
+                    continue
+                preds[name] = {"step_ms": pr.step_ms, "bubble_fraction": pr.bubble_fraction}
+            out["schedules"] = preds
+            out["best_schedule"] = best_schedule(st.fwd_ms, st.bwd_ms, args.micro_batches, **kw)[0]
+    except ValueError as e:
+        print(f"neo partition: error: {_message(e)}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0

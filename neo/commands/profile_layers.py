@@ -1,0 +1,133 @@
+"""``neo profile-layers CONFIG [--out PROFILE.json] [--batch-size B] [--repeats R] [key=value ...]``
+
+Builds the config's dense model (bottom MLP, interaction, top MLP; :mod:`neo.pipeline.layers`),
+measures every layer's forward and backward time, activation and parameter bytes on this
+device, and writes the profile ``neo partition`` reads::
+
+    {"layers": [{"name": "bottom.0", "fwd_ms": 0.05, "bwd_ms": 0.09, "activation_bytes": 24576,
+                 "param_bytes": 320}, ...],
+     "bandwidth_gbps": 4.1, "bandwidth_source": "measured: gloo send/recv ...", "batch_size": 128, ...}
+
+    neo profile-layers configs/train_tiny.yaml --out profile.json
+    neo profile-layers configs/mlperf_dcnv2_cpu.yaml --batch-size 2048 --repeats 20 --out dcnv2.json
+    neo profile-layers configs/train_tiny.yaml --bandwidth constants     # no measurement
+
+Bandwidth: ``--bandwidth-gbps G``; else ``--bandwidth measure`` (default: gloo send/recv of 4 MiB
+between 2 local processes) or ``--bandwidth constants`` (the planner's ``intra_bw``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from neo.config import ConfigError, load_config
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neo profile-layers",
+                                description="Measure each dense layer's time and bytes (PipeDream's profiler).")
+    p.add_argument("config", help="Neo YAML config (model and tables sections)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.interaction=dcn")
+    p.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="batch (or micro-batch) size to profile at (default: train.batch_size)")
+    p.add_argument("--repeats", type=_positive_int, default=10, help="timed runs per layer; the median is kept")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per layer first")
+    p.add_argument("--num-dense", type=_positive_int, default=None,
+                   help="dense input features (default: data.synthetic.num_dense)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch intra-op threads while profiling (default: 1 on CPU, as each rank of a "
+                        "gloo pipeline runs; torch's default on a GPU)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--bandwidth-gbps", type=_positive_float, default=None,
+                   help="point-to-point bandwidth between stages, GB/s (skips --bandwidth)")
+    p.add_argument("--bandwidth", choices=("measure", "constants"), default="measure",
+                   help="measure a gloo send/recv between 2 local processes, or take the planner's intra_bw")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import torch
+
+    from neo.pipeline.layers import dense_layers
+    from neo.pipeline.profile import (bandwidth_from_constants, build_profile, measure_p2p_bandwidth,
+                                      profile_layers)
+
+    args = _parser().parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        dims = [t.dim for t in cfg.tables]
+        if not dims:
+            raise ConfigError("tables: the dense model needs the tables (their features and dim)")
+        cfg.model.check_tables(dims)
+        spec = cfg.dense_spec(args.num_dense)
+        batch = args.batch_size or cfg.train.batch_size
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if args.bandwidth_gbps is not None:
+            bw, source = args.bandwidth_gbps, "--bandwidth-gbps"
+        elif args.bandwidth == "constants":
+            bw, source = bandwidth_from_constants(cfg)
+        else:
+            bw, source = None, None
+    except (ConfigError, ValueError, RuntimeError) as e:
+        print(f"neo profile-layers: error: {e}", file=sys.stderr)
+        return 2
+    if args.warmup < 0:
+        print("neo profile-layers: error: --warmup must be >= 0", file=sys.stderr)
+        return 2
+    threads = args.threads or (1 if device.type == "cpu" else torch.get_num_threads())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        layers = dense_layers(cfg.model, spec.num_dense, spec.num_features, spec.dim)
+        rows = profile_layers(layers, batch, spec.num_dense, spec.num_features * spec.dim, args.repeats,
+                              args.warmup, device)
+    finally:
+        torch.set_num_threads(before)
+    if bw is None:
+        try:
+            bw = measure_p2p_bandwidth()
+            source = "measured: gloo send/recv of 4 MiB between 2 local processes (median of 5, one way)"
+        except RuntimeError as e:
+            bw, source = bandwidth_from_constants(cfg)
+            source += f"; the measurement failed: {e}"
+    profile = build_profile(rows, bw, bandwidth_source=source, batch_size=batch, device=str(device),
+                            repeats=args.repeats, threads=threads, config=args.config,
+                            num_dense=spec.num_dense, num_features=spec.num_features, dim=spec.dim,
+                            interaction=spec.interaction)
+    text = json.dumps(profile.to_dict(), indent=1)
+    if not args.out:
+        print(text)
+        return 0
+    with open(args.out, "w") as f:
+        f.write(text + "\n")
+    print(f"{'layer':16s} {'fwd ms':>9s} {'bwd ms':>9s} {'act bytes':>12s} {'param bytes':>12s}")
+    for r in rows:
+        print(f"{r.name:16s} {r.fwd_ms:9.4f} {r.bwd_ms:9.4f} {r.activation_bytes:12,d} {r.param_bytes:12,d}")
+    print(f"bandwidth {bw:.2f} GB/s ({source}); batch {batch} on {device}")
+    print(f"profile written to {args.out}")
+    return 0

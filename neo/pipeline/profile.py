@@ -1,0 +1,156 @@
+"""PipeDream's profiler (Narayanan et al. SOSP 2019, section 3.1): each dense layer's time and bytes on this device.
+
+For every layer of :mod:`neo.pipeline.layers`, at batch size B: the forward and the backward
+time (median of ``repeats`` runs after warm-up runs; the backward is timed on its own, from
+the layer's output gradients to its input and parameter gradients), the bytes of its output
+tuple (what a stage ending with it sends) and of its parameters. Inputs are random tensors of
+the right shapes, each layer fed the previous layer's outputs; they require gradients as a
+stage's received activations do (all but the raw dense features).
+
+The point-to-point bandwidth between stages comes from, in this order: the caller
+(``--bandwidth-gbps``), a measurement (:func:`measure_p2p_bandwidth`: gloo send/recv of a few MB
+between 2 local processes, a few seconds), or the planner's cost constants (``intra_bw``: this
+machine's calibration file, else the device kind's defaults; ``neo calibrate``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from neo.pipeline.partition import LayerProfile, Profile
+
+__all__ = ["profile_layers", "measure_p2p_bandwidth", "bandwidth_from_constants", "build_profile", "tensor_bytes"]
+
+
+def tensor_bytes(acts: Sequence[torch.Tensor]) -> int:
+    """Bytes of a tuple of tensors."""
+    return sum(t.numel() * t.element_size() for t in acts)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _profile_one(name: str, layer: nn.Module, inputs: Tuple[torch.Tensor, ...], repeats: int, warmup: int,
+                 device: torch.device) -> Tuple[LayerProfile, Tuple[torch.Tensor, ...]]:
+    params = [p for p in layer.parameters() if p.requires_grad]
+    with torch.no_grad():
+        sample = layer(*inputs)
+    grads = tuple(torch.randn_like(t) for t in sample)
+    fwd, bwd = [], []
+    for k in range(warmup + repeats):
+        for t in list(inputs) + params:
+            t.grad = None
+        box: List[Tuple[torch.Tensor, ...]] = []
+        f_ms = _timed(lambda: box.append(layer(*inputs)), device)
+        outs = box[0]
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+        b_ms = _timed(lambda: torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs]), device)
+        if k >= warmup:
+            fwd.append(f_ms)
+            bwd.append(b_ms)
+    for p in params:                                        # leave no gradients behind
+        p.grad = None
+    row = LayerProfile(name, statistics.median(fwd), statistics.median(bwd), tensor_bytes(sample),
+                       sum(p.numel() * p.element_size() for p in layer.parameters()))
+    nxt = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in sample)
+    return row, nxt
+
+
+def profile_layers(layers: Sequence[Tuple[str, nn.Module]], batch_size: int, num_dense: int, pooled_width: int,
+                   repeats: int = 10, warmup: int = 3, device: Optional[torch.device] = None,
+                   seed: int = 0) -> List[LayerProfile]:
+    """Measure every layer of ``layers`` (forward order, :func:`neo.pipeline.layers.dense_layers`)
+    at ``batch_size`` on ``device``; ``pooled_width`` = F * D. The layers are moved to ``device``
+    and left without gradients; their weights are not changed."""
+    if batch_size < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"batch_size and repeats must be >= 1 and warmup >= 0, got {batch_size}, {repeats}, {warmup}")
+    device = device or torch.device("cpu")
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch_size, num_dense, generator=g).to(device)                        # (B, num_dense)
+    pooled = torch.randn(batch_size, pooled_width, generator=g).to(device).requires_grad_()   # (B, F * D)
+    acts: Tuple[torch.Tensor, ...] = (dense, pooled)
+    rows = []
+    for name, layer in layers:
+        layer.to(device)
+        row, acts = _profile_one(name, layer, acts, repeats, warmup, device)
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- bandwidth
+def _bandwidth_worker(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        buf = torch.empty(nbytes // 4, dtype=torch.float32)
+        times = []
+        for k in range(repeats + 1):                   # the first round trip warms the connection up
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if k:
+                times.append(time.perf_counter() - t0)
+        if rank == 0:
+            out.put(statistics.median(times) / 2)     # one way, seconds
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_p2p_bandwidth(nbytes: int = 4 << 20, repeats: int = 5, timeout_s: float = 60.0) -> float:
+    """GB/s of a gloo send/recv of ``nbytes`` between 2 local processes (median of ``repeats``
+    round trips, halved). Raises RuntimeError when the processes fail or time out."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_bandwidth_worker, args=(r, port, nbytes, repeats, out), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        one_way_s = out.get(timeout=timeout_s)
+    except Exception:
+        raise RuntimeError("gloo send/recv between 2 local processes failed or timed out") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    return nbytes / one_way_s / 1e9
+
+
+def bandwidth_from_constants(cfg) -> Tuple[float, str]:
+    """(GB/s, what) from the planner's cost constants of ``cfg`` (``intra_bw``, 2 ranks)."""
+    consts, what = cfg.cost_constants(2)
+    return consts.intra_bw / 1e9, f"planner cost constants intra_bw ({what})"
+
+
+def build_profile(rows: Sequence[LayerProfile], bandwidth_gbps: float, **meta) -> Profile:
+    """A :class:`Profile` of measured rows, with metadata (batch size, device, sources)."""
+    return Profile(tuple(rows), float(bandwidth_gbps), dict(meta))
