@@ -9,7 +9,8 @@ under the planner's own plan and, at world sizes above 1, under four alternative
 table-wise, every table row-wise, every table column-wise, and the planner's second-best plan
 (``plan_tables(..., alternatives=1)``, run through ``sharding.plan_file``). Each run's final JSON
 line gives the plan's ``predicted_step_ms`` and the steady-state ``measured_step_ms``
-(``neo.train.step_stats``). Prints both side by side and writes JSON records with ``config``,
+(``neo.train.step_stats``); every plan runs ``--rounds`` times, interleaved with the others, and the
+median is reported (the machine may be shared). Prints both side by side and writes JSON records with ``config``,
 ``world_size``, ``plan`` (``planner`` for the planner's own), ``predicted_ms`` and ``measured_ms``.
 
 Targets (issue 14): predicted within 25% of measured (after ``neo calibrate`` at each world size);
@@ -104,11 +105,11 @@ def main(argv=None) -> int:
     ap.add_argument("--world-sizes", default="1,2,4")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--mixes", default="main_job,zipf_mix,wide_mix")
-    ap.add_argument("--quick", action="store_true", help="30 steps, world sizes 1 and 2, two mixes")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, interleaved; the median is reported")
+    ap.add_argument("--quick", action="store_true", help="30 steps, world sizes 1 and 2, two mixes, one round")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.world_sizes, args.mixes = 30, "1,2", "main_job,zipf_mix"
-    from neo.machine import machine_info
+        args.steps, args.world_sizes, args.mixes, args.rounds = 30, "1,2", "main_job,zipf_mix", 1
 
     records: List[Dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="neo-fidelity-")
@@ -128,32 +129,48 @@ def main(argv=None) -> int:
                 alt = os.path.join(tmp, f"{name}-w{world}-second.json")
                 if second_best(path, world, batch, alt):
                     plans["second_best"] = [f"sharding.plan_file={alt}"]
-            for plan, ov in plans.items():
-                run_dir = os.path.join(tmp, f"run-{name}-{world}-{plan}")
-                t0 = time.perf_counter()
-                f = run(path, world, ov + [f"train.run_dir={run_dir}"], args.steps)
+            runs: Dict[str, List[Dict[str, Any]]] = {plan: [] for plan in plans}
+            t0 = time.perf_counter()
+            for _ in range(args.rounds):                    # every plan once per round: rounds see the same load
+                for plan, ov in plans.items():
+                    run_dir = os.path.join(tmp, f"run-{name}-{world}-{plan}")
+                    runs[plan].append(run(path, world, ov + [f"train.run_dir={run_dir}"], args.steps))
+            for plan, fs in runs.items():
+                meas = [f["measured_step_ms"] for f in fs]
+                f = fs[sorted(range(len(fs)), key=lambda k: meas[k])[len(fs) // 2]]     # the median run
                 rec = {"config": name, "world_size": world, "plan": plan, "predicted_ms": f.get("predicted_step_ms"),
-                       "measured_ms": f.get("measured_step_ms"), "ratio": f.get("prediction_ratio"),
+                       "measured_ms": f["measured_step_ms"], "measured_ms_rounds": meas,
+                       "ratio": round(f["predicted_step_ms"] / f["measured_step_ms"], 3)
+                       if f.get("predicted_step_ms") else None,
                        "predicted_components_ms": f.get("predicted_components_ms"),
                        "measured_components_ms": f.get("measured_components_ms"), "samples_per_s": f["samples_per_s"],
-                       "cost_constants": f.get("cost_constants"), "steps": args.steps,
-                       "wall_s": round(time.perf_counter() - t0, 1)}
+                       "cost_constants": f.get("cost_constants"), "steps": args.steps, "rounds": args.rounds,
+                       "load_average": os.getloadavg(), "wall_s": round(time.perf_counter() - t0, 1)}
                 records.append(rec)
                 print(f"{name:9s} W={world} {plan:12s} predicted {rec['predicted_ms']:8.2f} ms  measured "
-                      f"{rec['measured_ms']:8.2f} ms  ratio {rec['ratio']:.3f}", flush=True)
+                      f"{rec['measured_ms']:8.2f} ms (rounds {meas})  ratio {rec['ratio']:.3f}", flush=True)
             mine = [r for r in records if r["config"] == name and r["world_size"] == world]
             best = min(r["measured_ms"] for r in mine)
             planner = next(r for r in mine if r["plan"] == "planner")
             print(f"{name:9s} W={world} planner {planner['measured_ms']:.2f} ms vs fastest {best:.2f} ms: "
                   f"{planner['measured_ms'] / best:.3f}x", flush=True)
+            _write(args, records)
+    _write(args, records)
+    return 0
+
+
+def _write(args, records: List[Dict[str, Any]]) -> None:
+    """The records so far (a long run keeps what it measured if it is stopped)."""
+    from neo.machine import machine_info
+
+    if not args.json:
+        return
     out = {"benchmark": "planner_fidelity", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": machine_info(), "command": " ".join([sys.executable] + sys.argv), "records": records}
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {len(records)} records to {args.json}", flush=True)
 
 
 if __name__ == "__main__":
