@@ -22,9 +22,11 @@ record appears.
 
 Verdict: warm-up is the first ``--warmup-fraction`` of the steps (10%). Evaluations and
 checkpoints move RSS up and down by a few percent for a while, so the soak compares medians:
-per rank, RSS at the end of warm-up is the median of the samples of the ``--window`` steps
-from the warm-up step on, RSS at the end the median of the last ``--window`` steps (default:
-one checkpoint interval each), and growth = (end - warm-up) / warm-up. ``--no-smooth``
+per rank, RSS at the end of warm-up is the median of the samples of the ``--median-steps`` steps
+from the warm-up step on, RSS at the end the median of the last ``--median-steps`` steps
+(default: a quarter of the steps after warm-up each, at least one ``--window``: RSS swings by
+several percent from sample to sample, and the median of one checkpoint interval's 20 samples
+still moved by 3-5% with no trend behind it), and growth = (end - warm-up) / warm-up. ``--no-smooth``
 compares the two single samples instead. The soak passes when every rank grows by less than
 ``--max-growth-pct`` (2%). Also reported: the single-sample growth, the peak after warm-up and
 the least-squares trend (percent per 1,000 steps).
@@ -236,6 +238,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=0,
                    help="steps per row of the table and of the medians the verdict compares (default: the "
                         "checkpoint interval)")
+    p.add_argument("--median-steps", type=int, default=0,
+                   help="steps of the two windows whose median RSS the verdict compares (default: a quarter of "
+                        "the steps after warm-up, at least one --window)")
     p.add_argument("--no-smooth", dest="smooth", action="store_false",
                    help="compare the single samples at the end of warm-up and at the end instead of the medians "
                         "of a window at each")
@@ -341,7 +346,10 @@ def run_soak(args) -> Dict[str, Any]:
     warmup_step = max(1, math.ceil(args.warmup_fraction * args.steps))
     have_rss = [s for s in samples if s.get("rss_kib")]
     size = args.window or args.checkpoint_every or max(1, args.steps // 20)
-    span = size if args.smooth else 0
+    # the verdict's medians: a quarter of the steps after warm-up each (at least one window). RSS
+    # swings by +-8% between samples (gc, evaluation, checkpoint staging): over 20 samples of one
+    # checkpoint interval the median still moved by 3 to 5% with no trend behind it
+    span = max(size, args.median_steps or (args.steps - warmup_step) // 4) if args.smooth else 0
     growth = memory_growth(have_rss, warmup_step, args.max_growth_pct, span) if have_rss else {}
     growth_anon = memory_growth([s for s in samples if s.get("rss_anon_kib")], warmup_step, args.max_growth_pct,
                                 span, key="rss_anon_kib") if have_rss else {}
