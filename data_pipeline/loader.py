@@ -114,6 +114,7 @@ class ParquetLoader:
         self._handle: Optional[Tuple[int, pq.ParquetFile]] = None  # the one open file
         self._cache: Optional[Tuple[int, Columns]] = None
         self._const: Dict[Tuple[int, str], torch.Tensor] = {}
+        self.trace = None  # a neo.train.trace.TraceRecorder: batch making and reads become timeline spans
 
     # ----------------------------------------------------------------- bookkeeping
     @property
@@ -187,6 +188,7 @@ class ParquetLoader:
 
         # The next window is read (Arrow decodes without the GIL) while this one's batches are made.
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data-read")
+        read = read if self.trace is None else self.trace.wrap(read, "read", "reader")
         ahead = reader.submit(read, k) if k * win < self.shard_size else None
         try:
             while ahead is not None:
@@ -325,7 +327,8 @@ class ParquetLoader:
 
         def produce() -> None:
             try:
-                for item in self._batches(epoch, start):
+                batches = self._batches(epoch, start)
+                for item in (batches if self.trace is None else self.trace.iterate(batches, "load", "loader")):
                     if not put(item):
                         return
                 put(done)

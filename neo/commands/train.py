@@ -3,6 +3,7 @@
     neo train configs/train_tiny.yaml
     neo train configs/train_tiny.yaml model.dense_arch=[64,16] optim.lr=0.01 train.steps=100
     torchrun --standalone --nproc-per-node 2 -m neo.train configs/main_job.yaml
+    neo train configs/pipeline_deep_mlp.yaml      # parallel.pipeline.stages 2: relaunched under torchrun, 2 ranks
 
 Prints the sharding plan, a progress bar (rank 0, on stderr) and, last on stdout, one line of
 JSON with the final metrics (``samples_per_s``, ``auc``, ``logloss``, ``steps``, ``best_auc``...).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -35,6 +37,10 @@ def run(cfg, pg=None) -> int:
 
     from neo.train.trainer import Trainer
 
+    if cfg.async_train.mode == "wsp":                    # bounded staleness: a trainer of its own
+        from neo.async_train.wsp import run as run_wsp
+
+        return run_wsp(cfg, pg)
     trainer = Trainer(cfg, pg=pg)
     final = trainer.fit()
     status = 0
@@ -68,4 +74,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as e:
         print(f"neo train: error: {e}", file=sys.stderr)
         return 2
+    stages = cfg.parallel.pipeline.stages if hasattr(cfg, "parallel") else 1
+    if stages > 1 and "WORLD_SIZE" not in os.environ:
+        return _torchrun(stages, [args.config, *args.overrides])
     return run(cfg)
+
+
+def _torchrun(ranks: int, argv: List[str]) -> int:
+    """``neo train`` of a pipelined config in one process: relaunch it on ``ranks`` local ranks
+    (one per pipeline stage) with ``torchrun --standalone``."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           "-m", "neo.train", *argv]
+    print(f"neo train: parallel.pipeline.stages = {ranks}: running {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    return subprocess.run(cmd).returncode

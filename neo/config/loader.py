@@ -25,10 +25,12 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from neo.config.async_train import AsyncTrainConfig
 from neo.config.embedding import ConfigError
 from neo.config.data import DataConfig
 from neo.config.mlperf import MLPerfConfig
 from neo.config.model import ModelConfig
+from neo.config.parallel import ParallelConfig
 from neo.config.tables import TableEntry
 from neo.config.topology import TopologyConfig
 from neo.config.train import OptimConfig, ShardingConfig, TrainConfig
@@ -60,6 +62,11 @@ class NeoConfig:
     mlperf: MLPerfConfig = field(default_factory=MLPerfConfig)
     """``neo mlperf``: target AUC, evaluation cadence, submission fields (see
     :class:`neo.config.mlperf.MLPerfConfig`)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """``neo train``: pipeline-parallel dense towers (see :class:`neo.config.parallel.ParallelConfig`)."""
+    async_train: AsyncTrainConfig = field(default_factory=AsyncTrainConfig)
+    """``neo train``: synchronous or wave-synchronous (bounded staleness) workers (see
+    :class:`neo.config.async_train.AsyncTrainConfig`)."""
 
     def validate(self) -> None:
         """Validate every section (its ``validate(where)``), then cross-section rules."""

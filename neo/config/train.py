@@ -184,11 +184,17 @@ class TrainConfig:
     page faults for the per-step tensors, at the price of keeping the peak heap."""
     target_auc_delta: Optional[float] = None
     """When set and the data reports its best AUC: fail (exit 1) unless auc >= best_auc - delta."""
+    trace: Optional[str] = None
+    """Write a timeline of the run here (Chrome / Perfetto trace JSON, every rank's spans in one
+    file written by rank 0; see neo/train/trace.py and docs/async.md); null: no tracing (no recorder)."""
+    trace_steps: int = 200
+    """Steps traced (the first ones; evaluations and checkpoints after them are still traced), so
+    that a long run's trace stays bounded."""
 
     def validate(self, where: str = "train") -> None:
         if self.batch_size <= 0:
             raise ConfigError(f"{where}.batch_size: must be > 0, got {self.batch_size}")
-        for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+        for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads", "trace_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
         if self.checkpoint_keep < 1:

@@ -89,7 +89,7 @@ class TrainPipeline:
         self.source, self.sharded, self.step_fn, self.device, self.timers = source, sharded, step_fn, device, timers
         self.ahead, self.prefetch = ahead, prefetch
         self._ready: Deque[Tuple[StepBatch, Any]] = deque()    # input_dist done: batches i .. i + ahead
-        self._launched: Optional[Tuple[StepBatch, Any]] = None  # input_dist in flight (ids sent under a step)
+        self._launched: Optional[Tuple[StepBatch, Any, Any]] = None  # input_dist in flight (ids sent under a step)
         self._after: Optional[StepBatch] = None                  # read and copied, not yet redistributed
         self._started = False
 
@@ -107,14 +107,15 @@ class TrainPipeline:
             aw = self.sharded.input_dist(sb.batch.sparse)
         # its ids AlltoAll goes out once the current step's pooled embeddings have arrived (under compute)
         self.sharded.run_after_output(aw.progress)
-        self._launched = (sb, aw)
+        self._launched = (sb, aw, self.timers.begin("input_dist", "input_dist"))   # timeline: in flight
         self._after = self._read()
 
     def _complete_launched(self) -> None:
-        sb, aw = self._launched
+        sb, aw, in_flight = self._launched
         self._launched = None
         with self.timers("input_dist"):
             self._ready.append((sb, aw.wait()))
+        self.timers.end(in_flight)
 
     def step(self) -> Optional[Tuple[torch.Tensor, StepBatch]]:
         if not self._started:

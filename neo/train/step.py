@@ -34,12 +34,17 @@ class Timers:
     """Wall-clock seconds per named phase, summed (``with timers("lookup"): ...``).
 
     Also where the rank is: ``current`` names the innermost phase running now (heartbeats report
-    it), ``failed_in`` the innermost phase an exception left (errors name it)."""
+    it), ``failed_in`` the innermost phase an exception left (errors name it).
+
+    ``trace``: a :class:`neo.train.trace.TraceRecorder` (``train.trace``) makes every timed phase
+    a span of the timeline, on the thread that ran it; :meth:`begin` / :meth:`end` record work in
+    flight between two points (no-ops without a recorder)."""
 
     def __init__(self) -> None:
         self.seconds: Dict[str, float] = defaultdict(float)
         self._stack: List[str] = []
         self.failed_in: Optional[str] = None
+        self.trace = None
 
     @property
     def current(self) -> str:
@@ -58,7 +63,18 @@ class Timers:
             raise
         finally:
             self._stack.pop()
-            self.seconds[name] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.seconds[name] += t1 - t0
+            if self.trace is not None:
+                self.trace.add(name, None, t0, t1)
+
+    def begin(self, name: str, lane: str):
+        """Open a span of work in flight on ``lane`` (the timeline only; None without a recorder)."""
+        return None if self.trace is None else self.trace.begin(name, lane)
+
+    def end(self, token) -> None:
+        if token is not None:
+            self.trace.end(token)
 
     def reset(self) -> None:
         self.seconds.clear()

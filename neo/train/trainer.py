@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from neo.config.embedding import CachePolicy
+from neo.config.embedding import CachePolicy, ConfigError
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan, prepare_data,
                              rename_features, resolve_tables, restart_attempt, validate_training_config)
 from neo.train.cache_log import CacheMonitor
@@ -45,6 +45,7 @@ from neo.train.run_log import RunLog
 from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
+from neo.train.trace import TraceRecorder, attach, write_trace
 
 __all__ = ["FitHook", "Trainer", "dense_optimizer"]
 
@@ -118,6 +119,9 @@ class Trainer:
         from neo.models import DLRM
 
         validate_training_config(cfg)
+        if cfg.async_train.mode != "bsp":                      # WSP has a trainer of its own
+            raise ConfigError("async_train.mode: wsp trains with neo.async_train.WSPTrainer "
+                              "(neo train CONFIG, or torchrun ... -m neo.train CONFIG, dispatch to it)")
         self.cfg, t = cfg, cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -164,8 +168,16 @@ class Trainer:
         self.heartbeat = Heartbeat(None, self.rank, self.W, phase=lambda: self.timers.current)
         self.step_module = DenseStep(self.model, self.timers, overlap=t.pipelined,
                                      dense_dtype=torch.bfloat16 if t.dense_dtype == "bf16" else torch.float32)
-        self.ddp = wrap_ddp(self.step_module, self.pg)
-        dense_params = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
+        self.pipeline = None                                   # parallel.pipeline: neo/pipeline/trainer.py
+        if cfg.parallel.pipeline.enabled:
+            from neo.pipeline.trainer import pipelined_dense
+            self.pipeline = pipelined_dense(cfg, self.model, self.pg, self.data.num_dense, log=self.say)
+        self.ddp = wrap_ddp(self.step_module, self.pg) if self.pipeline is None else None
+        self.trace = TraceRecorder(self.rank, t.trace_steps) if t.trace else None    # train.trace: the timeline
+        if self.trace is not None:
+            attach(self.trace, self.timers, [self.train_loader, self.val_loader], self.sharded, self.ddp)
+        dense_params = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")] \
+            if self.pipeline is None else self.pipeline.parameters()
         self.optimizer = dense_optimizer(cfg.optim, dense_params)
         o = cfg.optim
         self.schedule = LRSchedule(o.lr, o.warmup_steps, o.decay_start, o.decay_steps, o.decay_power, o.end_ratio)
@@ -238,6 +250,8 @@ class Trainer:
     def _train_step(self, sb: StepBatch, dist_batch) -> torch.Tensor:
         b = sb.batch
         self._set_lr(self.step)
+        if self.pipeline is not None:                                  # pipelined dense towers
+            return self.pipeline.train_step(b.dense, dist_batch, b.labels, self.optimizer, self.timers)
         logits = self.ddp(b.dense, dist_batch)                         # (B,)
         with self.timers("dense_fwd"):
             loss = F.binary_cross_entropy_with_logits(logits, b.labels)
@@ -303,6 +317,8 @@ class Trainer:
         keys = tuple(self.mapping.get(k, k) for k in loader.meta.sparse_names) if self.mapping else \
             tuple(loader.meta.sparse_names)
         metrics = BinaryMetrics()
+        if self.pipeline is not None:
+            self.pipeline.sync_weights()                               # the whole trained dense model here
         self.model.eval()
         it = iter(loader)
         try:
@@ -370,6 +386,8 @@ class Trainer:
         self.timers.reset()
         while self.step < self.total_steps:
             self.heartbeat.step = self.step
+            if self.trace is not None:
+                self.trace.begin_step(self.step)
             before, t_step = dict(self.timers.seconds), time.perf_counter()
             out = loop.step()
             if out is None:
@@ -423,6 +441,8 @@ class Trainer:
                 if stop:
                     break
         train_s += time.perf_counter() - t0
+        if self.trace is not None:
+            self.trace.end_step()
         steps_run = self.step - start_step
         with self.timers("evaluate"):
             if (steps_run or not last_eval) and last_eval_step != self.step:
@@ -448,6 +468,8 @@ class Trainer:
         if t.state_digest:
             with self.timers("state_digest"):
                 final["state_sha256"] = self.state_sha256()
+        if self.trace is not None:                                   # rank 0 writes every rank's spans
+            final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world)
         runlog.record("final", self.step, final)
         runlog.close()
         return final

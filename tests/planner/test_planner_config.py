@@ -88,7 +88,7 @@ def test_validation_errors_name_the_field(override, match):
 
 
 def test_unknown_section_and_bad_yaml(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown sections \['modle'\]; valid: \['tables', 'topology', 'model', 'data', 'optim', 'sharding', 'train', 'mlperf'\]"):
+    with pytest.raises(ConfigError, match=r"unknown sections \['modle'\]; valid: \['tables', 'topology', 'model', 'data', 'optim', 'sharding', 'train', 'mlperf', 'parallel', 'async_train'\]"):
         config_from_dict({"tables": [], "modle": {}})
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(write(tmp_path, "tables: [\n"))

@@ -72,6 +72,7 @@ class ModuleCache:
         self._completed: List[Tuple[str, int]] = []
         moves = next(iter(caches.values())).moves
         self._interpreted = moves.name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+        self.trace = None                  # a neo.train.trace.TraceRecorder: prefetches become timeline spans
 
     # ------------------------------------------------------------------ rows of a batch
     def _rows(self, batch: KeyedJaggedBatch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, List[int]]]:
@@ -135,7 +136,8 @@ class ModuleCache:
             launched = torch.cuda.Event()
             launched.record()
         completed, self._completed = self._completed, []
-        return self._worker.submit(self._run, batch, list(future), train, launched, completed)
+        run = self._run if self.trace is None else self.trace.wrap(self._run, "cache_prefetch", "cache")
+        return self._worker.submit(run, batch, list(future), train, launched, completed)
 
     def prefetch_async(self, batch: KeyedJaggedBatch, future: Sequence[KeyedJaggedBatch] = (),
                        train: bool = True) -> None:

@@ -1,0 +1,399 @@
+"""Wave synchronous parallel (WSP) training: virtual workers under bounded staleness.
+
+HetPipe (Park et al., ATC 2020, section 5) trains virtual workers (VWs) data-parallel through a
+parameter server: each VW runs a *wave* of local steps on the weights it has, pushes the wave's
+accumulated update at the wave's end, and may run at most ``staleness`` waves ahead of the
+slowest VW. Neo's form, for DLRM (``async_train.mode: wsp``; launch as ``neo train``'s)::
+
+    torchrun --standalone --nproc-per-node 4 -m neo.async_train CONFIG async_train.mode=wsp \
+        async_train.staleness=2 async_train.wave_steps=4
+
+Design (the simplest that is correct; docs/async.md):
+
+- **Every worker holds the whole model**: the dense model and every embedding table (one
+  TableBatchedEmbedding, all tables in memory; cached tables are refused). It starts from
+  exactly the state the synchronous trainer starts from (the planner's plan, its sharded
+  initialization, gathered once).
+- **A wave** is ``wave_steps`` local steps on the worker's own data shard. The state does not
+  change inside a wave: the dense gradients accumulate in ``.grad``, the embedding lookups run
+  without autograd and the gradient of each step's pooled embeddings ``(B, F * D)`` is kept
+  with its ids.
+- **The parameter server** (rank 0, a thread: :mod:`neo.async_train.server`) aggregates wave c
+  once every worker has pushed it and logs it as version c + 1. Every worker **applies** every
+  version, in order, to its replica: the dense optimizer on the averaged gradient and the fused
+  sparse optimizers on all workers' ids with their pooled gradients (the update a data-parallel
+  table applies for the global batch). Same inputs, same order: the replicas and their
+  optimizer states stay identical, and no table ever travels.
+- **Clocks** (:class:`~neo.async_train.server.WaveClock`, c10d store keys): before its wave c a
+  worker waits until version >= c - staleness, pulls and applies every version there is, and
+  computes wave c on version v: its staleness is c - v <= ``staleness``.
+
+``staleness: 0`` is synchronous training with gradients accumulated over ``wave_steps`` steps;
+with ``wave_steps: 1`` it is, bit for bit at 2 ranks, what :class:`neo.train.trainer.Trainer`
+computes (tests/async_train/test_wsp.py): DDP's averaged dense gradient and the sharded
+collection's 1/W embedding gradient scale, the same optimizers, the same learning-rate schedule
+(version c trains at ``schedule(c * wave_steps)``).
+
+A virtual worker of several ranks runs its waves in lock-step (a barrier of its ranks at each
+wave); each rank still pushes its own gradients. ``async_train.slowdown`` (or ``emulate_speeds``)
+stretches a rank's steps by a sleep, to emulate slower devices on one host. Evaluation runs once,
+at the end, on the final state (every version applied); checkpoints are not supported yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, make_stores
+from neo.config.embedding import ConfigError
+from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
+                             prepare_data, rename_features, resolve_tables, validate_training_config)
+from neo.train.metrics import BinaryMetrics
+from neo.train.run_log import RunLog
+from neo.train.schedule import LRSchedule
+from neo.train.step import Timers
+from neo.train.trace import TraceRecorder, attach, write_trace
+
+__all__ = ["WSPTrainer", "check_wsp_config", "run", "main"]
+
+
+def check_wsp_config(cfg) -> None:
+    """What WSP does not support yet, as ConfigErrors naming the field."""
+    t = cfg.train
+    if t.checkpoint_dir:
+        raise ConfigError("train.checkpoint_dir: checkpoints are not supported under async_train.mode: wsp yet")
+    if t.eval_every:
+        raise ConfigError("train.eval_every: under async_train.mode: wsp the workers are at different waves; "
+                          "only the end is evaluated (set it to 0)")
+    if cfg.parallel.pipeline.enabled:
+        raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
+
+
+class WSPTrainer:
+    """Trains a validated config under WSP (module docstring). ``fit()`` returns the final metrics
+    (rank 0's, with every worker's clocks in the run log)."""
+
+    def __init__(self, cfg, pg=None, log=print):
+        from neo.distributed import ShardedEmbeddingCollection
+        from neo.embedding import TableBatchedEmbedding
+        from neo.host_memory import retain_freed_memory
+        from neo.models import DLRM
+        from neo.train.trainer import dense_optimizer
+
+        validate_training_config(cfg)
+        check_wsp_config(cfg)
+        self.cfg, t, a = cfg, cfg.train, cfg.async_train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        if t.retain_freed_memory:
+            retain_freed_memory()
+        self.pg = pg or init_process_groups(t)
+        self.rank, self.W = self.pg.rank, self.pg.world_size
+        self.device = torch.device(t.device)
+        self.say = log if self.rank == 0 else (lambda *a, **k: None)
+        tables = resolve_tables(cfg)
+        self.data = prepare_data(cfg, tables, self.pg, log=self.say)
+        self.train_loader, self.val_loader = make_loaders(cfg, self.data, self.pg)
+        self.mapping = feature_mapping(self.train_loader.meta.sparse_names, tables)
+        self.B = t.batch_size
+        self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"train.batch_size {self.B} x {self.W} ranks exceeds the "
+                             f"{self.train_loader.num_samples} training samples")
+        self.total_steps = t.steps or t.epochs * self.steps_per_epoch
+        self.plan, report = make_plan(cfg, self.pg, self.B, self.data)
+        tables = apply_placements(tables, self.plan)
+        cached = [k for k, tb in enumerate(tables) if tb.cached]
+        if cached:
+            raise ConfigError(f"tables[{cached[0]}].placement: cached tables are not supported under "
+                              "async_train.mode: wsp (every worker holds every table in memory)")
+
+        torch.manual_seed(t.seed)                      # the synchronous trainer's initial state, exactly
+        init = ShardedEmbeddingCollection(tables, self.plan, self.pg, backend=t.embedding_backend, seed=t.seed,
+                                          device=self.device)
+        full = init.full_weights()
+        del init
+        self.embedding = TableBatchedEmbedding(tables, backend=t.embedding_backend, device=self.device, seed=t.seed)
+        with torch.no_grad():
+            for name, w in full.items():
+                self.embedding.table_weight(name).copy_(w)
+        feats = [f for tb in tables for f in tb.feature_names]
+        m = cfg.model
+        self.model = DLRM(self.embedding, len(feats), tables[0].dim, self.data.num_dense, list(m.dense_arch),
+                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank).to(self.device)
+        self.params = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
+        self.optimizer = dense_optimizer(cfg.optim, self.params)
+        o = cfg.optim
+        self.schedule = LRSchedule(o.lr, o.warmup_steps, o.decay_start, o.decay_steps, o.decay_power, o.end_ratio)
+        self.timers = Timers()
+        self.embedding.timers = self.timers
+        self.autocast = t.dense_dtype == "bf16"
+
+        topo = cfg.topology.to_topology(self.W, self.pg.local_world_size)
+        self.speeds = [d.speed for d in topo.devices]
+        self.groups = a.worker_groups(self.W, self.speeds)
+        self.slowdown = a.slowdown_of(self.rank, self.speeds)
+        self.staleness, self.wave_steps = a.staleness, a.wave_steps
+        self.waves = math.ceil(self.total_steps / self.wave_steps)
+        self.say(report)
+        self.say(f"neo wsp: {len(self.groups)} virtual workers {self.groups}, staleness {self.staleness}, "
+                 f"{self.wave_steps} steps per wave, {self.waves} waves")
+        self.trace = TraceRecorder(self.rank, t.trace_steps) if t.trace else None
+        if self.trace is not None:
+            attach(self.trace, self.timers, [self.train_loader, self.val_loader])
+
+        timeout = datetime.timedelta(seconds=t.collective_timeout_s)
+        self.ps_group = dist.new_group(backend="gloo") if self.W > 1 else None
+        self.vw_group = None
+        for g in self.groups:                          # every rank creates every group, in one order
+            grp = dist.new_group(g, backend="gloo") if self.W > 1 else None
+            if self.rank in g and len(g) > 1:
+                self.vw_group = grp
+        store, server_store = make_stores(self.rank, self.W, self.pg.world, timeout)
+        self.clock = WaveClock(store, timeout)
+        self.server = None
+        if self.rank == 0:
+            server_clock = WaveClock(server_store, timeout)
+            server_clock.init()
+            self.server = ParameterServer(self.W, server_clock, self.ps_group, self.trace)
+            self.link = ServerLink(self.server)
+        else:
+            self.link = RemoteLink(self.ps_group)
+        self.step = 0
+        self.version = 0
+        """Versions (aggregated waves) applied to this worker's replica."""
+        self.losses: List[float] = []
+        self.waves_log: List[Dict[str, Any]] = []
+        """Per wave this worker ran: when it started, the version it computed on, its staleness."""
+
+    # ------------------------------------------------------------------ data
+    def _batches(self) -> Iterator[Any]:
+        loader, produced = self.train_loader, 0
+        while produced < self.total_steps:
+            if loader.position // self.B >= self.steps_per_epoch:
+                loader.set_epoch(loader.epoch + 1)
+            it = iter(loader)
+            try:
+                for batch in it:
+                    produced += 1
+                    yield rename_features(batch, self.mapping)
+                    if produced >= self.total_steps or loader.position // self.B >= self.steps_per_epoch:
+                        break
+            finally:
+                it.close()
+
+    # ------------------------------------------------------------------ versions
+    def _set_lr(self, step: int) -> None:
+        lr = self.schedule(step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
+        for tb in self.embedding.tables:
+            self.embedding.set_learning_rate(tb.optimizer.lr * factor, table=tb.name)
+
+    def apply(self, update: Dict[str, Any]) -> None:
+        """Apply one aggregated wave (:func:`neo.async_train.server.aggregate`) to this replica."""
+        from neo.sparse import KeyedJaggedBatch
+
+        self._set_lr(update["wave"] * self.wave_steps)
+        with torch.no_grad():
+            for p, g in zip(self.params, torch.split(update["dense"], [p.numel() for p in self.params])):
+                p.grad = g.view_as(p).clone()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = KeyedJaggedBatch(update["keys"], update["values"], update["lengths"], update["batch_size"],
+                                 weights=update["weights"])
+        nothing = torch.zeros(len(batch.keys) * batch.batch_size, dtype=torch.bool, device=self.device)
+        pooled = self.embedding(batch, pooled_bags=nothing)    # pools no bag; its backward updates from all
+        pooled.backward(update["grads"])                          # the fused sparse optimizers, global batch
+
+    def _catch_up(self, need: int) -> None:
+        """Wait for ``need`` versions, then pull and apply every version there is."""
+        with self.timers("wsp_wait"):
+            self.clock.wait_version(need)
+        latest = max(need, self.clock.version())
+        if latest > self.version:
+            with self.timers("wsp_pull"):
+                updates = self.link.pull(self.version, latest)
+            with self.timers("wsp_apply"):
+                for u in updates:
+                    self.apply(u)
+            self.version = latest
+
+    # ------------------------------------------------------------------ a wave
+    def _local_step(self, batch, payload: Dict[str, Any]) -> float:
+        with self.timers("lookup"), torch.no_grad():
+            pooled = self.embedding(batch.sparse)                  # (B, F * D)
+        pooled.requires_grad_(True)
+        with self.timers("dense_fwd"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logits = self.model.head(batch.dense, pooled).float()  # (B,)
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        with self.timers("backward"):                              # dense grads accumulate over the wave
+            loss.backward()
+        s = batch.sparse
+        payload["batches"].append((s.values, s.lengths, s.weights, s.batch_size))
+        payload["grads"].append(pooled.grad.float())               # (B, F * D)
+        return float(loss.detach())
+
+    def fit(self) -> Dict[str, Any]:
+        t = self.cfg.train
+        runlog = RunLog(t.run_dir, self.rank, self.total_steps, 0, progress=t.progress)
+        if self.rank == 0:
+            os.makedirs(t.run_dir, exist_ok=True)
+            with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
+                json.dump(self.plan, f, indent=1)
+        rng = random.Random(t.seed * 7919 + self.rank)
+        slow = self.slowdown
+        batches = self._batches()
+        if self.W > 1:
+            dist.barrier(group=self.pg.world)
+        if self.server is not None:
+            self.server.start()
+        start = time.time()
+        window, window_n = 0.0, 0
+        for c in range(self.waves):
+            if self.vw_group is not None:
+                dist.barrier(group=self.vw_group)                  # a virtual worker's ranks in lock-step
+            self._catch_up(max(0, c - self.staleness))
+            self.waves_log.append({"wave": c, "t": time.time(), "version": self.version,
+                                   "staleness": c - self.version})
+            n = min(self.wave_steps, self.total_steps - c * self.wave_steps)
+            payload: Dict[str, Any] = {"keys": None, "steps": n, "batches": [], "grads": []}
+            for _ in range(n):
+                if self.trace is not None:
+                    self.trace.begin_step(self.step)
+                t0 = time.perf_counter()
+                with self.timers("data"):
+                    batch = next(batches)
+                payload["keys"] = tuple(batch.sparse.keys)
+                loss = self._local_step(batch, payload)
+                if slow.factor > 1 and rng.random() < slow.probability:
+                    with self.timers("slowdown"):
+                        time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
+                self.step += 1
+                self.losses.append(loss)
+                window, window_n = window + loss, window_n + 1
+                runlog.advance(1, loss=loss)
+                if self.step % t.log_every == 0 or self.step == self.total_steps:
+                    runlog.record("train", self.step, {"loss": window / window_n, "lr": self.schedule(self.step - 1),
+                                                       "wave": c, "version": self.version})
+                    window, window_n = 0.0, 0
+            with self.timers("wsp_push"):
+                payload["dense"] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                              for p in self.params]).float()
+                self.link.push(c, payload)
+            self.clock.set_clock(self.rank, c + 1)
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.trace is not None:
+            self.trace.end_step()
+        self._catch_up(self.waves)                                 # every version: the replicas agree
+        end = time.time()
+        self.link.done()
+        if self.server is not None:
+            self.server.join()
+        with self.timers("evaluate"):
+            last_eval = self.evaluate()
+        final = self._final(runlog, start, end, last_eval)
+        if self.trace is not None:
+            final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world if self.W > 1 else None)
+        runlog.record("final", self.step, final)
+        runlog.close()
+        return final
+
+    # ------------------------------------------------------------------ the end
+    @torch.no_grad()
+    def evaluate(self) -> Dict[str, Any]:
+        """AUC, log loss, accuracy of the final state over the validation set (every rank's share)."""
+        loader = self.val_loader
+        if loader is None:
+            return {}
+        loader.set_epoch(0)
+        n = math.ceil(loader.shard_size / self.B)
+        if self.cfg.train.eval_batches:
+            n = min(n, self.cfg.train.eval_batches)
+        metrics = BinaryMetrics()
+        self.model.eval()
+        it = iter(loader)
+        try:
+            for _, batch in zip(range(n), it):
+                batch = rename_features(batch, self.mapping)
+                metrics.update(self.model(batch.dense.to(self.device), batch.sparse.to(self.device)), batch.labels)
+        finally:
+            it.close()
+            self.model.train()
+        return metrics.compute(self.pg.world if self.W > 1 else None)
+
+    def _final(self, runlog: RunLog, start: float, end: float, last_eval: Dict[str, Any]) -> Dict[str, Any]:
+        mine = {"rank": self.rank, "start": start, "end": end, "waves": self.waves_log,
+                "max_staleness": max((w["staleness"] for w in self.waves_log), default=0),
+                "phase_s": self.timers.snapshot()}
+        infos = [mine]
+        if self.W > 1:
+            infos = [None] * self.W
+            dist.all_gather_object(infos, mine, group=self.pg.world)
+        t0 = min(i["start"] for i in infos)
+        for i in infos:                                            # every worker's clock over time
+            for w in i["waves"]:
+                runlog.record("wsp_wave", w["wave"], {"worker": i["rank"], "wave": w["wave"], "t_s": round(w["t"] - t0, 6),
+                                                      "version": w["version"], "staleness": w["staleness"]})
+        if self.server is not None:
+            for when, worker, wave, clocks in self.server.events:
+                runlog.record("wsp_clock", wave, {"worker": worker, "wave": wave, "t_s": round(when - t0, 6),
+                                                  "clocks": clocks})
+        seconds = max(i["end"] for i in infos) - t0
+        return {
+            "mode": "wsp", "staleness_bound": self.staleness, "wave_steps": self.wave_steps, "waves": self.waves,
+            "virtual_workers": self.groups, "steps": self.step, "world_size": self.W,
+            "global_batch": self.B * self.W,
+            "samples_per_s": round(self.total_steps * self.B * self.W / max(seconds, 1e-9), 1),
+            "train_seconds": round(seconds, 3),
+            "max_staleness_observed": max(i["max_staleness"] for i in infos),
+            "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"),
+            "accuracy": last_eval.get("accuracy"), "eval_samples": last_eval.get("count"),
+            "best_auc": self.data.best_auc,
+            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+            "phase_ms_per_step": {k: round(1e3 * v / max(self.step, 1), 3) for k, v in mine["phase_s"].items()
+                                  if k != "evaluate"},
+            "slowdown": {"rank": self.slowdown.rank, "factor": self.slowdown.factor,
+                         "probability": self.slowdown.probability},
+        }
+
+
+def run(cfg, pg=None) -> int:
+    """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
+    trainer = WSPTrainer(cfg, pg=pg)
+    final = trainer.fit()
+    if trainer.rank == 0:
+        print(json.dumps(final), flush=True)
+    if pg is None and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m neo.async_train CONFIG [key=value ...]`` (``async_train.mode=wsp`` is implied)."""
+    from neo.config import load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m neo.async_train CONFIG [key=value ...]", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(argv[0], ["async_train.mode=wsp", *argv[1:]])
+        validate_training_config(cfg)
+        check_wsp_config(cfg)
+    except ConfigError as e:
+        print(f"neo wsp: error: {e}", file=sys.stderr)
+        return 2
+    return run(cfg)

@@ -1,0 +1,153 @@
+"""WSP (``async_train.mode: wsp``): staleness 0 is the synchronous trainer, bit for bit; with a
+slowed worker the faster one runs ahead, never more than ``staleness`` waves; bad input is a
+ConfigError naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from neo.config import ConfigError
+from tests.multiprocess import run_multiprocess
+from tests.train.test_trainer import tiny_config
+
+COMMON = ["train.steps=12", "train.eval_batches=4", "train.log_every=4"]
+
+
+def _bsp(rank, world_size, tmp, overrides):
+    from neo.train.trainer import Trainer
+
+    tr = Trainer(tiny_config(tmp, *overrides), log=lambda *a, **k: None)
+    final = tr.fit()
+    return {"losses": tr.losses, "final": final, "weights": tr.sharded.full_weights(),
+            "states": tr.sharded.full_optimizer_state(),
+            "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}}
+
+
+def _wsp(rank, world_size, tmp, overrides):
+    from neo.async_train import WSPTrainer
+
+    tr = WSPTrainer(tiny_config(tmp, "async_train.mode=wsp", *overrides), log=lambda *a, **k: None)
+    final = tr.fit()
+    emb = tr.embedding
+    return {"losses": tr.losses, "final": final,
+            "weights": {t.name: emb.table_weight(t.name).clone() for t in emb.tables},
+            "states": {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()} for t in emb.tables},
+            "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}}
+
+
+def _records(run_dir, kind):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
+    plan = ["sharding.types.user=row_wise", "sharding.types.item=table_wise", "sharding.types.category=data_parallel",
+            "sharding.types.country=table_wise"]
+    bsp = run_multiprocess(_bsp, 2, tmp_data, COMMON + plan)
+    wsp = run_multiprocess(_wsp, 2, tmp_data, COMMON + plan + ["async_train.staleness=0", "async_train.wave_steps=1",
+                                                               f"train.run_dir={tmp_data}/wsp0"])
+    for r, (a, b) in enumerate(zip(bsp, wsp)):
+        assert a["losses"] == b["losses"], r                   # every step of every rank
+        for k in a["dense"]:
+            assert torch.equal(a["dense"][k], b["dense"][k]), k
+        for name in a["weights"]:
+            assert torch.equal(a["weights"][name], b["weights"][name]), name
+            for s in a["states"][name]:
+                assert torch.equal(a["states"][name][s], b["states"][name][s]), (name, s)
+    assert wsp[0]["final"]["auc"] == pytest.approx(bsp[0]["final"]["auc"], abs=1e-12)
+    assert wsp[0]["final"]["max_staleness_observed"] == 0
+    waves = _records(f"{tmp_data}/wsp0", "wsp_wave")
+    assert len(waves) == 2 * 12 and all(w["staleness"] == 0 for w in waves)
+
+
+def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):
+    S = 2
+    run_dir = f"{tmp_data}/slow"
+    out = run_multiprocess(_wsp, 2, tmp_data, ["train.steps=24", "train.eval_batches=4",
+                                               f"async_train.staleness={S}", "async_train.wave_steps=2",
+                                               "async_train.slowdown=[{rank: 1, factor: 4}]", f"train.run_dir={run_dir}"])
+    final = out[0]["final"]
+    assert final["max_staleness_observed"] == S                # the fast worker went as far as allowed
+    for a, b in zip(out[0]["weights"].values(), out[1]["weights"].values()):
+        assert torch.equal(a, b)                               # every version applied: the replicas agree
+    for k in out[0]["dense"]:
+        assert torch.equal(out[0]["dense"][k], out[1]["dense"][k])
+    waves = _records(run_dir, "wsp_wave")
+    assert len(waves) == 2 * 12
+    assert all(0 <= w["staleness"] <= S for w in waves)
+    assert max(w["staleness"] for w in waves if w["worker"] == 0) == S
+    fast = [w["staleness"] for w in waves if w["worker"] == 0]
+    slow = [w["staleness"] for w in waves if w["worker"] == 1]
+    assert sum(fast) / len(fast) > sum(slow) / len(slow)      # the slow one computes on (nearly) fresh state
+    clocks = _records(run_dir, "wsp_clock")                    # every push, with every worker's clock after it
+    assert len(clocks) == 2 * 12
+    ahead = [c["clocks"][0] - c["clocks"][1] for c in clocks]
+    assert max(ahead) == S + 1 and min(ahead) >= -1            # pushed clocks: at most S + 1 apart
+    fast_done = next(c["t_s"] for c in clocks if c["worker"] == 0 and c["wave"] == 11)
+    slow_done = next(c["t_s"] for c in clocks if c["worker"] == 1 and c["wave"] == 11)
+    assert fast_done < slow_done
+    assert final["auc"] > 0.55
+
+
+def test_a_virtual_worker_of_two_ranks_moves_in_lock_step(tmp_data):
+    """3 ranks, virtual workers [[0, 1], [2]], rank 2 slowed: ranks 0 and 1 start every wave
+    together (never a wave apart), run ahead of rank 2 within the bound, and all replicas agree."""
+    S = 1
+    run_dir = f"{tmp_data}/vw"
+    out = run_multiprocess(_wsp, 3, tmp_data, ["train.steps=12", "train.eval_batches=2", f"async_train.staleness={S}",
+                                               "async_train.virtual_workers=[[0,1],[2]]",
+                                               "async_train.slowdown=[{rank: 2, factor: 4}]", f"train.run_dir={run_dir}"])
+    assert out[0]["final"]["virtual_workers"] == [[0, 1], [2]]
+    for o in out[1:]:
+        for name in o["weights"]:
+            assert torch.equal(o["weights"][name], out[0]["weights"][name])
+        for k in o["dense"]:
+            assert torch.equal(o["dense"][k], out[0]["dense"][k])
+    clocks = _records(run_dir, "wsp_clock")
+    assert len(clocks) == 3 * 12
+    assert max(c["clocks"][0] - c["clocks"][2] for c in clocks) == S + 1       # ahead of rank 2, to the bound
+    waves = _records(run_dir, "wsp_wave")
+    start = {(w["worker"], w["wave"]): w["t_s"] for w in waves}
+    for c in range(11):                                   # lock-step: neither starts wave c + 1 before the other
+        assert start[(0, c + 1)] >= start[(1, c)] and start[(1, c + 1)] >= start[(0, c)]   # started wave c
+    assert all(w["staleness"] <= S for w in waves) and out[0]["final"]["max_staleness_observed"] == S
+
+
+@pytest.mark.parametrize("override, match", [
+    ("async_train.staleness=-1", r"async_train\.staleness: must be >= 0"),
+    ("async_train.wave_steps=0", r"async_train\.wave_steps: must be >= 1"),
+    ("async_train.mode=hogwild", r"async_train\.mode.*'bsp'.*'wsp'"),
+    ("async_train.virtual_workers=[[0],[]]", r"async_train\.virtual_workers\[1\]: a virtual worker with no device"),
+    ("async_train.virtual_workers=[[0,1],[1]]", r"async_train\.virtual_workers\[1\]: rank 1 is already"),
+    ("async_train.slowdown=[{rank: 0, factor: 0.5}]", r"async_train\.slowdown\[0\]\.factor: must be"),
+    ("async_train.slowdown=[{rank: 0, factor: 2, probability: 2}]", r"async_train\.slowdown\[0\]\.probability"),
+])
+def test_bad_input_names_the_field(tmp_data, override, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(tmp_data, override)
+
+
+def test_worker_groups_check_the_world(tmp_data):
+    cfg = tiny_config(tmp_data, "async_train.num_virtual_workers=3")
+    with pytest.raises(ConfigError, match=r"async_train\.num_virtual_workers: 3 virtual workers for 2 ranks: "
+                                          r"a virtual worker with no device"):
+        cfg.async_train.worker_groups(2)
+    assert cfg.async_train.worker_groups(4, [1, 1, 1, 0.25]) == [[0, 3], [1], [2]]
+    cfg = tiny_config(tmp_data, "async_train.virtual_workers=[[0],[2]]")
+    with pytest.raises(ConfigError, match=r"async_train\.virtual_workers: .*out of range: \[2\]; missing: \[1\]"):
+        cfg.async_train.worker_groups(2)
+    assert tiny_config(tmp_data).async_train.worker_groups(3) == [[0], [1], [2]]
+    from neo.async_train.wsp import check_wsp_config
+
+    with pytest.raises(ConfigError, match=r"train\.checkpoint_dir"):
+        check_wsp_config(tiny_config(tmp_data, "async_train.mode=wsp", "train.checkpoint_dir=/tmp/x"))
+    with pytest.raises(ConfigError, match=r"train\.eval_every"):
+        check_wsp_config(tiny_config(tmp_data, "async_train.mode=wsp", "train.eval_every=4"))
+    from neo.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=r"async_train\.mode: wsp trains with neo\.async_train"):
+        Trainer(tiny_config(tmp_data, "async_train.mode=wsp"))           # never silently synchronous

@@ -1,0 +1,363 @@
+"""Pipeline schedules, predicted against measured: step time and bubble, at 2 and 4 ranks.
+
+    python tools/bench_pipeline.py --json bench_out/pipeline.json --plot bench_out/pipeline.png
+    python tools/bench_pipeline.py --quick                        # smaller model, fewer steps
+
+Model: DLRM with a deep top MLP (dot interaction, 8 features of D = 16, bottom 13-64-16, top
+``--top-layers`` x ``--width`` then the logit); its embeddings sharded table-wise over every
+rank; ``--batch`` samples per rank, fp32, Adagrad. For each world size (``--worlds``) every
+schedule runs the dense layers pipelined over S = W stages (1 replica): gpipe, 1f1b,
+interleaved_1f1b (2 chunks per rank), zero_bubble (ZB-1P, 1 chunk) and chimera, with
+``--micro-batches`` micro-batches; beside them a data-parallel baseline (the whole dense model on
+every rank, gradients AllReduced).
+
+Predicted (neo/pipeline/perf_model.py): every rank profiles the layers at the micro-batch size
+at the same time (:func:`neo.pipeline.profile.profile_layers`, on this machine, the W processes
+contending for its cores as they do in the runs; the mean over the ranks), the gloo
+point-to-point bandwidth is measured (:func:`neo.pipeline.profile.measure_p2p_bandwidth`), the
+partitioner cuts the profile into S x v chunks (the measured runs use that same split), and
+:func:`neo.pipeline.perf_model.predict` gives the step and bubble of each schedule.
+
+Measured: per step (a barrier before each), the wall time of the pipelined part (the schedule's
+``run``) plus the gradient AllReduce, the slowest rank's; ``bubble_fraction = 1 - sum of the
+ranks' busy time / (W x pipelined time)``, busy time summed by timers around every stage's
+forward and backward (neo/pipeline/stages.py). The embedding lookup, the routing of pooled rows
+and the embedding backward are outside both figures (``full_step_ms`` has them). Medians over
+``--steps`` steps after ``--warmup``. With more ranks than cores (4 ranks on a 2-core machine)
+the measured figures include time-slicing that the profile (one process) does not see.
+
+Output: a table, and with ``--json`` records with ``schedule``, ``world_size``, ``stages``,
+``micro_batches``, ``predicted_ms``, ``measured_ms``, ``bubble_fraction``,
+``predicted_bubble_fraction``, ``ratio`` (predicted / measured), ``full_step_ms``, and ``machine``
+(CPU model, ISA flags, load average; tools/bench_common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, start_rank,  # noqa: E402
+                          write_json)
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("chimera", 1)]
+"""(schedule, virtual_stages) measured at every world size."""
+F, D, NUM_DENSE = 8, 16, 13
+
+
+def _model(args, embedding):
+    import torch
+
+    from neo.models import DLRM
+
+    torch.manual_seed(0)
+    return DLRM(embedding, F, D, NUM_DENSE, [64, D], [args.width] * args.top_layers + [1])
+
+
+def _tables():
+    from neo.config.embedding import OptimizerConfig, TableConfig
+
+    return [TableConfig(f"t{i}", num_rows=1000, dim=D, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.05))
+            for i in range(F)]
+
+
+def _batch(args, rank: int, W: int, gen):
+    import torch
+
+    from neo.sparse import KeyedJaggedBatch
+
+    B = args.batch
+    ids = torch.randint(0, 1000, (F * B,), generator=gen)
+    sparse = KeyedJaggedBatch(tuple(f"t{i}" for i in range(F)), ids, torch.ones(F * B, dtype=torch.int64), B)
+    return torch.randn(B, NUM_DENSE, generator=gen), sparse, torch.randint(0, 2, (B,), generator=gen).float()
+
+
+def _split(profile, chunks: int):
+    from neo.pipeline.partition import partition
+
+    return [list(s) for s in partition(profile, chunks).stages]
+
+
+def _one_way_ms(rank: int, nbytes: int, repeats: int = 20) -> float:
+    """Median one-way time of a ``nbytes`` gloo send between ranks 0 and 1 (ping-pong / 2), ms;
+    collective (every rank calls it; ranks above 1 wait at the barrier)."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(max(1, nbytes // 4))
+    times = []
+    dist.barrier()
+    if rank < 2:
+        for _ in range(repeats + 2):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - t0) / 2)
+    dist.barrier()
+    return 1e3 * statistics.median(times[2:]) if times else 0.0
+
+
+def _median(xs: List[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from neo.config.parallel import PipelineConfig
+    from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
+    from neo.pipeline.layers import LayerStack, layers_of
+    from neo.pipeline.partition import LayerProfile
+    from neo.pipeline.profile import build_profile, profile_layers
+    from neo.pipeline.trainer import PipelinedDense
+    from neo.train.step import Timers
+    from neo.train.trainer import dense_optimizer
+    from neo.config.train import OptimConfig
+
+    start_rank(args.threads, system_malloc=False)
+    pg = ProcessGroups.build(W)
+    tables = _tables()
+    plan = even_plan(tables, {t.name: "table_wise" for t in tables}, W)
+    micro = W * args.batch // args.micro_batches
+    # The profile: every rank measures every layer at the same time, so that each layer is timed
+    # under the contention the pipeline's ranks put on each other (W processes sharing the cores);
+    # the per-layer mean over the ranks.
+    probe = _model(args, torch.nn.Identity())
+    dist.barrier()
+    mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(probe), micro, NUM_DENSE, F * D,
+                                                          repeats=args.repeats)]
+    every: List[Any] = [None] * W
+    dist.all_gather_object(every, mine)
+    rows = [dict(r, fwd_ms=statistics.mean(e[k]["fwd_ms"] for e in every),
+                 bwd_ms=statistics.mean(e[k]["bwd_ms"] for e in every)) for k, r in enumerate(mine)]
+    profile = build_profile([LayerProfile(**r) for r in rows], args.bandwidth_gbps, batch_size=micro)
+    big = max(r["activation_bytes"] for r in rows)
+    one_way = {n: _one_way_ms(rank, n) for n in (4, big)}                # ranks 0 and 1, the others idle
+    gen = torch.Generator().manual_seed(100 + rank)
+    batches = [_batch(args, rank, W, gen) for _ in range(2)]
+    out: Dict[str, Any] = {"profile": rows, "one_way_ms": one_way, "runs": {}}
+
+    for schedule, v in SCHEDULES:
+        S = W
+        if schedule == "chimera" and (S % 2 or args.micro_batches % 2):
+            continue
+        sec = ShardedEmbeddingCollection(tables, plan, pg, seed=0)
+        model = _model(args, sec)
+        cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=args.micro_batches, virtual_stages=v,
+                             split=_split(profile, S * v))
+        cfg.validate()
+        pipe = PipelinedDense(cfg, model, pg, args.batch, NUM_DENSE, F * D)
+        opt = dense_optimizer(OptimConfig(type="adagrad", lr=0.01), pipe.parameters())
+        timers = Timers()
+        pipe_s, sync_s, busy_s, full_s = [], [], [], []
+        for step in range(args.warmup + args.steps):
+            dense, sparse, y = batches[step % len(batches)]
+            dist.barrier()
+            timers.reset()
+            pipe.meter.reset()
+            t0 = time.perf_counter()
+            pooled = sec(sparse)
+            pipe.step(dense, pooled, y, timers)
+            opt.step()
+            full = time.perf_counter() - t0
+            if step >= args.warmup:
+                pipe_s.append(timers.seconds["pipeline"])
+                sync_s.append(timers.seconds["pipeline_sync"])
+                busy_s.append(pipe.meter.seconds)
+                full_s.append(full)
+        out["runs"][schedule] = {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
+                                 "busy_s": busy_s, "full_s": full_s}
+
+    # data-parallel baseline: the whole dense model here, on this rank's B samples
+    model = _model(args, torch.nn.Identity())
+    whole = LayerStack(layers_of(model))
+    params = list(whole.parameters())
+    opt = dense_optimizer(OptimConfig(type="adagrad", lr=0.01), params)
+    dp_s, dp_sync = [], []
+    pooled_in = torch.randn(args.batch, F * D)
+    for step in range(args.warmup + args.steps):
+        dense, _, y = batches[step % len(batches)]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for p in params:
+            p.grad = None
+        (logits,) = whole(dense, pooled_in.requires_grad_())
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
+        t1 = time.perf_counter()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=pg.dense)
+        t2 = time.perf_counter()
+        opt.step()
+        if step >= args.warmup:
+            dp_s.append(t2 - t0)
+            dp_sync.append(t2 - t1)
+    out["runs"]["data_parallel"] = {"pipeline_s": [a - b for a, b in zip(dp_s, dp_sync)], "sync_s": dp_sync,
+                                    "busy_s": dp_s, "full_s": dp_s}
+    if rank == 0:
+        out["machine"] = machine_info(args.isa)
+    return out
+
+
+def _comm_ms(one_way: Dict[int, float], nbytes: float) -> float:
+    """One-way transfer of ``nbytes``, interpolated between the measured tiny and large messages
+    (latency + bytes / bandwidth; on a loaded machine the latency is mostly waking the receiver)."""
+    (small, t_small), (big, t_big) = sorted(one_way.items())
+    return t_small + max(0.0, t_big - t_small) * (nbytes - small) / max(big - small, 1)
+
+
+def _predict(profile_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way):
+    from neo.pipeline.perf_model import predict
+
+    S, C = W, len(split)
+    chunk = lambda key, k: sum(r[key] for r in profile_rows[split[k][0]:split[k][1] + 1])  # noqa: E731
+    fwd = [sum(chunk("fwd_ms", k) for k in range(p, C, S)) for p in range(S)]            # per rank, its chunks
+    bwd = [sum(chunk("bwd_ms", k) for k in range(p, C, S)) for p in range(S)]
+    params = [sum(chunk("param_bytes", k) for k in range(p, C, S)) for p in range(S)]
+    boundary = [_comm_ms(one_way, profile_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
+    comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
+    return predict(schedule, fwd, bwd, M, comm_ms=comm, virtual_stages=max(v, 2), replicas=1,
+                   stage_param_bytes=params, bandwidth_gbps=bandwidth)
+
+
+def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[Dict[str, Any]]:
+    rows = out[0]["profile"]
+    records = []
+    for schedule, run in out[0]["runs"].items():
+        steps = len(run["pipeline_s"])
+        # per step: the slowest rank's pipelined part + sync; the ranks' summed busy time
+        wall = [max(o["runs"][schedule]["pipeline_s"][i] + o["runs"][schedule]["sync_s"][i] for o in out)
+                for i in range(steps)]
+        pipe = [max(o["runs"][schedule]["pipeline_s"][i] for o in out) for i in range(steps)]
+        sync = [max(o["runs"][schedule]["sync_s"][i] for o in out) for i in range(steps)]
+        busy = [sum(o["runs"][schedule]["busy_s"][i] for o in out) for i in range(steps)]
+        full = [max(o["runs"][schedule]["full_s"][i] for o in out) for i in range(steps)]
+        if schedule == "data_parallel":
+            from neo.pipeline.perf_model import predict
+
+            fwd = [sum(r["fwd_ms"] for r in rows)]
+            bwd = [sum(r["bwd_ms"] for r in rows)]
+            pbytes = [sum(r["param_bytes"] for r in rows)]
+            # the whole model on B = (W B / M) x (M / W) samples: M / W micro-batches of the profile
+            pred = predict("data_parallel", fwd, bwd, args.micro_batches // W, replicas=W,
+                           stage_param_bytes=pbytes, bandwidth_gbps=bandwidth)
+            bubble = 0.0
+            v, split = 1, None
+        else:
+            v, split = run["virtual_stages"], run["split"]
+            pred = _predict(rows, schedule, v, split, W, args.micro_batches, bandwidth, out[0]["one_way_ms"])
+            bubble = _median([1 - b / (W * p) for b, p in zip(busy, pipe)])
+        measured = 1e3 * _median(wall)
+        records.append({
+            "schedule": schedule, "world_size": W, "stages": W if schedule != "data_parallel" else 1,
+            "virtual_stages": v, "micro_batches": args.micro_batches, "batch_per_rank": args.batch,
+            "split": split, "predicted_ms": round(pred.step_ms, 3), "measured_ms": round(measured, 3),
+            "ratio": round(pred.step_ms / measured, 3) if measured > 0 else None,
+            "predicted_bubble_fraction": round(pred.bubble_fraction, 4), "bubble_fraction": round(bubble, 4),
+            "measured_pipeline_ms": round(1e3 * _median(pipe), 3), "measured_sync_ms": round(1e3 * _median(sync), 3),
+            "predicted_pipeline_ms": round(pred.pipeline_ms, 3), "predicted_sync_ms": round(pred.sync_ms, 3),
+            "full_step_ms": round(1e3 * _median(full), 3),
+            "bandwidth_gbps": round(bandwidth, 3), "one_way_ms": out[0]["one_way_ms"], "steps": steps})
+    return records
+
+
+def _print(records) -> None:
+    print(f"{'schedule':18s} {'W':>2s} {'M':>3s} {'pred ms':>9s} {'meas ms':>9s} {'pred/meas':>9s} "
+          f"{'pred bubble':>11s} {'meas bubble':>11s} {'full step ms':>12s}")
+    for r in records:
+        print(f"{r['schedule']:18s} {r['world_size']:2d} {r['micro_batches']:3d} {r['predicted_ms']:9.2f} "
+              f"{r['measured_ms']:9.2f} {r['ratio']:9.2f} {r['predicted_bubble_fraction']:11.3f} "
+              f"{r['bubble_fraction']:11.3f} {r['full_step_ms']:12.2f}")
+
+
+def _plot(records, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({r["world_size"] for r in records})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 3.8), squeeze=False)
+    for ax, W in zip(axes[0], worlds):
+        rs = [r for r in records if r["world_size"] == W]
+        x = range(len(rs))
+        ax.bar([i - 0.2 for i in x], [r["predicted_ms"] for r in rs], 0.4, label="predicted")
+        ax.bar([i + 0.2 for i in x], [r["measured_ms"] for r in rs], 0.4, label="measured")
+        for i, r in enumerate(rs):
+            if r["schedule"] != "data_parallel":
+                ax.text(i, max(r["predicted_ms"], r["measured_ms"]), f"bubble\n{r['predicted_bubble_fraction']:.2f} / "
+                        f"{r['bubble_fraction']:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, 1.25 * max(max(r["predicted_ms"], r["measured_ms"]) for r in rs))
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([r["schedule"] for r in rs], rotation=25, fontsize=8)
+        ax.set_ylabel("step ms (pipelined part + gradient sync)")
+        ax.set_title(f"{W} ranks, {rs[0]['micro_batches']} micro-batches")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worlds", nargs="+", type=int, default=[2, 4])
+    p.add_argument("--batch", type=int, default=256, help="samples per rank")
+    p.add_argument("--micro-batches", type=int, default=8, help="per step and pipeline (a multiple of every world size)")
+    p.add_argument("--top-layers", type=int, default=12)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=10, help="profile repeats per layer")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bandwidth-gbps", type=float, default=None, help="default: measured (gloo send/recv)")
+    p.add_argument("--quick", action="store_true", help="a smaller model, fewer steps")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="PNG of predicted and measured step time per schedule")
+    add_isa_arg(p)
+    args = p.parse_args(argv)
+    apply_isa(args.isa)
+    if args.quick:
+        args.batch, args.top_layers, args.width, args.warmup, args.steps, args.repeats = 128, 8, 256, 2, 6, 5
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from neo.pipeline.profile import measure_p2p_bandwidth
+    from tests.multiprocess import run_multiprocess
+
+    t0 = time.time()
+    if args.bandwidth_gbps is None:
+        args.bandwidth_gbps = measure_p2p_bandwidth()
+    records: List[Dict[str, Any]] = []
+    machine = None
+    for W in args.worlds:
+        out = run_multiprocess(_rank_main, W, args, timeout_s=3600, collective_timeout_s=600, threads=args.threads,
+                               env={"OMP_NUM_THREADS": str(args.threads)})
+        machine = out[0]["machine"]
+        records += _records(W, out, args, args.bandwidth_gbps)
+    for r in records:
+        r["machine"] = machine
+    print(describe_machine(machine))
+    _print(records)
+    print(f"({time.time() - t0:.0f} s; bandwidth {args.bandwidth_gbps:.2f} GB/s; {args.threads} thread per rank; "
+          f"load average {os.getloadavg()[0]:.1f})")
+    if args.json:
+        write_json(args.json, records)
+    if args.plot:
+        _plot(records, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
