@@ -1,8 +1,10 @@
 """Synchronous (BSP) against wave synchronous parallel (WSP, staleness 1 and 4) training on a
-heterogeneous 4-rank setup: throughput, final AUC and the staleness the workers saw.
+heterogeneous 4-rank setup, and synchronous 1F1B against the asynchronous pipeline schedules
+(pipedream_async, pipedream_2bw) on 2 stages: throughput, final AUC and the staleness seen.
 
     python tools/bench_async.py --json bench_out/async.json --plot bench_out/async.png
     python tools/bench_async.py --quick                       # smoke run (fewer samples and steps)
+    python tools/bench_async.py --quick --modes 1f1b pipedream_async pipedream_2bw   # pipeline modes only
 
 Setup: the tiny DLRM of ``configs/train_tiny.yaml`` on its planted-teacher synthetic data
 (``data.synthetic``: labels drawn from a hidden teacher, whose AUC ``best_auc`` is the ceiling),
@@ -18,8 +20,17 @@ Scenarios (``--scenarios``): ``one_slow``: rank 3 is a 3x slower device (each of
 stretched by a sleep of twice its compute); ``stragglers``: every rank is slowed 4x on a random
 10% of its steps (transient stragglers, independent per rank).
 
-Output: a table and, with ``--json``, records with ``mode`` (bsp, wsp1, wsp4; pipedream_async
-and pipedream_2bw will join them), ``scenario``, ``samples_per_s`` (all ranks' samples over the
+Pipeline modes (``--modes 1f1b pipedream_async pipedream_2bw``, scenario ``pipeline``): the
+``Trainer`` on a small variant of ``configs/pipeline_deep_mlp.yaml`` (the same planted-teacher
+data; top MLP of 6 x 128, 2 ranks = 2 stages x 1 replica, 4 micro-batches per step, split auto),
+every mode on the same samples (equal steps and batch); ``1f1b`` is the synchronous reference.
+``staleness_bound``: ``max_versions - 1`` (pipedream_async, max_versions = stages by default) or 1
+(2BW); ``max_staleness_observed``: the largest lag of a forward's weight version behind the
+version sequential training would have used, from the stages' version counters
+(``PipelinedDense.version_log``); ``mean_staleness`` its mean over micro-batches and stages.
+
+Output: a table and, with ``--json``, records with ``mode`` (bsp, wsp1, wsp4, 1f1b,
+pipedream_async, pipedream_2bw), ``scenario``, ``samples_per_s`` (all ranks' samples over the
 wall time from the common start to the last rank's last update), ``auc`` (the final state, whole
 validation set), ``best_auc`` (the teacher's), ``staleness_bound``, ``max_staleness_observed``
 (the largest wave - version any worker computed on), ``mean_staleness``, ``train_seconds`` and
@@ -42,6 +53,9 @@ from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info,
 
 MODES = {"bsp": 0, "wsp1": 1, "wsp4": 4}
 """Mode -> staleness bound."""
+PIPELINE_MODES = {"1f1b": 0, "pipedream_async": None, "pipedream_2bw": 1}
+"""Pipeline schedule -> staleness bound (None: max_versions - 1, max_versions = stages)."""
+PIPELINE_STAGES, PIPELINE_MICRO_BATCHES = 2, 4
 SCENARIOS = {
     "one_slow": ["async_train.slowdown=[{rank: 3, factor: 3}]"],
     "stragglers": ["async_train.slowdown=[" + ", ".join(f"{{rank: {r}, factor: 4, probability: 0.1}}"
@@ -88,11 +102,55 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     return records
 
 
+def _pipeline_overrides(args, run_dir: str, mode: str) -> List[str]:
+    return [f"data.synthetic.num_samples={args.samples}", "data.synthetic.val_samples=4096",
+            f"data.synthetic.cache_dir={args.cache_dir}", f"train.run_dir={run_dir}", "train.progress=false",
+            f"train.batch_size={args.batch}", f"train.steps={args.steps}", "train.log_every=1000",
+            "train.threads=1", "model.over_arch=[128,128,128,128,128,128,1]",
+            f"parallel.pipeline.stages={PIPELINE_STAGES}", f"parallel.pipeline.micro_batches={PIPELINE_MICRO_BATCHES}",
+            f"parallel.pipeline.schedule={mode}"]
+
+
+def _pipeline_rank_main(rank: int, world_size: int, args, modes: List[str]) -> List[Dict[str, Any]]:
+    """The Trainer on 2 pipeline stages, once per schedule; rank 0 returns the records."""
+    import torch.distributed as dist
+
+    from neo.config import load_config
+    from neo.train.trainer import Trainer
+
+    records = []
+    for mode in modes:
+        run_dir = os.path.join(args.out_dir, f"pipeline-{mode}")
+        cfg = load_config(str(ROOT / "configs" / "pipeline_deep_mlp.yaml"), _pipeline_overrides(args, run_dir, mode))
+        tr = Trainer(cfg, log=lambda *a, **k: None)
+        final = tr.fit()
+        log = tr.pipeline.version_log
+        stats = [max((r["staleness"] for r in log), default=0), sum(r["staleness"] for r in log), len(log)]
+        every: List[Any] = [None] * world_size
+        dist.all_gather_object(every, stats)
+        bound = PIPELINE_MODES[mode]
+        if bound is None:
+            mv = cfg.parallel.pipeline.max_versions
+            bound = min(mv if mv is not None else PIPELINE_STAGES, PIPELINE_STAGES) - 1
+        if rank == 0:
+            records.append({
+                "mode": mode, "scenario": "pipeline", "samples_per_s": final["samples_per_s"],
+                "auc": final["auc"], "best_auc": final["best_auc"], "staleness_bound": bound,
+                "max_staleness_observed": max(s[0] for s in every),
+                "mean_staleness": round(sum(s[1] for s in every) / max(sum(s[2] for s in every), 1), 3),
+                "train_seconds": final["train_seconds"], "steps": final["steps"], "world_size": world_size,
+                "batch_per_rank": args.batch, "stages": PIPELINE_STAGES, "micro_batches": PIPELINE_MICRO_BATCHES,
+                "phase_ms_per_step_rank0": final.get("phase_ms_per_step"),
+            })
+        dist.barrier()
+    return records
+
+
 def _print(records: List[Dict[str, Any]]) -> None:
-    print(f"{'scenario':<11} {'mode':<5} {'samples/s':>10} {'AUC':>7} {'best':>7} {'bound':>5} {'max st.':>7} "
+    print(f"{'scenario':<11} {'mode':<15} {'samples/s':>10} {'AUC':>7} {'best':>7} {'bound':>5} {'max st.':>7} "
           f"{'mean st.':>8} {'seconds':>8}")
     for r in records:
-        print(f"{r['scenario']:<11} {r['mode']:<5} {r['samples_per_s']:>10.0f} {r['auc']:>7.4f} {r['best_auc']:>7.4f} "
+        print(f"{r['scenario']:<11} {r['mode']:<15} {r['samples_per_s']:>10.0f} {r['auc']:>7.4f} {r['best_auc']:>7.4f} "
               f"{r['staleness_bound']:>5} {r['max_staleness_observed']:>7} {r['mean_staleness']:>8.2f} "
               f"{r['train_seconds']:>8.2f}")
 
@@ -121,8 +179,8 @@ def plot(records: List[Dict[str, Any]], path: str) -> None:
             ax.annotate(f"AUC {auc:.3f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=7)
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(scenarios))], scenarios)
-    ax.set_ylabel("samples/s (4 ranks)")
-    ax.set_title("BSP vs WSP, one virtual worker per rank")
+    ax.set_ylabel("samples/s (all ranks)")
+    ax.set_title("BSP vs WSP (4 ranks); 1F1B vs asynchronous pipelines (2 stages)")
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -132,7 +190,8 @@ def plot(records: List[Dict[str, Any]], path: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="+", default=list(MODES) + list(PIPELINE_MODES),
+                   choices=list(MODES) + list(PIPELINE_MODES))
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--samples", type=int, default=65536, help="synthetic training samples")
     p.add_argument("--steps", type=int, default=128, help="local steps per rank")
@@ -152,14 +211,22 @@ def main(argv=None) -> int:
     from tests.multiprocess import run_multiprocess
 
     t0 = time.time()
-    records = run_multiprocess(_rank_main, 4, args, timeout_s=3600, collective_timeout_s=600, threads=1,
-                               env={"OMP_NUM_THREADS": "1"})[0]
+    wsp_modes = [m for m in args.modes if m in MODES]
+    pipe_modes = [m for m in args.modes if m in PIPELINE_MODES]
+    records: List[Dict[str, Any]] = []
+    if wsp_modes:
+        args.modes = wsp_modes
+        records += run_multiprocess(_rank_main, 4, args, timeout_s=3600, collective_timeout_s=600, threads=1,
+                                    env={"OMP_NUM_THREADS": "1"})[0]
+    if pipe_modes:
+        records += run_multiprocess(_pipeline_rank_main, PIPELINE_STAGES, args, pipe_modes, timeout_s=3600,
+                                    collective_timeout_s=600, threads=1, env={"OMP_NUM_THREADS": "1"})[0]
     machine = machine_info(args.isa)
     for r in records:
         r["machine"] = machine
     print(describe_machine(machine))
     _print(records)
-    print(f"({time.time() - t0:.0f} s; 4 processes x 1 thread; load average {os.getloadavg()[0]:.1f})")
+    print(f"({time.time() - t0:.0f} s; 4 (WSP) or 2 (pipeline) processes x 1 thread; load average {os.getloadavg()[0]:.1f})")
     if args.json:
         write_json(args.json, records)
     if args.plot:

@@ -6,6 +6,7 @@ Example (a deep top MLP over 4 ranks: 2 pipeline stages x 2 data-parallel replic
       pipeline:
         stages: 2                # ranks per pipeline; world size 4 -> 2 replicas of the pipeline
         schedule: 1f1b           # gpipe | 1f1b | interleaved_1f1b | zero_bubble | chimera | auto
+                                 # | pipedream_async | pipedream_2bw (asynchronous: docs/pipeline.md)
         micro_batches: 4         # per step and pipeline replica; divides stages x train.batch_size
         split: auto              # or [[0, 3], [4, 9]]: first and last layer of every stage
         virtual_stages: 1        # model chunks per rank (interleaved_1f1b: 2 or more)
@@ -42,11 +43,23 @@ class PipelineSchedule(str, enum.Enum):
     CHIMERA = "chimera"
     """Two pipelines in opposite directions, each rank one stage of each (Li and Hoefler 2021):
     Neo's own driver, neo/pipeline/chimera.py."""
+    PIPEDREAM_ASYNC = "pipedream_async"
+    """1F1B without a flush between micro-batches, each stage updating after every backward and
+    stashing the weight version each in-flight micro-batch's forward used (PipeDream, Narayanan et
+    al. 2019): neo/pipeline/async_schedules.py. Asynchronous: not single-process training."""
+    PIPEDREAM_2BW = "pipedream_2bw"
+    """1F1B with two weight buffers: gradients accumulated over a mini-batch, one new version per
+    mini-batch, micro-batches of mini-batch k computing on version k-1 (PipeDream-2BW, Narayanan
+    et al. 2021): neo/pipeline/async_schedules.py. Asynchronous."""
     AUTO = "auto"
     """The schedule the performance model predicts fastest (neo/pipeline/perf_model.py)."""
 
 
-SINGLE_CHUNK = {PipelineSchedule.GPIPE.value, PipelineSchedule.ONE_F_ONE_B.value, PipelineSchedule.CHIMERA.value}
+ASYNC = {PipelineSchedule.PIPEDREAM_ASYNC.value, PipelineSchedule.PIPEDREAM_2BW.value}
+"""Asynchronous schedules: weight versions differ across the micro-batches of a step."""
+
+SINGLE_CHUNK = {PipelineSchedule.GPIPE.value, PipelineSchedule.ONE_F_ONE_B.value,
+                PipelineSchedule.CHIMERA.value} | ASYNC
 """Schedules that run exactly one model chunk per rank and pipeline direction."""
 
 
@@ -58,7 +71,8 @@ class PipelineConfig:
     """Ranks per pipeline replica (1: no pipeline). The world size must be a multiple of it; the
     ``world / stages`` replicas are data-parallel."""
     schedule: str = "1f1b"
-    """``gpipe`` | ``1f1b`` | ``interleaved_1f1b`` | ``zero_bubble`` | ``chimera`` | ``auto``."""
+    """``gpipe`` | ``1f1b`` | ``interleaved_1f1b`` | ``zero_bubble`` | ``chimera`` | ``auto`` (the
+    synchronous ones), or ``pipedream_async`` | ``pipedream_2bw`` (asynchronous; ``stages`` > 1)."""
     micro_batches: int = 4
     """Micro-batches per step of one pipeline replica; must divide the replica's batch of
     ``stages x train.batch_size`` samples (chimera: an even number, half in each direction)."""
@@ -69,6 +83,11 @@ class PipelineConfig:
     virtual_stages: int = 1
     """Model chunks per rank: 1 for gpipe, 1f1b and chimera; 2 or more for interleaved_1f1b;
     any for zero_bubble. Chunk k runs on the pipeline's rank ``k mod stages``."""
+    max_versions: Optional[int] = None
+    """``pipedream_async`` only: weight versions a stage may keep stashed for micro-batches in
+    flight (the staleness bound is ``max_versions - 1``); None: ``stages`` (1F1B's in-flight
+    bound, so no extra constraint). 1: every backward before the next forward (no staleness).
+    ``pipedream_2bw`` always keeps two."""
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +105,14 @@ class PipelineConfig:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{where}.{name}: must be a positive integer, got {getattr(self, name)!r}")
         s, v = self.schedule, int(self.virtual_stages)
+        if self.max_versions is not None:
+            mv = self.max_versions
+            if isinstance(mv, bool) or not isinstance(mv, int) or mv < 1:
+                raise ConfigError(f"{where}.max_versions: must be a positive integer (weight versions a stage "
+                                  f"keeps in flight) or null for stages, got {mv!r}")
+        if s in ASYNC and not self.enabled:
+            raise ConfigError(f"{where}.stages: schedule {s} is asynchronous pipeline parallelism and needs "
+                              f"2 or more stages, got {self.stages}")
         if s == PipelineSchedule.INTERLEAVED_1F1B.value and v < 2:
             raise ConfigError(f"{where}.virtual_stages: schedule interleaved_1f1b needs 2 or more model chunks "
                               f"per rank, got {v} (use 1f1b for one chunk per rank)")

@@ -6,18 +6,21 @@ Launch (``neo train`` dispatches on the config; 4 ranks = 2 stages x 2 replicas 
     neo train configs/pipeline_deep_mlp.yaml          # relaunched under torchrun, one rank per stage
     torchrun --standalone --nproc-per-node 4 -m neo.train configs/pipeline_deep_mlp.yaml
     torchrun --standalone --nproc-per-node 4 -m neo.train configs/pipeline_dcn.yaml parallel.pipeline.schedule=chimera
+    torchrun --standalone --nproc-per-node 2 -m neo.train configs/pipeline_deep_mlp.yaml \
+        parallel.pipeline.schedule=pipedream_async          # or pipedream_2bw (async_schedules.py)
 
 One step on rank r (position p of its pipeline replica; docs/pipeline.md, "Execution")::
 
     1. lookup + output_dist        every rank, its own B samples: pooled (B, F D), as without a pipeline
     2. route (route.py)            pooled rows + dense -> the first chunk's position, labels -> the last's
     3. schedule (schedules.py,     the chunks run the replica's S B samples in M micro-batches;
-       chimera.py)                 the first chunk's input gradient accumulates in a pooled leaf
+       chimera.py,                 the first chunk's input gradient accumulates in a pooled leaf
+       async_schedules.py)         (pipedream_async: each stage's dense update after every backward)
     4. route back                  each position receives its rows of that gradient
     5. embedding backward          pooled.backward(S x grad): the sharded collection's gradient
                                    AlltoAlls and fused updates, over all W ranks
     6. gradient sync               each chunk's gradients summed over its copies, divided by R
-    7. dense optimizer             on this rank's chunks only
+    7. dense optimizer             on this rank's chunks only (pipedream_async: done in step 3)
 
 Gradient scale: a micro-batch's loss is its BCE sum over the replica's S B samples
 (:class:`~neo.pipeline.stages.ReplicaLoss`), so the chunks' gradients add up to the replica
@@ -40,6 +43,7 @@ from torch import nn
 
 from neo.config.embedding import ConfigError
 from neo.config.parallel import PipelineConfig
+from neo.pipeline.async_schedules import ASYNC_SCHEDULES, AsyncPipeline
 from neo.pipeline.chimera import ChimeraPipeline
 from neo.pipeline.layers import layers_of, split_stages
 from neo.pipeline.mesh import DOWN, PipelineGroups, PipelineMesh
@@ -156,6 +160,9 @@ class PipelinedDense:
         loss = ReplicaLoss(S * batch_size)
         if self.schedule_name == "chimera":
             self.runner: Any = ChimeraPipeline(self.chunks, self.groups, M, loss, self.meter)
+        elif self.schedule_name in ASYNC_SCHEDULES:
+            self.runner = AsyncPipeline(self.schedule_name, self.chunks, self.groups, M, loss, self.meter,
+                                        max_versions=cfg.max_versions)
         else:
             self.runner = TorchPipeline(self.schedule_name, self.chunks, self.groups, M, loss, self.meter)
         self.router = SampleRouter(self.groups)
@@ -178,18 +185,36 @@ class PipelinedDense:
         """This rank's trained parameters under their names in ``model``."""
         return {self._names[id(p)]: p for p in self.parameters()}
 
+    @property
+    def updates_inside(self) -> bool:
+        """True when the schedule applies the dense optimizer itself (pipedream_async, after every
+        micro-batch's backward): :meth:`step` then needs the optimizer and the caller must not step it."""
+        return isinstance(self.runner, AsyncPipeline) and self.runner.updates_inside
+
+    @property
+    def version_log(self) -> List[Dict[str, int]]:
+        """Asynchronous schedules: per micro-batch and step, the weight version this rank's stage
+        ran its forward and its backward on, the version sequential training would have used and
+        the staleness (their difference); empty for the synchronous schedules."""
+        return self.runner.version_log() if isinstance(self.runner, AsyncPipeline) else []
+
     # ------------------------------------------------------------------ one step
-    def step(self, dense: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor, timers=_null_timer) -> torch.Tensor:
+    def step(self, dense: torch.Tensor, pooled: torch.Tensor, labels: torch.Tensor, timers=_null_timer,
+             optimizer=None) -> torch.Tensor:
         """Forward and backward of the global batch (this rank's ``dense (B, n)``, ``pooled (B, F D)``
         with its graph to the sharded embeddings, ``labels (B,)``): gradients in every chunk
         parameter's ``.grad`` (synchronised), the embeddings updated by their fused optimizers.
+        pipedream_async (:attr:`updates_inside`) instead applies ``optimizer`` to this rank's chunk
+        inside the schedule, once per micro-batch, and leaves no gradient.
         Returns the global batch's mean loss (on every rank)."""
         for p in self.parameters():
             p.grad = None
         with timers("pipeline_route"):
             routed = self.router.send(dense, pooled, labels)
         with timers("pipeline"):
-            if isinstance(self.runner, ChimeraPipeline):
+            if isinstance(self.runner, AsyncPipeline):
+                local_loss = self.runner.run(routed, self.micro_batch, self.num_dense, self.pooled_width, optimizer)
+            elif isinstance(self.runner, ChimeraPipeline):
                 local_loss = self.runner.run(routed, self.micro_batch, self.num_dense, self.pooled_width)
             else:
                 local_loss = self.runner.run(routed)
@@ -197,8 +222,9 @@ class PipelinedDense:
             grad = self.router.grads(routed, pooled)                   # (B, F D): d(replica mean)/d(pooled)
         with timers("backward"):
             pooled.backward(grad * self.mesh.stages)                   # the collection expects d(rank mean)
-        with timers("pipeline_sync"):
-            self._sync_grads()
+        if not self.updates_inside:                                    # pipedream_async synced each update
+            with timers("pipeline_sync"):
+                self._sync_grads()
         with timers("pipeline_loss"):
             loss = local_loss.reshape(1).clone()
             if self.mesh.world_size > 1:
@@ -224,9 +250,10 @@ class PipelinedDense:
             local = emb.compute(dist_batch)                            # (W B, local columns)
         with timers("output_dist"):
             pooled = emb.output_dist(local, dist_batch).wait()         # (B, F D)
-        loss = self.step(dense, pooled, labels, timers)
-        with timers("optimizer"):
-            optimizer.step()
+        loss = self.step(dense, pooled, labels, timers, optimizer=optimizer)
+        if not self.updates_inside:
+            with timers("optimizer"):
+                optimizer.step()
         return loss
 
     # ------------------------------------------------------------------ whole model on every rank
