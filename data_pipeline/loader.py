@@ -85,6 +85,10 @@ class Batch:
 class ParquetLoader:
     """Iterable over the batches of one epoch of this rank's shard; see the module docstring."""
 
+    trace = None
+    """A ``neo.train.trace.TraceRecorder`` (set by the trainer): batch making and reads become
+    timeline spans. A class default, so that loaders built without this ``__init__`` have it."""
+
     def __init__(self, paths: Union[str, Sequence[str]], options: Optional[LoaderOptions] = None) -> None:
         o = options or LoaderOptions()
         if not (0 <= o.rank < o.world_size):
@@ -114,7 +118,6 @@ class ParquetLoader:
         self._handle: Optional[Tuple[int, pq.ParquetFile]] = None  # the one open file
         self._cache: Optional[Tuple[int, Columns]] = None
         self._const: Dict[Tuple[int, str], torch.Tensor] = {}
-        self.trace = None  # a neo.train.trace.TraceRecorder: batch making and reads become timeline spans
 
     # ----------------------------------------------------------------- bookkeeping
     @property
