@@ -1,12 +1,17 @@
 // DLRM's dot interaction, fused (the math and its register blocking per ISA:
 // csrc/kernels/interaction.h): checks and the pooled layout here, then the active
-// variant's kernel.
+// variant's kernel; output buffers reused across calls (reused_or_empty); and the op with
+// its backward as one C++ autograd node, torch.ops.neo.dot_interaction (what
+// neo.models.DotInteraction calls).
 //
 // Pooled layout: either a contiguous (B, F * D) tensor, or any flat buffer in which feature
 // k of sample b starts at offsets[k] + b * strides[k] (e.g. the source-major output of the
 // pooled AlltoAll, read in place: no assembling copy). Gradients go back in the same layout,
 // multiplied by grad_scale (the sharded collection's 1 / W), into a buffer like `pooled`.
 #include "interaction.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 #include <vector>
 
@@ -57,6 +62,34 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
   return L;
 }
 
+// Output buffers reused from one call to the next on a thread, when nothing holds them any
+// more (the caller dropped the gradients, or the activation, since). A fresh 4 to 27 MB
+// buffer per call lands on new heap pages whenever the allocator's free chunks shift
+// between calls (they do when other tensors of other sizes come and go in between, as in
+// tools/bench_interaction.py), and each first touch of a 4 KiB page is a page fault:
+// backward at B 2048, D 128 then takes 8 to 23 ms instead of 5, faulting in 4 to 27 MB.
+// A slot keeps the storage, not a tensor: the returned tensor is the only one, so autograd
+// still takes it as .grad without copying (AccumulateGrad steals a gradient only when
+// nothing else holds the tensor). A storage is reused only when its slot alone holds it
+// (no tensor, view or Python storage object left) and it has the size wanted. Two slots
+// per output: the previous call's output is often still held when the next call starts
+// (an activation until the step's backward, a loop variable until reassigned).
+struct Slots {
+  c10::Storage s[2];
+};
+
+at::Tensor reused_or_empty(Slots& slots, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  int64_t numel = 1;
+  for (int64_t n : sizes) numel *= n;
+  const size_t nbytes = static_cast<size_t>(numel) * sizeof(float);
+  for (c10::Storage& s : slots.s)
+    if (s && s.unique() && s.nbytes() == nbytes) return at::empty({0}, options).set_(s, 0, sizes);   // contiguous
+  at::Tensor t = at::empty(sizes, options);
+  c10::Storage& free_slot = !slots.s[0] || slots.s[0].unique() ? slots.s[0] : slots.s[1];
+  free_slot = t.storage();
+  return t;
+}
+
 InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F, const Layout& L) {
   InteractionArgs a;
   a.B = dense.size(0);
@@ -75,7 +108,8 @@ at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& po
                                   const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
   const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
-  at::Tensor out = at::empty({B, D + P}, dense.options());
+  thread_local Slots slots;
+  at::Tensor out = reused_or_empty(slots, {B, D + P}, dense.options());
   kernels().interaction_forward(args_of(dense, pooled, F, L), out.data_ptr<float>());
   return out;
 }
@@ -88,11 +122,61 @@ std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
   TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == B && grad_out.size(1) == D + P,
               "neo._C: dot interaction: grad_out must be a contiguous (B, D + P) fp32 CPU tensor");
-  at::Tensor gd = at::empty({B, D}, dense.options());
-  at::Tensor gp = at::empty_like(pooled);   // every element is written (layout_of: the vectors tile it)
+  thread_local Slots dense_slots, pooled_slots;
+  at::Tensor gd = reused_or_empty(dense_slots, {B, D}, dense.options());
+  at::Tensor gp = reused_or_empty(pooled_slots, pooled.sizes(), pooled.options());   // like pooled (contiguous);
+                                                                                    // every element is written
+                                                                                    // (layout_of: the vectors tile it)
   kernels().interaction_backward(args_of(dense, pooled, F, L), grad_out.data_ptr<float>(), gd.data_ptr<float>(),
                                  gp.data_ptr<float>(), static_cast<float>(grad_scale));
   return {gd, gp};
 }
 
+namespace {
+
+// Forward and backward as one autograd node in C++: no Python autograd.Function around the
+// kernels. At B 2048 each step runs with cold caches (the batch streams through), and the
+// Python path's own code and objects cost about 0.15 ms a direction then (the kernels:
+// 1.5 + 2 ms at D 64). The name says "Fused": tests find it in grad_fn.
+class FusedDotInteraction : public torch::autograd::Function<FusedDotInteraction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& dense, const at::Tensor& pooled,
+                            int64_t F, const std::optional<at::Tensor>& offsets,
+                            const std::optional<at::Tensor>& strides, double grad_scale) {
+    const at::Tensor d = dense.contiguous(), p = pooled.contiguous();
+    ctx->save_for_backward({d, p});
+    ctx->saved_data["F"] = F;
+    ctx->saved_data["offsets"] = offsets;
+    ctx->saved_data["strides"] = strides;
+    ctx->saved_data["grad_scale"] = grad_scale;
+    return dot_interaction_forward(d, p, F, offsets, strides);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    auto [gd, gp] = dot_interaction_backward(
+        grads[0].contiguous(), saved[0], saved[1], ctx->saved_data["F"].toInt(),
+        ctx->saved_data["offsets"].toOptional<at::Tensor>(), ctx->saved_data["strides"].toOptional<at::Tensor>(),
+        ctx->saved_data["grad_scale"].toDouble());
+    return {gd, gp, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor dot_interaction(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                           const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides,
+                           double grad_scale) {
+  return FusedDotInteraction::apply(dense, pooled, F, offsets, strides, grad_scale);
+}
+
+}  // namespace
+
 }  // namespace neo
+
+// torch.ops.neo.dot_interaction (after `import neo._C`): the fused op with its backward, the
+// pooled layout and grad_scale as in dot_interaction_forward / _backward.
+TORCH_LIBRARY_FRAGMENT(neo, m) {
+  m.def("dot_interaction(Tensor dense, Tensor pooled, int num_features, Tensor? feature_offsets=None, "
+        "Tensor? feature_strides=None, float grad_scale=1.0) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(neo, CompositeImplicitAutograd, m) { m.impl("dot_interaction", &neo::dot_interaction); }

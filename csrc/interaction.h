@@ -1,4 +1,5 @@
-// DLRM's fused dot interaction on the CPU (interaction.cpp; bound in bindings.cpp).
+// DLRM's fused dot interaction on the CPU (interaction.cpp; bound in bindings.cpp, and as
+// torch.ops.neo.dot_interaction with its backward, registered in interaction.cpp).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -4,26 +4,48 @@
 //     out = [dense, (v_i . v_j for i < j)]         (B, D + P), P = n (n - 1) / 2, pairs in
 //                                                  row-major upper-triangle order
 //
-// without materializing v, the (B, n, n) Gram matrix or the concatenations. Per sample the
-// n vectors (6.9 KB at n 27, D 64) stay in L1; samples are split over the torch threads.
+// without materializing v, the (B, n, n) Gram matrix or the concatenations. Samples are
+// processed one at a time (their n vectors, 6.9 KB at n 27, D 64, stay in L1) and split over
+// the torch threads.
 //
-// Forward: the pair dots are computed in tiles of kFwdR rows x kFwdC columns of the upper
-// triangle (2 x 4 on AVX2 and the baseline, 4 x 4 on AVX-512, with 8-float vectors and
-// 32 registers: the sums plus one vector of each operand row fit the register file). Each
-// step loads kFwdR + kFwdC vectors along D and issues kFwdR * kFwdC fused multiply-adds; at
-// the end the tile's sums are reduced horizontally eight at a time (a transposing tree of
-// hadds) and stored, a row's kFwdC results at once. Tiles on the diagonal compute a few
-// pairs they do not store (12% extra at n 27), instead of transposing v to vectorize along j.
+// Arithmetic per sample: the forward is P dots of D floats (P D fused multiply-adds), the
+// backward grad v_i = sum_{j != i} S[i][j] v_j with S the symmetric pair gradients (2 P D:
+// the symmetric product, each multiply-add needed once). Both kernels issue exactly these
+// and no more (no diagonal, no padding pairs). At n 27: 22.5 k + 44.9 k FMAs per sample at
+// D 64. One Zen 4 core does 16 fp32 FMAs a cycle with AVX2 or with AVX-512 (512-bit
+// operations take both 256-bit pipes; 57 G/s measured at 3.6 GHz), so the floor at B 2048
+// is 0.8 + 1.6 ms at D 64 and 1.6 + 3.2 ms at D 128. Bytes: the forward reads n D and writes
+// D + P floats a sample, the backward reads n D + D + P and writes n D: 17 + 31 MB at B 2048,
+// D 64, which one core streams from DRAM in 0.6 + 1.1 ms (27 GB/s read, 29 read and
+// streaming writes) if the kernels overlap the memory traffic with the arithmetic
+// (NextSample) instead of following it. Measured with the data in L2: the forward at 66% of
+// the FMA peak at D 64 (short dot products: the tiles' reductions and stores weigh) and 80%
+// at D 128 on AVX-512, the backward at 90% (AVX2: 66/72% and 78%).
 //
-// Backward: S (n, n) symmetric with S[i][j] = S[j][i] = the gradient of pair (i, j), zero
-// diagonal; grad v_i = sum_j S[i][j] v_j, in blocks of kBwdR rows x kBwdC vectors of D
-// (6 x 2 on AVX2: 12 sums + 2 operands + 1 broadcast; 6 x 4 on AVX-512), each j a
-// broadcast of S[i][j] times the vectors of v_j. The result is written straight into the
-// (B, D) dense gradient (plus the dense part of grad_out passed through) and the pooled
-// gradient (times grad_scale; streaming stores when it is large, see kStreamBytes).
+// Forward: pair dots in tiles of kFwdR rows x kFwdC columns of the upper triangle (2 x 4 on
+// AVX2 and the baseline, 4 x 4 on AVX-512: the sums plus one 8-float vector of each operand
+// row fit the register file). A row block [i0, i0 + R) starts with the tile on the diagonal
+// (columns i0 + 1 ..), of which only the pairs c >= r exist: the others are masked at
+// compile time (no multiply-add, nothing stored); then whole tiles, and a narrower one at
+// the row's end (the column count a template argument too): exactly P dots. Each step along
+// D loads R + C vectors and issues R * C fused multiply-adds; a tile's sums are reduced
+// horizontally eight at a time (a transposing tree of hadds) and stored row by row (a row's
+// C results are contiguous in the output).
+//
+// Backward: grad v_i = sum_j S[i][j] v_j in blocks of kBwdR rows x kBwdC vectors of D (6 x 2
+// on AVX2: 12 sums + 2 operands + 1 broadcast; 6 x 4 on AVX-512), each j a broadcast of
+// S[i][j] times the vectors of v_j. S is not built: the weights are read in place from the
+// pair gradients (upper-triangle order), in three runs of j per block: j < i0 (S[i][j] =
+// g(j, i), contiguous in i), the block's own rows (unrolled; the zero diagonal skipped), and
+// j >= i0 + R (S[i][j] = g(i, j), one pointer per row). Rows are split into blocks of nearly
+// equal size (27 = 6 + 6 + 5 + 5 + 5: no short block with too few sums to hide the FMA
+// latency). The result is written straight into the (B, D) dense gradient (plus the dense
+// part of grad_out passed through) and the pooled gradient (times grad_scale; streaming
+// stores when it is large, see kStreamBytes).
 //
 // Memory: at B 2048 the inputs (13.6 MB at n 27, D 64) come from DRAM; the next sample's
-// rows are prefetched into L2 while the current one computes (NextSample).
+// rows (and pair gradients) are prefetched into L2 while the current one computes
+// (NextSample).
 //
 // FMA is used (vfmadd); the result differs from torch's bmm path by summation order and
 // rounding only (tested against the formula in float64). D not a multiple of kW: the last
@@ -40,112 +62,204 @@ inline void sample_rows(const InteractionArgs& a, int64_t b, const float** v) {
   for (int64_t k = 0; k < a.F; ++k) v[k + 1] = a.pooled + a.off[k] + b * a.stride[k];
 }
 
-// Prefetches of the next sample, spread over the current one's row blocks: `parts` calls
-// part(0 .. parts - 1) together bring its vectors (and, in the backward, its pair gradients
-// and its output rows, with write intent) into L2. A sample's rows are read in a strided
-// order the hardware prefetchers do not follow across samples; one burst of all its lines
-// at once would overflow the miss buffers, so each row block issues its share. Into L2,
-// not L1: L2 keeps more misses in flight (backward, B 2048, D 64, AVX2: 4.2 ms with L2
-// prefetches of the next sample, 6.5 with L1 prefetches, 5.4 without).
-struct NextSample {
-  const float* in[256];
-  float* out[256];            // null: none (forward)
-  const float* grad = nullptr;
-  int64_t n = 0, row_bytes = 0, grad_bytes = 0;
+// Index of pair (i, j), i < j, in row-major upper-triangle order, minus j: the pair
+// gradient of (i, j) is g[pair_base(i, n) + j].
+inline int64_t pair_base(int64_t i, int64_t n) { return i * (n - 1) - i * (i - 1) / 2 - i - 1; }
 
-  NextSample(const InteractionArgs& a, int64_t b, int64_t b1, float* grad_pooled, const float* grad_out,
-             int64_t grad_floats) {
-    if (b >= b1) return;   // n = 0: nothing to prefetch
-    n = a.F + 1;
-    row_bytes = a.D * 4;
-    sample_rows(a, b, in);
-    out[0] = nullptr;
-    for (int64_t k = 0; k < a.F; ++k) out[k + 1] = grad_pooled ? grad_pooled + a.off[k] + b * a.stride[k] : nullptr;
-    if (grad_out) {
-      grad = grad_out + b * grad_floats;
-      grad_bytes = grad_floats * 4;
+// Prefetches of the next sample into L2 while the current one computes: its n vectors and,
+// in the backward, its pair gradients, spread over the current sample's work in Q shares
+// (a burst of all of a sample's lines at once overflows the miss buffers: the forward at
+// B 2048, D 128, AVX-512 then takes 3.7 ms instead of 2.5). Into L2, not L1: prefetcht0 or
+// prefetchnta bring in the next sample over the current one (4.2 ms; without prefetches
+// 4.9; the arithmetic alone about 2.0). The prefetches are asm statements
+// (prefetch_lines_l2_kept): gcc deleted these loops of __builtin_prefetch.
+//
+// Share q of Q is either one burst of whole rows and pair-gradient lines (part(q): the
+// forward, per row block; the backward on AVX2 and the baseline, per gradient block) or,
+// where a gradient block's steps are long enough to carry a prefetch each (AVX-512: 24
+// multiply-adds of 16 floats a step; AVX2's 12 of 8 slow down by a tenth), a line or a
+// few of row j at each step j (row_share(q).row(j)) plus a burst of pair-gradient lines
+// (grad_part(q)). Where the shares start is computed once per call (Plan): no divisions
+// per sample.
+class NextSample {
+ public:
+  struct Plan {
+    std::vector<int64_t> row, grad_line, row_byte;   // share q: rows [row[q], row[q + 1]), ...
+    Plan(int64_t n, int64_t D, int64_t grad_floats, int64_t Q) : row(Q + 1), grad_line(Q + 1), row_byte(Q + 1) {
+      if (Q == 0) return;   // D < kW: no vector blocks, no shares
+      const int64_t L = (D * 4 + 63) / 64, G = (grad_floats * 4 + 63) / 64;
+      for (int64_t q = 0; q <= Q; ++q) {
+        row[q] = n * q / Q;
+        grad_line[q] = G * q / Q;
+        row_byte[q] = L * q / Q * 64;
+      }
     }
+  };
+
+  NextSample(const InteractionArgs& a, int64_t b, int64_t b1, const float* grad_out, int64_t grad_floats,
+             const Plan& plan)
+      : plan_(plan) {
+    if (b >= b1) return;   // no next sample: nothing to prefetch
+    n_ = a.F + 1;
+    sample_rows(a, b, row_);
+    row_bytes_ = a.D * 4;
+    if (grad_out) grad_ = reinterpret_cast<const char*>(grad_out + b * grad_floats);
   }
-  void part(int64_t k, int64_t parts) const {
-    for (int64_t r = n * k / parts; r < n * (k + 1) / parts; ++r) {
-      prefetch_row_l2(in[r], row_bytes);
-      if (out[r]) prefetch_row_w_l2(out[r], row_bytes);
-    }
-    if (grad) {
-      const int64_t lo = grad_bytes * k / parts / 64 * 64, hi = grad_bytes * (k + 1) / parts;
-      prefetch_row_l2(reinterpret_cast<const char*>(grad) + lo, hi - lo);
-    }
+
+  // Share q at once: whole rows and pair-gradient lines.
+  void part(int64_t q) const {
+    if (n_ == 0) return;
+    for (int64_t r = plan_.row[q]; r < plan_.row[q + 1]; ++r) prefetch_lines_l2_kept(row_[r], row_bytes_);
+    grad_part(q);
   }
+  // Share q of the pair gradients.
+  void grad_part(int64_t q) const {
+    if (grad_) prefetch_lines_l2_kept(grad_ + plan_.grad_line[q] * 64, (plan_.grad_line[q + 1] - plan_.grad_line[q]) * 64);
+  }
+  // Share q per step: bytes [lo, hi) of row j at step j (a line, a few, or none).
+  struct RowShare {
+    const float* const* rows = nullptr;
+    int64_t lo = 0, hi = 0;
+    void row(int64_t j) const {
+      if (hi > lo) prefetch_lines_l2_kept(reinterpret_cast<const char*>(rows[j]) + lo, hi - lo);
+    }
+  };
+  RowShare row_share(int64_t q) const {
+    return n_ == 0 ? RowShare{} : RowShare{row_, plan_.row_byte[q], plan_.row_byte[q + 1]};
+  }
+
+ private:
+  const Plan& plan_;
+  const float* row_[256];
+  const char* grad_ = nullptr;
+  int64_t n_ = 0, row_bytes_ = 0;   // n_ = 0: no next sample
 };
 
-// Dot products of R rows with C columns over D floats: res[r * C + c] = ri[r] . cj[c]
-// (R * C a multiple of 8: the sums are reduced eight at a time).
-template <int R, int C>
-inline void dot_tile(const float* const* ri, const float* const* cj, int64_t D, float* res) {
-  static_assert((R * C) % 8 == 0, "pair tiles reduce eight sums at a time");
-  pv acc[R * C];
-  for (int q = 0; q < R * C; ++q) acc[q] = pzero();
-  const int64_t Dv = D / kPW * kPW;
-  for (int64_t d = 0; d < Dv; d += kPW) {
-    pv x[R], y[C];
-    for (int r = 0; r < R; ++r) x[r] = pload(ri[r] + d);
-    for (int c = 0; c < C; ++c) {
-      y[c] = pload(cj[c] + d);
-      keep_in_register(y[c]);   // else gcc folds the load into each of the R multiply-adds: R times the loads
-    }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r * C + c] = pfmadd(x[r], y[c], acc[r * C + c]);
-  }
-  for (int q = 0; q < R * C; q += 8) hsum8(acc + q, res + q);
-  for (int64_t d = Dv; d < D; ++d)
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) res[r * C + c] += ri[r][d] * cj[c][d];
+// The current sample's rows from L2 (where NextSample put them) into L1 at once, as it
+// starts: its first row block reads every row, and one miss after another to L2 there costs
+// more than a burst of prefetches that hit L2 (B 2048, D 64, AVX2: forward and backward each
+// about 5 to 8% faster). Only for samples of at most kL1Burst bytes (6.9 KB at n 27, D 64):
+// at D 128 (13.8 KB) the burst is no faster, or slower.
+constexpr int64_t kL1Burst = 8 << 10;
+inline void rows_into_l1(const float* const* v, int64_t n, int64_t D) {
+  if (n * D * 4 > kL1Burst) return;
+  for (int64_t r = 0; r < n; ++r) prefetch_lines_l1_kept(v[r], D * 4);
 }
 
-// out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order. Tiles of R rows
-// x C columns start at j = i0 + 1; a tile wholly above the diagonal and inside the matrix
-// stores each row's C results at once (contiguous in the output), the others pair by pair.
-inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, const NextSample& next) {
-  constexpr int R = kFwdR, C = kFwdC;
-  const int64_t blocks = (n - 1 + R - 1) / R;
-  for (int64_t i0 = 0; i0 < n - 1; i0 += R) {
-    next.part(i0 / R, blocks);
-    const float* ri[R];
-    for (int r = 0; r < R; ++r) ri[r] = v[std::min<int64_t>(i0 + r, n - 1)];   // past the end: computed, not stored
-    float* row[R];                                                            // row[r][j] = pair (i0 + r, j)
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = i0 + r;
-      row[r] = out + i * (n - 1) - i * (i - 1) / 2 - i - 1;
+// The backward's prefetch per step (NextSample): where a gradient block step has at least
+// 256 floats of multiply-adds.
+constexpr bool kPrefetchPerStep = kBwdR * kBwdC * kW >= 256;
+
+// ------------------------------------------------------------------------------ forward
+
+// The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
+// triangle, over the first Dv (a multiple of kPW) of the D columns:
+// out[pair (i0 + r, j0 + c)] = v_{i0 + r} . v_{j0 + c}. DIAG: the tile on the diagonal
+// (j0 = i0 + 1), where only c >= r are pairs; the others are neither computed nor stored.
+// `row[r] + j` is where pair (i0 + r, j) goes.
+template <int R, int C, bool DIAG>
+inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
+  constexpr int K = (R * C + 7) / 8 * 8;   // sums reduced eight at a time; the padding stays zero
+  pv acc[K];
+  NEO_UNROLL
+  for (int q = 0; q < K; ++q) acc[q] = pzero();
+  for (int64_t d = 0; d < Dv; d += kPW) {
+    pv x[R], y[C];
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r) x[r] = pload(ri[r] + d);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) {
+      pv t = pload(cj[c] + d);
+      keep_in_register(t);   // else gcc folds the load into each of the R multiply-adds: R times the loads
+      y[c] = t;              // (on a copy: an asm operand in the array would keep the array in memory)
     }
-    for (int64_t j0 = i0 + 1; j0 < n; j0 += C) {
-      const float* cj[C];
-      for (int c = 0; c < C; ++c) cj[c] = v[std::min<int64_t>(j0 + c, n - 1)];
-      float res[R * C];
-      dot_tile<R, C>(ri, cj, D, res);
-      if (j0 >= i0 + R && j0 + C <= n && i0 + R <= n - 1) {
-        for (int r = 0; r < R; ++r) std::memcpy(row[r] + j0, res + r * C, C * sizeof(float));
-        continue;
-      }
-      for (int r = 0; r < R && i0 + r < n - 1; ++r) {   // row r keeps columns j0 + c with i0 + r < j0 + c < n
-        const int64_t c_hi = std::min<int64_t>(C, n - j0);
-        for (int64_t c = std::max<int64_t>(0, i0 + r + 1 - j0); c < c_hi; ++c) row[r][j0 + c] = res[r * C + c];
-      }
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r)
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c)
+        if (!DIAG || c >= r) acc[r * C + c] = pfmadd(x[r], y[c], acc[r * C + c]);
+  }
+  alignas(32) float res[K];
+  NEO_UNROLL
+  for (int q = 0; q < K; q += 8) hsum8(acc + q, res + q);
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) {
+    if (DIAG) {
+      NEO_UNROLL
+      for (int c = r; c < C; ++c) row[r][j0 + c] = res[r * C + c];
+    } else {
+      std::memcpy(row[r] + j0, res + r * C, C * sizeof(float));
     }
   }
+}
+
+// pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
+template <int R, bool DIAG, int C = kFwdC>
+inline void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
+                         int64_t nc) {
+  if constexpr (C > 1) {
+    if (nc < C) return pair_tile_nc<R, DIAG, C - 1>(ri, cj, Dv, row, j0, nc);
+  }
+  pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0);
+}
+
+// Row block [i0, i0 + R): the tile on the diagonal, whole tiles, a narrower one at the end.
+template <int R>
+inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0, float* out) {
+  constexpr int C = kFwdC;
+  float* row[R];   // row[r][j] = pair (i0 + r, j)
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) row[r] = out + pair_base(i0 + r, n);
+  const float* const* ri = v + i0;
+  int64_t j0 = i0 + 1;
+  pair_tile_nc<R, true>(ri, v + j0, Dv, row, j0, n - j0);   // n - j0 >= R: every row has a pair
+  for (j0 += C; j0 + C <= n; j0 += C) pair_tile<R, C, false>(ri, v + j0, Dv, row, j0);
+  if (j0 < n) pair_tile_nc<R, false>(ri, v + j0, Dv, row, j0, n - j0);
+}
+template <int R = kFwdR>
+inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out) {
+  if constexpr (R > 1) {
+    if (nr < R) return pair_row_block_r<R - 1>(v, n, Dv, i0, nr, out);
+  }
+  pair_row_block<R>(v, n, Dv, i0, out);
+}
+
+// Row blocks of the forward (the shares of its prefetches).
+inline int64_t pair_row_blocks(int64_t n) { return (n - 1 + kFwdR - 1) / kFwdR; }
+
+// out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
+// row n - 1 has no pair to its right); the last D % kPW columns added in scalar code.
+inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next) {
+  const int64_t Dv = D / kPW * kPW;
+  for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += kFwdR) {
+    next.part(k);
+    pair_row_block_r(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
+  }
+  if (Dv == D) return;
+  for (int64_t i = 0, p = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j, ++p) {
+      float s = 0.0f;
+      for (int64_t d = Dv; d < D; ++d) s += v[i][d] * v[j][d];
+      out[p] += s;
+    }
 }
 
 void interaction_forward(const InteractionArgs& a, float* out) {
   const int64_t D = a.D, n = a.F + 1, P = n * (n - 1) / 2;
+  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n));   // a share per row block
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
+      rows_into_l1(v, n, D);
       float* o = out + b * (D + P);
       std::memcpy(o, v[0], D * sizeof(float));
-      pair_dots(v, n, D, o + D, NextSample(a, b + 1, b1, nullptr, nullptr, 0));
+      pair_dots(v, n, D, o + D, NextSample(a, b + 1, b1, nullptr, 0, plan));
     }
   });
 }
+
+// ------------------------------------------------------------------------------ backward
 
 // Where block rows go: row 0 (dense) = add0 + sum; rows k >= 1 = sum * scale.
 struct GradOut {
@@ -155,114 +269,166 @@ struct GradOut {
   bool stream;
 };
 
-// Rows [i0, i0 + R) x columns [d0, d0 + C * kW) of S v.
+// acc[r][.] += w_r * x[.] for the R rows of a block.
+template <int R, int C>
+inline void grad_step(vf (&acc)[R][C], const vf (&x)[C], const float* w, int64_t w_stride) {
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const vf wr = vset1(w[r * w_stride]);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = vfmadd(wr, x[c], acc[r][c]);
+  }
+}
+
+// Rows [i0, i0 + R) x columns [d0, d0 + C * kW) of S v, the weights S[i][j] read from the
+// pair gradients g (upper-triangle order) in place; next.row(j) at each j.
 template <int R, int C, bool STREAM>
-inline void grad_block(const float* const* v, int64_t n, const float* S, int64_t i0, int64_t d0, const GradOut& g) {
+inline void grad_block(const float* const* v, int64_t n, const float* g, int64_t i0, int64_t d0, const GradOut& go,
+                       const NextSample::RowShare& next) {
   vf acc[R][C];
+  NEO_UNROLL
   for (int r = 0; r < R; ++r)
+    NEO_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = vzero();
-  for (int64_t j = 0; j < n; ++j) {
-    vf x[C];
+  vf x[C];
+  // j < i0: S[i0 + r][j] = g(j, i0 + r) = g[pair_base(j) + i0 + r], contiguous in r.
+  int64_t base_j = pair_base(0, n);
+  for (int64_t j = 0; j < i0; ++j) {
+    if constexpr (kPrefetchPerStep) next.row(j);
+    NEO_UNROLL
     for (int c = 0; c < C; ++c) x[c] = vload(v[j] + d0 + c * kW);
-    const float* s = S + i0 * n + j;
+    grad_step<R, C>(acc, x, g + base_j + i0, 1);
+    base_j += n - 2 - j;   // pair_base(j + 1)
+  }
+  // The block's own rows j = i0 + k: S[i0 + r][j] = g(min, max), zero on the diagonal.
+  int64_t base_r[R];
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) base_r[r] = pair_base(i0 + r, n);
+  NEO_UNROLL
+  for (int k = 0; k < R; ++k) {
+    if constexpr (kPrefetchPerStep) next.row(i0 + k);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) x[c] = vload(v[i0 + k] + d0 + c * kW);
+    NEO_UNROLL
     for (int r = 0; r < R; ++r) {
-      const vf w = vset1(s[r * n]);
+      if (r == k) continue;
+      const vf w = vset1(r < k ? g[base_r[r] + i0 + k] : g[base_r[k] + i0 + r]);
+      NEO_UNROLL
       for (int c = 0; c < C; ++c) acc[r][c] = vfmadd(w, x[c], acc[r][c]);
     }
   }
-  const vf scale = vset1(g.scale);
+  // j >= i0 + R: S[i0 + r][j] = g(i0 + r, j) = g[pair_base(i0 + r) + j]: one row of g per r.
+  const float* gr[R];
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) gr[r] = g + base_r[r];
+  for (int64_t j = i0 + R; j < n; ++j) {
+    if constexpr (kPrefetchPerStep) next.row(j);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) x[c] = vload(v[j] + d0 + c * kW);
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const vf w = vset1(gr[r][j]);
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c) acc[r][c] = vfmadd(w, x[c], acc[r][c]);
+    }
+  }
+  const vf scale = vset1(go.scale);
+  NEO_UNROLL
   for (int r = 0; r < R; ++r) {
     const int64_t i = i0 + r;
+    NEO_UNROLL
     for (int c = 0; c < C; ++c) {
       const int64_t d = d0 + c * kW;
-      const vf x = i == 0 ? vadd(vload(g.add0 + d), acc[r][c]) : vmul(acc[r][c], scale);
-      if (STREAM && i != 0) vstream(g.out[i] + d, x);
-      else vstore(g.out[i] + d, x);
+      const vf y = i == 0 ? vadd(vload(go.add0 + d), acc[r][c]) : vmul(acc[r][c], scale);
+      if (STREAM && i != 0) vstream(go.out[i] + d, y);
+      else vstore(go.out[i] + d, y);
     }
   }
 }
 
 // Compile-time C for the columns' remainder, then R.
 template <int R, int C = kBwdC>
-inline void grad_block_c(const float* const* v, int64_t n, const float* S, int64_t i0, int64_t d0, int nc,
-                         const GradOut& g) {
-  if constexpr (C <= 1) {
-    if (g.stream) grad_block<R, 1, true>(v, n, S, i0, d0, g);
-    else grad_block<R, 1, false>(v, n, S, i0, d0, g);
-  } else {
-    if (nc < C) grad_block_c<R, C - 1>(v, n, S, i0, d0, nc, g);
-    else if (g.stream) grad_block<R, C, true>(v, n, S, i0, d0, g);
-    else grad_block<R, C, false>(v, n, S, i0, d0, g);
+inline void grad_block_c(const float* const* v, int64_t n, const float* g, int64_t i0, int64_t d0, int64_t nc,
+                         const GradOut& go, const NextSample::RowShare& next) {
+  if constexpr (C > 1) {
+    if (nc < C) return grad_block_c<R, C - 1>(v, n, g, i0, d0, nc, go, next);
   }
+  if (go.stream) grad_block<R, C, true>(v, n, g, i0, d0, go, next);
+  else grad_block<R, C, false>(v, n, g, i0, d0, go, next);
 }
 template <int R = kBwdR>
-inline void grad_block_rc(const float* const* v, int64_t n, const float* S, int64_t i0, int64_t d0, int nr, int nc,
-                          const GradOut& g) {
-  if constexpr (R <= 1) {
-    grad_block_c<1>(v, n, S, i0, d0, nc, g);
-  } else {
-    if (nr >= R) grad_block_c<R>(v, n, S, i0, d0, nc, g);
-    else grad_block_rc<R - 1>(v, n, S, i0, d0, nr, nc, g);
+inline void grad_block_rc(const float* const* v, int64_t n, const float* g, int64_t i0, int64_t d0, int64_t nr,
+                          int64_t nc, const GradOut& go, const NextSample::RowShare& next) {
+  if constexpr (R > 1) {
+    if (nr < R) return grad_block_rc<R - 1>(v, n, g, i0, d0, nr, nc, go, next);
   }
+  grad_block_c<R>(v, n, g, i0, d0, nc, go, next);
 }
 
-// grad v_i = sum_j S[i][j] v_j for every i, written as GradOut says.
-inline void grad_rows(const float* const* v, int64_t n, int64_t D, const float* S, const GradOut& g,
-                      const NextSample& next) {
-  const int64_t Dv = D / kW * kW;
-  const int64_t blocks = (n + kBwdR - 1) / kBwdR;
-  for (int64_t i0 = 0; i0 < n; i0 += kBwdR) {
-    next.part(i0 / kBwdR, blocks);
-    const int nr = static_cast<int>(std::min<int64_t>(kBwdR, n - i0));
-    for (int64_t d0 = 0; d0 < Dv; d0 += kBwdC * kW) {
-      const int nc = static_cast<int>(std::min<int64_t>(kBwdC, (Dv - d0) / kW));
-      grad_block_rc(v, n, S, i0, d0, nr, nc, g);
+// Row blocks of a sample: n / blocks or n / blocks + 1 rows each, at most kBwdR.
+inline int64_t grad_row_blocks(int64_t n) { return (n + kBwdR - 1) / kBwdR; }
+
+// Gradient blocks of a sample (the backward's shares of the prefetches).
+inline int64_t grad_blocks(int64_t n, int64_t D) { return grad_row_blocks(n) * ((D / kW + kBwdC - 1) / kBwdC); }
+
+// grad v_i = sum_j S[i][j] v_j for every i, written as GradOut says; g: the sample's pair
+// gradients (P floats, upper-triangle order); S: n * n floats of scratch where D % kW != 0.
+inline void grad_rows(const float* const* v, int64_t n, int64_t D, const float* g, const GradOut& go,
+                      NextSample&& next, float* S) {
+  const int64_t Dv = D / kW * kW, blocks = grad_row_blocks(n);
+  for (int64_t k = 0, q = 0; k < blocks; ++k) {
+    const int64_t i0 = n * k / blocks, nr = n * (k + 1) / blocks - i0;
+    for (int64_t d0 = 0; d0 < Dv; d0 += kBwdC * kW, ++q) {
+      NextSample::RowShare rows;
+      if constexpr (kPrefetchPerStep) {
+        next.grad_part(q);
+        rows = next.row_share(q);
+      } else {
+        next.part(q);
+      }
+      grad_block_rc(v, n, g, i0, d0, nr, std::min<int64_t>(kBwdC, (Dv - d0) / kW), go, rows);
     }
   }
-  for (int64_t i = 0; i < n; ++i)   // the last D % kW columns
+  if (Dv == D) return;
+  // The last D % kW columns, in scalar code, with S (n, n) written out: S[i][j] = the pair
+  // gradient of (min(i, j), max(i, j)), zero on the diagonal.
+  for (int64_t i = 0; i < n; ++i) {
+    S[i * n + i] = 0.0f;
+    for (int64_t j = i + 1; j < n; ++j) S[i * n + j] = S[j * n + i] = g[pair_base(i, n) + j];
+  }
+  for (int64_t i = 0; i < n; ++i)
     for (int64_t d = Dv; d < D; ++d) {
       float acc = 0.0f;
       for (int64_t j = 0; j < n; ++j) acc += S[i * n + j] * v[j][d];
-      g.out[i][d] = i == 0 ? g.add0[d] + acc : acc * g.scale;
+      go.out[i][d] = i == 0 ? go.add0[d] + acc : acc * go.scale;
     }
-}
-
-// S (n, n), symmetric, zero diagonal, from the pair gradients gp (row-major upper
-// triangle): row segments copied, then the lower triangle transposed from the upper.
-inline void pair_matrix(const float* gp, int64_t n, float* S) {
-  for (int64_t i = 0; i < n; ++i) {
-    S[i * n + i] = 0.0f;
-    std::memcpy(S + i * n + i + 1, gp, (n - 1 - i) * sizeof(float));
-    gp += n - 1 - i;
-  }
-  for (int64_t i = 1; i < n; ++i)
-    for (int64_t j = 0; j < i; ++j) S[i * n + j] = S[j * n + i];
 }
 
 // The pooled gradient is written with non-temporal (streaming) stores when it is large
 // (at least kStreamBytes) and its rows are aligned to the vector width: no read for
 // ownership of lines about to be overwritten, and megabytes of gradient do not evict the
-// cache's working set (backward at B 2048, D 64: about 10% faster).
+// cache's working set (backward at B 2048: 5% faster at D 64, 25% at D 128).
 constexpr int64_t kStreamBytes = int64_t(4) << 20;
 
 void interaction_backward(const InteractionArgs& a, const float* grad_out, float* grad_dense, float* grad_pooled,
                           float scale) {
   const int64_t D = a.D, n = a.F + 1, P = n * (n - 1) / 2;
+  const NextSample::Plan plan(n, D, D + P, grad_blocks(n, D));   // a share per gradient block
   const bool large = a.B * a.F * D * 4 >= kStreamBytes && D % kW == 0;
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
-    std::vector<float> S(n * n);
     const float* v[256];
     float* outs[256];
+    std::vector<float> S(D % kW ? n * n : 0);
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
+      rows_into_l1(v, n, D);
       const float* g = grad_out + b * (D + P);
-      pair_matrix(g + D, n, S.data());
       outs[0] = grad_dense + b * D;
       for (int64_t k = 0; k < a.F; ++k) outs[k + 1] = grad_pooled + a.off[k] + b * a.stride[k];
       bool stream = large;
       for (int64_t k = 1; k <= a.F && stream; ++k) stream = reinterpret_cast<uintptr_t>(outs[k]) % (kW * 4) == 0;
-      grad_rows(v, n, D, S.data(), GradOut{outs, g, scale, stream},
-                NextSample(a, b + 1, b1, grad_pooled, grad_out, D + P));
+      grad_rows(v, n, D, g + D, GradOut{outs, g, scale, stream}, NextSample(a, b + 1, b1, grad_out, D + P, plan),
+                S.data());
     }
     vsfence();
   });

@@ -156,6 +156,10 @@ inline void hsum8(const pv* a, float* out) {
 }
 #endif
 
+// Full unrolling of a loop over a tile's compile-time rows or columns, so that its array of
+// vector sums lives in registers (gcc keeps a partly unrolled one in memory).
+#define NEO_UNROLL _Pragma("GCC unroll 32")
+
 // Every 64-byte line of [p, p + bytes): WRITE = with write intent; LOCALITY 3 = into L1,
 // 1 = into L2 only (the far prefetches, which keep more misses in flight).
 template <int WRITE, int LOCALITY>
@@ -167,5 +171,33 @@ inline void prefetch_row(const void* p, int64_t bytes) { prefetch_lines<0, 3>(p,
 inline void prefetch_row_w(const void* p, int64_t bytes) { prefetch_lines<1, 3>(p, bytes); }
 inline void prefetch_row_l2(const void* p, int64_t bytes) { prefetch_lines<0, 1>(p, bytes); }
 inline void prefetch_row_w_l2(const void* p, int64_t bytes) { prefetch_lines<1, 1>(p, bytes); }
+
+// Read prefetches of every 64-byte line of [p, p + bytes) into L2 (prefetcht2) that the
+// compiler must keep: an asm statement on x86-64 (prefetcht* are SSE, so every variant),
+// __builtin_prefetch elsewhere. gcc 12 (-O2 and -O3) deletes a loop of __builtin_prefetch
+// whose addresses are loaded from a local array of pointers, as if it did nothing: the dot
+// interaction's prefetches of the next sample's rows (csrc/kernels/interaction.h) were
+// compiled to nothing that way.
+inline void prefetch_lines_l2_kept(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht2 %0" : : "m"(c[o]));
+#else
+    __builtin_prefetch(c + o, 0, 1);
+#endif
+  }
+}
+// The same into L1 (prefetcht0).
+inline void prefetch_lines_l1_kept(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(c[o]));
+#else
+    __builtin_prefetch(c + o, 0, 3);
+#endif
+  }
+}
 
 NEO_KERNELS_END

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 from torch import nn
@@ -61,28 +61,19 @@ def as_tensor(pooled) -> torch.Tensor:
     return pooled.tensor() if isinstance(pooled, PooledPieces) else pooled
 
 
-class _FusedDotInteraction(torch.autograd.Function):
-    """``[dense, pairwise dots]`` in one C++ kernel each way (``csrc/interaction.cpp``): no
-    concatenated (B, n, D) copy, no (B, n, n) Gram matrix, gradients written straight into
-    ``(B, D)`` and the pooled layout (``(B, F * D)``, or a :class:`PooledPieces` buffer read in
-    place). fp32 CPU tensors only."""
-
-    @staticmethod
-    def forward(ctx, dense: torch.Tensor, pooled: torch.Tensor, num_features: int, kernels,
-                offsets: Optional[torch.Tensor] = None, strides: Optional[torch.Tensor] = None,
-                grad_scale: float = 1.0) -> torch.Tensor:
-        dense, pooled = dense.contiguous(), pooled.contiguous()
-        ctx.save_for_backward(dense, pooled)
-        ctx.num_features, ctx.kernels = num_features, kernels
-        ctx.layout = (offsets, strides, grad_scale)
-        return kernels.dot_interaction_forward(dense, pooled, num_features, offsets, strides)   # (B, D + P)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        dense, pooled = ctx.saved_tensors
-        grad_dense, grad_pooled = ctx.kernels.dot_interaction_backward(
-            grad_out.contiguous(), dense, pooled, ctx.num_features, *ctx.layout)
-        return grad_dense, grad_pooled, None, None, None, None, None
+def _fused_op_built() -> bool:
+    """Whether ``neo._C`` is built with ``torch.ops.neo.dot_interaction`` (csrc/interaction.cpp):
+    ``[dense, pairwise dots]`` in one C++ kernel each way, with its backward as a C++ autograd
+    node. No concatenated (B, n, D) copy, no (B, n, n) Gram matrix, gradients written straight
+    into ``(B, D)`` and the pooled layout (``(B, F * D)``, or a :class:`PooledPieces` buffer
+    read in place). fp32 CPU tensors only."""
+    if cpu_kernels("dot_interaction_forward") is None:
+        return False
+    try:
+        torch.ops.neo.dot_interaction
+    except (AttributeError, RuntimeError):   # a build of older sources
+        return False
+    return True
 
 
 class DotInteraction(nn.Module):
@@ -94,9 +85,9 @@ class DotInteraction(nn.Module):
 
     Two implementations of the same function: ``kernel="torch"``, the reference (a
     concatenation, one bmm and a gather: any device and dtype, autocast included), and on
-    fp32 CPU tensors outside autocast, ``kernel="auto"`` takes the fused C++ kernel of
-    ``neo._C`` when it is built (about 3x faster forward+backward at DLRM's shapes). The two
-    agree to fp32 rounding (the summation order differs).
+    fp32 CPU tensors outside autocast, ``kernel="auto"`` takes the fused C++ kernels of
+    ``neo._C`` when it is built (about 4 to 5x faster forward+backward at DLRM's shapes on one
+    thread: docs/benchmarks.md). The two agree to fp32 rounding (the summation order differs).
     """
 
     def __init__(self, num_features: int, dim: int, kernel: str = "auto"):
@@ -104,7 +95,7 @@ class DotInteraction(nn.Module):
         if kernel not in ("auto", "torch"):
             raise ValueError(f"DotInteraction kernel must be 'auto' or 'torch', got {kernel!r}")
         self.num_features, self.dim = num_features, dim
-        self._kernels = cpu_kernels("dot_interaction_forward") if kernel == "auto" else None
+        self._fused = kernel == "auto" and _fused_op_built()
         n = num_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("flat_pairs", rows * n + cols, persistent=False)   # (P,) into a flat (n, n)
@@ -116,12 +107,12 @@ class DotInteraction(nn.Module):
     def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
         pieces = isinstance(pooled, PooledPieces)
         flat = pooled.flat if pieces else pooled
-        if (self._kernels is not None and dense.device.type == "cpu" and dense.dtype == torch.float32
+        if (self._fused and dense.device.type == "cpu" and dense.dtype == torch.float32
                 and flat.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
             if pieces:
-                return _FusedDotInteraction.apply(dense, flat, self.num_features, self._kernels, pooled.offsets,
-                                                  pooled.strides, pooled.grad_scale)
-            return _FusedDotInteraction.apply(dense, pooled, self.num_features, self._kernels)
+                return torch.ops.neo.dot_interaction(dense, flat, self.num_features, pooled.offsets, pooled.strides,
+                                                     pooled.grad_scale)
+            return torch.ops.neo.dot_interaction(dense, pooled, self.num_features)        # (B, D + P)
         pooled = as_tensor(pooled)
         B = dense.shape[0]
         vectors = torch.cat([dense.unsqueeze(1), pooled.view(B, self.num_features, self.dim)], dim=1)  # (B, F+1, D)

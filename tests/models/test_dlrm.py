@@ -52,7 +52,7 @@ def test_fused_dot_interaction_matches_the_formula_in_float64(F, D, isa):
     Shapes cover pair tiles and row blocks with remainders (n = F + 1 from 2 to 41), D a
     multiple of the vector width (4, 8, 16 floats) or not (the scalar tail columns), and
     remainders of the backward's column blocks."""
-    assert DotInteraction(F, D)._kernels is not None, "neo._C is not built"
+    assert DotInteraction(F, D)._fused, "neo._C is not built"
     with use_cpu_isa(isa):
         _fused_against_float64(F, D)
 
@@ -76,7 +76,7 @@ def _fused_against_float64(F, D, B=37):
                                for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
     d32, p32 = dense.clone().requires_grad_(), pooled.clone().requires_grad_()
     out = DotInteraction(F, D)(d32, p32)
-    assert out.grad_fn is not None and "Fused" in type(out.grad_fn).__name__
+    assert out.grad_fn is not None and "FusedDotInteraction" in out.grad_fn.name()
     torch.testing.assert_close(out.double(), plain, rtol=1e-5, atol=1e-5)
     g = torch.randn(out.shape)
     expected = torch.autograd.grad(plain, (d64, p64), g.double())
@@ -93,10 +93,51 @@ def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autoca
     torch.testing.assert_close(fused(dense, pooled), ref(dense, pooled), rtol=1e-6, atol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = fused(dense.requires_grad_(), pooled)
-    assert "Fused" not in type(out.grad_fn).__name__          # autocast: the torch path, in bf16
+    assert "Fused" not in out.grad_fn.name()                  # autocast: the torch path, in bf16
     torch.testing.assert_close(out.float(), ref(dense, pooled), rtol=0.05, atol=0.5)
     with pytest.raises(ValueError, match="kernel"):
         DotInteraction(F, D, kernel="cuda")
+
+
+def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
+    """The fused kernel hands out the same output and gradient storage again once the caller
+    has dropped it (csrc/interaction.cpp, reused_or_empty), never while a tensor or a view of
+    it is alive; and the reused gradient still becomes ``.grad`` as is (no copy)."""
+    torch.manual_seed(4)
+    F, D, B = 26, 16, 8
+    m, ref = DotInteraction(F, D), DotInteraction(F, D, kernel="torch")
+
+    def step(seed):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.randn(B, D, generator=g, requires_grad=True)
+        pooled = torch.randn(B, F * D, generator=g, requires_grad=True)
+        grad = torch.randn(B, D + ref.out_features - D, generator=g)
+        out = m(dense, pooled)
+        out.backward(grad)
+        return out.detach(), dense, pooled, grad
+
+    held = [step(s) for s in range(3)]                   # three live outputs: more than the two slots
+    kept = [(o.clone(), d.grad.clone(), p.grad.clone()) for o, d, p, _ in held]
+    view = held[0][2].grad.view(-1)
+    held[0][2].grad = None                               # only a view of the first pooled gradient is left
+    step(3)
+    for (out, dense, pooled, grad), (o, gd, gp) in zip(held, kept):
+        torch.testing.assert_close(out, o, rtol=0, atol=0)
+        torch.testing.assert_close(dense.grad, gd, rtol=0, atol=0)
+        if pooled.grad is not None:
+            torch.testing.assert_close(pooled.grad, gp, rtol=0, atol=0)
+    torch.testing.assert_close(view, kept[0][2].view(-1), rtol=0, atol=0)
+    for out, dense, pooled, grad in held:                # the torch path on the same inputs
+        d, p = dense.detach().requires_grad_(), pooled.detach().requires_grad_()
+        r = ref(d, p)
+        r.backward(grad)
+        torch.testing.assert_close(out, r.detach(), rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(dense.grad, d.grad, rtol=1e-5, atol=1e-5)
+
+    seen = {p.grad.data_ptr() for _, _, p, _ in held if p.grad is not None} | {view.data_ptr()}
+    del out, dense, pooled, held, view, r, d, p          # nothing holds any of the gradients any more
+    _, _, pooled, _ = step(6)
+    assert pooled.grad.data_ptr() in seen                # reused, and taken as .grad without a copy
 
 
 @pytest.mark.parametrize("isa", ISA_VARIANTS)
