@@ -88,6 +88,8 @@ class ParquetLoader:
     trace = None
     """A ``neo.train.trace.TraceRecorder`` (set by the trainer): batch making and reads become
     timeline spans. A class default, so that loaders built without this ``__init__`` have it."""
+    _warm = None
+    """(window, future, executor) of :meth:`warm_up`'s read, until an iteration takes it."""
 
     def __init__(self, paths: Union[str, Sequence[str]], options: Optional[LoaderOptions] = None) -> None:
         o = options or LoaderOptions()
@@ -176,23 +178,54 @@ class ParquetLoader:
             gi += 1
         return parts
 
+    def _window_rows(self) -> int:
+        o = self.options
+        return o.shuffle_window if o.shuffle else o.read_rows
+
+    def _read_window(self, k: int) -> Tuple[List[Columns], int]:
+        """Window ``k`` of this rank's shard: its row-group slices and its sample count."""
+        win = self._window_rows()
+        a, b = k * win, min(self.shard_size, (k + 1) * win)
+        return self._read_range(self.shard_begin + a, self.shard_begin + b), b - a
+
+    def _next_start(self) -> int:
+        """The position the next iteration starts at (0 when the current epoch is done)."""
+        left = self.shard_size - self.position
+        if self.position > 0 and (left == 0 or (self.options.drop_last and left < self.options.batch_size)):
+            return 0
+        return self.position
+
+    def warm_up(self) -> None:
+        """Start reading the window the next iteration begins with, now, in the background.
+
+        The first batch of an iteration waits for its whole window (a shuffle window of 262,144
+        multi-hot samples is seconds of Parquet decoding); the trainer calls this before it plans
+        and builds the model, so that the read overlaps them. The next iteration takes the read
+        if it starts in that window, else drops it. Reads stay one at a time."""
+        if self._warm is not None or self.shard_size == 0:
+            return
+        k = self._next_start() // self._window_rows()
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data-warm")
+        self._warm = (k, ex.submit(self._read_window, k), ex)
+
     def _windows(self, epoch: int, start: int) -> Iterator[Tuple[int, Callable[[int, int], Columns]]]:
         """The rank's samples from position ``start`` on, in epoch order, as consecutive blocks:
         (rows, take) with ``take(i, j)`` the block's rows i..j-1. A shuffled window is not
         gathered up front: each batch takes its rows from the window's row groups."""
-        o = self.options
-        win = o.shuffle_window if o.shuffle else o.read_rows
+        win = self._window_rows()
         k = start // win
         skip = start - k * win
-
-        def read(k: int):
-            a, b = k * win, min(self.shard_size, (k + 1) * win)
-            return self._read_range(self.shard_begin + a, self.shard_begin + b), b - a
+        warm, self._warm = self._warm, None
+        if warm is not None:                        # its thread ends once its read is done
+            warm[2].shutdown(wait=warm[0] != k, cancel_futures=True)
 
         # The next window is read (Arrow decodes without the GIL) while this one's batches are made.
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data-read")
-        read = read if self.trace is None else self.trace.wrap(read, "read", "reader")
-        ahead = reader.submit(read, k) if k * win < self.shard_size else None
+        read = self._read_window if self.trace is None else self.trace.wrap(self._read_window, "read", "reader")
+        if warm is not None and warm[0] == k:
+            ahead = warm[1]
+        else:
+            ahead = reader.submit(read, k) if k * win < self.shard_size else None
         try:
             while ahead is not None:
                 parts, size = ahead.result()

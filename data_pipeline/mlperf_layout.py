@@ -404,6 +404,9 @@ class MlperfLoader(ParquetLoader):
             cols.sparse = [np.asarray(s, np.int64) % rows for s, rows in zip(cols.sparse, self.fold)]
         return cols
 
+    def warm_up(self) -> None:
+        """Nothing to start: the day files are memory-mapped and each batch reads its own rows."""
+
     def _batches(self, epoch: int, start: int) -> Iterator[Tuple[Batch, int]]:
         spans = self._spans(start)
         pos = start

@@ -135,6 +135,7 @@ class Trainer:
 
         self.data = prepare_data(cfg, self.tables, self.pg, log=self.say)
         self.train_loader, self.val_loader = make_loaders(cfg, self.data, self.pg)
+        self.train_loader.warm_up()                # the first window is read while the job is built
         self.mapping = feature_mapping(self.train_loader.meta.sparse_names, self.tables)
         self.B = t.batch_size
         self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B

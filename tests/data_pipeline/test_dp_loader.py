@@ -192,3 +192,23 @@ def test_shuffle_order_is_the_documented_one(tmp_path, prefetch):
         for b in got:
             ids = b.dense[:, 0].long().tolist()
             assert b.sparse.to_dict()["cat_2"] == [[10 * i + j for j in range(i % 4)] for i in ids]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_warm_up_changes_no_batch(data, shuffle):
+    opts = dict(batch_size=29, rank=1, world_size=2, shuffle=shuffle, shuffle_window=64, read_rows=50, seed=3,
+                prefetch_batches=2)
+    ref = ParquetLoader(data, LoaderOptions(**opts))
+    full = [sample_ids(list(ref)) for _ in range(2)]
+    warm = ParquetLoader(data, LoaderOptions(**opts))
+    warm.warm_up()                                     # the first window is read before the iteration
+    assert warm._warm is not None and warm._warm[0] == 0
+    assert sample_ids(list(warm)) == full[0] and warm._warm is None
+    warm.warm_up()                                     # epoch 0 is done: the next iteration starts epoch 1
+    assert sample_ids(list(warm)) == full[1]
+    # a warm read of another window (position moved after it) is dropped, not used
+    state = {**ref.state_dict(), "epoch": 0, "position": 5 * 29}
+    moved = ParquetLoader(data, LoaderOptions(**opts))
+    moved.warm_up()
+    moved.load_state_dict(state)                       # window 2 (145 // 64), not the warmed window 0
+    assert sample_ids(list(moved)) == full[0][5 * 29:]
