@@ -90,24 +90,9 @@ def _split(profile, chunks: int):
 def _one_way_ms(rank: int, nbytes: int, repeats: int = 20) -> float:
     """Median one-way time of a ``nbytes`` gloo send between ranks 0 and 1 (ping-pong / 2), ms;
     collective (every rank calls it; ranks above 1 wait at the barrier)."""
-    import torch
-    import torch.distributed as dist
+    from neo.pipeline.profile import one_way_seconds
 
-    buf = torch.zeros(max(1, nbytes // 4))
-    times = []
-    dist.barrier()
-    if rank < 2:
-        for _ in range(repeats + 2):
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            times.append((time.perf_counter() - t0) / 2)
-    dist.barrier()
-    return 1e3 * statistics.median(times[2:]) if times else 0.0
+    return 1e3 * (one_way_seconds(rank, nbytes, repeats, warmup=2) or 0.0)
 
 
 def _median(xs: List[float]) -> float:

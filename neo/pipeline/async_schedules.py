@@ -55,7 +55,7 @@ from torch.func import functional_call
 
 from neo.pipeline.mesh import DOWN, PipelineGroups
 from neo.pipeline.route import Routed
-from neo.pipeline.stages import BusyMeter, ContiguousOutputs, ReplicaLoss, chunk_output_meta
+from neo.pipeline.stages import BusyMeter, ChunkMeta, ContiguousOutputs, ReplicaLoss
 
 __all__ = ["ASYNC_SCHEDULES", "VersionRecord", "async_1f1b_order", "AsyncPipeline"]
 
@@ -156,8 +156,7 @@ class AsyncPipeline:
         """The most versions this stage held at once (stashed copies in flight)."""
         self._latest: Optional[_Version] = None         # pipedream_async: the latest version's copy
         self._shadow: Optional[_Version] = None         # 2BW: version k-1
-        self._meta: Optional[List[List[Tuple[torch.Size, torch.dtype]]]] = None
-        self._meta_key: Optional[tuple] = None
+        self.meta = ChunkMeta(self.chunks)               # output shapes of every chunk, per micro-batch shape
 
     # ------------------------------------------------------------------ transfers
     def _peer(self, stage: int) -> int:
@@ -173,15 +172,6 @@ class AsyncPipeline:
         for w in works:
             w.wait()
         return bufs
-
-    def meta(self, micro_batch: int, num_dense: int, pooled_width: int, dtype: torch.dtype):
-        """Output shapes of every chunk at this micro-batch size (computed once per shape)."""
-        key = (micro_batch, num_dense, pooled_width, dtype)
-        if self._meta_key != key:
-            self._meta = chunk_output_meta(self.chunks, torch.zeros(micro_batch, num_dense, dtype=dtype),
-                                           torch.zeros(micro_batch, pooled_width, dtype=dtype))
-            self._meta_key = key
-        return self._meta
 
     # ------------------------------------------------------------------ versions
     def _forward_version(self) -> _Version:

@@ -47,7 +47,7 @@ from torch import nn
 
 from neo.pipeline.mesh import DOWN, UP, PipelineGroups
 from neo.pipeline.route import Routed
-from neo.pipeline.stages import BusyMeter, ContiguousOutputs, ReplicaLoss, chunk_output_meta
+from neo.pipeline.stages import BusyMeter, ChunkMeta, ContiguousOutputs, ReplicaLoss
 
 __all__ = ["Op", "chimera_order", "ChimeraPipeline"]
 
@@ -133,23 +133,13 @@ class ChimeraPipeline:
         self.mesh = groups.mesh
         self.S, self.M = self.mesh.stages, micro_batches
         self.order = chimera_order(self.S, micro_batches)[0][groups.position]
-        self._meta: Optional[List[List[Tuple[torch.Size, torch.dtype]]]] = None
-        self._meta_key: Optional[tuple] = None
+        self.meta = ChunkMeta(self.chunks)               # output shapes of every chunk, per micro-batch shape
 
     def _peer(self, direction: int, stage: int) -> int:
         return self.groups.global_rank(_position(self.S, direction, stage))
 
     def _tag(self, kind: str, direction: int, micro: int, index: int) -> int:
         return ((("FB".index(kind) * 2 + direction) * self.M + micro) * 16 + index) + 100
-
-    def meta(self, micro_batch: int, num_dense: int, pooled_width: int, dtype: torch.dtype):
-        """Output shapes of every chunk at this micro-batch size (computed once per shape)."""
-        key = (micro_batch, num_dense, pooled_width, dtype)
-        if self._meta_key != key:
-            self._meta = chunk_output_meta(self.chunks, torch.zeros(micro_batch, num_dense, dtype=dtype),
-                                           torch.zeros(micro_batch, pooled_width, dtype=dtype))
-            self._meta_key = key
-        return self._meta
 
     def run(self, routed: Routed, micro_batch: int, num_dense: int, pooled_width: int) -> torch.Tensor:
         """One step; the sum of this rank's micro-batch losses. ``micro_batch``: samples per

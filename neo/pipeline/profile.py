@@ -91,17 +91,17 @@ def profile_layers(layers: Sequence[Tuple[str, nn.Module]], batch_size: int, num
 
 
 # ----------------------------------------------------------------------------- bandwidth
-def _bandwidth_worker(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
+def one_way_seconds(rank: int, nbytes: int, repeats: int, warmup: int = 1) -> Optional[float]:
+    """Median one-way time (s) of a gloo send of ``nbytes`` between ranks 0 and 1 of the default
+    group: ping-pong round trips halved, after ``warmup`` unmeasured ones. Collective: ranks
+    above 1 wait at its barriers and get None."""
     import torch.distributed as dist
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        buf = torch.empty(nbytes // 4, dtype=torch.float32)
-        times = []
-        for k in range(repeats + 1):                   # the first round trip warms the connection up
-            dist.barrier()
+    buf = torch.zeros(max(1, nbytes // 4))
+    times = []
+    dist.barrier()
+    if rank < 2:
+        for k in range(warmup + repeats):
             t0 = time.perf_counter()
             if rank == 0:
                 dist.send(buf, 1)
@@ -109,10 +109,22 @@ def _bandwidth_worker(rank: int, port: int, nbytes: int, repeats: int, out) -> N
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            if k:
-                times.append(time.perf_counter() - t0)
+            if k >= warmup:
+                times.append((time.perf_counter() - t0) / 2)
+    dist.barrier()
+    return statistics.median(times) if times else None
+
+
+def _bandwidth_worker(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        t = one_way_seconds(rank, nbytes, repeats)     # the first round trip warms the connection up
         if rank == 0:
-            out.put(statistics.median(times) / 2)     # one way, seconds
+            out.put(t)
     finally:
         dist.destroy_process_group()
 

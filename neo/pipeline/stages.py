@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-__all__ = ["BusyMeter", "TimedStage", "ContiguousOutputs", "ReplicaLoss", "chunk_output_meta"]
+__all__ = ["BusyMeter", "TimedStage", "ContiguousOutputs", "ReplicaLoss", "chunk_output_meta", "ChunkMeta"]
 
 
 class BusyMeter:
@@ -126,3 +126,22 @@ def chunk_output_meta(chunks: Sequence[nn.Module], dense: torch.Tensor,
         acts = chunk(*acts)
         out.append([(a.shape, a.dtype) for a in acts])
     return out
+
+
+class ChunkMeta:
+    """:func:`chunk_output_meta` of ``chunks`` at a micro-batch shape, computed once per shape:
+    ``meta(micro_batch, num_dense, pooled_width, dtype)``."""
+
+    def __init__(self, chunks: Sequence[nn.Module]):
+        self.chunks = chunks
+        self._key: Optional[tuple] = None
+        self._meta: List[List[Tuple[torch.Size, torch.dtype]]] = []
+
+    def __call__(self, micro_batch: int, num_dense: int, pooled_width: int,
+                 dtype: torch.dtype) -> List[List[Tuple[torch.Size, torch.dtype]]]:
+        key = (micro_batch, num_dense, pooled_width, dtype)
+        if self._key != key:
+            self._meta = chunk_output_meta(self.chunks, torch.zeros(micro_batch, num_dense, dtype=dtype),
+                                           torch.zeros(micro_batch, pooled_width, dtype=dtype))
+            self._key = key
+        return self._meta

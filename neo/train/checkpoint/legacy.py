@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from neo.train.checkpoint.layout import CheckpointError, latest_checkpoint
+from neo.train.checkpoint.layout import CheckpointError, commit, latest_checkpoint, step_dir, tmp_dir
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -89,7 +89,7 @@ def save_checkpoint(root: str, step: int, *, sharded, dense_model, optimizer, lo
     ``dense_model`` is the DLRM (its ``embedding.*`` entries are skipped: the shards carry them).
     ``save_fn(obj, path)`` writes one file (tests inject failures through it).
     """
-    tmp, final = os.path.join(root, f"tmp-{step}"), os.path.join(root, f"step-{step}")
+    tmp, final = tmp_dir(root, step), step_dir(root, step)
     if pg.rank == 0:
         os.makedirs(root, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)            # a stale one from a crashed save
@@ -114,23 +114,7 @@ def save_checkpoint(root: str, step: int, *, sharded, dense_model, optimizer, lo
         raise CheckpointError(f"checkpoint of step {step} failed on some rank; {latest_checkpoint(root)} "
                               f"is still the latest") from error
     if pg.rank == 0:
-        old = None
-        if os.path.exists(final):                         # re-saving a step: move the old one aside first
-            old = f"{final}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        with open(os.path.join(root, "latest.tmp"), "w") as f:
-            f.write(f"step-{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
-        olds = sorted((d for d in os.listdir(root) if d.startswith("step-") and d != f"step-{step}"),
-                      key=lambda d: int(d.split("-")[1]))
-        for d in olds[: max(0, len(olds) - (keep - 1))]:
-            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+        commit(root, step, keep)                          # the same atomic rename and pointer as DCP's
     if pg.world_size > 1:
         dist.barrier(group=pg.world)
     return final
