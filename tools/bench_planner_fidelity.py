@@ -75,8 +75,10 @@ def run(config: str, world: int, overrides: List[str], steps: int) -> Dict[str, 
            "-m", "neo.train", config, f"train.steps={steps}"] + overrides
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    if p.returncode != 0:
-        raise RuntimeError(f"neo train failed ({' '.join(overrides)}):\n{p.stderr[-3000:]}")
+    if p.returncode != 0:                  # the ranks' own words, not torchrun's summary of them
+        said = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith((" ", "[", "W1", "-", "="))]
+        raise RuntimeError(f"neo train failed ({' '.join(overrides)}), exit {p.returncode}:\n"
+                           + "\n".join(said[-25:]))
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -130,12 +132,20 @@ def main(argv=None) -> int:
                 if second_best(path, world, batch, alt):
                     plans["second_best"] = [f"sharding.plan_file={alt}"]
             runs: Dict[str, List[Dict[str, Any]]] = {plan: [] for plan in plans}
+            failed: Dict[str, int] = {}
             t0 = time.perf_counter()
             for _ in range(args.rounds):                    # every plan once per round: rounds see the same load
                 for plan, ov in plans.items():
                     run_dir = os.path.join(tmp, f"run-{name}-{world}-{plan}")
-                    runs[plan].append(run(path, world, ov + [f"train.run_dir={run_dir}"], args.steps))
+                    try:
+                        runs[plan].append(run(path, world, ov + [f"train.run_dir={run_dir}"], args.steps))
+                    except RuntimeError as e:             # reported and counted, never dropped silently
+                        print(f"{name} W={world} {plan}: run failed: {e}", flush=True)
+                        failed[plan] = failed.get(plan, 0) + 1
             for plan, fs in runs.items():
+                if not fs:
+                    print(f"{name:9s} W={world} {plan:12s} every run failed", flush=True)
+                    continue
                 meas = [f["measured_step_ms"] for f in fs]
                 f = fs[sorted(range(len(fs)), key=lambda k: meas[k])[len(fs) // 2]]     # the median run
                 rec = {"config": name, "world_size": world, "plan": plan, "predicted_ms": f.get("predicted_step_ms"),
@@ -145,6 +155,7 @@ def main(argv=None) -> int:
                        "predicted_components_ms": f.get("predicted_components_ms"),
                        "measured_components_ms": f.get("measured_components_ms"), "samples_per_s": f["samples_per_s"],
                        "cost_constants": f.get("cost_constants"), "steps": args.steps, "rounds": args.rounds,
+                       "failed_runs": failed.get(plan, 0),
                        "load_average": os.getloadavg(), "wall_s": round(time.perf_counter() - t0, 1)}
                 records.append(rec)
                 print(f"{name:9s} W={world} {plan:12s} predicted {rec['predicted_ms']:8.2f} ms  measured "

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["main", "fit_constants"]
+__all__ = ["main", "fit_constants", "kind_overheads"]
 
 
 def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -38,6 +38,33 @@ def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
         r["seconds"] = float(np.mean([x["seconds"] for x in recs]))
         out.append(r)
     return out
+
+
+def kind_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]:
+    """Each sharding kind's overhead over table-wise per id of the global batch (seconds): the
+    small model's step with every table of that kind minus with every table table-wise, less the
+    difference the rest of the model predicts, over the ids of the step."""
+    from neo.calibrate.measure import KIND_BATCH, KIND_TABLES_PER_RANK, machinery_config
+    from neo.planner import Plan
+    from neo.planner.constants import KIND_OVERHEADS
+    from neo.planner.step_model import predict_step
+
+    kinds = dict(meas.get("kinds") or {})
+    base = kinds.pop("table_wise", None)
+    if not kinds or not base:
+        return {}
+    c0 = replace(c, **{f: 0.0 for f in KIND_OVERHEADS.values()})
+
+    def predicted_ms(kind: str, plan: Dict[str, Any]) -> float:
+        cfg = machinery_config(world_size, kind, per_rank=KIND_TABLES_PER_RANK, batch=KIND_BATCH)
+        topo = replace(cfg.topology.to_topology(world_size, world_size), batch_size_per_rank=cfg.train.batch_size)
+        return predict_step(Plan.from_dict(plan), cfg.table_specs(), cfg.dense_spec(4), topo, c0).step_ms
+
+    # paired by round (a shared machine's load drifts between rounds more than within one)
+    tw = np.array(base["rounds_ms"]) - predicted_ms("table_wise", base["plan"])
+    ids = KIND_BATCH * world_size * len(base["plan"]["tables"])      # one id a bag, every table
+    return {KIND_OVERHEADS[k]: max(0.0, float(np.median(np.array(v["rounds_ms"]) - predicted_ms(k, v["plan"]) - tw)))
+            / 1e3 / ids for k, v in kinds.items()}
 
 
 def _t(foot: float, hot: float, cold: float) -> float:
@@ -108,6 +135,7 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
             output_dist_overhead=max(1e-6, m["output_dist"] / 1e3 - 2 * lat),
             lookup_call_s=max(1e-6, (m["embedding_fwd"] + m["embedding_bwd"]) / 1e3 - 2 * kernel),
             step_overhead=max(1e-6, (m["other"] + m["data"]) / 1e3 + max(0.0, m["dense"] / 1e3 - dense_model)))
+    c = replace(c, **kind_overheads(meas, c, world_size))
     return c, quality
 
 
@@ -157,6 +185,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             "dense": measure.dense(pg.world if W > 1 else None, args.quick),
             "threads": torch.get_num_threads()}
     mine["machinery"] = measure.machinery(pg, args.quick)
+    mine["kinds"] = {}
+    for _ in range(1 if args.quick else 3):       # interleaved rounds: a shared machine's load drifts
+        for k in (("table_wise",) + measure.KINDS) if W > 1 else ():
+            run = measure.machinery(pg, args.quick, kind=k, per_rank=measure.KIND_TABLES_PER_RANK,
+                                      batch=measure.KIND_BATCH)
+            mine["kinds"].setdefault(k, {"plan": run["plan"], "steps_ms": []})["steps_ms"].append(
+                run["measured"].get("median_step_ms"))
     gathered: List[Any] = [None] * W
     if W > 1:
         dist.all_gather_object(gathered, mine, group=pg.world)
@@ -173,6 +208,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 # own cost is what the least-waiting rank sees there; the rest is averaged
                 comps[k] = float(min(vals) if k in ("input_dist", "output_dist") else np.mean(vals))
         meas["machinery"] = {"measured": {"components_ms": comps}, "per_rank": runs}
+        # each kind's step in each round, the mean of the ranks
+        meas["kinds"] = {k: {"rounds_ms": [float(np.mean(x)) for x in zip(*[g["kinds"][k]["steps_ms"]
+                                                                            for g in gathered])],
+                             "plan": v["plan"]} for k, v in mine["kinds"].items()}
         meas["threads"] = mine["threads"]
         machine = _machine()
         c, quality = fit_constants(meas, machine, W)

@@ -10,7 +10,8 @@ is the median of a few repetitions, averaged over the ranks by the caller.
   or NCCL) and the dense gradients' AllReduce, over message sizes;
 - :func:`dense`: MLP layers forward + backward, the dot interaction, the dense optimizer;
 - :func:`machinery`: a small model trained by the real :class:`neo.train.trainer.Trainer` for the
-  per-step costs no kernel shows (launches, bookkeeping, the loop).
+  per-step costs no kernel shows (launches, bookkeeping, the loop); at W > 1 once more under each
+  sharding kind of :data:`KINDS`, for the kind's overhead over table-wise.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["timed", "lookups", "collectives", "dense", "machinery"]
+__all__ = ["timed", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK", "KIND_BATCH"]
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
@@ -154,26 +155,39 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
     return out
 
 
-def machinery(pg, quick: bool = False) -> Dict[str, Any]:
-    """A small DLRM (one table per rank, batch 256) trained by the real trainer on synthetic
-    data: its measured components (``neo.train.step_stats``) and the model's inputs."""
-    from neo.config import config_from_dict
-    from neo.train.trainer import Trainer
+KINDS = ("row_wise", "column_wise", "data_parallel", "table_row_wise", "table_column_wise")
+"""The sharding kinds whose per-step overhead over table-wise ``neo calibrate`` measures (W > 1)."""
+KIND_TABLES_PER_RANK, KIND_BATCH = 4, 1024
+"""Tables per rank and samples per rank of those runs (a small real model's; the overhead is
+charged per id of a table of the kind)."""
 
-    W = pg.world_size
+
+def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = False, rank: int = 0,
+                     per_rank: int = 1, batch: int = 256):
+    """The small DLRM of :func:`machinery`: ``per_rank`` 1000 x 16 tables per rank, every table ``kind``."""
+    from neo.config import config_from_dict
+
+    W = world_size
     tmp = os.path.join(tempfile.gettempdir(), "neo-calibrate")
-    tables = [{"name": f"m{k}", "num_rows": 1000, "dim": 16, "feature_names": [f"f{k}"]} for k in range(W)]
-    cfg = config_from_dict({
+    tables = [{"name": f"m{k}", "num_rows": 1000, "dim": 16, "feature_names": [f"f{k}"]} for k in range(W * per_rank)]
+    return config_from_dict({
         "tables": tables, "topology": {"hbm_gib": 1},
         "model": {"interaction": "dot", "dense_arch": [16], "over_arch": [1]},
-        "data": {"source": "synthetic", "synthetic": {"num_samples": 64 * 256 * W, "val_samples": 256 * W,
+        "data": {"source": "synthetic", "synthetic": {"num_samples": 64 * batch * W, "val_samples": batch * W,
                                                       "num_dense": 4, "distribution": "uniform",
                                                       "cache_dir": os.path.join(tmp, "data")}},
         "optim": {"type": "sgd", "lr": 0.01},
-        "sharding": {"types": {t["name"]: "table_wise" for t in tables}, "cache_sample_batches": 0},
-        "train": {"batch_size": 256, "steps": 40 if quick else 120, "eval_every": 0, "eval_batches": 1,
-                  "log_every": 1000, "progress": False, "run_dir": os.path.join(tmp, f"run{pg.rank}")},
+        "sharding": {"types": {t["name"]: kind for t in tables}, "cache_sample_batches": 0},
+        "train": {"batch_size": batch, "steps": 40 if quick else 120, "eval_every": 0, "eval_batches": 1,
+                  "log_every": 1000, "progress": False, "run_dir": os.path.join(tmp, f"run{rank}")},
     })
-    tr = Trainer(cfg, pg=pg, log=lambda *a, **k: None)
+
+
+def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int = 1, batch: int = 256) -> Dict[str, Any]:
+    """A small DLRM (``per_rank`` tables per rank, batch 256, every table ``kind``) trained by the
+    real trainer on synthetic data: its measured components (``neo.train.step_stats``) and its plan."""
+    from neo.train.trainer import Trainer
+
+    tr = Trainer(machinery_config(pg.world_size, kind, quick, pg.rank, per_rank, batch), pg=pg, log=lambda *a, **k: None)
     tr.fit()
     return {"measured": tr.step_stats.summary(), "plan": tr.plan}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import List, Optional
 
 from neo.config import ConfigError, load_config
@@ -56,7 +57,6 @@ def _parser() -> argparse.ArgumentParser:
 def simulate(cfg, sizes: List[int], strong: bool, as_json: bool) -> int:
     """The predicted step at each world size (``neo plan --simulate``)."""
     import json
-    from dataclasses import replace
 
     from neo.planner.step_model import predict_step
 
@@ -65,7 +65,7 @@ def simulate(cfg, sizes: List[int], strong: bool, as_json: bool) -> int:
         raise ConfigError("--simulate: the tables' dims differ, so there is no DLRM step to predict")
     L0 = cfg.topology.local_world_size or 8
     base_w = cfg.topology.world_size or sizes[0]
-    B0 = cfg.train.batch_size
+    B0 = cfg.topology.batch_size_per_rank or cfg.train.batch_size
     rows = []
     for W in sizes:
         L = min(L0, W)
@@ -108,6 +108,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.simulate:
             return simulate(cfg, args.simulate, args.strong, args.json)
         topo = cfg.topology.to_topology(args.world_size, args.local_world_size)
+        topo = replace(topo, batch_size_per_rank=cfg.topology.batch_size_per_rank or cfg.train.batch_size)
         consts, what = cfg.cost_constants(topo.world_size)
         specs = cfg.table_specs()
         parts = PARTITIONERS if args.partitioner == "auto" else (args.partitioner,)

@@ -57,8 +57,9 @@ class TopologyConfig:
     """Total ranks; ``neo plan --world-size`` overrides it."""
     local_world_size: Optional[int] = None
     """Ranks (devices) per node; ``neo plan --local-world-size`` overrides it."""
-    batch_size_per_rank: int = 512
-    """Samples per rank per step."""
+    batch_size_per_rank: Optional[int] = None
+    """Samples per rank per step the plan is made for; default ``train.batch_size`` (``neo train``
+    always plans for the batch it trains with)."""
     hbm_gib: float = 80.0
     """Device memory per rank available to embeddings (weights, optimizer state, buffers), GiB."""
     host_gib: float = 256.0
@@ -94,7 +95,7 @@ class TopologyConfig:
         if self.world_size and self.local_world_size and self.world_size % self.local_world_size:
             raise ConfigError(f"{where}.world_size: {self.world_size} is not a multiple of "
                               f"local_world_size {self.local_world_size}")
-        if self.batch_size_per_rank <= 0:
+        if self.batch_size_per_rank is not None and self.batch_size_per_rank <= 0:
             raise ConfigError(f"{where}.batch_size_per_rank: must be > 0, got {self.batch_size_per_rank!r}")
         for name in ("hbm_gib", "host_gib", "speed"):
             _check_amount(name, getattr(self, name), where, zero_ok=name == "host_gib")
@@ -147,7 +148,7 @@ class TopologyConfig:
                 host[r] = g.host_gib if g.host_gib is not None else host[r]
                 speed[r] = g.speed if g.speed is not None else speed[r]
         devs = tuple(Device(int(h * GIB), int(o * GIB), float(s)) for h, o, s in zip(hbm, host, speed))
-        return Topology(W, L, devs, int(self.batch_size_per_rank))
+        return Topology(W, L, devs, int(self.batch_size_per_rank or 512))
 
     def to_cost_constants(self, world_size: int = 1, path: Optional[str] = None,
                           machine: Optional[dict] = None):

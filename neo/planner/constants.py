@@ -32,8 +32,12 @@ __all__ = ["CostConstants", "FORMAT", "builtin_constants", "calibration_path", "
 FORMAT = 2
 DEVICE_KINDS = ("cpu", "h100", "h200")
 
-# Fields that are settings rather than measurements: zero is allowed.
-_SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size"}
+# Fields that are settings rather than measurements, or extra costs that may be nil: zero is allowed.
+KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_overhead",
+                  "data_parallel": "data_parallel_overhead", "table_row_wise": "table_row_wise_overhead",
+                  "table_column_wise": "table_column_wise_overhead"}
+_SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
+             *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,16 @@ class CostConstants:
     """Per step: the input distribution's bookkeeping besides its collectives (regrouping ids)."""
     output_dist_overhead: float = 60e-6
     """Per step: the output distribution's bookkeeping besides its collectives (assembling columns)."""
+    # per id of the global batch of a table of the kind, on every rank: its code path's work
+    # beyond a table-wise table's (parts per rank to select ids for, bucketize, reduce or
+    # reassemble; replicas' gathers); ``neo calibrate`` measures each as a small model's step with
+    # every table of that kind minus with every table table-wise, less what the rest of the model
+    # explains, over the step's ids
+    row_wise_overhead: float = 0.0
+    column_wise_overhead: float = 0.0
+    data_parallel_overhead: float = 0.0
+    table_row_wise_overhead: float = 0.0
+    table_column_wise_overhead: float = 0.0
     # the dense part
     allreduce_bw: float = 150e9
     """Bytes/s of the dense gradients' AllReduce (DDP), per rank."""

@@ -29,7 +29,10 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   of the shard: slot, count and lookahead window; 17 per slot) in device memory and every row
   in the backing store (``host``).
 - Latency: each collective kind the plan uses costs ``intra_latency`` (``inter_latency``
-  across nodes) once per step, the same on every rank (collectives are fused across tables).
+  across nodes) once per step, the same on every rank (collectives are fused across tables),
+  and, on every rank, each id of the global batch of a table of a kind other than table-wise
+  its kind's measured code-path overhead (``row_wise_overhead``...: parts per rank to bucketize,
+  reduce or reassemble; :func:`input_side_split`), charged to the output distribution.
 
 References: Mudigere et al., ISCA 2022 (Neo), Sec. 4: cost = communication + load
 imbalance; TorchRec ``shard_estimators.py`` (EmbeddingPerfEstimator) for the split into
@@ -45,7 +48,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from neo.planner.cache_model import distinct_per_batch, hit_rate
-from neo.planner.constants import CostConstants
+from neo.planner.constants import KIND_OVERHEADS, CostConstants
 from neo.planner.types import ShardingType, TableSpec, Topology
 
 __all__ = ["PartCosts", "estimate_parts", "input_side_cost", "input_side_split", "zipf_hit_rate",
@@ -244,16 +247,19 @@ def input_side_cost(table: TableSpec, stype: ShardingType, topo: Topology, c: Co
 
 
 def input_side_split(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):
-    """(input distribution s, output distribution s, bytes intra, bytes inter, hbm bytes) of the input side."""
-    if stype is ShardingType.DATA_PARALLEL:
-        return 0.0, 0.0, 0.0, 0.0, 0.0
+    """(input distribution s, output distribution s, bytes intra, bytes inter, hbm bytes) of the
+    input side; the output part includes the kind's code-path overhead per id of the global batch
+    (``row_wise_overhead``...; none for table-wise or in one process)."""
     W, L, B = topo.world_size, topo.local_world_size, topo.batch_size_per_rank
     F, P, D = table.num_features, table.pooling_factor, table.dim
+    kind = getattr(c, KIND_OVERHEADS[stype.value]) * W * B * F * P if W > 1 and stype.value in KIND_OVERHEADS else 0.0
+    if stype is ShardingType.DATA_PARALLEL:
+        return 0.0, kind, 0.0, 0.0, 0.0
     ids, pooled = B * F * P * c.id_bytes, 2 * B * F * D * c.act_bytes
     fi, fo = (L - 1) / W, (W - L) / W
     s_in = ids * (fi / c.intra_bw + fo / c.inter_bw)
     s_out = pooled * (fi / c.intra_bw + fo / c.inter_bw)
-    return s_in, s_out, (ids + pooled) * fi, (ids + pooled) * fo, B * F * D * c.act_bytes * 2.0
+    return s_in, s_out + kind, (ids + pooled) * fi, (ids + pooled) * fo, B * F * D * c.act_bytes * 2.0
 
 
 def collective_latency(types_used, topo: Topology, c: CostConstants) -> float:

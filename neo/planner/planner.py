@@ -12,8 +12,10 @@ also caps each part at a fraction of the device memory. When the chosen options 
 memory than the cluster has, tables move to their next option with less memory (a smaller
 cache, or a cache instead of every row on the device) in the order of the least time added
 per byte saved, until they fit. Every proposal is partitioned by greedy, Karmarkar-Karp and
-the refinement; the feasible result with the lowest objective (max + imbalance_weight x
-(max - mean) predicted rank time) wins.
+the refinement. Then come the variants of the best so far (:func:`variants`: the plan without
+one of its collective kinds, and the uniform plans), which per-table choices cannot reach. The
+feasible result whose busiest rank is least busy wins (the step model's embedding part; within
+0.1%, the lower objective max + imbalance_weight x (max - mean) predicted rank time).
 
 Tables with ``placement: auto`` are first planned on the device only; their cached options
 (:mod:`neo.planner.cache_model`) enter only when that plan does not fit.
@@ -96,6 +98,45 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
                 if fitted == choice:
                     break
     return out
+
+
+def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
+             c: CostConstants, base: Proposal) -> List[Proposal]:
+    """Proposals the per-table choices of :func:`propose` cannot reach: ``base`` without each
+    collective kind it uses (every table of that sharding type moved to its best option of
+    another type: a kind's fixed per-step latency is paid once, by the plan, and so is invisible
+    to any one table's choice), and the uniform plans (one sharding type for every table)."""
+    W = topo.world_size
+    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
+                        for o in opts]) for opts in options]
+    sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
+    total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    cap = total_cap - _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
+    out: List[Proposal] = []
+
+    def best_of(k: int, keep) -> Optional[int]:
+        ok = np.array([keep(o) for o in options[k]])
+        return int(np.argmin(np.where(ok, totals[k], np.inf))) if ok.any() else None
+
+    kinds = {options[k][j].sharding_type for k, j in enumerate(base.choice)}
+    for kind in sorted(kinds, key=lambda t: t.value) if len(kinds) > 1 else []:
+        choice = [best_of(k, lambda o: o.sharding_type is not kind) if options[k][j].sharding_type is kind else j
+                  for k, j in enumerate(base.choice)]
+        if None not in choice:
+            out.append(Proposal(f"without {kind.value}", tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
+    for kind in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE):
+        choice = [best_of(k, lambda o: o.sharding_type is kind) for k in range(len(options))]
+        if None not in choice:
+            out.append(Proposal(f"uniform {kind.value}", tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
+    return out
+
+
+def _rank_key(loads: np.ndarray, c: CostConstants) -> Tuple[float, float]:
+    """How candidates are ranked: the step model's embedding part (the busiest rank's time,
+    what every rank waits for at the next collective), rounded to 0.1%; ties go to the lower
+    objective (the better balanced)."""
+    mx = float(loads.max())
+    return (round(np.log(mx) / np.log(1.001)) if mx > 0 else -np.inf), objective(loads, c.imbalance_weight)
 
 
 def _fit_total_memory(choice: List[int], totals, sumhbm, cap: float) -> List[int]:
@@ -241,7 +282,11 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
     candidates = []
     feasible = []
     errors: List[PlanningError] = []
-    for prop in proposals:
+    tried, expanded = {p.choice for p in proposals}, set()
+    i = 0
+    while i < len(proposals):          # grows: the variants of the best so far, once each
+        prop = proposals[i]
+        i += 1
         chosen = [options[k][j] for k, j in enumerate(prop.choice)]
         prob, pos_arr, part_arr, group_of = build_problem(tables, chosen, topo, c)
         results, errs = _run_partitioners(prob, c, partitioners)
@@ -249,15 +294,19 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         lat = collective_latency([o.sharding_type for o in chosen], topo, c)
         for algo, a, loads, ok, over in results:
             loads = loads + lat
-            obj = objective(loads, c.imbalance_weight)
             candidates.append({"proposal": prop.name, "partitioner": algo, "feasible": ok,
                                "max_ms": float(loads.max()) * 1e3,
                                "max_over_mean": float(loads.max() / max(loads.mean(), 1e-30)),
                                "over_bytes": max(0.0, over)})
             if ok:
-                feasible.append((obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo))
-            if ok and (best is None or obj < best[0]):
-                best = (obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo)
+                feasible.append((_rank_key(loads, c), prop, chosen, prob, a, pos_arr, part_arr, group_of, algo))
+            if ok and (best is None or _rank_key(loads, c) < best[0]):
+                best = (_rank_key(loads, c), prop, chosen, prob, a, pos_arr, part_arr, group_of, algo)
+        if i == len(proposals) and best is not None and best[1].choice not in expanded:
+            expanded.add(best[1].choice)
+            extra = [p for p in variants(tables, options, topo, c, best[1]) if p.choice not in tried]
+            tried.update(p.choice for p in extra)
+            proposals.extend(extra)
     if best is None:
         algos = "/".join(partitioners)
         if candidates:
@@ -270,7 +319,7 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
             raise errors[0]
         raise PlanningError(f"no {algos} plan could be built")
     plans, seen = [], set()
-    for obj, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo in sorted(feasible, key=lambda f: f[0]):
+    for _, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo in sorted(feasible, key=lambda f: f[0]):
         part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
         on_rank: Dict[int, set] = {}
         for o, r in zip(chosen, part_ranks):

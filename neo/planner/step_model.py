@@ -122,10 +122,10 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
     by_name = {t.name: t for t in tables}
-    used = set()
+    used = []
     for name, tp in plan.tables.items():
         t = by_name[name]
-        used.add(tp.sharding_type)
+        used.append(tp.sharding_type)
         sh = tp.shards
         rows = np.array([s.rows for s in sh], dtype=np.float64)
         cols = np.array([s.cols for s in sh], dtype=np.float64)

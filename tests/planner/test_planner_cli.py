@@ -67,3 +67,18 @@ def test_simulate_predicts_the_step_at_each_world_size(capsys):
     assert strong[0]["global_batch"] == strong[1]["global_batch"]
     assert main(["plan", gpu, "--simulate"]) == 0
     assert "scaling" in capsys.readouterr().out
+
+
+def test_neo_plan_plans_for_the_trainers_batch_unless_the_topology_names_one(tmp_path, capsys):
+    """``neo train`` plans for ``train.batch_size``; ``neo plan`` on the same config must show that plan."""
+    main_job = str(Path(EXAMPLE).parent / "main_job.yaml")
+
+    def plan(*overrides):
+        out = tmp_path / "p.json"
+        assert main(["plan", main_job, "--world-size", "2", "--local-world-size", "2", "--out", str(out),
+                     "sharding.planner=auto", *overrides]) == 0
+        capsys.readouterr()
+        return [(r["rank"], r["comm_bytes_intra"]) for r in json.loads(out.read_text())["ranks"]]
+
+    assert plan("train.batch_size=4096") == plan("topology.batch_size_per_rank=4096", "train.batch_size=8")
+    assert plan("train.batch_size=4096") != plan("train.batch_size=64")

@@ -4,6 +4,7 @@ defaults of the device kind; bad files give warnings or errors that name the pro
 from __future__ import annotations
 
 import json
+from dataclasses import replace as replace_
 
 import pytest
 
@@ -67,3 +68,66 @@ def test_bad_constants_are_refused_by_name(tmp_path):
         CostConstants(hot_bytes=1e9, cold_bytes=1e6)
     with pytest.raises(PlanningError, match="device_kind 'tpu'"):
         CostConstants(device_kind="tpu")
+    with pytest.raises(PlanningError, match="cost constant row_wise_overhead: must be >= 0"):
+        CostConstants(row_wise_overhead=-1e-9)
+
+
+def _step(types, c, W=2, B=1024, pf=3.0):
+    from dataclasses import replace
+
+    from neo.planner import Topology, plan_tables
+    from neo.planner.step_model import DenseSpec, predict_step
+    from neo.planner.types import TableConstraints, TableSpec
+
+    tables = [TableSpec(f"t{k}", 1000 * (k + 1), 16, pooling_factor=pf, constraints=TableConstraints((st,)))
+              for k, st in enumerate(types)]
+    topo = replace(Topology.uniform(W, W), batch_size_per_rank=B)
+    plan = plan_tables(tables, topo, c)
+    return plan, tables, topo, predict_step(plan, tables, DenseSpec(4, (16,), (1,), len(tables), 16), topo, c)
+
+
+def test_a_kinds_overhead_is_charged_per_id_of_the_global_batch_on_every_rank():
+    from neo.planner import ShardingType as T
+
+    c0, c1 = builtin_constants("cpu"), replace_(builtin_constants("cpu"), row_wise_overhead=50e-9,
+                                                 data_parallel_overhead=20e-9)
+    types = [T.ROW_WISE, T.TABLE_WISE, T.DATA_PARALLEL]
+    *_, a = _step(types, c0)
+    *_, b = _step(types, c1)
+    ids = 2 * 1024 * 3.0                                       # W x B x pooling, per table
+    extra = (50e-9 + 20e-9) * ids * 1e3
+    assert b.step_ms - a.step_ms == pytest.approx(extra, rel=1e-9)
+    assert b.components_ms["output_dist"] - a.components_ms["output_dist"] == pytest.approx(extra, rel=1e-9)
+    for r0, r1 in zip(a.rank_ms, b.rank_ms):                 # every rank pays it, wherever the shards are
+        assert r1 - r0 == pytest.approx(extra, rel=1e-9)
+    *_, one = _step(types, c1, W=1)
+    *_, one0 = _step(types, c0, W=1)
+    assert one.step_ms == pytest.approx(one0.step_ms, rel=1e-12), "one process: no distribution, no overhead"
+
+
+def test_calibration_recovers_a_kinds_overhead_from_paired_rounds():
+    """neo calibrate's fit of the kind overheads, on measurements made of the model plus known
+    overheads and a load that drifts from round to round."""
+    from dataclasses import replace
+
+    from neo.calibrate import kind_overheads
+    from neo.calibrate.measure import KIND_BATCH, KIND_TABLES_PER_RANK, machinery_config
+    from neo.planner import plan_tables
+    from neo.planner.step_model import predict_step
+
+    W, c = 2, builtin_constants("cpu")
+    truth = {"table_wise": 0.0, "row_wise": 80e-9, "column_wise": 0.0, "data_parallel": 30e-9}
+    drift = [0.0, 1.7, 0.4]                                   # ms the machine's load adds in each round
+    kinds = {}
+    for kind, per_id in truth.items():
+        cfg = machinery_config(W, kind, per_rank=KIND_TABLES_PER_RANK, batch=KIND_BATCH)
+        topo = replace(cfg.topology.to_topology(W, W), batch_size_per_rank=KIND_BATCH)
+        plan = plan_tables(cfg.table_specs(), topo, c)
+        ms = predict_step(plan, cfg.table_specs(), cfg.dense_spec(4), topo, c).step_ms + 0.3   # + unexplained
+        ids = KIND_BATCH * W * len(cfg.tables)
+        kinds[kind] = {"plan": plan.to_dict(), "rounds_ms": [ms + per_id * ids * 1e3 + d for d in drift]}
+    got = kind_overheads({"kinds": kinds}, c, W)
+    assert got["row_wise_overhead"] == pytest.approx(80e-9, rel=1e-6)
+    assert got["data_parallel_overhead"] == pytest.approx(30e-9, rel=1e-6)
+    assert got["column_wise_overhead"] == pytest.approx(0.0, abs=1e-15)
+    assert kind_overheads({"kinds": {}}, c, W) == {}
