@@ -41,9 +41,9 @@ def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
 
 
 def kind_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]:
-    """Each sharding kind's overhead over table-wise per id of the global batch (seconds): the
+    """Each sharding kind's overhead over table-wise per bag of the global batch (seconds): the
     small model's step with every table of that kind minus with every table table-wise, less the
-    difference the rest of the model predicts, over the ids of the step."""
+    difference the rest of the model predicts, over the bags of the step."""
     from neo.calibrate.measure import KIND_BATCH, KIND_TABLES_PER_RANK, machinery_config
     from neo.planner import Plan
     from neo.planner.constants import KIND_OVERHEADS
@@ -62,9 +62,9 @@ def kind_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]
 
     # paired by round (a shared machine's load drifts between rounds more than within one)
     tw = np.array(base["rounds_ms"]) - predicted_ms("table_wise", base["plan"])
-    ids = KIND_BATCH * world_size * len(base["plan"]["tables"])      # one id a bag, every table
+    bags = KIND_BATCH * world_size * len(base["plan"]["tables"])     # one feature a table
     return {KIND_OVERHEADS[k]: max(0.0, float(np.median(np.array(v["rounds_ms"]) - predicted_ms(k, v["plan"]) - tw)))
-            / 1e3 / ids for k, v in kinds.items()}
+            / 1e3 / bags for k, v in kinds.items()}
 
 
 def _t(foot: float, hot: float, cold: float) -> float:

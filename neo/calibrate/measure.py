@@ -159,7 +159,7 @@ KINDS = ("row_wise", "column_wise", "data_parallel", "table_row_wise", "table_co
 """The sharding kinds whose per-step overhead over table-wise ``neo calibrate`` measures (W > 1)."""
 KIND_TABLES_PER_RANK, KIND_BATCH = 4, 1024
 """Tables per rank and samples per rank of those runs (a small real model's; the overhead is
-charged per id of a table of the kind)."""
+charged per bag of a table of the kind)."""
 
 
 def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = False, rank: int = 0,

@@ -96,11 +96,11 @@ class CostConstants:
     """Per step: the input distribution's bookkeeping besides its collectives (regrouping ids)."""
     output_dist_overhead: float = 60e-6
     """Per step: the output distribution's bookkeeping besides its collectives (assembling columns)."""
-    # per id of the global batch of a table of the kind, on every rank: its code path's work
+    # per bag (sample x feature) of the global batch of a table of the kind, on every rank: its code path's work
     # beyond a table-wise table's (parts per rank to select ids for, bucketize, reduce or
     # reassemble; replicas' gathers); ``neo calibrate`` measures each as a small model's step with
     # every table of that kind minus with every table table-wise, less what the rest of the model
-    # explains, over the step's ids
+    # explains, over the step's bags
     row_wise_overhead: float = 0.0
     column_wise_overhead: float = 0.0
     data_parallel_overhead: float = 0.0

@@ -30,7 +30,7 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   in the backing store (``host``).
 - Latency: each collective kind the plan uses costs ``intra_latency`` (``inter_latency``
   across nodes) once per step, the same on every rank (collectives are fused across tables),
-  and, on every rank, each id of the global batch of a table of a kind other than table-wise
+  and, on every rank, each bag of the global batch of a table of a kind other than table-wise
   its kind's measured code-path overhead (``row_wise_overhead``...: parts per rank to bucketize,
   reduce or reassemble; :func:`input_side_split`), charged to the output distribution.
 
@@ -248,11 +248,11 @@ def input_side_cost(table: TableSpec, stype: ShardingType, topo: Topology, c: Co
 
 def input_side_split(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):
     """(input distribution s, output distribution s, bytes intra, bytes inter, hbm bytes) of the
-    input side; the output part includes the kind's code-path overhead per id of the global batch
+    input side; the output part includes the kind's code-path overhead per bag of the global batch
     (``row_wise_overhead``...; none for table-wise or in one process)."""
     W, L, B = topo.world_size, topo.local_world_size, topo.batch_size_per_rank
     F, P, D = table.num_features, table.pooling_factor, table.dim
-    kind = getattr(c, KIND_OVERHEADS[stype.value]) * W * B * F * P if W > 1 and stype.value in KIND_OVERHEADS else 0.0
+    kind = getattr(c, KIND_OVERHEADS[stype.value]) * W * B * F if W > 1 and stype.value in KIND_OVERHEADS else 0.0
     if stype is ShardingType.DATA_PARALLEL:
         return 0.0, kind, 0.0, 0.0, 0.0
     ids, pooled = B * F * P * c.id_bytes, 2 * B * F * D * c.act_bytes

@@ -86,7 +86,7 @@ def _step(types, c, W=2, B=1024, pf=3.0):
     return plan, tables, topo, predict_step(plan, tables, DenseSpec(4, (16,), (1,), len(tables), 16), topo, c)
 
 
-def test_a_kinds_overhead_is_charged_per_id_of_the_global_batch_on_every_rank():
+def test_a_kinds_overhead_is_charged_per_bag_of_the_global_batch_on_every_rank():
     from neo.planner import ShardingType as T
 
     c0, c1 = builtin_constants("cpu"), replace_(builtin_constants("cpu"), row_wise_overhead=50e-9,
@@ -94,8 +94,8 @@ def test_a_kinds_overhead_is_charged_per_id_of_the_global_batch_on_every_rank():
     types = [T.ROW_WISE, T.TABLE_WISE, T.DATA_PARALLEL]
     *_, a = _step(types, c0)
     *_, b = _step(types, c1)
-    ids = 2 * 1024 * 3.0                                       # W x B x pooling, per table
-    extra = (50e-9 + 20e-9) * ids * 1e3
+    bags = 2 * 1024                                            # W x B, per table (3 ids a bag: not counted)
+    extra = (50e-9 + 20e-9) * bags * 1e3
     assert b.step_ms - a.step_ms == pytest.approx(extra, rel=1e-9)
     assert b.components_ms["output_dist"] - a.components_ms["output_dist"] == pytest.approx(extra, rel=1e-9)
     for r0, r1 in zip(a.rank_ms, b.rank_ms):                 # every rank pays it, wherever the shards are
@@ -119,13 +119,13 @@ def test_calibration_recovers_a_kinds_overhead_from_paired_rounds():
     truth = {"table_wise": 0.0, "row_wise": 80e-9, "column_wise": 0.0, "data_parallel": 30e-9}
     drift = [0.0, 1.7, 0.4]                                   # ms the machine's load adds in each round
     kinds = {}
-    for kind, per_id in truth.items():
+    for kind, per_bag in truth.items():
         cfg = machinery_config(W, kind, per_rank=KIND_TABLES_PER_RANK, batch=KIND_BATCH)
         topo = replace(cfg.topology.to_topology(W, W), batch_size_per_rank=KIND_BATCH)
         plan = plan_tables(cfg.table_specs(), topo, c)
         ms = predict_step(plan, cfg.table_specs(), cfg.dense_spec(4), topo, c).step_ms + 0.3   # + unexplained
-        ids = KIND_BATCH * W * len(cfg.tables)
-        kinds[kind] = {"plan": plan.to_dict(), "rounds_ms": [ms + per_id * ids * 1e3 + d for d in drift]}
+        bags = KIND_BATCH * W * len(cfg.tables)
+        kinds[kind] = {"plan": plan.to_dict(), "rounds_ms": [ms + per_bag * bags * 1e3 + d for d in drift]}
     got = kind_overheads({"kinds": kinds}, c, W)
     assert got["row_wise_overhead"] == pytest.approx(80e-9, rel=1e-6)
     assert got["data_parallel_overhead"] == pytest.approx(30e-9, rel=1e-6)
