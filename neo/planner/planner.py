@@ -58,19 +58,27 @@ def _input_side(tables: Sequence[TableSpec], opts: Sequence[Option], topo: Topol
     return t, bi, bo, m
 
 
+def _work_and_memory(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
+                     c: CostConstants):
+    """(work each option adds to the cluster: its parts plus the input side every rank pays, 0
+    for DP; device memory of each option; the cluster's memory left for embeddings)."""
+    W = topo.world_size
+    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
+                        for o in opts]) for opts in options]
+    sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
+    total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
+    return totals, sumhbm, total_cap - _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
+
+
 def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
             c: CostConstants) -> List[Proposal]:
     """Candidate option choices (deduplicated), see the module docstring."""
     W = topo.world_size
-    # work an option adds to the cluster: its parts plus the input side every rank pays (0 for DP)
-    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
-                        for o in opts]) for opts in options]
+    totals, sumhbm, embed_cap = _work_and_memory(tables, options, topo, c)
     maxpart = [np.array([o.max_part_seconds for o in opts]) for opts in options]
     maxhbm = [np.array([o.max_part_hbm for o in opts]) for opts in options]
-    sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
     min_cap = min(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
-    input_hbm = _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
     out: List[Proposal] = []
     seen = set()
     for mem_frac in (1.0, 0.5):
@@ -89,7 +97,7 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
                     break
                 choice = new
             for slack in (1.0, 0.9, 0.75):
-                fitted = _fit_total_memory(choice, totals, sumhbm, slack * total_cap - input_hbm)
+                fitted = _fit_total_memory(choice, totals, sumhbm, embed_cap - (1 - slack) * total_cap)
                 key = tuple(fitted)
                 if key not in seen:
                     seen.add(key)
@@ -106,12 +114,7 @@ def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], t
     collective kind it uses (every table of that sharding type moved to its best option of
     another type: a kind's fixed per-step latency is paid once, by the plan, and so is invisible
     to any one table's choice), and the uniform plans (one sharding type for every table)."""
-    W = topo.world_size
-    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
-                        for o in opts]) for opts in options]
-    sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
-    total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
-    cap = total_cap - _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
+    totals, sumhbm, cap = _work_and_memory(tables, options, topo, c)
     out: List[Proposal] = []
 
     def best_of(k: int, keep) -> Optional[int]:
