@@ -9,6 +9,7 @@
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 #include "interaction.h"
+#include "jagged_take.h"
 
 namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
@@ -35,6 +36,58 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
         py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
         py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
+  m.def("jagged_take", [](const std::vector<py::buffer>& ids, const std::vector<py::buffer>& offsets,
+                          const py::buffer& part, const py::buffer& row) {
+        // the buffer protocol, no numpy C API; ids may be read-only (Arrow's buffers): never written
+        if (ids.empty() || ids.size() != offsets.size())
+          throw std::invalid_argument("jagged_take: " + std::to_string(ids.size()) + " id blocks but " +
+                                      std::to_string(offsets.size()) + " offset blocks");
+        auto int64_vector = [](const py::buffer& b, const std::string& what) {
+          py::buffer_info i = b.request();
+          if (i.ndim != 1 || i.itemsize != 8 || (i.format != "l" && i.format != "q") ||
+              (i.shape[0] > 1 && i.strides[0] != 8))
+            throw std::invalid_argument("jagged_take: " + what + " must be a contiguous 1-D int64 array");
+          return i;
+        };
+        std::vector<py::buffer_info> keep;
+        std::vector<neo::JaggedBlock> blocks;
+        int64_t elem = 0;
+        std::string fmt;
+        for (size_t p = 0; p < ids.size(); ++p) {
+          py::buffer_info v = ids[p].request();
+          const bool ok = v.ndim == 1 && (v.itemsize == 4 || v.itemsize == 8) &&
+                          (v.format == "i" || v.format == "l" || v.format == "q") &&
+                          (v.shape[0] <= 1 || v.strides[0] == v.itemsize);
+          if (!ok || (p > 0 && (v.itemsize != elem || v.format != fmt)))
+            throw std::invalid_argument("jagged_take: block " + std::to_string(p) +
+                                        ": ids must be contiguous 1-D int32 or int64 arrays of one dtype");
+          elem = v.itemsize;
+          fmt = v.format;
+          py::buffer_info o = int64_vector(offsets[p], "block " + std::to_string(p) + "'s offsets");
+          if (o.shape[0] < 1) throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": no offsets");
+          blocks.push_back({static_cast<const char*>(v.ptr), static_cast<int64_t>(v.shape[0]),
+                            static_cast<const int64_t*>(o.ptr), static_cast<int64_t>(o.shape[0]) - 1});
+          keep.push_back(std::move(v));
+          keep.push_back(std::move(o));
+        }
+        py::buffer_info pi = int64_vector(part, "part"), ri = int64_vector(row, "row");
+        if (pi.shape[0] != ri.shape[0]) throw std::invalid_argument("jagged_take: part and row differ in length");
+        const int64_t m = pi.shape[0];
+        const auto* pp = static_cast<const int64_t*>(pi.ptr);
+        const auto* rp = static_cast<const int64_t*>(ri.ptr);
+        at::Tensor out_off = at::empty({m + 1}, at::kLong);
+        neo::jagged_take_offsets(blocks, pp, rp, m, out_off.data_ptr<int64_t>());
+        at::Tensor out = at::empty({out_off.data_ptr<int64_t>()[m]}, elem == 4 ? at::kInt : at::kLong);
+        {
+          py::gil_scoped_release nogil;
+          neo::jagged_take_copy(blocks, pp, rp, m, out_off.data_ptr<int64_t>(), elem,
+                                static_cast<char*>(out.data_ptr()));
+        }
+        return std::make_tuple(out, out_off);
+      },
+      "Rows (part[i], row[i]) of jagged blocks (ids, offsets; any buffers) laid end to end: "
+      "(ids, offsets from 0) as tensors",
+      py::arg("ids"), py::arg("offsets"), py::arg("part"), py::arg("row"));
   m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
         "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
         py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);

@@ -1,9 +1,10 @@
-"""Reading our Parquet files into numpy blocks (no torch): shared by the loader and ``inspect``."""
+"""Reading our Parquet files into numpy blocks (no torch; Neo's C++ gather where built): shared by the
+loader and ``inspect``."""
 
 from __future__ import annotations
 
 import os
-from typing import List, Sequence, Union
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +12,8 @@ import pyarrow as pa
 from .schema import DatasetMeta
 from .writer import Columns
 
-__all__ = ["take_from_parts", "list_parquet_files", "table_to_columns", "take_rows"]
+__all__ = ["take_from_parts", "list_parquet_files", "table_to_columns", "take_rows", "jagged_take",
+           "jagged_take_reference"]
 
 
 def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
@@ -62,28 +64,66 @@ def take_from_parts(parts: Sequence[Columns], idx: np.ndarray) -> Columns:
     """Rows ``idx`` (indices into the blocks ``parts`` laid end to end), in ``idx``'s order.
 
     The shuffled loader takes each batch this way from a window's row groups: the work is per
-    batch (no copy of the whole window up front, which stalled training once per window)."""
+    batch (no copy of the whole window up front, which stalled training once per window). Each
+    output row is copied once, from its block to its place (a multi-hot column by
+    :func:`jagged_take`)."""
     if len(parts) == 1:
         return take_rows(parts[0], idx)
     bounds = np.cumsum([0] + [len(p) for p in parts])
-    part = np.searchsorted(bounds, idx, side="right") - 1
-    order = np.argsort(part, kind="stable")                       # rows grouped by part
-    pieces = [take_rows(parts[p], idx[order[part[order] == p]] - bounds[p]) for p in np.unique(part)]
-    grouped = Columns.concat(pieces)
-    return take_rows(grouped, np.argsort(order, kind="stable"))   # back to idx's order
+    part = np.searchsorted(bounds, idx, side="right") - 1         # (m,) block of each row
+    row = np.asarray(idx - bounds[part], dtype=np.int64)          # (m,) its row in the block
+    present = np.unique(part)
+
+    def fixed(arrays: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty((len(idx),) + arrays[0].shape[1:], dtype=arrays[0].dtype)
+        for p in present:
+            sel = part == p
+            out[sel] = arrays[p][row[sel]]
+        return out
+
+    sparse: List[object] = []
+    for f in range(len(parts[0].sparse)):
+        cols = [p.sparse[f] for p in parts]
+        sparse.append(jagged_take(cols, part, row) if isinstance(cols[0], tuple) else fixed(cols))
+    return Columns(fixed([p.label for p in parts]), fixed([p.dense for p in parts]), sparse)
+
+
+def jagged_take(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], part: np.ndarray, row: np.ndarray
+                ) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets from 0) of rows ``row[i]`` of jagged blocks ``blocks[part[i]]`` = (ids, offsets).
+
+    Neo's C++ copy (``neo._C.jagged_take``: one pass, the blocks' ids read in place) where the
+    extension is built, else :func:`jagged_take_reference`; both give the same arrays."""
+    try:
+        from neo import _C
+    except ImportError:                   # data_pipeline used without Neo's extension
+        return jagged_take_reference(blocks, part, row)
+    ids = [np.ascontiguousarray(v) for v, _ in blocks]
+    offs = [np.ascontiguousarray(o, dtype=np.int64) for _, o in blocks]
+    if ids[0].dtype not in (np.int32, np.int64) or any(v.dtype != ids[0].dtype for v in ids):
+        return jagged_take_reference(blocks, part, row)
+    out, out_offs = _C.jagged_take(ids, offs, np.ascontiguousarray(part, dtype=np.int64),
+                                   np.ascontiguousarray(row, dtype=np.int64))
+    return out.numpy(), out_offs.numpy()
+
+
+def jagged_take_reference(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], part: np.ndarray, row: np.ndarray
+                          ) -> Tuple[np.ndarray, np.ndarray]:
+    """numpy reference of :func:`jagged_take`."""
+    lens = np.array([blocks[p][1][r + 1] - blocks[p][1][r] for p, r in zip(part.tolist(), row.tolist())],
+                    dtype=np.int64)
+    offs = np.zeros(len(row) + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    pieces = [blocks[p][0][blocks[p][1][r]:blocks[p][1][r + 1]] for p, r in zip(part.tolist(), row.tolist())]
+    ids = np.concatenate(pieces) if pieces else blocks[0][0][:0].copy()
+    return ids.astype(blocks[0][0].dtype, copy=False), offs
 
 
 def take_rows(cols: Columns, idx: np.ndarray) -> Columns:
-    """Rows ``idx`` of a block (jagged columns gathered vectorially)."""
+    """Rows ``idx`` of a block (jagged columns by :func:`jagged_take`)."""
     sp: List[object] = []
+    idx = np.asarray(idx, dtype=np.int64)
+    block = np.zeros(len(idx), np.int64)
     for s in cols.sparse:
-        if isinstance(s, tuple):
-            vals, offs = s
-            lens = offs[idx + 1] - offs[idx]  # (m,)
-            new_offs = np.zeros(len(idx) + 1, np.int64)
-            np.cumsum(lens, out=new_offs[1:])
-            src = np.repeat(offs[idx] - new_offs[:-1], lens) + np.arange(new_offs[-1])
-            sp.append((vals[src], new_offs))
-        else:
-            sp.append(s[idx])
+        sp.append(jagged_take([s], block, idx) if isinstance(s, tuple) else s[idx])
     return Columns(cols.label[idx], cols.dense[idx], sp)

@@ -8,12 +8,19 @@ one pass.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from tests.multiprocess import run_multiprocess
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The planner reads this machine's calibration from the user's cache directory; the suite
+    # (and the ranks and torchrun it starts, which inherit the environment) must see a fresh
+    # machine's defaults, not whatever ``neo calibrate`` left on the developer's machine.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="neo-test-cache-")
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
 
 

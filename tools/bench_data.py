@@ -11,6 +11,8 @@
    loader, batch ``--batch-size``: one loader with one background thread (one core), one loader
    with Arrow's thread pool, and two ranks in two processes at once, as under DDP (two cores)
    (target: 1M samples/s per core).
+3. First, a shuffled multi-hot batch's gather from a window's row groups: the previous numpy code
+   and Neo's C++ copy (``neo._C.jagged_take``), side by side (``--take-only``: only this).
 
 Wall time and CPU time are recorded; "per core" rates divide by the cores used (1 or 2), "per CPU-s"
 rates divide by the CPU seconds used (the honest per-core figure on a machine shared with other jobs).
@@ -136,6 +138,82 @@ def bench_loader(path: str, batch: int, mode: str, rows: int) -> Dict[str, Any]:
             "target_per_core": LOADER_TARGET, "ratio_to_target": round(rate / cores / LOADER_TARGET, 2)}
 
 
+def _environment() -> Dict[str, Any]:
+    """The machine (CPU model and ISA of the kernels included), the date and the load."""
+    from neo.machine import machine_info
+
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "cpu": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": os.getloadavg()}
+
+
+def _take_numpy(parts, idx):
+    """The loader's gather before ``neo._C.jagged_take`` (numpy, kept here as the baseline): rows
+    grouped by block, taken per block (repeat + arange + fancy index per jagged column), then taken
+    again into ``idx``'s order."""
+    import numpy as np
+
+    from data_pipeline.writer import Columns
+
+    def take(cols, ix):
+        sp = []
+        for s in cols.sparse:
+            vals, offs = s
+            lens = offs[ix + 1] - offs[ix]
+            new = np.zeros(len(ix) + 1, np.int64)
+            np.cumsum(lens, out=new[1:])
+            sp.append((vals[np.repeat(offs[ix] - new[:-1], lens) + np.arange(new[-1])], new))
+        return Columns(cols.label[ix], cols.dense[ix], sp)
+
+    bounds = np.cumsum([0] + [len(p) for p in parts])
+    part = np.searchsorted(bounds, idx, side="right") - 1
+    order = np.argsort(part, kind="stable")
+    grouped = Columns.concat([take(parts[p], idx[order[part[order] == p]] - bounds[p]) for p in np.unique(part)])
+    return take(grouped, np.argsort(order, kind="stable"))
+
+
+def bench_multi_hot_take(batch: int, reps: int = 30) -> List[Dict[str, Any]]:
+    """A shuffled batch's gather from a window of 4 row groups of 10 multi-hot features (bags of
+    0-38 ids, 19 on average), as the loader does it: the numpy baseline and Neo's C++ copy, side by
+    side in one process, one thread; both must give the same batch."""
+    import numpy as np
+
+    from data_pipeline.reader import take_from_parts
+    from data_pipeline.writer import Columns
+
+    rng = np.random.default_rng(0)
+    parts = []
+    for _ in range(4):
+        n = 65536
+        sparse = []
+        for _ in range(10):
+            lens = rng.integers(0, 39, n)
+            offs = np.zeros(n + 1, np.int64)
+            np.cumsum(lens, out=offs[1:])
+            sparse.append((rng.integers(0, 1 << 20, int(offs[-1])), offs))
+        parts.append(Columns(rng.integers(0, 2, n).astype(np.int8), rng.random((n, 13), dtype=np.float32), sparse))
+    idx = rng.permutation(4 * 65536)[:batch]
+    a, b = _take_numpy(parts, idx), take_from_parts(parts, idx)
+    for (va, oa), (vb, ob) in zip(a.sparse, b.sparse):
+        assert np.array_equal(va, vb) and np.array_equal(oa, ob), "the two gathers differ"
+    out = []
+    ids = sum(len(v) for v, _ in b.sparse)
+    for name, fn in (("multi-hot take: numpy (previous loader)", _take_numpy),
+                     ("multi-hot take: neo._C.jagged_take", take_from_parts)):
+        ts = []
+        for k in range(reps + 3):
+            ix = rng.permutation(4 * 65536)[:batch]
+            t0 = time.perf_counter()
+            fn(parts, ix)
+            ts.append(time.perf_counter() - t0)
+        ts = sorted(ts[3:])
+        med = ts[len(ts) // 2]
+        out.append({"name": name, "batch": batch, "ids": ids, "ms_per_batch": round(med * 1e3, 3),
+                    "samples_per_s": round(batch / med)})
+    out[1]["speedup_vs_numpy"] = round(out[0]["ms_per_batch"] / out[1]["ms_per_batch"], 2)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000, help="samples of the loader data set")
@@ -144,6 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--sample", default=os.path.join(REPO, "data_pipeline", "samples", "criteo_kaggle_sample.tsv"))
     ap.add_argument("--json", default=None, help="write the records to this file")
+    ap.add_argument("--take-only", action="store_true", help="only the multi-hot gather (numpy vs Neo's C++)")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(1)
@@ -151,6 +230,13 @@ def main(argv=None) -> int:
     work = args.workdir or tempfile.mkdtemp(prefix="neo_bench_")
     os.makedirs(work, exist_ok=True)
     records: List[Dict[str, Any]] = []
+    for r in bench_multi_hot_take(2048):
+        records.append(r)
+        print(json.dumps(r), flush=True)
+    if args.take_only:
+        if args.json:
+            write_json(args.json, {"environment": _environment(), "records": records})
+        return 0
     try:
         tsv = os.path.join(work, "raw.tsv")
         lines = make_tsv(args.sample, tsv, args.tsv_lines)
@@ -172,8 +258,7 @@ def main(argv=None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    env = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg()}
+    env = _environment()
     print(f"\nload average {os.getloadavg()}")
     print("%-45s %12s %12s %12s %8s" % ("benchmark", "rate/s", "per core", "per CPU-s", "x target"))
     for r in records:

@@ -2,7 +2,7 @@
 """Does the planner's model match this machine, and does it choose the fastest plan?
 
     python tools/bench_planner_fidelity.py --json bench_out/planner_fidelity.json [--world-sizes 1,2,4]
-        [--steps 80] [--mixes main_job,zipf_mix,wide_mix] [--quick]
+        [--steps 80] [--mixes main_job,zipf_mix,wide_mix] [--quick] [--calibrate]
 
 Trains table mixes with ``neo train`` (torchrun, this machine's ranks, OMP_NUM_THREADS=1 per rank)
 under the planner's own plan and, at world sizes above 1, under four alternatives: every table
@@ -12,6 +12,11 @@ line gives the plan's ``predicted_step_ms`` and the steady-state ``measured_step
 (``neo.train.step_stats``); every plan runs ``--rounds`` times, interleaved with the others, and the
 median is reported (the machine may be shared). Prints both side by side and writes JSON records with ``config``,
 ``world_size``, ``plan`` (``planner`` for the planner's own), ``predicted_ms`` and ``measured_ms``.
+
+With ``--calibrate``, ``neo calibrate`` runs at each world size before every round and that
+round's runs are predicted with its constants (``sharding.cost_constants``): on a shared VM the
+memory speed drifts by half within minutes (a random-row gather probe: 12.7 then 7.6 GB/s in two
+consecutive runs), so constants from an hour earlier describe another machine.
 
 Targets (issue 14): predicted within 25% of measured (after ``neo calibrate`` at each world size);
 the planner's plan within 5% of the fastest alternative measured, in every case.
@@ -82,14 +87,24 @@ def run(config: str, world: int, overrides: List[str], steps: int) -> Dict[str, 
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def second_best(cfg_path: str, world: int, batch: int, out: str) -> bool:
+def calibrate(world: int, out: str, quick: bool) -> None:
+    """``neo calibrate`` at ``world`` ranks (one thread each, as the runs) into ``out``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+           "-m", "neo.calibrate", "--out", out] + (["--quick"] if quick else [])
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"neo calibrate at {world} ranks failed, exit {p.returncode}:\n{p.stderr[-3000:]}")
+
+
+def second_best(cfg_path: str, world: int, batch: int, out: str, overrides: List[str] = ()) -> bool:
     """Write the planner's second-best plan for ``world`` ranks to ``out``; False if it has none."""
     from dataclasses import replace
 
     from neo.config import load_config
     from neo.planner import plan_tables
 
-    cfg = load_config(cfg_path)
+    cfg = load_config(cfg_path, list(overrides))
     topo = replace(cfg.topology.to_topology(world, world), batch_size_per_rank=batch)
     consts, _ = cfg.cost_constants(world)
     plan = plan_tables(cfg.table_specs(), topo, consts, alternatives=1)
@@ -109,6 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", default="main_job,zipf_mix,wide_mix")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, interleaved; the median is reported")
     ap.add_argument("--quick", action="store_true", help="30 steps, world sizes 1 and 2, two mixes, one round")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="run neo calibrate before every round, and predict that round's runs with its "
+                         "constants (a shared machine's memory speed drifts between minutes)")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.world_sizes, args.mixes, args.rounds = 30, "1,2", "main_job,zipf_mix", 1
@@ -124,21 +142,31 @@ def main(argv=None) -> int:
             [t["name"] for t in all_mixes[name]["tables"]]
         batch = all_mixes[name]["train"]["batch_size"]
         for world in [int(w) for w in args.world_sizes.split(",")]:
+            def constants(r: int) -> List[str]:
+                """Round ``r``'s constants: calibrated just before it (``--calibrate``), or this machine's file."""
+                if not args.calibrate:
+                    return []
+                out = os.path.join(tmp, f"calibration-w{world}-r{r}.json")
+                if not os.path.exists(out):
+                    calibrate(world, out, quick=False)
+                return [f"sharding.cost_constants={out}"]
+
             plans = {"planner": []}
             if world > 1:
                 for st in ("table_wise", "row_wise", "column_wise"):
                     plans[st] = [f"sharding.types.{n}={st}" for n in names]
                 alt = os.path.join(tmp, f"{name}-w{world}-second.json")
-                if second_best(path, world, batch, alt):
+                if second_best(path, world, batch, alt, constants(0)):
                     plans["second_best"] = [f"sharding.plan_file={alt}"]
             runs: Dict[str, List[Dict[str, Any]]] = {plan: [] for plan in plans}
             failed: Dict[str, int] = {}
             t0 = time.perf_counter()
-            for _ in range(args.rounds):                    # every plan once per round: rounds see the same load
+            for r in range(args.rounds):                    # every plan once per round: rounds see the same load
                 for plan, ov in plans.items():
                     run_dir = os.path.join(tmp, f"run-{name}-{world}-{plan}")
                     try:
-                        runs[plan].append(run(path, world, ov + [f"train.run_dir={run_dir}"], args.steps))
+                        runs[plan].append(run(path, world, ov + constants(r) + [f"train.run_dir={run_dir}"],
+                                              args.steps))
                     except RuntimeError as e:             # reported and counted, never dropped silently
                         print(f"{name} W={world} {plan}: run failed: {e}", flush=True)
                         failed[plan] = failed.get(plan, 0) + 1

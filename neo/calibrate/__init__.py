@@ -6,7 +6,7 @@
 Measures (:mod:`neo.calibrate.measure`) fused lookups and fused backward + optimizer over table
 sizes, dims and pooling factors, the AlltoAll of the transport training uses and the dense
 gradients' AllReduce over message sizes, MLP layers, the dot interaction and the dense optimizer,
-and a small model trained by the real trainer; fits :class:`neo.planner.CostConstants` to them
+and two small models (narrow and wide) trained by the real trainer; fits :class:`neo.planner.CostConstants` to them
 (:mod:`neo.calibrate.fit`), and writes one JSON: ``{"format", "machine", "date", "constants":
 {"<world size>": {...}}, "fit": {...}, "measurements": {...}}``. A run at another world size adds
 its constants to the same file. Default path: this machine's calibration file in the user's cache
@@ -23,11 +23,11 @@ import os
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["main", "fit_constants", "kind_overheads"]
+__all__ = ["main", "fit_constants", "kind_overheads", "machinery_overheads", "loading_constants"]
 
 
 def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -71,12 +71,22 @@ def _t(foot: float, hot: float, cold: float) -> float:
     return float(np.clip(np.log(max(foot, 1.0) / hot) / np.log(cold / hot), 0.0, 1.0))
 
 
+def _rank_components(runs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """One small model's components from its ranks' measurements."""
+    comps: Dict[str, float] = {}
+    if runs:
+        for k in runs[0]["components_ms"]:
+            vals = [r["components_ms"][k] for r in runs]
+            # a rank that waits for a slower one does it inside a collective: the collectives'
+            # own cost is what the least-waiting rank sees there; the rest is averaged
+            comps[k] = float(min(vals) if k in ("input_dist", "output_dist") else np.mean(vals))
+    return comps
+
+
 def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int):
     """(CostConstants, fit quality per group) from the measurements of one world size."""
     from neo.calibrate.fit import fit_linear
     from neo.planner.constants import builtin_constants
-    from neo.planner.cost import seconds_per_byte
-    from neo.planner.step_model import DenseSpec, dense_seconds
 
     base = builtin_constants(machine.get("device_kind", "cpu"))
     hot = float(machine.get("l2_bytes") or 1 << 20)
@@ -119,24 +129,57 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                dense_optimizer_bw=float(np.median([r["bytes"] / r["seconds"] for r in meas["dense"]
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)
-    # the per-step costs no kernel shows: the small model's measured steps minus what the model explains
-    mach = meas.get("machinery") or {}
-    m = mach.get("measured", {}).get("components_ms")
-    if m:
-        spec = DenseSpec(4, (16,), (1,), num_features=world_size, dim=16, optimizer_state_floats=0)
-        dense_model = dense_seconds(spec, 256, world_size, c)
-        lat = c.intra_latency if world_size > 1 else 0.0
-        ids_b = 256 * world_size * 4.0 * (world_size - 1) / world_size
-        kernel = (256 * world_size) * (c.lookup_bag_s + c.lookup_id_s + 64 * seconds_per_byte(
-            np.array([1000 * 128.0]), c.lookup_bw_hot, c.lookup_bw_cold, c)[0])
-        c = replace(
-            c,
-            input_dist_overhead=max(1e-6, m["input_dist"] / 1e3 - 2 * lat - ids_b / c.intra_bw),
-            output_dist_overhead=max(1e-6, m["output_dist"] / 1e3 - 2 * lat),
-            lookup_call_s=max(1e-6, (m["embedding_fwd"] + m["embedding_bwd"]) / 1e3 - 2 * kernel),
-            step_overhead=max(1e-6, (m["other"] + m["data"]) / 1e3 + max(0.0, m["dense"] / 1e3 - dense_model)))
+    c = replace(c, **machinery_overheads(meas, c, world_size), **loading_constants(meas))
     c = replace(c, **kind_overheads(meas, c, world_size))
     return c, quality
+
+
+def machinery_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]:
+    """The per-step costs no kernel shows: the small models' measured components (``machinery``,
+    and ``machinery_wide`` if measured) minus what the model with ``c`` explains. The dense part's
+    residual grows from the narrow model to the wide one with the pooled elements the dense part
+    takes in: that growth per element is ``pooled_elem_s``; the rest is ``step_overhead``."""
+    from neo.calibrate.measure import WIDE_BATCH, WIDE_DIM, WIDE_TABLES_PER_RANK
+    from neo.planner.cost import seconds_per_byte
+    from neo.planner.step_model import DenseSpec, dense_seconds
+
+    m = ((meas.get("machinery") or {}).get("measured") or {}).get("components_ms")
+    if not m:
+        return {}
+    c = replace(c, pooled_elem_s=0.0)
+
+    def residual(comps: Dict[str, float], per_rank: int, dim: int, batch: int) -> Tuple[float, float]:
+        """(seconds of the trainer's dense part the dense model does not explain, pooled elements)."""
+        spec = DenseSpec(4, (dim,), (1,), num_features=world_size * per_rank, dim=dim, optimizer_state_floats=0)
+        return comps["dense"] / 1e3 - dense_seconds(spec, batch, world_size, c), batch * spec.num_features * dim
+
+    res, pooled = residual(m, 1, 16, 256)
+    per_elem = 0.0
+    wide = ((meas.get("machinery_wide") or {}).get("measured") or {}).get("components_ms")
+    if wide:
+        res_w, pooled_w = residual(wide, WIDE_TABLES_PER_RANK, WIDE_DIM, WIDE_BATCH)
+        per_elem = max(0.0, (res_w - res) / (pooled_w - pooled))
+    lat = c.intra_latency if world_size > 1 else 0.0
+    ids_b = 256 * world_size * 4.0 * (world_size - 1) / world_size
+    kernel = (256 * world_size) * (c.lookup_bag_s + c.lookup_id_s + 64 * seconds_per_byte(
+        np.array([1000 * 128.0]), c.lookup_bw_hot, c.lookup_bw_cold, c)[0])
+    return dict(input_dist_overhead=max(1e-6, m["input_dist"] / 1e3 - 2 * lat - ids_b / c.intra_bw),
+                output_dist_overhead=max(1e-6, m["output_dist"] / 1e3 - 2 * lat),
+                lookup_call_s=max(1e-6, (m["embedding_fwd"] + m["embedding_bwd"]) / 1e3 - 2 * kernel),
+                pooled_elem_s=per_elem,
+                step_overhead=max(1e-6, (m["other"] + m["data"]) / 1e3 + max(0.0, res - pooled * per_elem)))
+
+
+def loading_constants(meas: Dict[str, Any]) -> Dict[str, float]:
+    """The loader's cost per batch, per bag and per id (``data_batch_s``, ``data_bag_s``,
+    ``data_id_s``) fitted to :func:`neo.calibrate.measure.loading`'s records."""
+    from neo.calibrate.fit import fit_linear
+
+    rows = meas.get("loading") or []
+    if not rows:
+        return {}
+    f, _ = fit_linear(rows, ["batches", "bags", "ids"])
+    return {"data_batch_s": f["batches"], "data_bag_s": f["bags"], "data_id_s": f["ids"]}
 
 
 def _machine() -> Dict[str, Any]:
@@ -185,6 +228,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             "dense": measure.dense(pg.world if W > 1 else None, args.quick),
             "threads": torch.get_num_threads()}
     mine["machinery"] = measure.machinery(pg, args.quick)
+    mine["machinery_wide"] = measure.machinery(pg, args.quick, per_rank=measure.WIDE_TABLES_PER_RANK,
+                                               batch=measure.WIDE_BATCH, dim=measure.WIDE_DIM,
+                                               ids_per_bag=measure.WIDE_IDS_PER_BAG)
+    mine["loading"] = measure.loading(pg, args.quick)
     mine["kinds"] = {}
     for _ in range(1 if args.quick else 3):       # interleaved rounds: a shared machine's load drifts
         for k in (("table_wise",) + measure.KINDS) if W > 1 else ():
@@ -198,16 +245,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         gathered = [mine]
     if rank == 0:
-        meas = {k: _mean_records([g[k] for g in gathered]) for k in ("lookups", "collectives", "dense")}
-        runs = [g["machinery"]["measured"] for g in gathered if g["machinery"].get("measured")]
-        comps = {}
-        if runs:
-            for k in runs[0]["components_ms"]:
-                vals = [r["components_ms"][k] for r in runs]
-                # a rank that waits for a slower one does it inside a collective: the collectives'
-                # own cost is what the least-waiting rank sees there; the rest is averaged
-                comps[k] = float(min(vals) if k in ("input_dist", "output_dist") else np.mean(vals))
-        meas["machinery"] = {"measured": {"components_ms": comps}, "per_rank": runs}
+        meas = {k: _mean_records([g[k] for g in gathered]) for k in ("lookups", "collectives", "dense", "loading")}
+        for key in ("machinery", "machinery_wide"):
+            runs = [g[key]["measured"] for g in gathered if g[key].get("measured")]
+            meas[key] = {"measured": {"components_ms": _rank_components(runs)}, "per_rank": runs}
         # each kind's step in each round, the mean of the ranks
         meas["kinds"] = {k: {"rounds_ms": [float(np.mean(x)) for x in zip(*[g["kinds"][k]["steps_ms"]
                                                                             for g in gathered])],

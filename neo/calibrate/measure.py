@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["timed", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK", "KIND_BATCH"]
+__all__ = ["timed", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
+           "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG"]
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
@@ -63,7 +64,7 @@ def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
     B = 2048
     footprints = (256 << 10, 16 << 20, 384 << 20)
     dims = (16, 64) if quick else (16, 64, 128)
-    pools = (1, 16)
+    pools = (1, 16) if quick else (1, 16, 48)        # multi-hot features reach tens of ids a bag
     reps = 5 if quick else 9
     out = []
     warm = True
@@ -74,14 +75,18 @@ def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
                                                      optimizer=OptimizerConfig("adagrad", lr=0.01))],
                                         backend="auto", validate=False)
             for P in pools:
-                batch = _uniform_batch(rows, B, P, gen)
-                distinct = int(torch.unique(batch.values).numel())
+                # A fresh batch for every call, as in training: the same batch again finds its rows
+                # in the caches (the zipf_mix's fused backward: 7.3 ms on repeated batches, 13.7 ms
+                # on a new batch each step, the planner's prediction off by as much).
+                def fresh():
+                    return _uniform_batch(rows, B, P, gen)
+                distinct = int(torch.unique(fresh().values).numel())
                 grad = torch.randn(B, D, generator=gen)
                 warmup = 10 if warm else 2                   # the first kernel calls of the process
                 warm = False
                 with torch.no_grad():
-                    fwd = timed(lambda: emb(batch), reps, group, warmup)
-                bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=lambda: emb(batch))
+                    fwd = timed(lambda b: emb(b), reps, group, warmup, setup=fresh)
+                bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=lambda: emb(fresh()))
                 common = {"bags": B, "ids": B * P, "distinct": distinct, "row_bytes": 4 * D, "state_bytes": 4 * D,
                           "footprint": rows * 8 * D}
                 out.append(dict(common, phase="fwd", seconds=fwd))
@@ -125,7 +130,9 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
     B = 2048
     reps = 3 if quick else 5
     out = []
-    shapes = [(13, 64), (64, 16), (512, 256), (256, 64), (64, 512), (1024, 1024)]
+    # sizes of DLRM towers, powers of two and not (an interaction's output width rarely is one),
+    # down to the 1-wide logit layer
+    shapes = [(13, 64), (64, 16), (512, 256), (256, 64), (64, 512), (1024, 1024), (100, 64), (64, 1)]
     if quick:
         shapes = shapes[:4]
     for i, o in shapes:
@@ -162,19 +169,27 @@ KIND_TABLES_PER_RANK, KIND_BATCH = 4, 1024
 charged per bag of a table of the kind)."""
 
 
+WIDE_TABLES_PER_RANK, WIDE_DIM, WIDE_BATCH, WIDE_IDS_PER_BAG = 4, 64, 2048, 8
+"""The wide small model (:func:`machinery` once more): 16x the narrow one's pooled elements per
+sample, 8x its batch and bags of 0-16 ids (8 on average) where the narrow one has one id, for the
+cost per pooled element (``pooled_elem_s``) and the loader's cost per sample and per id."""
+
+
 def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = False, rank: int = 0,
-                     per_rank: int = 1, batch: int = 256):
-    """The small DLRM of :func:`machinery`: ``per_rank`` 1000 x 16 tables per rank, every table ``kind``."""
+                     per_rank: int = 1, batch: int = 256, dim: int = 16, ids_per_bag: int = 1):
+    """The small DLRM of :func:`machinery`: ``per_rank`` 1000 x ``dim`` tables per rank, every table
+    ``kind``, bags of ``ids_per_bag`` ids (more than one: variable bags of that mean)."""
     from neo.config import config_from_dict
 
     W = world_size
     tmp = os.path.join(tempfile.gettempdir(), "neo-calibrate")
-    tables = [{"name": f"m{k}", "num_rows": 1000, "dim": 16, "feature_names": [f"f{k}"]} for k in range(W * per_rank)]
+    tables = [{"name": f"m{k}", "num_rows": 1000, "dim": dim, "feature_names": [f"f{k}"]} for k in range(W * per_rank)]
     return config_from_dict({
         "tables": tables, "topology": {"hbm_gib": 1},
-        "model": {"interaction": "dot", "dense_arch": [16], "over_arch": [1]},
+        "model": {"interaction": "dot", "dense_arch": [dim], "over_arch": [1]},
         "data": {"source": "synthetic", "synthetic": {"num_samples": 64 * batch * W, "val_samples": batch * W,
                                                       "num_dense": 4, "distribution": "uniform",
+                                                      "ids_per_bag": [ids_per_bag], "variable_bags": ids_per_bag > 1,
                                                       "cache_dir": os.path.join(tmp, "data")}},
         "optim": {"type": "sgd", "lr": 0.01},
         "sharding": {"types": {t["name"]: kind for t in tables}, "cache_sample_batches": 0},
@@ -183,11 +198,50 @@ def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = Fa
     })
 
 
-def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int = 1, batch: int = 256) -> Dict[str, Any]:
-    """A small DLRM (``per_rank`` tables per rank, batch 256, every table ``kind``) trained by the
-    real trainer on synthetic data: its measured components (``neo.train.step_stats``) and its plan."""
+def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int = 1, batch: int = 256,
+              dim: int = 16, ids_per_bag: int = 1) -> Dict[str, Any]:
+    """A small DLRM (``per_rank`` tables of ``dim`` per rank, ``batch`` samples, every table ``kind``)
+    trained by the real trainer on synthetic data: its measured components (``neo.train.step_stats``)
+    and its plan."""
     from neo.train.trainer import Trainer
 
-    tr = Trainer(machinery_config(pg.world_size, kind, quick, pg.rank, per_rank, batch), pg=pg, log=lambda *a, **k: None)
+    tr = Trainer(machinery_config(pg.world_size, kind, quick, pg.rank, per_rank, batch, dim, ids_per_bag), pg=pg,
+                 log=lambda *a, **k: None)
     tr.fit()
     return {"measured": tr.step_stats.summary(), "plan": tr.plan}
+
+
+def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
+    """Records ``{"batches": 1, "bags", "ids", "seconds"}``: the loader's work per batch (inline,
+    one thread) on the small models' data (:func:`machinery` made it): the narrow model's one-hot
+    batches, and the wide model's multi-hot ones at two batch sizes, so that a fit can tell the
+    cost per batch, per bag and per id apart."""
+    from data_pipeline.loader import LoaderOptions, ParquetLoader
+    from neo.train.build import prepare_data, resolve_tables
+
+    out = []
+    n = 8 if quick else 20
+    for cfg, F, P, B in ((machinery_config(pg.world_size, rank=pg.rank), pg.world_size, 1, 256),
+                         (machinery_config(pg.world_size, rank=pg.rank, per_rank=WIDE_TABLES_PER_RANK,
+                                           batch=WIDE_BATCH, dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG),
+                          pg.world_size * WIDE_TABLES_PER_RANK, WIDE_IDS_PER_BAG, WIDE_BATCH // 2),
+                         (None, None, None, WIDE_BATCH)):
+        if cfg is None:                                  # the wide data again, at the full batch
+            cfg, F, P = last
+        last = (cfg, F, P)
+        data = prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None)
+        loader = ParquetLoader(data.train_paths, LoaderOptions(
+            batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
+            shuffle_window=cfg.data.shuffle_window, seed=0, drop_last=True, prefetch_batches=0))
+        it = iter(loader)
+        for _ in range(3):                               # the first window's read
+            next(it)
+        ts, ids = [], 0
+        for _ in range(n):
+            t0 = time.perf_counter()
+            b = next(it)
+            ts.append(time.perf_counter() - t0)
+            ids += int(b.sparse.values.numel())
+        ts.sort()
+        out.append({"batches": 1.0, "bags": float(B * F), "ids": ids / n, "seconds": ts[len(ts) // 2]})
+    return out

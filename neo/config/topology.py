@@ -129,7 +129,7 @@ class TopologyConfig:
         from neo.planner.types import GIB, Device, Topology
 
         W = world_size or self.world_size
-        L = local_world_size or self.local_world_size
+        L = local_world_size or self.local_world_size or W           # unnamed: one node, as torchrun --standalone
         if not W or not L:
             raise ConfigError("topology.world_size / topology.local_world_size: not set "
                               "(give them in the config or with --world-size / --local-world-size)")

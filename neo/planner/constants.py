@@ -37,7 +37,7 @@ KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_o
                   "data_parallel": "data_parallel_overhead", "table_row_wise": "table_row_wise_overhead",
                   "table_column_wise": "table_column_wise_overhead"}
 _SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
-             *KIND_OVERHEADS.values()}
+             "pooled_elem_s", "data_batch_s", "data_bag_s", "data_id_s", *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,18 @@ class CostConstants:
     """Flop/s of the interaction (dot products, cross layers' elementwise work)."""
     dense_optimizer_bw: float = 1.5e12
     """Bytes/s of the dense optimizer's pass over parameters and state."""
+    data_batch_s: float = 0.0
+    """Loader CPU seconds per batch of a rank (charged only where the loader cannot run beside
+    the ranks: ``neo.planner.step_model.data_exposed_share``)."""
+    data_bag_s: float = 0.0
+    """Loader CPU seconds per bag (sample x feature) of a rank's batch (a shuffled row's copy)."""
+    data_id_s: float = 0.0
+    """Loader CPU seconds per sparse id of a rank's batch."""
+    pooled_elem_s: float = 0.0
+    """Per element of the pooled embeddings a rank's dense part takes in (B x F x D) per step:
+    moving them between the lookup, the output distribution and the model and back (concatenation,
+    feature order, contiguous gradients, autograd bookkeeping). ``neo calibrate`` measures it as
+    the growth of the real trainer's dense residual from a narrow to a wide small model."""
     step_overhead: float = 300e-6
     """Per step: the rest of the loop (Python, loss, logging)."""
     # the cache

@@ -12,9 +12,12 @@ with the components of the busiest rank. Dense part (:class:`DenseSpec`, per ran
 the MLPs (6 B in out flops per layer: forward, input and weight gradients) at ``dense_flops``
 plus ``dense_layer_s`` per layer; the interaction (dot: pairs of the F + 1 vectors; DCNv2: the
 low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over parameters and
-state at ``dense_optimizer_bw``; with W > 1 ranks, DDP's AllReduce of the gradients (25 MiB
-buckets, ``allreduce_latency`` each, ``allreduce_bw``). Data loading is assumed hidden (the
-loader runs ahead on its own threads). Pure numpy; the constants are ``neo calibrate``'s.
+state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their gradients'
+way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks, DDP's AllReduce of the gradients (25 MiB
+buckets, ``allreduce_latency`` each, ``allreduce_bw``). Data loading runs ahead on each rank's
+loader thread: hidden where the node has a spare core for it, else its CPU time (per sample and
+per id) is part of the step as ``data`` (:func:`data_exposed_share`). Pure numpy; the constants
+are ``neo calibrate``'s.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import numpy as np
 from neo.planner.constants import CostConstants
 from neo.planner.cost import collective_latency_split, estimate_parts, input_side_split
 from neo.planner.plan import Plan
-from neo.planner.types import Placement, ShardingType, TableSpec, Topology
+from neo.planner.types import Placement, TableSpec, Topology
 
-__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "predict_step", "COMPONENTS"]
+__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step",
+           "COMPONENTS"]
 
-COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense")
+COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense", "data")
 _BUCKET = 25 * 2**20                    # DDP's default bucket (bytes)
 
 
@@ -109,15 +113,35 @@ def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants
     mm, inter = spec.flops(batch)
     t = mm / c.dense_flops + inter / c.interaction_flops + (len(spec.layers()) + 1) * c.dense_layer_s
     t += spec.params * 4.0 * (2 + 2 * spec.optimizer_state_floats) / c.dense_optimizer_bw
+    t += batch * spec.num_features * spec.dim * c.pooled_elem_s
     if world_size > 1:
         grad = spec.params * 4.0
         t += math.ceil(grad / _BUCKET) * c.allreduce_latency + grad * 2 * (world_size - 1) / world_size / c.allreduce_bw
     return t
 
 
+def data_exposed_share(device_kind: str, local_ranks: int, threads_per_rank: int, cores: int) -> float:
+    """Share of the loader's CPU time a step pays: the loader thread of each rank runs beside its
+    compute threads on spare cores, if the node has them; where every core is taken (on CPU,
+    ``local_ranks * (threads_per_rank + 1) > cores``) the loaders' work takes cores from the ranks.
+    Accelerators compute off the host: nothing is paid there (the host keeps up, assumed)."""
+    if device_kind != "cpu" or cores <= 0:
+        return 0.0
+    over = local_ranks * (threads_per_rank + 1) - cores
+    return float(min(1.0, max(0.0, over / max(1, local_ranks))))
+
+
+def data_seconds(tables: Sequence[TableSpec], batch: int, c: CostConstants) -> float:
+    """Loader CPU seconds of one rank's batch: per batch, per bag and per sparse id (every feature's)."""
+    bags = sum(t.num_features for t in tables)
+    ids = sum(t.num_features * t.pooling_factor for t in tables)
+    return c.data_batch_s + batch * (bags * c.data_bag_s + ids * c.data_id_s)
+
+
 def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo: Topology,
-                 c: CostConstants) -> StepPrediction:
-    """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring)."""
+                 c: CostConstants, data_exposed: float = 0.0) -> StepPrediction:
+    """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring); the share
+    ``data_exposed`` (:func:`data_exposed_share`) of the loader's work is paid as ``data``."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
@@ -153,7 +177,8 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     r = int(np.argmax(per_rank))
     d = dense_seconds(dense, topo.batch_size_per_rank, W, c)
     parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
-             "output_dist": comp["out"][r], "dense": d, "other": c.step_overhead}
+             "output_dist": comp["out"][r], "dense": d,
+             "data": data_exposed * data_seconds(tables, topo.batch_size_per_rank, c), "other": c.step_overhead}
     step = sum(parts.values())
     return StepPrediction(step * 1e3, {k: v * 1e3 for k, v in parts.items()}, r,
                           topo.batch_size_per_rank * W / step, tuple(float(x) * 1e3 for x in per_rank))

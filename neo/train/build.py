@@ -317,11 +317,28 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
         plan.summary["cost_constants"] = what
         dense = dense_spec(cfg, data.num_dense if data is not None else None)
         if dense is not None:
-            plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts).to_dict()
+            plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
+                                                data_exposed=data_share(cfg, consts, pg)).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)
     return payload[0]
+
+
+def data_share(cfg, consts, pg) -> float:
+    """Share of the loader's CPU time this run's steps pay (:func:`neo.planner.step_model.data_exposed_share`):
+    all of it when the loader runs inline (``data.prefetch_batches: 0``)."""
+    import torch
+
+    from neo.planner.step_model import data_exposed_share
+
+    if cfg.data.prefetch_batches <= 0:
+        return 1.0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                                    # not Linux
+        cores = os.cpu_count() or 1
+    return data_exposed_share(consts.device_kind, pg.local_world_size, torch.get_num_threads(), cores)
 
 
 def dense_spec(cfg, num_dense: Optional[int] = None):

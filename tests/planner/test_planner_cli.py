@@ -82,3 +82,28 @@ def test_neo_plan_plans_for_the_trainers_batch_unless_the_topology_names_one(tmp
 
     assert plan("train.batch_size=4096") == plan("topology.batch_size_per_rank=4096", "train.batch_size=8")
     assert plan("train.batch_size=4096") != plan("train.batch_size=64")
+
+
+def test_neo_calibrate_writes_every_constant_and_neo_plan_uses_them(tmp_path, capsys):
+    """``neo calibrate --quick`` in one process: a JSON with the machine, the date and every cost
+    constant measured at world size 1, which ``neo plan`` then names and predicts with."""
+    import dataclasses
+    import math
+
+    from neo.planner.constants import CostConstants, load_constants
+
+    out = tmp_path / "calibration.json"
+    assert main(["calibrate", "--quick", "--out", str(out)]) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["device_kind"] == "cpu" and doc["date"]
+    got = doc["constants"]["1"]
+    for f in dataclasses.fields(CostConstants):
+        assert f.name in got, f.name
+        if isinstance(got[f.name], float):
+            assert math.isfinite(got[f.name]) and got[f.name] >= 0, f.name
+    c = load_constants(str(out), 1, "cpu")
+    assert c.lookup_id_s == got["lookup_id_s"] and c.pooled_elem_s == got["pooled_elem_s"]
+    main_job = os.path.join(os.path.dirname(EXAMPLE), "main_job.yaml")
+    assert main(["plan", main_job, "--world-size", "1", f"sharding.cost_constants={out}"]) == 0
+    assert str(out) in capsys.readouterr().out

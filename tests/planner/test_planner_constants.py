@@ -131,3 +131,79 @@ def test_calibration_recovers_a_kinds_overhead_from_paired_rounds():
     assert got["data_parallel_overhead"] == pytest.approx(30e-9, rel=1e-6)
     assert got["column_wise_overhead"] == pytest.approx(0.0, abs=1e-15)
     assert kind_overheads({"kinds": {}}, c, W) == {}
+
+
+def test_dense_part_charges_each_pooled_element():
+    """``pooled_elem_s`` is paid once per element of the B x F x D pooled input of the dense part."""
+    from dataclasses import replace
+
+    from neo.planner.step_model import DenseSpec, dense_seconds
+
+    spec = DenseSpec(13, (64, 32), (64, 1), num_features=10, dim=32)
+    c0 = builtin_constants("cpu")
+    c1 = replace(c0, pooled_elem_s=2.5e-9)
+    for W in (1, 2):
+        extra = dense_seconds(spec, 2048, W, c1) - dense_seconds(spec, 2048, W, c0)
+        assert extra == pytest.approx(2048 * 10 * 32 * 2.5e-9, rel=1e-9)
+
+
+def test_calibration_recovers_the_cost_per_pooled_element():
+    """neo calibrate's split of the small models' unexplained dense time into a constant and a
+    part per pooled element, on components made of the model plus known costs."""
+    from dataclasses import replace
+
+    from neo.calibrate import machinery_overheads
+    from neo.calibrate.measure import WIDE_BATCH, WIDE_DIM, WIDE_TABLES_PER_RANK
+    from neo.planner.step_model import DenseSpec, dense_seconds
+
+    W, c = 2, replace(builtin_constants("cpu"), pooled_elem_s=7e-9)   # the fit must not count this one
+    base = replace(c, pooled_elem_s=0.0)
+    per_elem, fixed = 3e-9, 0.4e-3
+
+    def comps(per_rank, dim, batch):
+        spec = DenseSpec(4, (dim,), (1,), num_features=W * per_rank, dim=dim, optimizer_state_floats=0)
+        dense = dense_seconds(spec, batch, W, base) + fixed + per_elem * batch * W * per_rank * dim
+        return {"measured": {"components_ms": {"dense": dense * 1e3, "input_dist": 0.5, "output_dist": 0.6,
+                                               "embedding_fwd": 0.2, "embedding_bwd": 0.3, "other": 0.1,
+                                               "data": 0.05}}}
+
+    narrow = comps(1, 16, 256)
+    got = machinery_overheads({"machinery": narrow, "machinery_wide": comps(WIDE_TABLES_PER_RANK, WIDE_DIM,
+                                                                            WIDE_BATCH)}, c, W)
+    assert got["pooled_elem_s"] == pytest.approx(per_elem, rel=1e-6)
+    assert got["step_overhead"] == pytest.approx(fixed + 0.15e-3, rel=1e-6)
+    narrow_only = machinery_overheads({"machinery": narrow}, c, W)
+    assert narrow_only["pooled_elem_s"] == 0.0
+    assert narrow_only["step_overhead"] == pytest.approx(fixed + 0.15e-3 + per_elem * 256 * W * 16, rel=1e-6)
+
+
+def test_calibration_recovers_the_loaders_cost_per_batch_bag_and_id():
+    from neo.calibrate import loading_constants
+
+    per_batch, per_bag, per_id = 0.3e-3, 150e-9, 4e-9
+    rows = [{"batches": 1.0, "bags": b, "ids": i, "seconds": per_batch + b * per_bag + i * per_id}
+            for b, i in ((512, 512), (8192, 65536), (16384, 131072))]
+    got = loading_constants({"loading": rows})
+    assert got["data_batch_s"] == pytest.approx(per_batch, rel=1e-6)
+    assert got["data_bag_s"] == pytest.approx(per_bag, rel=1e-6)
+    assert got["data_id_s"] == pytest.approx(per_id, rel=1e-6)
+    assert loading_constants({}) == {}
+
+
+def test_the_loaders_work_is_paid_only_where_no_core_is_spare():
+    """data_exposed_share: a loader thread beside each rank's compute threads is free while the
+    node has a core for it; on a full CPU node its work is the step's; never on an accelerator."""
+    from dataclasses import replace
+
+    from neo.planner.step_model import data_exposed_share, data_seconds
+    from neo.planner.types import TableSpec
+
+    assert data_exposed_share("cpu", 1, 1, 2) == 0.0          # one rank, one thread: the loader has a core
+    assert data_exposed_share("cpu", 2, 1, 2) == 1.0          # two ranks on two cores: none spare
+    assert data_exposed_share("cpu", 1, 2, 2) == 1.0
+    assert data_exposed_share("cpu", 2, 1, 3) == 0.5
+    assert data_exposed_share("cpu", 4, 4, 64) == 0.0
+    assert data_exposed_share("h100", 8, 8, 16) == 0.0
+    c = replace(builtin_constants("cpu"), data_batch_s=1e-4, data_bag_s=1e-7, data_id_s=2e-9)
+    tables = [TableSpec("a", 100, 16, pooling_factor=3.0), TableSpec("b", 100, 16, num_features=2, pooling_factor=5.0)]
+    assert data_seconds(tables, 1000, c) == pytest.approx(1e-4 + 1000 * (3 * 1e-7 + 13 * 2e-9), rel=1e-12)

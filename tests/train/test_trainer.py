@@ -155,3 +155,25 @@ def test_a_plan_from_a_file_is_predicted_like_a_planned_one(tmp_data):
     (loaded,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=3", f"sharding.plan_file={path}"])
     assert loaded["final"]["predicted_step_ms"] == planned["final"]["predicted_step_ms"] > 0
     assert loaded["final"]["predicted_components_ms"] == planned["final"]["predicted_components_ms"]
+
+
+def test_inline_loading_is_predicted_as_the_steps_data(tmp_data):
+    """With the loader inline (``data.prefetch_batches: 0``) every step pays its work: the plan's
+    prediction carries it as ``data`` (the loader's constants x the batch's samples and ids)."""
+    import json
+    from dataclasses import replace
+
+    from neo.planner.constants import builtin_constants
+    from neo.planner.step_model import data_seconds
+
+    c = replace(builtin_constants("cpu"), data_batch_s=2e-4, data_bag_s=3e-7, data_id_s=4e-9)
+    path = f"{tmp_data}/constants.json"
+    with open(path, "w") as f:
+        json.dump(c.to_dict(), f)
+    ov = ["train.steps=6", f"sharding.cost_constants={path}"]
+    (inline,) = run_multiprocess(train_and_collect, 1, tmp_data, ov + ["data.prefetch_batches=0"])
+    cfg = tiny_config(tmp_data)
+    want = data_seconds(cfg.table_specs(), cfg.train.batch_size, c) * 1e3
+    assert want > 0
+    assert inline["final"]["predicted_components_ms"]["data"] == pytest.approx(want, abs=1e-4)
+    assert inline["final"]["measured_components_ms"]["data"] > 0

@@ -1,0 +1,47 @@
+// Jagged row gather across blocks (see jagged_take.h). Memory copies only: no ISA variants.
+#include "jagged_take.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace neo {
+
+void jagged_take_offsets(const std::vector<JaggedBlock>& blocks, const int64_t* part, const int64_t* row,
+                         int64_t m, int64_t* out_offsets) {
+  const int64_t P = static_cast<int64_t>(blocks.size());
+  for (int64_t p = 0; p < P; ++p) {
+    const JaggedBlock& b = blocks[p];
+    if (b.n_rows < 0 || b.offsets[0] < 0 || b.offsets[b.n_rows] > b.n_ids)
+      throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": offsets outside its " +
+                                  std::to_string(b.n_ids) + " ids");
+  }
+  out_offsets[0] = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t p = part[i], r = row[i];
+    if (p < 0 || p >= P || r < 0 || r >= blocks[p].n_rows)
+      throw std::invalid_argument("jagged_take: output row " + std::to_string(i) + " asks for row " +
+                                  std::to_string(r) + " of block " + std::to_string(p) + " (" + std::to_string(P) +
+                                  " blocks)");
+    const int64_t len = blocks[p].offsets[r + 1] - blocks[p].offsets[r];
+    if (len < 0)
+      throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": offsets decrease at row " +
+                                  std::to_string(r));
+    out_offsets[i + 1] = out_offsets[i] + len;
+  }
+}
+
+void jagged_take_copy(const std::vector<JaggedBlock>& blocks, const int64_t* part, const int64_t* row, int64_t m,
+                      const int64_t* out_offsets, int64_t elem_size, char* out) {
+  at::parallel_for(0, m, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const JaggedBlock& b = blocks[part[i]];
+      std::memcpy(out + out_offsets[i] * elem_size, b.ids + b.offsets[row[i]] * elem_size,
+                  static_cast<size_t>((out_offsets[i + 1] - out_offsets[i]) * elem_size));
+    }
+  });
+}
+
+}  // namespace neo

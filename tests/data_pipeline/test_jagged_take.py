@@ -1,0 +1,85 @@
+"""The loader's gather of jagged rows across a window's blocks: Neo's C++ copy against the numpy
+reference, and bad requests refused with the row named."""
+
+import numpy as np
+import pytest
+
+from data_pipeline.reader import jagged_take, jagged_take_reference, take_from_parts, take_rows
+from data_pipeline.writer import Columns
+
+
+def _blocks(rng, n_blocks, dtype):
+    out = []
+    for _ in range(n_blocks):
+        rows = int(rng.integers(1, 60))
+        lens = rng.integers(0, 9, rows)
+        offs = np.zeros(rows + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        out.append((rng.integers(0, 1 << 30, int(offs[-1])).astype(dtype), offs))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jagged_take_equals_the_reference(dtype, seed):
+    rng = np.random.default_rng(seed)
+    blocks = _blocks(rng, 4, dtype)
+    part = rng.integers(0, 4, 500)
+    row = np.array([rng.integers(0, len(blocks[p][1]) - 1) for p in part], dtype=np.int64)
+    ids, offs = jagged_take(blocks, part, row)
+    ref_ids, ref_offs = jagged_take_reference(blocks, part, row)
+    assert ids.dtype == dtype and offs.dtype == np.int64
+    np.testing.assert_array_equal(offs, ref_offs)
+    np.testing.assert_array_equal(ids, ref_ids)
+    # row by row, from first principles
+    for i, (p, r) in enumerate(zip(part, row)):
+        v, o = blocks[p]
+        np.testing.assert_array_equal(ids[offs[i]:offs[i + 1]], v[o[r]:o[r + 1]])
+
+
+def test_jagged_take_reads_read_only_ids_and_handles_empty_rows():
+    ids = np.arange(10, dtype=np.int64)
+    ids.setflags(write=False)                           # as Arrow's buffers are
+    offs = np.array([0, 0, 4, 4, 10], np.int64)
+    got, o = jagged_take([(ids, offs)], np.zeros(4, np.int64), np.array([3, 0, 1, 2], np.int64))
+    np.testing.assert_array_equal(o, [0, 6, 6, 10, 10])
+    np.testing.assert_array_equal(got, [4, 5, 6, 7, 8, 9, 0, 1, 2, 3])
+    got, o = jagged_take([(ids, offs)], np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert got.size == 0 and o.tolist() == [0]
+
+
+def test_jagged_take_refuses_rows_outside_the_blocks():
+    ids, offs = np.arange(5, dtype=np.int64), np.array([0, 2, 5], np.int64)
+    with pytest.raises(ValueError, match="output row 1 asks for row 2 of block 0"):
+        jagged_take([(ids, offs)], np.zeros(2, np.int64), np.array([0, 2], np.int64))
+    with pytest.raises(ValueError, match="of block 1"):
+        jagged_take([(ids, offs)], np.array([1], np.int64), np.array([0], np.int64))
+    with pytest.raises(ValueError, match="offsets outside"):
+        jagged_take([(ids, np.array([0, 2, 6], np.int64))], np.zeros(1, np.int64), np.zeros(1, np.int64))
+
+
+def test_take_from_parts_equals_taking_from_the_concatenated_window():
+    rng = np.random.default_rng(5)
+    parts = []
+    for n in (7, 30, 1, 12):
+        lens = rng.integers(0, 5, n)
+        offs = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        parts.append(Columns(rng.integers(0, 2, n).astype(np.int8), rng.random((n, 3), dtype=np.float32),
+                             [rng.integers(0, 100, n), (rng.integers(0, 100, int(offs[-1])), offs),
+                              rng.integers(0, 100, (n, 2))]))
+    whole = Columns.concat(parts)
+    idx = rng.permutation(len(whole))[:35]
+    got, want = take_from_parts(parts, idx), take_rows(whole, idx)
+    np.testing.assert_array_equal(got.label, want.label)
+    np.testing.assert_array_equal(got.dense, want.dense)
+    np.testing.assert_array_equal(got.sparse[0], want.sparse[0])
+    np.testing.assert_array_equal(got.sparse[2], want.sparse[2])
+    for a, b in zip(got.sparse[1], want.sparse[1]):
+        np.testing.assert_array_equal(a, b)
+    # and take_rows on the window from first principles
+    for i, k in enumerate(idx):
+        v, o = whole.sparse[1]
+        gv, go = got.sparse[1]
+        np.testing.assert_array_equal(gv[go[i]:go[i + 1]], v[o[k]:o[k + 1]])
+        assert got.label[i] == whole.label[k]
