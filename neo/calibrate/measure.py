@@ -16,6 +16,7 @@ is the median of a few repetitions, averaged over the ranks by the caller.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -47,10 +48,16 @@ def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
     return ts[len(ts) // 2]
 
 
-def _uniform_batch(rows: int, B: int, P: int, gen: torch.Generator):
+def _lookup_batch(rows: int, B: int, P: int, gen: torch.Generator, spread: Optional[torch.Tensor] = None):
+    """B bags of P ids: uniform over the rows, or (``spread``: a permutation of the rows) skewed,
+    P(rank k) ~ 1/k (Zipf 1, drawn log-uniformly), the ranks scattered over the table by ``spread``."""
     from neo.sparse import KeyedJaggedBatch
 
-    ids = torch.randint(0, rows, (B * P,), generator=gen)
+    if spread is None:
+        ids = torch.randint(0, rows, (B * P,), generator=gen)
+    else:
+        u = torch.rand(B * P, generator=gen, dtype=torch.float64)
+        ids = spread[(torch.exp(u * math.log(rows + 1)) - 1).long().clamp_(0, rows - 1)]
     return KeyedJaggedBatch(("f",), ids, torch.full((B,), P, dtype=torch.int64), B)
 
 
@@ -74,12 +81,15 @@ def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
             emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
                                                      optimizer=OptimizerConfig("adagrad", lr=0.01))],
                                         backend="auto", validate=False)
-            for P in pools:
+            # Uniform ids on a large table touch as many rows as ids: the cost per id and per row
+            # cannot be told apart. Skewed ids (a few ids a row) on the largest table can.
+            skews = (None, torch.randperm(rows, generator=gen)) if foot == footprints[-1] else (None,)
+            for P, spread in ((P, sp) for P in pools for sp in skews):
                 # A fresh batch for every call, as in training: the same batch again finds its rows
                 # in the caches (the zipf_mix's fused backward: 7.3 ms on repeated batches, 13.7 ms
                 # on a new batch each step, the planner's prediction off by as much).
                 def fresh():
-                    return _uniform_batch(rows, B, P, gen)
+                    return _lookup_batch(rows, B, P, gen, spread)
                 distinct = int(torch.unique(fresh().values).numel())
                 grad = torch.randn(B, D, generator=gen)
                 warmup = 10 if warm else 2                   # the first kernel calls of the process
@@ -91,7 +101,7 @@ def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
                           "footprint": rows * 8 * D}
                 out.append(dict(common, phase="fwd", seconds=fwd))
                 out.append(dict(common, phase="bwd", seconds=bwd))
-            del emb
+            emb = None                                       # free the table before the next one
     return out
 
 
@@ -221,14 +231,11 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
 
     out = []
     n = 8 if quick else 20
-    for cfg, F, P, B in ((machinery_config(pg.world_size, rank=pg.rank), pg.world_size, 1, 256),
-                         (machinery_config(pg.world_size, rank=pg.rank, per_rank=WIDE_TABLES_PER_RANK,
-                                           batch=WIDE_BATCH, dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG),
-                          pg.world_size * WIDE_TABLES_PER_RANK, WIDE_IDS_PER_BAG, WIDE_BATCH // 2),
-                         (None, None, None, WIDE_BATCH)):
-        if cfg is None:                                  # the wide data again, at the full batch
-            cfg, F, P = last
-        last = (cfg, F, P)
+    narrow = machinery_config(pg.world_size, rank=pg.rank)
+    wide = machinery_config(pg.world_size, rank=pg.rank, per_rank=WIDE_TABLES_PER_RANK, batch=WIDE_BATCH,
+                            dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG)
+    F = pg.world_size * WIDE_TABLES_PER_RANK
+    for cfg, F, B in ((narrow, pg.world_size, 256), (wide, F, WIDE_BATCH // 2), (wide, F, WIDE_BATCH)):
         data = prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None)
         loader = ParquetLoader(data.train_paths, LoaderOptions(
             batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,

@@ -73,7 +73,12 @@ class Heartbeat:
                 return
 
     def close(self) -> None:
+        """Stop beating and wait for a beat in progress (bounded by the store's timeout): a daemon
+        thread left inside the store's C++ client while the process exits can abort it."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, 3 * self.interval_s))
+            self._thread = None
 
     def diagnose(self) -> str:
         """One sentence per other rank that looks at fault (stopped, or elsewhere), for an error message."""
