@@ -72,13 +72,12 @@ def take_from_parts(parts: Sequence[Columns], idx: np.ndarray) -> Columns:
     bounds = np.cumsum([0] + [len(p) for p in parts])
     part = np.searchsorted(bounds, idx, side="right") - 1         # (m,) block of each row
     row = np.asarray(idx - bounds[part], dtype=np.int64)          # (m,) its row in the block
-    present = np.unique(part)
+    picks = [(p, sel, row[sel]) for p in np.unique(part) for sel in [part == p]]   # once per block
 
     def fixed(arrays: Sequence[np.ndarray]) -> np.ndarray:
         out = np.empty((len(idx),) + arrays[0].shape[1:], dtype=arrays[0].dtype)
-        for p in present:
-            sel = part == p
-            out[sel] = arrays[p][row[sel]]
+        for p, sel, rows in picks:
+            out[sel] = arrays[p][rows]
         return out
 
     sparse: List[object] = []
@@ -98,10 +97,11 @@ def jagged_take(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], part: np.ndarra
         from neo import _C
     except ImportError:                   # data_pipeline used without Neo's extension
         return jagged_take_reference(blocks, part, row)
-    ids = [np.ascontiguousarray(v) for v, _ in blocks]
+    dtype = blocks[0][0].dtype
+    if dtype not in (np.int32, np.int64) or any(v.dtype != dtype for v, _ in blocks):
+        dtype = np.int64                  # other integer widths, or blocks that differ: as int64
+    ids = [np.ascontiguousarray(v, dtype=dtype) for v, _ in blocks]
     offs = [np.ascontiguousarray(o, dtype=np.int64) for _, o in blocks]
-    if ids[0].dtype not in (np.int32, np.int64) or any(v.dtype != ids[0].dtype for v in ids):
-        return jagged_take_reference(blocks, part, row)
     out, out_offs = _C.jagged_take(ids, offs, np.ascontiguousarray(part, dtype=np.int64),
                                    np.ascontiguousarray(row, dtype=np.int64))
     return out.numpy(), out_offs.numpy()

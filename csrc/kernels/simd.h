@@ -172,32 +172,26 @@ inline void prefetch_row_w(const void* p, int64_t bytes) { prefetch_lines<1, 3>(
 inline void prefetch_row_l2(const void* p, int64_t bytes) { prefetch_lines<0, 1>(p, bytes); }
 inline void prefetch_row_w_l2(const void* p, int64_t bytes) { prefetch_lines<1, 1>(p, bytes); }
 
-// Read prefetches of every 64-byte line of [p, p + bytes) into L2 (prefetcht2) that the
-// compiler must keep: an asm statement on x86-64 (prefetcht* are SSE, so every variant),
-// __builtin_prefetch elsewhere. gcc 12 (-O2 and -O3) deletes a loop of __builtin_prefetch
-// whose addresses are loaded from a local array of pointers, as if it did nothing: the dot
-// interaction's prefetches of the next sample's rows (csrc/kernels/interaction.h) were
-// compiled to nothing that way.
-inline void prefetch_lines_l2_kept(const void* p, int64_t bytes) {
+// Read prefetches of every 64-byte line of [p, p + bytes) that the compiler must keep, into L1
+// (Locality 3: prefetcht0) or L2 (Locality 1: prefetcht2): an asm statement on x86-64
+// (prefetcht* are SSE, so every variant), __builtin_prefetch elsewhere. gcc 12 (-O2 and -O3)
+// deletes a loop of __builtin_prefetch whose addresses are loaded from a local array of
+// pointers, as if it did nothing: the dot interaction's prefetches of the next sample's rows
+// (csrc/kernels/interaction.h) were compiled to nothing that way.
+template <int Locality>
+inline void prefetch_lines_kept(const void* p, int64_t bytes) {
+  static_assert(Locality == 1 || Locality == 3, "L2 (1) or L1 (3)");
   const char* c = static_cast<const char*>(p);
   for (int64_t o = 0; o < bytes; o += 64) {
 #if defined(__x86_64__)
-    __asm__ volatile("prefetcht2 %0" : : "m"(c[o]));
+    if constexpr (Locality == 3) __asm__ volatile("prefetcht0 %0" : : "m"(c[o]));
+    else __asm__ volatile("prefetcht2 %0" : : "m"(c[o]));
 #else
-    __builtin_prefetch(c + o, 0, 1);
+    __builtin_prefetch(c + o, 0, Locality);
 #endif
   }
 }
-// The same into L1 (prefetcht0).
-inline void prefetch_lines_l1_kept(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) {
-#if defined(__x86_64__)
-    __asm__ volatile("prefetcht0 %0" : : "m"(c[o]));
-#else
-    __builtin_prefetch(c + o, 0, 3);
-#endif
-  }
-}
+inline void prefetch_lines_l2_kept(const void* p, int64_t bytes) { prefetch_lines_kept<1>(p, bytes); }
+inline void prefetch_lines_l1_kept(const void* p, int64_t bytes) { prefetch_lines_kept<3>(p, bytes); }
 
 NEO_KERNELS_END

@@ -85,7 +85,6 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
         for theta in _THETAS:
             choice = [int(np.argmin(t)) for t in totals]
             for _ in range(2):
-                chosen = [options[k][j] for k, j in enumerate(choice)]
                 target = sum(float(totals[k][j]) for k, j in enumerate(choice)) / W
                 new = []
                 for t, mp, mh in zip(totals, maxpart, maxhbm):
@@ -303,8 +302,8 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
                                "over_bytes": max(0.0, over)})
             if ok:
                 feasible.append((_rank_key(loads, c), prop, chosen, prob, a, pos_arr, part_arr, group_of, algo))
-            if ok and (best is None or _rank_key(loads, c) < best[0]):
-                best = (_rank_key(loads, c), prop, chosen, prob, a, pos_arr, part_arr, group_of, algo)
+                if best is None or feasible[-1][0] < best[0]:
+                    best = feasible[-1]
         if i == len(proposals) and best is not None and best[1].choice not in expanded:
             expanded.add(best[1].choice)
             extra = [p for p in variants(tables, options, topo, c, best[1]) if p.choice not in tried]

@@ -12,12 +12,13 @@ with the components of the busiest rank. Dense part (:class:`DenseSpec`, per ran
 the MLPs (6 B in out flops per layer: forward, input and weight gradients) at ``dense_flops``
 plus ``dense_layer_s`` per layer; the interaction (dot: pairs of the F + 1 vectors; DCNv2: the
 low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over parameters and
-state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their gradients'
-way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks, DDP's AllReduce of the gradients (25 MiB
-buckets, ``allreduce_latency`` each, ``allreduce_bw``). Data loading runs ahead on each rank's
-loader thread: hidden where the node has a spare core for it, else its CPU time (per sample and
-per id) is part of the step as ``data`` (:func:`data_exposed_share`). Pure numpy; the constants
-are ``neo calibrate``'s.
+state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their
+gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks,
+DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
+``allreduce_bw``). Data loading runs ahead on each rank's loader thread: hidden where the node
+has a spare core for it, else its CPU time (per batch, bag and id: :func:`data_seconds`) is
+part of the step as ``data`` (:func:`data_exposed_share`). Pure numpy; the constants are
+``neo calibrate``'s.
 """
 
 from __future__ import annotations

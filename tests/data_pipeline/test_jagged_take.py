@@ -83,3 +83,15 @@ def test_take_from_parts_equals_taking_from_the_concatenated_window():
         gv, go = got.sparse[1]
         np.testing.assert_array_equal(gv[go[i]:go[i + 1]], v[o[k]:o[k + 1]])
         assert got.label[i] == whole.label[k]
+
+
+def test_jagged_take_of_other_integer_widths_or_mixed_blocks_is_int64():
+    rng = np.random.default_rng(3)
+    blocks = _blocks(rng, 2, np.int16) + _blocks(rng, 1, np.int32)
+    part = np.array([0, 2, 1, 0], np.int64)
+    row = np.zeros(4, np.int64)
+    ids, offs = jagged_take(blocks, part, row)
+    ref_ids, ref_offs = jagged_take_reference(blocks, part, row)
+    assert ids.dtype == np.int64
+    np.testing.assert_array_equal(offs, ref_offs)
+    np.testing.assert_array_equal(ids, ref_ids.astype(np.int64))
