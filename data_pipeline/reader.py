@@ -115,8 +115,8 @@ def jagged_take_reference(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], part:
     offs = np.zeros(len(row) + 1, np.int64)
     np.cumsum(lens, out=offs[1:])
     pieces = [blocks[p][0][blocks[p][1][r]:blocks[p][1][r + 1]] for p, r in zip(part.tolist(), row.tolist())]
-    ids = np.concatenate(pieces) if pieces else blocks[0][0][:0].copy()
-    return ids.astype(blocks[0][0].dtype, copy=False), offs
+    dtype = np.result_type(*[v.dtype for v, _ in blocks])
+    return (np.concatenate(pieces).astype(dtype, copy=False) if pieces else np.zeros(0, dtype)), offs
 
 
 def take_rows(cols: Columns, idx: np.ndarray) -> Columns:
