@@ -83,17 +83,14 @@ def _rank_components(runs: List[Dict[str, Any]]) -> Dict[str, float]:
     return comps
 
 
-def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int):
-    """(CostConstants, fit quality per group) from the measurements of one world size."""
+def lookup_constants(records: List[Dict[str, float]], hot: float, cold: float):
+    """The lookup and update constants fitted to :func:`neo.calibrate.measure.lookups`' records
+    (caches of ``hot`` and ``cold`` bytes), and the fits' median relative errors."""
     from neo.calibrate.fit import fit_linear
-    from neo.planner.constants import builtin_constants
 
-    base = builtin_constants(machine.get("device_kind", "cpu"))
-    hot = float(machine.get("l2_bytes") or 1 << 20)
-    cold = float(max(4 * (machine.get("l3_bytes") or 32 << 20), 8 * hot))
     quality: Dict[str, float] = {}
     rows = []
-    for r in meas["lookups"]:
+    for r in records:
         t = _t(r["footprint"], hot, cold)
         if r["phase"] == "fwd":
             rows.append(dict(r, call=1.0, bytes_hot=r["ids"] * r["row_bytes"] * (1 - t),
@@ -102,7 +99,7 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                                             floor={"bags": 1e-12, "ids": 1e-12, "bytes_hot": 1e-13,
                                                    "bytes_cold": 1e-13})
     rows = []
-    for r in meas["lookups"]:
+    for r in records:
         t = _t(r["footprint"], hot, cold)
         if r["phase"] == "bwd":
             moved = 2.0 * r["distinct"] * (r["row_bytes"] + r["state_bytes"])
@@ -110,12 +107,25 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
     bwd, quality["update"] = fit_linear(rows, ["call", "ids", "distinct", "bytes_hot", "bytes_cold"],
                                         floor={"ids": 1e-12, "distinct": 1e-12, "bytes_hot": 1e-13,
                                                "bytes_cold": 1e-13})
-    upd = dict(device_kind=base.device_kind, world_size=world_size, hot_bytes=hot, cold_bytes=cold,
+    upd = dict(hot_bytes=hot, cold_bytes=cold,
                lookup_bag_s=fwd["bags"], lookup_id_s=fwd["ids"], lookup_bw_hot=1 / fwd["bytes_hot"],
                lookup_bw_cold=1 / max(fwd["bytes_cold"], fwd["bytes_hot"]),
                update_id_s=bwd["ids"], update_row_s=bwd["distinct"], update_bw_hot=1 / bwd["bytes_hot"],
                update_bw_cold=1 / max(bwd["bytes_cold"], bwd["bytes_hot"]),
-               lookup_call_s=max(fwd["call"] + bwd["call"], 1e-7), kernel_overhead=base.kernel_overhead)
+               lookup_call_s=max(fwd["call"] + bwd["call"], 1e-7))
+    return upd, quality
+
+
+def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int):
+    """(CostConstants, fit quality per group) from the measurements of one world size."""
+    from neo.calibrate.fit import fit_linear
+    from neo.planner.constants import builtin_constants
+
+    base = builtin_constants(machine.get("device_kind", "cpu"))
+    hot = float(machine.get("l2_bytes") or 1 << 20)
+    cold = float(max(4 * (machine.get("l3_bytes") or 32 << 20), 8 * hot))
+    upd, quality = lookup_constants(meas["lookups"], hot, cold)
+    upd.update(device_kind=base.device_kind, world_size=world_size, kernel_overhead=base.kernel_overhead)
     for op, lat, bw in (("alltoall", "intra_latency", "intra_bw"), ("allreduce", "allreduce_latency", "allreduce_bw")):
         rows = [dict(r, one=1.0) for r in meas["collectives"] if r["op"] == op]
         if rows:
@@ -223,7 +233,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     pg = _init()
     W, rank = pg.world_size, pg.rank
     t0 = time.perf_counter()
-    mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick),
+    machine = _machine()
+    evict = 2 * (machine.get("l3_bytes") or 32 << 20)     # each call finds the caches cold, as in training
+    mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick, evict_bytes=evict),
             "collectives": measure.collectives(pg, args.quick),
             "dense": measure.dense(pg.world if W > 1 else None, args.quick),
             "threads": torch.get_num_threads()}
@@ -254,7 +266,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                                             for g in gathered])],
                              "plan": v["plan"]} for k, v in mine["kinds"].items()}
         meas["threads"] = mine["threads"]
-        machine = _machine()
         c, quality = fit_constants(meas, machine, W)
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         c = replace(c, source=f"neo calibrate on {machine['cpu_model']} ({machine['cpu_isa']}, {machine['cores']} cores"

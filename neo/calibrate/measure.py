@@ -20,12 +20,12 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["timed", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
+__all__ = ["CacheEvictor", "timed", "lookup_cases", "lookup_rows", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
            "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG"]
 
 
@@ -48,6 +48,21 @@ def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
     return ts[len(ts) // 2]
 
 
+class CacheEvictor:
+    """Writes a buffer of ``nbytes`` (a few times the last-level cache): after it, a kernel finds
+    its table, ids and code in memory, not in the caches, as it does in a training step, where the
+    other tables, the dense layers and the collectives pass through the caches between two calls
+    of one table's lookup (the zipf_mix's fused backward: 8.2 ms predicted from warm calls against
+    13.2 ms measured in training). FBGEMM's TBE benchmarks flush the GPU's L2 for the same reason
+    (``--flush-gpu-cache-size-mb``)."""
+
+    def __init__(self, nbytes: int):
+        self.buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+
+    def __call__(self) -> None:
+        self.buf.add_(1.0)
+
+
 def _lookup_batch(rows: int, B: int, P: int, gen: torch.Generator, spread: Optional[torch.Tensor] = None):
     """B bags of P ids: uniform over the rows, or (``spread``: a permutation of the rows) skewed,
     P(rank k) ~ 1/k (Zipf 1, drawn log-uniformly), the ranks scattered over the table by ``spread``."""
@@ -61,47 +76,79 @@ def _lookup_batch(rows: int, B: int, P: int, gen: torch.Generator, spread: Optio
     return KeyedJaggedBatch(("f",), ids, torch.full((B,), P, dtype=torch.int64), B)
 
 
-def lookups(group, quick: bool = False) -> List[Dict[str, float]]:
+def lookup_rows(footprint: int, D: int) -> int:
+    """Rows of an fp32 table of ``D`` with as much Adagrad state, ``footprint`` bytes in all."""
+    return max(64, footprint // (8 * D))
+
+
+def lookup_cases(quick: bool = False) -> List[Tuple[int, int, int, bool, int]]:
+    """``(footprint, D, P, skewed, B)`` of every :func:`lookups` record: tables from cache-sized to
+    far larger, bags of ``P`` ids, uniform ids and (on the largest table) skewed ones, whose few
+    ids a row tell the cost per id from the cost per row (uniform ids on a large table touch as
+    many rows as ids), and ``B`` bags: 2048, and 512 at one dim, for with one batch size the cost
+    per bag and the cost per call are one column twice (and a plan whose ranks pool more bags,
+    row-wise: every table's bags on every rank, would be charged per call)."""
+    footprints = (256 << 10, 16 << 20, 384 << 20)
+    dims = (16, 64) if quick else (16, 64, 128)
+    pools = (1, 16) if quick else (1, 16, 48)        # multi-hot features reach tens of ids a bag
+    out = []
+    for foot in footprints:
+        for D in dims:
+            skews = (False, True) if foot == footprints[-1] else (False,)
+            out += [(foot, D, P, sk, 2048) for P in pools for sk in skews]
+            if D == dims[1]:
+                out += [(foot, D, P, False, 512) for P in pools]
+    return out
+
+
+def lookups(group, quick: bool = False, evict_bytes: int = 0) -> List[Dict[str, float]]:
     """Records ``{"phase": "fwd"|"bwd", "bags", "ids", "distinct", "row_bytes", "state_bytes",
-    "footprint", "seconds"}`` of one-table lookups (adagrad: state as large as the weights)."""
+    "footprint", "seconds"}`` of one-table lookups (adagrad: state as large as the weights); with
+    ``evict_bytes``, the caches are evicted (:class:`CacheEvictor`) before every timed call."""
     from neo.config.embedding import OptimizerConfig, TableConfig
     from neo.embedding import TableBatchedEmbedding
 
     gen = torch.Generator().manual_seed(dist.get_rank(group) if group is not None else 0)
-    B = 2048
-    footprints = (256 << 10, 16 << 20, 384 << 20)
-    dims = (16, 64) if quick else (16, 64, 128)
-    pools = (1, 16) if quick else (1, 16, 48)        # multi-hot features reach tens of ids a bag
     reps = 5 if quick else 9
     out = []
     warm = True
-    for foot in footprints:
-        for D in dims:
-            rows = max(64, foot // (8 * D))
-            emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
-                                                     optimizer=OptimizerConfig("adagrad", lr=0.01))],
-                                        backend="auto", validate=False)
-            # Uniform ids on a large table touch as many rows as ids: the cost per id and per row
-            # cannot be told apart. Skewed ids (a few ids a row) on the largest table can.
-            skews = (None, torch.randperm(rows, generator=gen)) if foot == footprints[-1] else (None,)
-            for P, spread in ((P, sp) for P in pools for sp in skews):
-                # A fresh batch for every call, as in training: the same batch again finds its rows
-                # in the caches (the zipf_mix's fused backward: 7.3 ms on repeated batches, 13.7 ms
-                # on a new batch each step, the planner's prediction off by as much).
-                def fresh():
-                    return _lookup_batch(rows, B, P, gen, spread)
-                distinct = int(torch.unique(fresh().values).numel())
-                grad = torch.randn(B, D, generator=gen)
-                warmup = 10 if warm else 2                   # the first kernel calls of the process
-                warm = False
-                with torch.no_grad():
-                    fwd = timed(lambda b: emb(b), reps, group, warmup, setup=fresh)
-                bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=lambda: emb(fresh()))
-                common = {"bags": B, "ids": B * P, "distinct": distinct, "row_bytes": 4 * D, "state_bytes": 4 * D,
-                          "footprint": rows * 8 * D}
-                out.append(dict(common, phase="fwd", seconds=fwd))
-                out.append(dict(common, phase="bwd", seconds=bwd))
-            emb = None                                       # free the table before the next one
+    evict = CacheEvictor(evict_bytes) if evict_bytes else (lambda: None)
+    cases = lookup_cases(quick)
+    for foot, D in dict.fromkeys((c[0], c[1]) for c in cases):
+        rows = lookup_rows(foot, D)
+        emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
+                                                 optimizer=OptimizerConfig("adagrad", lr=0.01))],
+                                    backend="auto", validate=False)
+        perm = torch.randperm(rows, generator=gen)     # skewed ids: hot ranks scattered over the table
+        for P, spread, B in ((P, perm if skewed else None, B) for f, d, P, skewed, B in cases
+                             if (f, d) == (foot, D)):
+            # A fresh batch for every call, as in training: the same batch again finds its rows
+            # in the caches (the zipf_mix's fused backward: 7.3 ms on repeated batches, 13.7 ms
+            # on a new batch each step, the planner's prediction off by as much).
+            def fresh():
+                return _lookup_batch(rows, B, P, gen, spread)
+
+            def fresh_cold():
+                b = fresh()
+                evict()
+                return b
+
+            def forward_cold():
+                pooled = emb(fresh())
+                evict()
+                return pooled
+            distinct = int(torch.unique(fresh().values).numel())
+            grad = torch.randn(B, D, generator=gen)
+            warmup = 10 if warm else 2                   # the first kernel calls of the process
+            warm = False
+            with torch.no_grad():
+                fwd = timed(lambda b: emb(b), reps, group, warmup, setup=fresh_cold)
+            bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=forward_cold)
+            common = {"bags": B, "ids": B * P, "distinct": distinct, "row_bytes": 4 * D, "state_bytes": 4 * D,
+                      "footprint": rows * 8 * D}
+            out.append(dict(common, phase="fwd", seconds=fwd))
+            out.append(dict(common, phase="bwd", seconds=bwd))
+        emb = None                                       # free the table before the next one
     return out
 
 

@@ -207,3 +207,36 @@ def test_the_loaders_work_is_paid_only_where_no_core_is_spare():
     c = replace(builtin_constants("cpu"), data_batch_s=1e-4, data_bag_s=1e-7, data_id_s=2e-9)
     tables = [TableSpec("a", 100, 16, pooling_factor=3.0), TableSpec("b", 100, 16, num_features=2, pooling_factor=5.0)]
     assert data_seconds(tables, 1000, c) == pytest.approx(1e-4 + 1000 * (3 * 1e-7 + 13 * 2e-9), rel=1e-12)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_calibration_tells_the_cost_per_bag_from_the_cost_per_call(quick):
+    """neo calibrate's lookup records (:func:`lookup_cases`: batches of two sizes) made of known
+    costs per call, bag, id, row and byte: the fit recovers each of them, where with one batch
+    size the cost per bag would be a cost per call."""
+    from neo.calibrate import _t, lookup_constants
+    from neo.calibrate.measure import lookup_cases, lookup_rows
+
+    hot, cold = float(1 << 20), float(128 << 20)
+    call_f, bag, idc, bw_hot, bw_cold = 90e-6, 30e-9, 0.5e-9, 100e9, 15e9
+    call_b, upd_id, upd_row, ubw_hot, ubw_cold = 120e-6, 6e-9, 25e-9, 40e9, 12e9
+    records = []
+    for foot, D, P, skewed, B in lookup_cases(quick):
+        rows = lookup_rows(foot, D)
+        ids = B * P
+        distinct = min(rows, ids) // (3 if skewed else 1)
+        t = _t(rows * 8 * D, hot, cold)
+        row_b = 4 * D
+        fwd = call_f + B * bag + ids * idc + ids * row_b * ((1 - t) / bw_hot + t / bw_cold)
+        moved = 2.0 * distinct * 2 * row_b
+        bwd = call_b + ids * upd_id + distinct * upd_row + moved * ((1 - t) / ubw_hot + t / ubw_cold)
+        common = {"bags": B, "ids": ids, "distinct": distinct, "row_bytes": row_b, "state_bytes": row_b,
+                  "footprint": rows * 8 * D}
+        records += [dict(common, phase="fwd", seconds=fwd), dict(common, phase="bwd", seconds=bwd)]
+    got, quality = lookup_constants(records, hot, cold)
+    assert quality["lookup_fwd"] < 1e-6 and quality["update"] < 1e-6
+    assert got["lookup_bag_s"] == pytest.approx(bag, rel=1e-4)
+    assert got["lookup_call_s"] == pytest.approx(call_f + call_b, rel=1e-4)
+    assert got["lookup_id_s"] == pytest.approx(idc, rel=1e-3)
+    assert got["update_row_s"] == pytest.approx(upd_row, rel=1e-3)
+    assert got["update_bw_cold"] == pytest.approx(ubw_cold, rel=1e-3)
