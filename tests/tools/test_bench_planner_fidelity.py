@@ -1,0 +1,48 @@
+"""tools/bench_planner_fidelity.py: the verdict pools the runs of one plan under two names, and
+a plan's signature is its shards (pure functions, no training)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("neo_tools_fidelity", os.path.join(ROOT, "tools",
+                                                                               "bench_planner_fidelity.py"))
+fidelity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fidelity)
+
+
+def _runs(**plans):
+    return {name: [{"plan_signature": sig, "measured_step_ms": ms} for ms in times] for name, (sig, times) in
+            plans.items()}
+
+
+def test_the_planners_plan_under_another_name_is_pooled_with_it():
+    v = fidelity.verdict(_runs(planner=("A", [6.3, 6.9, 7.5]), table_wise=("A", [5.9, 5.4, 6.4]),
+                               row_wise=("B", [8.5, 7.2, 8.6])))
+    assert v["same_as"] == ["table_wise"]
+    assert v["planner_ms"] == v["fastest_ms"] == 6.35          # the median of the six runs of plan A
+    assert v["planner_over_fastest"] == 1.0
+    assert v["fastest"] == "planner/table_wise"
+
+
+def test_a_slower_planner_plan_is_reported_as_such():
+    v = fidelity.verdict(_runs(planner=("A", [7.0, 7.2, 7.1]), table_wise=("B", [6.0, 6.1, 5.9]),
+                               second_best=("C", [9.0, 9.0, 9.0])))
+    assert v["same_as"] == [] and v["fastest"] == "table_wise"
+    assert v["planner_over_fastest"] == round(7.1 / 6.0, 3)
+
+
+def test_plan_signature_is_the_shards_and_nothing_else(tmp_path):
+    def write(name, shards, placement="device", extra=None):
+        doc = {"world_size": 2, "summary": {"predicted_step_ms": extra},
+               "tables": {"t": {"sharding_type": "table_wise", "placement": placement, "shards": shards}}}
+        (tmp_path / name).write_text(json.dumps(doc))
+        return fidelity.plan_signature(str(tmp_path / name))
+
+    a = write("a.json", [{"rank": 0, "rows": 10}], extra=1.0)
+    assert write("b.json", [{"rank": 0, "rows": 10}], extra=2.0) == a     # the summary is not the plan
+    assert write("c.json", [{"rank": 1, "rows": 10}]) != a
+    assert write("d.json", [{"rank": 0, "rows": 10}], placement="cached") != a
