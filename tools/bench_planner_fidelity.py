@@ -17,7 +17,8 @@ the planner's own), ``predicted_ms`` and ``measured_ms``, and each round's figur
 The verdict (planner against the fastest) compares plans, not names: every run's ``plan.json`` is
 reduced to a signature (each table's type, placement and shards), and the runs of one signature
 are pooled, so that where the planner's plan is also, say, the all-table-wise plan, the two names'
-runs count as one plan's (``same_as`` in the record's ``verdict``).
+runs count as one plan's (``same_as`` in the record's ``verdict``), and each such record also gets
+the ratio over all the runs of its plan (``pooled``).
 
 With ``--calibrate``, ``neo calibrate`` runs at each world size before every round and that
 round's runs are predicted with its constants (``sharding.cost_constants``): on a shared VM the
@@ -203,6 +204,15 @@ def main(argv=None) -> int:
                 print(f"{name:9s} W={world} {plan:12s} predicted {rec['predicted_ms']:8.2f} ms  measured "
                       f"{rec['measured_ms']:8.2f} ms (rounds {meas})  ratio {rec['ratio']:.3f}", flush=True)
             mine = [r for r in records if r["config"] == name and r["world_size"] == world]
+            for r in mine:                    # one plan under several names: its ratio over all its runs
+                fs = [f for g in runs.values() for f in g if f["plan_signature"] == common_signature(r)]
+                if r["ratio"] is not None and len(fs) > len(r["measured_ms_rounds"]):
+                    p_ms = statistics.median(f["predicted_step_ms"] for f in fs)
+                    m_ms = statistics.median(f["measured_step_ms"] for f in fs)
+                    r["pooled"] = {"runs": len(fs), "predicted_ms": p_ms, "measured_ms": m_ms,
+                                   "ratio": round(p_ms / m_ms, 3)}
+                    print(f"{name:9s} W={world} {r['plan']:12s} the same plan as another: {len(fs)} runs pooled, "
+                          f"predicted {p_ms:8.2f} ms  measured {m_ms:8.2f} ms  ratio {p_ms / m_ms:.3f}", flush=True)
             if any(r["plan"] == "planner" for r in mine):
                 v = verdict(runs)
                 print(f"{name:9s} W={world} planner {v['planner_ms']:.2f} ms vs fastest {v['fastest_ms']:.2f} ms "
@@ -224,6 +234,12 @@ def plan_signature(path: str) -> str:
     tables = {name: {"type": t["sharding_type"], "placement": t.get("placement"), "shards": t["shards"]}
               for name, t in sorted(plan["tables"].items())}
     return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def common_signature(rec: Dict[str, Any]) -> str:
+    """The plan a record's runs ran most often (the planner's may change with a round's constants)."""
+    sigs = rec["plan_signatures"]
+    return max(set(sigs), key=sigs.count)
 
 
 def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:

@@ -46,3 +46,7 @@ def test_plan_signature_is_the_shards_and_nothing_else(tmp_path):
     assert write("b.json", [{"rank": 0, "rows": 10}], extra=2.0) == a     # the summary is not the plan
     assert write("c.json", [{"rank": 1, "rows": 10}]) != a
     assert write("d.json", [{"rank": 0, "rows": 10}], placement="cached") != a
+
+
+def test_common_signature_is_the_most_frequent_plan():
+    assert fidelity.common_signature({"plan_signatures": ["A", "B", "A"]}) == "A"
