@@ -372,12 +372,15 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
+    from neo.distributed import end_process_groups
+
     trainer = WSPTrainer(cfg, pg=pg)
-    final = trainer.fit()
-    if trainer.rank == 0:
+    final, rank = trainer.fit(), trainer.rank
+    del trainer                      # its process groups are freed by end_process_groups, not at exit
+    if rank == 0:
         print(json.dumps(final), flush=True)
-    if pg is None and dist.is_initialized():
-        dist.destroy_process_group()
+    if pg is None:
+        end_process_groups()
     return 0
 
 

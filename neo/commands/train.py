@@ -33,8 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(cfg, pg=None) -> int:
     """Train ``cfg``; print the final JSON line (rank 0); return the exit status."""
-    import torch.distributed as dist
-
+    from neo.distributed import end_process_groups
     from neo.train.trainer import Trainer
 
     if cfg.async_train.mode == "wsp":                    # bounded staleness: a trainer of its own
@@ -42,7 +41,8 @@ def run(cfg, pg=None) -> int:
 
         return run_wsp(cfg, pg)
     trainer = Trainer(cfg, pg=pg)
-    final = trainer.fit()
+    final, rank = trainer.fit(), trainer.rank
+    del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
     delta = cfg.train.target_auc_delta
     if delta is not None and final.get("best_auc") is not None:
@@ -50,14 +50,14 @@ def run(cfg, pg=None) -> int:
         final["target_auc"] = round(target, 6)
         final["target_met"] = bool(final["auc"] is not None and final["auc"] >= target)
         status = 0 if final["target_met"] else 1
-    if trainer.rank == 0:
+    if rank == 0:
         if "target_met" in final:
             verdict = "reached" if final["target_met"] else "did NOT reach"
             print(f"neo train: auc {final['auc']:.4f} {verdict} best_auc {final['best_auc']:.4f} - {delta} "
                   f"= {final['target_auc']:.4f}", file=sys.stderr, flush=True)
         print(json.dumps(final), flush=True)
-    if pg is None and dist.is_initialized():
-        dist.destroy_process_group()
+    if pg is None:
+        end_process_groups()
     return status
 
 

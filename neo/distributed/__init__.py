@@ -13,5 +13,5 @@ See docs/distributed.md.
 
 from neo.distributed.comms import Awaitable, CommConfig, CommPrecision  # noqa: F401
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType, even_plan  # noqa: F401
-from neo.distributed.process_groups import ProcessGroups  # noqa: F401
+from neo.distributed.process_groups import ProcessGroups, end_process_groups  # noqa: F401
 from neo.distributed.sharded_embedding import ShardedEmbeddingCollection  # noqa: F401

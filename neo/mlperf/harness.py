@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from neo.config.embedding import ConfigError
+from neo.distributed import end_process_groups
 from neo.mlperf import rules
 from neo.mlperf.hook import Cadence, MLPerfHook
 from neo.mlperf.log import MLPerfLog
@@ -210,5 +211,5 @@ def run_benchmark(cfg, results_dir: str, seeds: int = 1, division: str = "open",
             print(f"wrote {os.path.join(results_dir, 'summary.json')}", flush=True)
         return summary
     finally:
-        if own_pg and dist.is_initialized():
-            dist.destroy_process_group()
+        if own_pg:
+            end_process_groups()          # the runs' trainers are garbage by now: freed with their groups

@@ -81,6 +81,30 @@ def test_two_processes_mixed_plan(tmp_data):
         assert torch.equal(a["dense"][k], b["dense"][k])
 
 
+_GLOO_THREADS_AT_EXIT = """
+import atexit, os, sys
+def count():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print("gloo threads at exit:", sum("gloo" in n for n in names), file=sys.stderr, flush=True)
+atexit.register(count)
+from neo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the process's threads from /proc (Linux)")
+def test_neo_train_frees_its_process_groups_before_exit(tmp_data):
+    """When ``neo train`` returns, no gloo thread is left to be torn down during interpreter exit,
+    where it ended processes in std::terminate ("terminate called without an active exception"):
+    its process groups were destroyed and freed while the interpreter was whole."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", _GLOO_THREADS_AT_EXIT, "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+           f"train.run_dir={tmp_data}/exit", "train.steps=6", "train.eval_batches=1", "train.progress=false"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "gloo threads at exit: 0" in p.stderr, p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_pipelined_equals_plain(tmp_data, world):
     common = ["train.steps=20"] + (MIXED if world == 2 else [])
