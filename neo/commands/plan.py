@@ -65,7 +65,7 @@ def simulate(cfg, sizes: List[int], strong: bool, as_json: bool) -> int:
         raise ConfigError("--simulate: the tables' dims differ, so there is no DLRM step to predict")
     L0 = cfg.topology.local_world_size or 8
     base_w = cfg.topology.world_size or sizes[0]
-    B0 = cfg.topology.batch_size_per_rank or cfg.train.batch_size
+    B0 = cfg.planning_batch()
     rows = []
     for W in sizes:
         L = min(L0, W)
@@ -108,7 +108,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.simulate:
             return simulate(cfg, args.simulate, args.strong, args.json)
         topo = cfg.topology.to_topology(args.world_size, args.local_world_size)
-        topo = replace(topo, batch_size_per_rank=cfg.topology.batch_size_per_rank or cfg.train.batch_size)
+        topo = replace(topo, batch_size_per_rank=cfg.planning_batch())
         consts, what = cfg.cost_constants(topo.world_size)
         specs = cfg.table_specs()
         parts = PARTITIONERS if args.partitioner == "auto" else (args.partitioner,)

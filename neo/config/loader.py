@@ -109,6 +109,11 @@ class NeoConfig:
                          tuple(int(x) for x in m.over_arch), features, dims.pop(), m.interaction,
                          int(m.dcn_layers), int(m.dcn_rank), state)
 
+    def planning_batch(self) -> int:
+        """Samples per rank the planner plans for: ``topology.batch_size_per_rank``, else
+        ``train.batch_size`` (what ``neo train`` runs)."""
+        return int(self.topology.batch_size_per_rank or self.train.batch_size)
+
     def table_configs(self):
         """The embedding module's :class:`TableConfig` of every table."""
         return [t.to_table_config(f"tables[{k}]") for k, t in enumerate(self.tables)]
