@@ -45,7 +45,7 @@ import math
 import os
 import struct
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -312,7 +312,9 @@ class MlperfLoader(ParquetLoader):
     """Batches of one split (a list of :class:`Segment`) as :class:`data_pipeline.loader.Batch`.
 
     Order: the split's ``N`` samples in day order; with ``shuffle``, windows of ``shuffle_window``
-    samples each permuted by ``default_rng([seed, epoch, window])`` (the Parquet loader's rule).
+    samples each permuted by ``default_rng([seed, epoch, window])`` (the Parquet loader's rule,
+    without its ramp of small first windows: nothing here waits for a window's read, the day
+    files are memory-mapped; ``first_window`` is ignored).
     Sharding is the reference's: the order is cut into global batches of ``W·B`` samples and rank
     ``r`` takes samples ``[r·B, (r+1)·B)`` of each, so W ranks see, batch for batch, what one
     process sees with batches of ``W·B`` (and at W = 1 the batches equal ``ParquetLoader``'s).
@@ -331,7 +333,7 @@ class MlperfLoader(ParquetLoader):
             raise ValueError(f"rank {o.rank} of {o.world_size}, batch_size {o.batch_size}")
         if not segments:
             raise ValueError("no segments")
-        self.options, self.segments = o, list(segments)
+        self.options, self.segments = replace(o, first_window=0), list(segments)
         day = segments[0].day
         F = len(day.bag_sizes)
         self.fold = None if fold_rows is None else [int(r) for r in fold_rows]

@@ -184,6 +184,9 @@ class DataConfig:
     days were shuffled once, on disk)."""
     shuffle_window: int = 262144
     """Samples per shuffle window."""
+    first_window: int = 16384
+    """Samples of an epoch's first window; the next ones double up to ``shuffle_window``, so the
+    first batch waits for a small read (0: every window full-size; see data_pipeline/loader.py)."""
     prefetch_batches: int = 8
     """Batches the loader's background thread keeps ready."""
 
@@ -197,5 +200,7 @@ class DataConfig:
             raise ConfigError(f"{where}.train_paths: needed with source: parquet")
         if self.shuffle_window <= 0:
             raise ConfigError(f"{where}.shuffle_window: must be > 0, got {self.shuffle_window}")
+        if self.first_window < 0:
+            raise ConfigError(f"{where}.first_window: must be >= 0, got {self.first_window}")
         if self.prefetch_batches < 0:
             raise ConfigError(f"{where}.prefetch_batches: must be >= 0, got {self.prefetch_batches}")

@@ -243,8 +243,8 @@ def make_loaders(cfg, data: DataSpec, pg):
 
     B = cfg.train.batch_size
     train_opts = LoaderOptions(batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
-                               shuffle_window=cfg.data.shuffle_window, seed=cfg.train.seed, drop_last=True,
-                               prefetch_batches=cfg.data.prefetch_batches)
+                               shuffle_window=cfg.data.shuffle_window, first_window=cfg.data.first_window,
+                               seed=cfg.train.seed, drop_last=True, prefetch_batches=cfg.data.prefetch_batches)
     val_opts = LoaderOptions(batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=False, drop_last=False,
                              prefetch_batches=cfg.data.prefetch_batches)
     if data.mlperf is not None:

@@ -74,11 +74,14 @@ def test_drop_last_and_len(data):
     assert len(list(ParquetLoader(data, LoaderOptions(batch_size=100)))) == 11
 
 
+@pytest.mark.parametrize("first_window", [0, 8])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("prefetch", [0, 4])
-def test_resume_identical(data, shuffle, prefetch):
+def test_resume_identical(data, shuffle, prefetch, first_window):
+    """Resumed at positions inside and after the ramp of small first windows (8, 16, 32, then full:
+    positions 29 and 145 fall in windows 2 and 4) as well as without one."""
     opts = dict(batch_size=29, rank=1, world_size=2, shuffle=shuffle, shuffle_window=64, read_rows=50, seed=3,
-                prefetch_batches=prefetch)
+                prefetch_batches=prefetch, first_window=first_window)
     ref = ParquetLoader(data, LoaderOptions(**opts))
     full = [sample_ids(list(ref)) for _ in range(2)]  # two epochs
     assert ref.epoch == 2
@@ -105,6 +108,11 @@ def test_state_mismatch_rejected(data):
     L = ParquetLoader(data, LoaderOptions(world_size=2))
     with pytest.raises(ValueError, match="world_size"):
         ParquetLoader(data, LoaderOptions(world_size=3)).load_state_dict(L.state_dict())
+    # another window layout puts other samples before a position: refused by name
+    ramp = ParquetLoader(data, LoaderOptions(shuffle=True, shuffle_window=64, first_window=8))
+    with pytest.raises(ValueError, match="first_window"):
+        ParquetLoader(data, LoaderOptions(shuffle=True, shuffle_window=64, first_window=0)).load_state_dict(
+            ramp.state_dict())
 
 
 def test_determinism_and_epochs(data):
@@ -173,19 +181,24 @@ def test_reader_error_reaches_the_consumer(tmp_path):
     assert L.epoch == 0
 
 
+@pytest.mark.parametrize("first", [0, 16])
 @pytest.mark.parametrize("prefetch", [0, 3])
-def test_shuffle_order_is_the_documented_one(tmp_path, prefetch):
+def test_shuffle_order_is_the_documented_one(tmp_path, prefetch, first):
     """Window k of a rank's range, permuted by default_rng([seed, epoch, k]), batches cut across
-    windows: computed here from the sample indices alone (windows span row groups and files)."""
+    windows: computed here from the sample indices alone (windows span row groups and files).
+    With ``first_window``, the windows are 16, 32, 64 samples, then 70 each."""
     write_indexed(tmp_path / "o", jagged=True, rows_per_file=300, row_group_rows=64)
     seed, win, B, world, rank = 5, 70, 16, 2, 1
     L = ParquetLoader(str(tmp_path / "o"), LoaderOptions(batch_size=B, shuffle=True, shuffle_window=win, seed=seed,
-                                                        rank=rank, world_size=world, prefetch_batches=prefetch))
+                                                        rank=rank, world_size=world, prefetch_batches=prefetch,
+                                                        first_window=first))
     lo, hi = rank * N // world, (rank + 1) * N // world
+    sizes = ([16, 32, 64] if first else []) + [win] * (hi - lo)      # more than enough windows
+    starts = np.cumsum([0] + sizes)
     for epoch in (0, 1):
         want = []
-        for k, a in enumerate(range(0, hi - lo, win)):
-            n = min(win, hi - lo - a)
+        for k, a in enumerate(int(x) for x in starts if x < hi - lo):
+            n = min(sizes[k], hi - lo - a)
             want.extend((lo + a + np.random.default_rng([seed, epoch, k]).permutation(n)).tolist())
         got = [b for b in L]
         assert sample_ids(got) == want
