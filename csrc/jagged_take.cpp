@@ -25,10 +25,13 @@ void jagged_take_offsets(const std::vector<JaggedBlock>& blocks, const int64_t* 
       throw std::invalid_argument("jagged_take: output row " + std::to_string(i) + " asks for row " +
                                   std::to_string(r) + " of block " + std::to_string(p) + " (" + std::to_string(P) +
                                   " blocks)");
-    const int64_t len = blocks[p].offsets[r + 1] - blocks[p].offsets[r];
-    if (len < 0)
-      throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": offsets decrease at row " +
-                                  std::to_string(r));
+    const JaggedBlock& b = blocks[p];
+    const int64_t lo = b.offsets[r], hi = b.offsets[r + 1];
+    if (lo < 0 || hi < lo || hi > b.n_ids)        // offsets may decrease and rise again: each row checked
+      throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": row " + std::to_string(r) +
+                                  " spans ids [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " +
+                                  std::to_string(b.n_ids));
+    const int64_t len = hi - lo;
     out_offsets[i + 1] = out_offsets[i] + len;
   }
 }

@@ -17,7 +17,8 @@ struct JaggedBlock {
 };
 
 // Output offsets (m + 1, from 0) of rows (part[i], row[i]); throws std::invalid_argument
-// naming the first bad row (block or row out of range, offsets outside the ids or decreasing).
+// naming the first bad row (block or row out of range, its offsets outside the block's ids or
+// decreasing).
 void jagged_take_offsets(const std::vector<JaggedBlock>& blocks, const int64_t* part, const int64_t* row,
                          int64_t m, int64_t* out_offsets);
 

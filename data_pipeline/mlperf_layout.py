@@ -45,7 +45,7 @@ import math
 import os
 import struct
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -333,7 +333,7 @@ class MlperfLoader(ParquetLoader):
             raise ValueError(f"rank {o.rank} of {o.world_size}, batch_size {o.batch_size}")
         if not segments:
             raise ValueError("no segments")
-        self.options, self.segments = replace(o, first_window=0), list(segments)
+        self.options, self.segments = o, list(segments)
         day = segments[0].day
         F = len(day.bag_sizes)
         self.fold = None if fold_rows is None else [int(r) for r in fold_rows]
@@ -405,6 +405,10 @@ class MlperfLoader(ParquetLoader):
         if self.fold is not None:
             cols.sparse = [np.asarray(s, np.int64) % rows for s, rows in zip(cols.sparse, self.fold)]
         return cols
+
+    def _ramp_first(self) -> None:
+        """No ramp (module docstring): the windows are all ``shuffle_window``, whatever ``first_window`` says."""
+        return None
 
     def warm_up(self) -> None:
         """Nothing to start: the day files are memory-mapped and each batch reads its own rows."""

@@ -36,6 +36,7 @@ bags of 1-20 ids, uniform).
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -204,8 +205,9 @@ def main(argv=None) -> int:
                 print(f"{name:9s} W={world} {plan:12s} predicted {rec['predicted_ms']:8.2f} ms  measured "
                       f"{rec['measured_ms']:8.2f} ms (rounds {meas})  ratio {rec['ratio']:.3f}", flush=True)
             mine = [r for r in records if r["config"] == name and r["world_size"] == world]
+            groups = by_signature(runs)
             for r in mine:                    # one plan under several names: its ratio over all its runs
-                fs = [f for g in runs.values() for f in g if f["plan_signature"] == common_signature(r)]
+                fs = groups[most_common(r["plan_signatures"])]
                 if r["ratio"] is not None and len(fs) > len(r["measured_ms_rounds"]):
                     p_ms = statistics.median(f["predicted_step_ms"] for f in fs)
                     m_ms = statistics.median(f["measured_step_ms"] for f in fs)
@@ -236,10 +238,19 @@ def plan_signature(path: str) -> str:
     return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def common_signature(rec: Dict[str, Any]) -> str:
-    """The plan a record's runs ran most often (the planner's may change with a round's constants)."""
-    sigs = rec["plan_signatures"]
-    return max(set(sigs), key=sigs.count)
+def most_common(signatures: List[str]) -> str:
+    """The plan a name ran most often over the rounds (the planner's may change with a round's
+    constants); on a tie, the one it ran first."""
+    return collections.Counter(signatures).most_common(1)[0][0]
+
+
+def by_signature(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Every run, whatever name it ran under, grouped by the plan it ran (its signature)."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for fs in runs.values():
+        for f in fs:
+            out.setdefault(f["plan_signature"], []).append(f)
+    return out
 
 
 def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
@@ -247,15 +258,12 @@ def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     planner's plan is one of the alternatives (the same shards), the two names ran the same plan
     and their difference is the machine's noise, not the planner's (on this VM one plan measured
     17% apart under two names in one pass)."""
-    by_sig: Dict[str, List[float]] = {}
-    names: Dict[str, set] = {}
-    for plan, fs in runs.items():
-        for f in fs:
-            by_sig.setdefault(f["plan_signature"], []).append(f["measured_step_ms"])
-            names.setdefault(f["plan_signature"], set()).add(plan)
-    med = {sig: float(statistics.median(v)) for sig, v in by_sig.items()}
+    groups = by_signature(runs)
+    med = {sig: float(statistics.median(f["measured_step_ms"] for f in fs)) for sig, fs in groups.items()}
+    names = {sig: {plan for plan, fs in runs.items() if any(f["plan_signature"] == sig for f in fs)}
+             for sig in groups}
     mine = [f["plan_signature"] for f in runs.get("planner", [])]
-    sig = max(set(mine), key=mine.count)             # the planner's most frequent plan over the rounds
+    sig = most_common(mine)
     fastest = min(med, key=med.get)
     return {"planner_ms": med[sig], "fastest_ms": med[fastest], "fastest": "/".join(sorted(names[fastest])),
             "planner_over_fastest": round(med[sig] / med[fastest], 3),

@@ -281,8 +281,8 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
     narrow = machinery_config(pg.world_size, rank=pg.rank)
     wide = machinery_config(pg.world_size, rank=pg.rank, per_rank=WIDE_TABLES_PER_RANK, batch=WIDE_BATCH,
                             dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG)
-    F = pg.world_size * WIDE_TABLES_PER_RANK
-    for cfg, F, B in ((narrow, pg.world_size, 256), (wide, F, WIDE_BATCH // 2), (wide, F, WIDE_BATCH)):
+    F_wide = pg.world_size * WIDE_TABLES_PER_RANK
+    for cfg, F, B in ((narrow, pg.world_size, 256), (wide, F_wide, WIDE_BATCH // 2), (wide, F_wide, WIDE_BATCH)):
         data = prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None)
         loader = ParquetLoader(data.train_paths, LoaderOptions(
             batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,

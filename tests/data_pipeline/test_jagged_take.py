@@ -56,6 +56,9 @@ def test_jagged_take_refuses_rows_outside_the_blocks():
         jagged_take([(ids, offs)], np.array([1], np.int64), np.array([0], np.int64))
     with pytest.raises(ValueError, match="offsets outside"):
         jagged_take([(ids, np.array([0, 2, 6], np.int64))], np.zeros(1, np.int64), np.zeros(1, np.int64))
+    # offsets that leave the ids in the middle and come back: the row is refused, never copied
+    with pytest.raises(ValueError, match=r"row 0 spans ids \[0, 100\) of 5"):
+        jagged_take([(ids, np.array([0, 100, 5], np.int64))], np.zeros(1, np.int64), np.zeros(1, np.int64))
 
 
 def test_take_from_parts_equals_taking_from_the_concatenated_window():

@@ -48,5 +48,6 @@ def test_plan_signature_is_the_shards_and_nothing_else(tmp_path):
     assert write("d.json", [{"rank": 0, "rows": 10}], placement="cached") != a
 
 
-def test_common_signature_is_the_most_frequent_plan():
-    assert fidelity.common_signature({"plan_signatures": ["A", "B", "A"]}) == "A"
+def test_most_common_is_the_most_frequent_plan():
+    assert fidelity.most_common(["A", "B", "A"]) == "A"
+    assert fidelity.most_common(["B", "A"]) == "B"                  # a tie: the first one run
