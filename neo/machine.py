@@ -56,3 +56,11 @@ def machine_info() -> Dict[str, Any]:
     except (ValueError, OSError):
         out["ram_bytes"] = 0
     return out
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask on Linux, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                                    # not Linux
+        return os.cpu_count() or 1

@@ -40,10 +40,11 @@ def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     return out
 
 
-def kind_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]:
+def kind_overheads(meas: Dict[str, Any], c, world_size: int, cores: int = 0) -> Dict[str, float]:
     """Each sharding kind's overhead over table-wise per bag of the global batch (seconds): the
     small model's step with every table of that kind minus with every table table-wise, less the
-    difference the rest of the model predicts, over the bags of the step."""
+    difference the rest of the model predicts (on a host of ``cores`` cores), over the bags of
+    the step."""
     from neo.calibrate.measure import KIND_BATCH, KIND_TABLES_PER_RANK, machinery_config
     from neo.planner import Plan
     from neo.planner.constants import KIND_OVERHEADS
@@ -58,7 +59,8 @@ def kind_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]
     def predicted_ms(kind: str, plan: Dict[str, Any]) -> float:
         cfg = machinery_config(world_size, kind, per_rank=KIND_TABLES_PER_RANK, batch=KIND_BATCH)
         topo = replace(cfg.topology.to_topology(world_size, world_size), batch_size_per_rank=cfg.train.batch_size)
-        return predict_step(Plan.from_dict(plan), cfg.table_specs(), cfg.dense_spec(4), topo, c0).step_ms
+        return predict_step(Plan.from_dict(plan), cfg.table_specs(), cfg.dense_spec(4), topo, c0, cores=cores,
+                            threads_per_rank=int(meas.get("threads") or 1)).step_ms
 
     # paired by round (a shared machine's load drifts between rounds more than within one)
     tw = np.array(base["rounds_ms"]) - predicted_ms("table_wise", base["plan"])
@@ -123,7 +125,9 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
 
     base = builtin_constants(machine.get("device_kind", "cpu"))
     hot = float(machine.get("l2_bytes") or 1 << 20)
-    cold = float(max(4 * (machine.get("l3_bytes") or 32 << 20), 8 * hot))
+    # cold: the largest table measured (every bandwidth between is log-linear in the footprint)
+    cold = float(max(4 * (machine.get("l3_bytes") or 32 << 20), 8 * hot,
+                     max((r["footprint"] for r in meas["lookups"]), default=0)))
     upd, quality = lookup_constants(meas["lookups"], hot, cold)
     upd.update(device_kind=base.device_kind, world_size=world_size, kernel_overhead=base.kernel_overhead)
     for op, lat, bw in (("alltoall", "intra_latency", "intra_bw"), ("allreduce", "allreduce_latency", "allreduce_bw")):
@@ -140,7 +144,7 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)
     c = replace(c, **machinery_overheads(meas, c, world_size), **loading_constants(meas))
-    c = replace(c, **kind_overheads(meas, c, world_size))
+    c = replace(c, **kind_overheads(meas, c, world_size, int(machine.get("cores") or 0)))
     return c, quality
 
 
@@ -235,7 +239,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.perf_counter()
     machine = _machine()
     evict = 2 * (machine.get("l3_bytes") or 32 << 20)     # each call finds the caches cold, as in training
-    mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick, evict_bytes=evict),
+    largest = measure.largest_footprint(machine.get("ram_bytes") or 0, pg.local_world_size)
+    mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick, evict_bytes=evict,
+                                       largest=largest),
             "collectives": measure.collectives(pg, args.quick),
             "dense": measure.dense(pg.world if W > 1 else None, args.quick),
             "threads": torch.get_num_threads()}

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["CacheEvictor", "timed", "lookup_cases", "lookup_rows", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
+__all__ = ["CacheEvictor", "timed", "largest_footprint", "lookup_cases", "lookup_rows", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
            "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG"]
 
 
@@ -81,14 +81,26 @@ def lookup_rows(footprint: int, D: int) -> int:
     return max(64, footprint // (8 * D))
 
 
-def lookup_cases(quick: bool = False) -> List[Tuple[int, int, int, bool, int]]:
+def largest_footprint(ram_bytes: int, world_size: int) -> int:
+    """Bytes of the largest calibration table a rank may allocate: 2 GiB, or less where the ranks of
+    the host would take more than a sixth of its memory (0: none beyond the fixed sizes). A rank's
+    fused kernels walk all its tables: with gigabytes of them, the rows' page-table entries no
+    longer fit the caches (zipf_mix's ten tables, 1.3 GB, trained 20% slower than a 384 MB table
+    of the same ids predicted)."""
+    big = min(2 << 30, int(ram_bytes) // (6 * max(1, world_size))) if ram_bytes else 0
+    return big if big >= 1 << 30 else 0
+
+
+def lookup_cases(quick: bool = False, largest: int = 0) -> List[Tuple[int, int, int, bool, int]]:
     """``(footprint, D, P, skewed, B)`` of every :func:`lookups` record: tables from cache-sized to
     far larger, bags of ``P`` ids, uniform ids and (on the largest table) skewed ones, whose few
     ids a row tell the cost per id from the cost per row (uniform ids on a large table touch as
     many rows as ids), and ``B`` bags: 2048, and 512 at one dim, for with one batch size the cost
     per bag and the cost per call are one column twice (and a plan whose ranks pool more bags,
-    row-wise: every table's bags on every rank, would be charged per call)."""
-    footprints = (256 << 10, 16 << 20, 384 << 20)
+    row-wise: every table's bags on every rank, would be charged per call); ``largest``
+    (:func:`largest_footprint`) adds a table of that many bytes, the far end of the cold
+    bandwidths (not in quick mode)."""
+    footprints = (256 << 10, 16 << 20, 384 << 20) + ((int(largest),) if largest and not quick else ())
     dims = (16, 64) if quick else (16, 64, 128)
     pools = (1, 16) if quick else (1, 16, 48)        # multi-hot features reach tens of ids a bag
     out = []
@@ -101,7 +113,7 @@ def lookup_cases(quick: bool = False) -> List[Tuple[int, int, int, bool, int]]:
     return out
 
 
-def lookups(group, quick: bool = False, evict_bytes: int = 0) -> List[Dict[str, float]]:
+def lookups(group, quick: bool = False, evict_bytes: int = 0, largest: int = 0) -> List[Dict[str, float]]:
     """Records ``{"phase": "fwd"|"bwd", "bags", "ids", "distinct", "row_bytes", "state_bytes",
     "footprint", "seconds"}`` of one-table lookups (adagrad: state as large as the weights); with
     ``evict_bytes``, the caches are evicted (:class:`CacheEvictor`) before every timed call."""
@@ -113,7 +125,7 @@ def lookups(group, quick: bool = False, evict_bytes: int = 0) -> List[Dict[str, 
     out = []
     warm = True
     evict = CacheEvictor(evict_bytes) if evict_bytes else (lambda: None)
-    cases = lookup_cases(quick)
+    cases = lookup_cases(quick, largest)
     for foot, D in dict.fromkeys((c[0], c[1]) for c in cases):
         rows = lookup_rows(foot, D)
         emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),

@@ -31,7 +31,7 @@ from neo.config.data import DataConfig
 from neo.config.mlperf import MLPerfConfig
 from neo.config.model import ModelConfig
 from neo.config.parallel import ParallelConfig
-from neo.config.tables import TableEntry
+from neo.config.tables import OptimizerEntry, TableEntry
 from neo.config.topology import TopologyConfig
 from neo.config.train import OptimConfig, ShardingConfig, TrainConfig
 from neo.config.typed import build_dataclass
@@ -114,15 +114,24 @@ class NeoConfig:
         ``train.batch_size`` (what ``neo train`` runs)."""
         return int(self.topology.batch_size_per_rank or self.train.batch_size)
 
+    def table_entries(self) -> List[TableEntry]:
+        """The ``tables`` section as training uses it: ``optim.sparse`` replaces every table's
+        optimizer left at the default."""
+        if self.optim.sparse is None:
+            return list(self.tables)
+        default = OptimizerEntry()
+        return [replace(t, optimizer=self.optim.sparse) if t.optimizer == default else t for t in self.tables]
+
     def table_configs(self):
-        """The embedding module's :class:`TableConfig` of every table."""
-        return [t.to_table_config(f"tables[{k}]") for k, t in enumerate(self.tables)]
+        """The embedding module's :class:`TableConfig` of every table (``optim.sparse`` applied)."""
+        return [t.to_table_config(f"tables[{k}]") for k, t in enumerate(self.table_entries())]
 
     def table_specs(self):
-        """The planner's :class:`neo.planner.TableSpec` of every table; a table named in
-        ``sharding.types`` is constrained to that one sharding type."""
+        """The planner's :class:`neo.planner.TableSpec` of every table, with the optimizer state
+        training keeps (``optim.sparse`` applied); a table named in ``sharding.types`` is
+        constrained to that one sharding type."""
         out = []
-        for k, t in enumerate(self.tables):
+        for k, t in enumerate(self.table_entries()):
             if t.name in self.sharding.types:
                 t = replace(t, sharding_types=[self.sharding.types[t.name]])
             out.append(t.to_table_spec(f"tables[{k}]"))

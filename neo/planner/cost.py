@@ -9,7 +9,9 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
 - Forward (fused lookup) of a shard: ``bags * lookup_bag_s + ids * (lookup_id_s + r /
   bw_lookup(footprint))`` + ``kernel_overhead``, where bw goes log-linearly from
   ``lookup_bw_hot`` (footprint <= ``hot_bytes``: rows come from the caches) to
-  ``lookup_bw_cold`` (footprint >= ``cold_bytes``). The owner of a model-parallel shard serves
+  ``lookup_bw_cold`` (footprint >= ``cold_bytes``). The footprint is the rank's: the bytes of
+  all the tables its fused kernels walk (the step model knows them from the plan; the search,
+  before placing, assumes an even share of all tables' bytes). The owner of a model-parallel shard serves
   the global batch (ids = G*F*P*rho: ids assumed spread over row blocks, e.g. hashed); a
   data-parallel replica pools its own batch (B*F*P).
 - Backward + fused optimizer: ``ids * update_id_s + U * (update_row_s + 2 (r + q) /
@@ -136,11 +138,15 @@ def _distinct(table: TableSpec, ids: np.ndarray, rows: np.ndarray, global_ids: f
 
 
 def lookup_parts(table: TableSpec, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
-                 rows: np.ndarray, global_ids: float, c: CostConstants):
-    """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1."""
+                 rows: np.ndarray, global_ids: float, c: CostConstants, rank_footprint=None):
+    """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1;
+    the bandwidths are those of ``rank_footprint`` (bytes of all the tables of each part's rank:
+    the fused kernels walk them together), else of the part alone."""
     row_b = cols * table.weight_bytes
     state_b = 4.0 * table.state_floats_per_row * (cols / table.dim if table.state_per_element else 1.0)
     foot = rows * (row_b + state_b)
+    if rank_footprint is not None:
+        foot = np.maximum(foot, rank_footprint)
     fwd = bags * c.lookup_bag_s + ids * (c.lookup_id_s + row_b * seconds_per_byte(foot, c.lookup_bw_hot,
                                                                                 c.lookup_bw_cold, c))
     U = _distinct(table, update_ids, rows, global_ids)
@@ -171,9 +177,11 @@ def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.nd
 
 
 def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols: np.ndarray,
-                   topo: Topology, c: CostConstants, cache_fraction: Optional[float] = None) -> PartCosts:
+                   topo: Topology, c: CostConstants, cache_fraction: Optional[float] = None,
+                   rank_footprint=None) -> PartCosts:
     """Costs of each shard (rows[k] x cols[k]) of ``table`` sharded as ``stype``; cached with a
-    cache of ``cache_fraction`` of each shard's rows when given, else all rows on the device."""
+    cache of ``cache_fraction`` of each shard's rows when given, else all rows on the device;
+    ``rank_footprint``: device bytes of the tables of each shard's rank (:func:`lookup_parts`)."""
     rows = np.asarray(rows, dtype=np.float64)
     cols = np.asarray(cols, dtype=np.float64)
     W, L = topo.world_size, topo.local_world_size
@@ -229,7 +237,7 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
         comm_in = ids_bytes * f_intra / c.intra_bw + ids_bytes * f_inter / c.inter_bw
         comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + out
-    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c)
+    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint)
     if cache_fraction is None:
         return PartCosts(fwd + bwd, comm, weights + state + buffers, np.zeros_like(rows), b_in, b_out,
                          distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)

@@ -19,6 +19,7 @@ After TorchRec's ``EmbeddingEnumerator`` (torchrec/distributed/planner/enumerato
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -30,7 +31,7 @@ from neo.planner.cost import PartCosts, estimate_parts
 from neo.planner.constants import CostConstants
 from neo.planner.types import GIB, Placement, PlanningError, ShardingType, TableSpec, Topology
 
-__all__ = ["Option", "enumerate_options", "split_evenly", "column_widths"]
+__all__ = ["Option", "enumerate_options", "expected_rank_footprint", "split_evenly", "column_widths"]
 
 _MODEL_PARALLEL_PINNABLE = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
 _ALL_TYPES = tuple(ShardingType)
@@ -143,14 +144,15 @@ def _fractions(t: TableSpec, allow_cache: bool) -> List[Optional[float]]:
 
 
 def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, topo, c, pins=None,
-          fractions=(None,)) -> List[Option]:
+          fractions=(None,), rank_footprint: Optional[float] = None) -> List[Option]:
     """Options of one split, one per cache share; a cache too small for two steps' distinct rows
     (the step computing and the one prefetching) is left out, and when every one of a cached
-    table's shares is, the smallest share that holds them stands in."""
+    table's shares is, the smallest share that holds them stands in. ``rank_footprint``: bytes of
+    tables a rank is expected to hold (the lookups' bandwidths depend on them)."""
     out, need = [], 0.0
     rs = np.asarray(rs)
     for f in fractions:
-        costs = estimate_parts(t, st, rs, cs, topo, c, f)
+        costs = estimate_parts(t, st, rs, cs, topo, c, f, rank_footprint)
         if f is not None:
             short = (np.ceil(f * rs) < 2.0 * costs.distinct) & (rs > 0)
             if short.any():
@@ -160,13 +162,16 @@ def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, 
     if not out and need:
         f = min(1.0, math.ceil(need * 100.0) / 100.0)
         out.append(Option(idx, st, scope, np.asarray(ro), rs, np.asarray(co), np.asarray(cs),
-                          estimate_parts(t, st, rs, cs, topo, c, f), pins, f))
+                          estimate_parts(t, st, rs, cs, topo, c, f, rank_footprint), pins, f))
     return out
 
 
-def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allow_cache: bool = True) -> List[Option]:
-    """All options of one table allowed by its constraints (before the memory filter)."""
+def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allow_cache: bool = True,
+                  rank_footprint: Optional[float] = None) -> List[Option]:
+    """All options of one table allowed by its constraints (before the memory filter);
+    ``rank_footprint``: bytes of tables a rank is expected to hold (:func:`expected_rank_footprint`)."""
     allowed = _check_constraints(idx, t, topo)
+    make = functools.partial(_make, rank_footprint=rank_footprint)
     fr = _fractions(t, allow_cache)
     W, L = topo.world_size, topo.local_world_size
     pins = tuple(sorted(set(t.constraints.ranks))) or None
@@ -176,14 +181,14 @@ def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allo
     zero = np.array([0])
     for st in allowed:
         if st is ShardingType.TABLE_WISE:
-            opts.extend(_make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins, fr))
+            opts.extend(make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins, fr))
         elif st is ShardingType.DATA_PARALLEL:
-            opts.extend(_make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
+            opts.extend(make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
                               np.zeros(W, np.int64), np.full(W, t.dim), topo, c, None, fr))
         elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
             k = W if st is ShardingType.ROW_WISE else L
             ro, rs = split_evenly(t.rows, k)
-            opts.extend(_make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
+            opts.extend(make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
                               ro, rs, np.zeros(k, np.int64), np.full(k, t.dim), topo, c, None, fr))
         elif st is ShardingType.COLUMN_WISE:
             widths = [width] if width else _default_cw_widths(t.dim, len(pins) if pins else W)
@@ -191,12 +196,12 @@ def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allo
                 widths = [t.dim]  # forced but too narrow to split: a single column shard
             for w in widths:
                 co, cs = column_widths(t.dim, w)
-                opts.extend(_make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+                opts.extend(make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
                                   co, cs, topo, c, pins, fr))
         elif st is ShardingType.TABLE_COLUMN_WISE:
             w = width or _round4(t.dim / min(L, max(1, t.dim // 4)))
             co, cs = column_widths(t.dim, w)
-            opts.extend(_make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
+            opts.extend(make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
                               co, cs, topo, c, None, fr))
     return opts
 
@@ -213,6 +218,12 @@ def _shortfall(opt: Option, topo: Topology, hbm_cap: np.ndarray, host_cap: np.nd
     return float(max(opt.costs.hbm.max() - hbm_cap[ranks].max(), opt.costs.host.max() - host_cap[ranks].max()))
 
 
+def expected_rank_footprint(tables: Sequence[TableSpec], world_size: int) -> float:
+    """Bytes (rows and optimizer state) of all tables over the ranks: what a rank is expected to
+    hold before placement decides (the step model then uses each rank's own)."""
+    return sum(float(t.rows) * t.bytes_per_row(t.dim) for t in tables) / max(1, world_size)
+
+
 def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConstants,
                       allow_cache: bool = True) -> List[List[Option]]:
     """Options of every table whose parts fit a device; raises :class:`PlanningError` naming
@@ -225,8 +236,9 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
     hbm_cap = _capacity(topo, c)
     host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
     out: List[List[Option]] = []
+    share = expected_rank_footprint(tables, topo.world_size)
     for idx, t in enumerate(tables):
-        opts = table_options(idx, t, topo, c, allow_cache)
+        opts = table_options(idx, t, topo, c, allow_cache, share)
         fits = [o for o in opts if _shortfall(o, topo, hbm_cap, host_cap) <= 0]
         if not fits:
             best = min(opts, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))

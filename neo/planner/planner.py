@@ -33,6 +33,7 @@ from neo.planner.enumerate import Option, enumerate_options
 from neo.planner.partition import Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp, objective
 from neo.planner.refine import refine
 from neo.planner.plan import Plan, RankStats, TablePlan
+from neo.planner.step_model import rank_footprints
 from neo.planner.constants import CostConstants
 from neo.planner.types import (GIB, Placement, PlanningError, Shard, ShardingType, TableSpec,
                                Topology)
@@ -357,6 +358,7 @@ def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict
     """Score any placement (e.g. another planner's, or a saved plan's) with Neo's cost model."""
     c = constants or CostConstants()
     chosen, part_ranks, eff = [], [], []
+    foot = rank_footprints(table_plans, tables, topo.world_size, c)
     for idx, t in enumerate(tables):
         tp = table_plans[t.name]
         sh = tp.shards
@@ -365,7 +367,7 @@ def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict
         if tp.placement is Placement.CACHED:
             fraction = tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
         eff.append(replace(t, constraints=replace(t.constraints, placement=tp.placement)))
-        costs = estimate_parts(t, tp.sharding_type, arr("rows"), arr("cols"), topo, c, fraction)
+        costs = estimate_parts(t, tp.sharding_type, arr("rows"), arr("cols"), topo, c, fraction, foot[arr("rank")])
         chosen.append(Option(idx, tp.sharding_type, "rank", arr("row_offset"), arr("rows"), arr("col_offset"),
                              arr("cols"), costs, None, fraction))
         part_ranks.append(arr("rank"))
@@ -395,8 +397,13 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
     b_out += in_bo
     hbm += in_m
     out_tables: Dict[str, TablePlan] = {}
+    foot = np.zeros(W)                 # each rank's table bytes: the options were costed at an even share
     for o, ranks in zip(chosen, part_ranks):
-        pc = o.costs
+        t = tables[o.table]
+        f = 1.0 if o.cache_fraction is None else o.cache_fraction
+        np.add.at(foot, ranks, np.ceil(f * o.rows) * np.array([t.bytes_per_row(int(k)) for k in o.cols]))
+    for o, ranks in zip(chosen, part_ranks):
+        pc = estimate_parts(tables[o.table], o.sharding_type, o.rows, o.cols, topo, c, o.cache_fraction, foot[ranks])
         np.add.at(compute, ranks, pc.compute / speed[ranks])
         np.add.at(comm, ranks, pc.comm)
         np.add.at(b_in, ranks, pc.bytes_intra)

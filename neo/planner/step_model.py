@@ -17,8 +17,16 @@ gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with
 DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
 ``allreduce_bw``). Data loading runs ahead on each rank's loader thread: hidden where the node
 has a spare core for it, else its CPU time (per batch, bag and id: :func:`data_seconds`) is
-part of the step as ``data`` (:func:`data_exposed_share`). Pure numpy; the constants are
-``neo calibrate``'s.
+part of the step as ``data`` (:func:`data_exposed_share`).
+
+On a CPU the ranks of a node may outnumber its cores (4 ranks on this project's 2-core VM):
+they take turns, and a step lasts at least the node's compute (every rank's lookups, backward,
+dense part and loop, x its threads, plus its loader's work) over the cores
+(:func:`cpu_bound_step`). Where that is longer than the busiest rank's own path, the critical
+rank's compute components stretch to fill it (its collectives' time does not: a rank waiting in
+one leaves its core to the others). The per-call constants are measured with every rank busy
+at once but timed by medians, which leave out the calls a rank was descheduled in: the stretch
+is not in them. Pure numpy; the constants are ``neo calibrate``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from neo.planner.cost import collective_latency_split, estimate_parts, input_sid
 from neo.planner.plan import Plan
 from neo.planner.types import Placement, TableSpec, Topology
 
-__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step",
+__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step", "rank_footprints", "cpu_bound_step",
            "COMPONENTS"]
 
 COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense", "data")
@@ -139,14 +147,48 @@ def data_seconds(tables: Sequence[TableSpec], batch: int, c: CostConstants) -> f
     return c.data_batch_s + batch * (bags * c.data_bag_s + ids * c.data_id_s)
 
 
+def _cache_fraction(tp, c: CostConstants):
+    if tp.placement is not Placement.CACHED:
+        return None
+    return tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
+
+
+def rank_footprints(table_plans, tables: Sequence[TableSpec], world_size: int, c: CostConstants) -> np.ndarray:
+    """(W,) bytes of embedding rows and optimizer state each rank's fused kernels walk: its shards'
+    (a cached shard's cache slots only); ``table_plans``: name -> TablePlan (``Plan.tables``)."""
+    by_name = {t.name: t for t in tables}
+    out = np.zeros(world_size)
+    for name, tp in table_plans.items():
+        t, frac = by_name[name], _cache_fraction(tp, c)
+        for s in tp.shards:
+            out[s.rank] += math.ceil(s.rows * (frac if frac is not None else 1.0)) * t.bytes_per_row(s.cols)
+    return out
+
+
+def cpu_bound_step(compute: np.ndarray, data_s: float, local_ranks: int, cores: int, threads_per_rank: int) -> float:
+    """Seconds a CPU node needs for its ranks' compute when they share its cores: each rank's
+    compute seconds (``compute``, (W,), measured with the rank on its own cores) x its threads,
+    plus each loader's ``data_s``, over the node's ``cores``; the busiest node's (0 without cores)."""
+    if cores <= 0:
+        return 0.0
+    per_node = compute.reshape(-1, local_ranks) * max(1, threads_per_rank) + data_s
+    return float(per_node.sum(axis=1).max()) / cores
+
+
 def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo: Topology,
-                 c: CostConstants, data_exposed: float = 0.0) -> StepPrediction:
+                 c: CostConstants, data_exposed: float = 0.0, cores: int = 0,
+                 threads_per_rank: int = 1) -> StepPrediction:
     """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring); the share
-    ``data_exposed`` (:func:`data_exposed_share`) of the loader's work is paid as ``data``."""
+    ``data_exposed`` (:func:`data_exposed_share`) of the loader's work is paid as ``data``. On a
+    CPU (``c.device_kind == "cpu"``) whose nodes have ``cores`` cores for ranks of
+    ``threads_per_rank`` threads, the step lasts at least the nodes' compute over their cores
+    (:func:`cpu_bound_step`): where the ranks outnumber the cores they take turns, and the
+    critical rank's compute components stretch to fill that time."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
     by_name = {t.name: t for t in tables}
+    foot = rank_footprints(plan.tables, tables, W, c)
     used = []
     for name, tp in plan.tables.items():
         t = by_name[name]
@@ -155,10 +197,7 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
         rows = np.array([s.rows for s in sh], dtype=np.float64)
         cols = np.array([s.cols for s in sh], dtype=np.float64)
         ranks = np.array([s.rank for s in sh], dtype=np.int64)
-        frac = None
-        if tp.placement is Placement.CACHED:
-            frac = tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
-        pc = estimate_parts(t, tp.sharding_type, rows, cols, topo, c, frac)
+        pc = estimate_parts(t, tp.sharding_type, rows, cols, topo, c, _cache_fraction(tp, c), foot[ranks])
         np.add.at(comp["fwd"], ranks, pc.fwd / speed[ranks])
         np.add.at(comp["bwd"], ranks, pc.bwd / speed[ranks])
         np.add.at(comp["in"], ranks, pc.comm_in)
@@ -181,5 +220,15 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
              "output_dist": comp["out"][r], "dense": d,
              "data": data_exposed * data_seconds(tables, topo.batch_size_per_rank, c), "other": c.step_overhead}
     step = sum(parts.values())
+    if c.device_kind == "cpu" and cores > 0:
+        own = comp["fwd"] + comp["bwd"] + d + c.step_overhead
+        shared = cpu_bound_step(own, data_seconds(tables, topo.batch_size_per_rank, c), topo.local_world_size,
+                                cores, threads_per_rank)
+        computing = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
+        busy = sum(parts[k] for k in computing)
+        if shared > step and busy > 0:
+            stretch = (shared - (step - busy)) / busy
+            parts.update({k: parts[k] * stretch for k in computing})
+            step = sum(parts.values())
     return StepPrediction(step * 1e3, {k: v * 1e3 for k, v in parts.items()}, r,
                           topo.batch_size_per_rank * W / step, tuple(float(x) * 1e3 for x in per_rank))

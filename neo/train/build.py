@@ -28,7 +28,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch.distributed as dist
 
 from neo.config.embedding import ConfigError, Placement, TableConfig
-from neo.config.tables import OptimizerEntry
 
 __all__ = ["DataSpec", "MlperfData", "init_process_groups", "attempt_store", "restart_attempt", "resolve_tables",
            "prepare_data", "make_loaders", "make_plan", "validate_training_config", "rename_features",
@@ -86,14 +85,9 @@ def attempt_store(timeout: datetime.timedelta):
 # ----------------------------------------------------------------------------- 2. tables
 def resolve_tables(cfg) -> List[TableConfig]:
     """Table configs; ``optim.sparse`` replaces every optimizer left at the default."""
-    entries = list(cfg.tables)
-    if not entries:
+    if not cfg.tables:
         raise ConfigError("tables: at least one table is needed to train")
-    sparse = cfg.optim.sparse
-    if sparse is not None:
-        default = OptimizerEntry()
-        entries = [replace(e, optimizer=sparse) if e.optimizer == default else e for e in entries]
-    return [e.to_table_config(f"tables[{k}]") for k, e in enumerate(entries)]
+    return cfg.table_configs()
 
 
 # ----------------------------------------------------------------------------- 3. data
@@ -288,6 +282,9 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
     Tables the planner may cache (``placement: cached``, or ``auto`` when the tables do not all
     fit in device memory) get miss-ratio curves measured on ``sharding.cache_sample_batches``
     global batches of ``data`` (:func:`measure_cache_curves`)."""
+    import torch
+
+    from neo.machine import usable_cores
     from neo.planner import PARTITIONERS, Placement as PlanPlacement, Plan, PlanningError, format_report, plan_tables
     from neo.planner.step_model import predict_step
 
@@ -318,7 +315,8 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
         dense = dense_spec(cfg, data.num_dense if data is not None else None)
         if dense is not None:
             plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
-                                                data_exposed=data_share(cfg, consts, pg)).to_dict()
+                                                data_exposed=data_share(cfg, consts, pg), cores=usable_cores(),
+                                                threads_per_rank=torch.get_num_threads()).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)
@@ -330,15 +328,12 @@ def data_share(cfg, consts, pg) -> float:
     all of it when the loader runs inline (``data.prefetch_batches: 0``)."""
     import torch
 
+    from neo.machine import usable_cores
     from neo.planner.step_model import data_exposed_share
 
     if cfg.data.prefetch_batches <= 0:
         return 1.0
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                                    # not Linux
-        cores = os.cpu_count() or 1
-    return data_exposed_share(consts.device_kind, pg.local_world_size, torch.get_num_threads(), cores)
+    return data_exposed_share(consts.device_kind, pg.local_world_size, torch.get_num_threads(), usable_cores())
 
 
 def dense_spec(cfg, num_dense: Optional[int] = None):

@@ -43,6 +43,25 @@ def test_example_config_loads():
     assert by["item_history"].num_features == 2
 
 
+def test_planner_sees_the_optimizer_state_training_keeps():
+    """``optim.sparse`` replaces the optimizer of every table left at the default, for training
+    and for the planner alike: the plan's memory and update costs count the Adagrad state the
+    embedding module then allocates (the planner once planned those tables as SGD's, half the
+    bytes of D = 128 tables, and predicted their fused backward at 0.6 of what training took)."""
+    from neo.embedding import TableBatchedEmbedding
+
+    cfg = config_from_dict({"tables": [{"name": "a", "num_rows": 100, "dim": 16},
+                                       {"name": "b", "num_rows": 50, "dim": 8, "optimizer": {"type": "sgd", "lr": 0.5}}],
+                            "optim": {"sparse": {"type": "adagrad", "lr": 0.05}}})
+    a, b = cfg.table_specs()
+    assert (a.state_floats_per_row, a.state_per_element) == (16, True)
+    assert (b.state_floats_per_row, b.state_per_element) == (0, False)      # its own optimizer is kept
+    emb = TableBatchedEmbedding(cfg.table_configs(), backend="reference")
+    state = sum(v.numel() * v.element_size() for k, v in emb.named_buffers()
+                if not k.endswith(("_weights", "_step")))                  # the optimizers' state buffers
+    assert state == sum(4 * s.state_floats(s.dim) * s.rows for s in (a, b)) == 100 * 16 * 4
+
+
 def test_tiny_config_loads():
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"))
     assert [t.name for t in cfg.tables] == ["user", "item", "category", "country"]

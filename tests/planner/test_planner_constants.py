@@ -209,15 +209,16 @@ def test_the_loaders_work_is_paid_only_where_no_core_is_spare():
     assert data_seconds(tables, 1000, c) == pytest.approx(1e-4 + 1000 * (3 * 1e-7 + 13 * 2e-9), rel=1e-12)
 
 
-@pytest.mark.parametrize("quick", [False, True])
-def test_calibration_tells_the_cost_per_bag_from_the_cost_per_call(quick):
+@pytest.mark.parametrize("quick,largest", [(False, 0), (True, 0), (False, 2 << 30)])
+def test_calibration_tells_the_cost_per_bag_from_the_cost_per_call(quick, largest):
     """neo calibrate's lookup records (:func:`lookup_cases`: batches of two sizes) made of known
     costs per call, bag, id, row and byte: the fit recovers each of them, where with one batch
     size the cost per bag would be a cost per call."""
     from neo.calibrate import _t, lookup_constants
     from neo.calibrate.measure import lookup_cases, lookup_rows
 
-    hot, cold = float(1 << 20), float(128 << 20)
+    hot, cold = float(1 << 20), float(max(128 << 20, largest))
+    assert max(c[0] for c in lookup_cases(quick, largest)) == (largest if largest else 384 << 20)
     call_f, bag, idc, bw_hot, bw_cold = 90e-6, 30e-9, 0.5e-9, 100e9, 15e9
     call_b, upd_id, upd_row, ubw_hot, ubw_cold = 120e-6, 6e-9, 25e-9, 40e9, 12e9
     records = []
@@ -240,3 +241,39 @@ def test_calibration_tells_the_cost_per_bag_from_the_cost_per_call(quick):
     assert got["lookup_id_s"] == pytest.approx(idc, rel=1e-3)
     assert got["update_row_s"] == pytest.approx(upd_row, rel=1e-3)
     assert got["update_bw_cold"] == pytest.approx(ubw_cold, rel=1e-3)
+
+
+def test_the_largest_calibration_table_fits_the_hosts_memory():
+    """2 GiB a rank, less where the host's ranks would take more than a sixth of its memory, and
+    none below 1 GiB (the fixed sizes end at 384 MiB); quick calibrations leave it out."""
+    from neo.calibrate.measure import largest_footprint, lookup_cases
+
+    assert largest_footprint(24 << 30, 1) == 2 << 30
+    assert largest_footprint(24 << 30, 4) == 1 << 30
+    assert largest_footprint(24 << 30, 8) == 0 and largest_footprint(0, 1) == 0
+    assert (2 << 30) not in {c[0] for c in lookup_cases(True, 2 << 30)}
+
+
+def test_cold_bytes_is_the_largest_table_measured():
+    """The cold bandwidths are those of the largest calibration table, wherever it ends."""
+    from neo.calibrate import fit_constants
+
+    def meas(largest):
+        recs = []
+        for foot in (256 << 10, 16 << 20, 384 << 20) + ((largest,) if largest else ()):
+            for ids, B in ((2048, 2048), (32768, 2048), (8192, 512), (98304, 2048)):
+                common = {"bags": B, "ids": ids, "distinct": ids, "row_bytes": 256, "state_bytes": 256,
+                          "footprint": foot}
+                t = 1e-4 + ids * 1e-8 * (1 + foot / 1e9)
+                recs += [dict(common, phase="fwd", seconds=t), dict(common, phase="bwd", seconds=2 * t)]
+        dense = [{"kind": "mlp", "layers": 1, "flops": 1e8 * k, "interaction_flops": 0.0, "bytes": 0,
+                  "seconds": 1e-4 + 1e-3 * k} for k in (1, 2, 4)]
+        dense += [{"kind": "interaction", "layers": 0, "flops": 0.0, "interaction_flops": 1e7 * k, "bytes": 0,
+                   "seconds": 1e-4 + 1e-3 * k} for k in (1, 2)]
+        dense += [{"kind": "optimizer", "layers": 0, "flops": 0.0, "interaction_flops": 0.0, "bytes": 1e8,
+                   "seconds": 1e-2}]
+        return {"lookups": recs, "collectives": [], "dense": dense}
+
+    machine = {"device_kind": "cpu", "l2_bytes": 1 << 20, "l3_bytes": 32 << 20}
+    assert fit_constants(meas(0), machine, 1)[0].cold_bytes == 384 << 20
+    assert fit_constants(meas(2 << 30), machine, 1)[0].cold_bytes == 2 << 30

@@ -1,0 +1,125 @@
+"""The step model's two host effects: a rank's tables share its caches (the bandwidths follow the
+rank's footprint), and ranks that outnumber a CPU node's cores take turns."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from neo.planner import Plan, ShardingType, Topology, plan_tables
+from neo.planner.constants import builtin_constants
+from neo.planner.cost import estimate_parts, lookup_parts, seconds_per_byte
+from neo.planner.step_model import DenseSpec, cpu_bound_step, data_seconds, predict_step, rank_footprints
+from neo.planner.types import TableConstraints, TableSpec
+
+CPU = replace(builtin_constants("cpu"), hot_bytes=1e6, cold_bytes=1e9, lookup_bw_hot=50e9, lookup_bw_cold=5e9,
+              update_bw_hot=40e9, update_bw_cold=4e9)
+
+
+def _tw(name: str, rows: int, rank: int, dim: int = 64) -> TableSpec:
+    return TableSpec(name, rows, dim, state_floats_per_row=dim, state_per_element=True, pooling_factor=4.0,
+                     constraints=TableConstraints((ShardingType.TABLE_WISE,), ranks=(rank,)))
+
+
+def _plan(tables, W: int, B: int = 1024):
+    topo = replace(Topology.uniform(W, W), batch_size_per_rank=B)
+    return plan_tables(tables, topo, CPU), topo
+
+
+def test_a_tables_lookups_slow_down_with_the_other_tables_on_its_rank():
+    """The same small table costs more beside a large one (its rows compete with the large
+    table's for the caches): the bandwidth is that of the rank's footprint, by the formula."""
+    small = _tw("small", 2_000, 0)
+    alone, topo = _plan([small], 2)
+    beside, _ = _plan([small, _tw("big", 2_000_000, 0)], 2)
+    elsewhere, _ = _plan([small, _tw("big", 2_000_000, 1)], 2)
+    foot = rank_footprints(beside.tables, [small, _tw("big", 2_000_000, 0)], 2, CPU)
+    assert foot[0] == pytest.approx((2_000 + 2_000_000) * 64 * 8) and foot[1] == 0
+
+    def parts(plan, tables):
+        f = rank_footprints(plan.tables, tables, 2, CPU)
+        sh = plan.tables["small"].shards
+        return estimate_parts(small, ShardingType.TABLE_WISE, np.array([sh[0].rows]), np.array([sh[0].cols]), topo,
+                              CPU, None, f[[s.rank for s in sh]])
+
+    a = parts(alone, [small])
+    b = parts(beside, [small, _tw("big", 2_000_000, 0)])
+    e = parts(elsewhere, [small, _tw("big", 2_000_000, 1)])
+    assert b.fwd[0] > a.fwd[0] and b.bwd[0] > a.bwd[0]
+    assert e.fwd[0] == pytest.approx(a.fwd[0]) and e.bwd[0] == pytest.approx(a.bwd[0])
+    ids = 2 * 1024 * 4.0                                      # the global batch's ids, served by the owner
+    row = 64 * 4.0
+    spb = seconds_per_byte(np.array([foot[0]]), CPU.lookup_bw_hot, CPU.lookup_bw_cold, CPU)[0]
+    spb0 = seconds_per_byte(np.array([2_000 * 64 * 8.0]), CPU.lookup_bw_hot, CPU.lookup_bw_cold, CPU)[0]
+    assert b.fwd[0] - a.fwd[0] == pytest.approx(ids * row * (spb - spb0), rel=1e-9)
+
+
+def test_lookup_parts_without_a_rank_footprint_uses_the_parts_own():
+    t = _tw("t", 100_000, 0)
+    one = np.array([1.0])
+    args = (t, 1024 * one, 4096 * one, 4096 * one, 64 * one, 100_000 * one, 4096.0, CPU)
+    own = lookup_parts(*args)
+    same = lookup_parts(*args, rank_footprint=np.array([100_000 * 64 * 8.0]))
+    smaller = lookup_parts(*args, rank_footprint=np.array([1.0]))      # never below the part's own bytes
+    for x, y, z in zip(own, same, smaller):
+        assert x[0] == pytest.approx(y[0]) == pytest.approx(z[0])
+
+
+def _four_ranks_on(cores: int, kind: str = "cpu", threads: int = 1):
+    c = replace(CPU, device_kind=kind, data_batch_s=1e-3, data_bag_s=0.0, data_id_s=0.0)
+    tables = [_tw(f"t{r}", 200_000, r) for r in range(4)]
+    plan, topo = _plan(tables, 4)
+    dense = DenseSpec(13, (64, 64), (64, 1), num_features=4, dim=64)
+    base = predict_step(plan, tables, dense, topo, c, data_exposed=1.0)
+    shared = predict_step(plan, tables, dense, topo, c, data_exposed=1.0, cores=cores, threads_per_rank=threads)
+    return base, shared, plan, tables, topo, c, dense
+
+
+def test_ranks_that_outnumber_the_cores_take_turns():
+    """4 ranks, 1 thread each, on 2 cores: the step is the node's compute over 2 cores, the
+    critical rank's compute components stretched to it (its collectives' time unchanged); the
+    components still add up to the step."""
+    base, shared, plan, tables, topo, c, dense = _four_ranks_on(2)
+    comp = shared.components_ms
+    assert sum(comp.values()) == pytest.approx(shared.step_ms, rel=1e-12)
+    for k in ("input_dist", "output_dist"):
+        assert comp[k] == pytest.approx(base.components_ms[k], rel=1e-12)
+    busy = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
+    stretch = {k: comp[k] / base.components_ms[k] for k in busy if base.components_ms[k] > 0}
+    assert len(set(round(v, 9) for v in stretch.values())) == 1 and next(iter(stretch.values())) > 1
+    # the node's compute: every rank's lookups, dense part and loop, and each loader's batch
+    dense_s = base.components_ms["dense"] / 1e3
+    own = []
+    for r in range(4):
+        one = replace(plan, tables={n: tp for n, tp in plan.tables.items() if tp.shards[0].rank == r})
+        p = predict_step(one, tables, dense, topo, c)
+        # the rank alone: its path minus what it does not compute
+        own.append((p.components_ms["embedding_fwd"] + p.components_ms["embedding_bwd"]) / 1e3)
+    expect = cpu_bound_step(np.array(own) + dense_s + c.step_overhead, data_seconds(tables, 1024, c), 4, 2, 1)
+    assert shared.step_ms == pytest.approx(expect * 1e3, rel=1e-9)
+    assert expect == pytest.approx((sum(own) + 4 * (dense_s + c.step_overhead + 1e-3)) / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("cores,kind", [(4, "cpu"), (8, "cpu"), (2, "h100"), (0, "cpu")])
+def test_no_turns_where_every_rank_has_a_core_or_on_accelerators(cores, kind):
+    base, shared, *_ = _four_ranks_on(cores, kind)
+    assert shared.step_ms == pytest.approx(base.step_ms, rel=1e-12)
+    assert shared.components_ms == pytest.approx(base.components_ms, rel=1e-12)
+
+
+def test_threads_count_towards_the_node_s_compute():
+    _, one, *_ = _four_ranks_on(4, threads=1)
+    _, two, *_ = _four_ranks_on(4, threads=2)           # 8 compute threads on 4 cores
+    assert two.step_ms > one.step_ms
+
+
+def test_plan_round_trip_keeps_the_prediction():
+    """A plan saved and loaded predicts the same step (the footprints come from its shards)."""
+    tables = [_tw("a", 300_000, 0), _tw("b", 50_000, 1)]
+    plan, topo = _plan(tables, 2)
+    dense = DenseSpec(13, (64, 64), (64, 1), num_features=2, dim=64)
+    again = Plan.from_dict(plan.to_dict())
+    assert predict_step(again, tables, dense, topo, CPU).step_ms == pytest.approx(
+        predict_step(plan, tables, dense, topo, CPU).step_ms, rel=1e-12)
