@@ -16,7 +16,12 @@ at the same time (:func:`neo.pipeline.profile.profile_layers`, on this machine, 
 contending for its cores as they do in the runs; the mean over the ranks), the gloo
 point-to-point bandwidth is measured (:func:`neo.pipeline.profile.measure_p2p_bandwidth`), the
 partitioner cuts the profile into S x v chunks (the measured runs use that same split), and
-:func:`neo.pipeline.perf_model.predict` gives the step and bubble of each schedule.
+:func:`neo.pipeline.perf_model.predict` gives the step and bubble of each schedule. Two things
+no layer profile shows are measured too: the runtime's cost per schedule action (its
+bookkeeping, the fixed cost of every send and receive), from each schedule run once more on a
+null model (the same layers and split, 4 wide: next to no arithmetic), fitted as the model's
+``op_ms`` (:func:`fit_op_ms`); and the cores (with more ranks than cores they take turns: the
+model's ``cores`` bound).
 
 Measured: per step (a barrier before each), the wall time of the pipelined part (the schedule's
 ``run``) plus the gradient AllReduce, the slowest rank's; ``bubble_fraction = 1 - sum of the
@@ -24,7 +29,8 @@ ranks' busy time / (W x pipelined time)``, busy time summed by timers around eve
 forward and backward (neo/pipeline/stages.py). The embedding lookup, the routing of pooled rows
 and the embedding backward are outside both figures (``full_step_ms`` has them). Medians over
 ``--steps`` steps after ``--warmup``. With more ranks than cores (4 ranks on a 2-core machine)
-the measured figures include time-slicing that the profile (one process) does not see.
+the measured figures include time-slicing that the profile (medians of short calls) does not
+see: the model's ``cores`` bound stands for it.
 
 Output: a table, and with ``--json`` records with ``schedule``, ``world_size``, ``stages``,
 ``micro_batches``, ``predicted_ms``, ``measured_ms``, ``bubble_fraction``,
@@ -54,13 +60,18 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble",
 F, D, NUM_DENSE = 8, 16, 13
 
 
-def _model(args, embedding):
+NULL_WIDTH = 4
+"""Width of the null model's layers: the same layers (and split) as the model, next to no arithmetic."""
+
+
+def _model(args, embedding, width: int = 0):
     import torch
 
     from neo.models import DLRM
 
     torch.manual_seed(0)
-    return DLRM(embedding, F, D, NUM_DENSE, [64, D], [args.width] * args.top_layers + [1])
+    w = width or args.width
+    return DLRM(embedding, F, D, NUM_DENSE, [width or 64, D], [w] * args.top_layers + [1])
 
 
 def _tables():
@@ -121,27 +132,28 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     # The profile: every rank measures every layer at the same time, so that each layer is timed
     # under the contention the pipeline's ranks put on each other (W processes sharing the cores);
     # the per-layer mean over the ranks.
-    probe = _model(args, torch.nn.Identity())
-    dist.barrier()
-    mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(probe), micro, NUM_DENSE, F * D,
-                                                          repeats=args.repeats)]
-    every: List[Any] = [None] * W
-    dist.all_gather_object(every, mine)
-    rows = [dict(r, fwd_ms=statistics.mean(e[k]["fwd_ms"] for e in every),
-                 bwd_ms=statistics.mean(e[k]["bwd_ms"] for e in every)) for k, r in enumerate(mine)]
+    def profiled(width: int = 0):
+        dist.barrier()
+        mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(_model(args, torch.nn.Identity(), width)),
+                                                              micro, NUM_DENSE, F * D, repeats=args.repeats)]
+        every: List[Any] = [None] * W
+        dist.all_gather_object(every, mine)
+        return [dict(r, fwd_ms=statistics.mean(e[k]["fwd_ms"] for e in every),
+                     bwd_ms=statistics.mean(e[k]["bwd_ms"] for e in every)) for k, r in enumerate(mine)]
+
+    rows, null_rows = profiled(), profiled(NULL_WIDTH)
     profile = build_profile([LayerProfile(**r) for r in rows], args.bandwidth_gbps, batch_size=micro)
     big = max(r["activation_bytes"] for r in rows)
     one_way = {n: _one_way_ms(rank, n) for n in (4, big)}                # ranks 0 and 1, the others idle
     gen = torch.Generator().manual_seed(100 + rank)
     batches = [_batch(args, rank, W, gen) for _ in range(2)]
-    out: Dict[str, Any] = {"profile": rows, "one_way_ms": one_way, "runs": {}}
+    out: Dict[str, Any] = {"profile": rows, "null_profile": null_rows, "one_way_ms": one_way, "runs": {},
+                           "null_runs": {}}
 
-    for schedule, v in SCHEDULES:
+    def run(schedule: str, v: int, width: int = 0) -> Dict[str, Any]:
         S = W
-        if schedule == "chimera" and (S % 2 or args.micro_batches % 2):
-            continue
         sec = ShardedEmbeddingCollection(tables, plan, pg, seed=0)
-        model = _model(args, sec)
+        model = _model(args, sec, width)
         cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=args.micro_batches, virtual_stages=v,
                              split=_split(profile, S * v))
         cfg.validate()
@@ -164,8 +176,15 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
                 sync_s.append(timers.seconds["pipeline_sync"])
                 busy_s.append(pipe.meter.seconds)
                 full_s.append(full)
-        out["runs"][schedule] = {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
-                                 "busy_s": busy_s, "full_s": full_s}
+        return {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
+                "busy_s": busy_s, "full_s": full_s}
+
+    for schedule, v in SCHEDULES:
+        if schedule == "chimera" and (W % 2 or args.micro_batches % 2):
+            continue
+        out["runs"][schedule] = run(schedule, v)
+        # the same schedule, layers and split with next to no arithmetic: the runtime's own cost
+        out["null_runs"][schedule] = run(schedule, v, NULL_WIDTH)
 
     # data-parallel baseline: the whole dense model here, on this rank's B samples
     model = _model(args, torch.nn.Identity())
@@ -204,7 +223,8 @@ def _comm_ms(one_way: Dict[int, float], nbytes: float) -> float:
     return t_small + max(0.0, t_big - t_small) * (nbytes - small) / max(big - small, 1)
 
 
-def _predict(profile_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way):
+def _predict(profile_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
+             op_ms: float = 0.0, cores: int = 0, threads: int = 1):
     from neo.pipeline.perf_model import predict
 
     S, C = W, len(split)
@@ -215,11 +235,32 @@ def _predict(profile_rows, schedule: str, v: int, split, W: int, M: int, bandwid
     boundary = [_comm_ms(one_way, profile_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
     comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
     return predict(schedule, fwd, bwd, M, comm_ms=comm, virtual_stages=max(v, 2), replicas=1,
-                   stage_param_bytes=params, bandwidth_gbps=bandwidth)
+                   stage_param_bytes=params, bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
+                   threads_per_rank=threads)
+
+
+def fit_op_ms(null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
+              null_ms: float, cores: int = 0, threads: int = 1) -> float:
+    """The cost of one schedule action (``op_ms`` of :func:`neo.pipeline.perf_model.predict`) under
+    which the model gives the null model's measured pipelined time ``null_ms`` (bisection: the
+    prediction grows with it); 0 where the null model's own arithmetic already explains it."""
+    def pipe(op: float) -> float:
+        return _predict(null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores, threads).pipeline_ms
+
+    lo, hi = 0.0, max(null_ms, 1e-6)
+    if pipe(lo) >= null_ms:
+        return 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pipe(mid) < null_ms else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[Dict[str, Any]]:
+    from neo.machine import usable_cores
+
     rows = out[0]["profile"]
+    cores, threads = usable_cores(), args.threads
     records = []
     for schedule, run in out[0]["runs"].items():
         steps = len(run["pipeline_s"])
@@ -238,12 +279,17 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             pbytes = [sum(r["param_bytes"] for r in rows)]
             # the whole model on B = (W B / M) x (M / W) samples: M / W micro-batches of the profile
             pred = predict("data_parallel", fwd, bwd, args.micro_batches // W, replicas=W,
-                           stage_param_bytes=pbytes, bandwidth_gbps=bandwidth)
-            bubble = 0.0
+                           stage_param_bytes=pbytes, bandwidth_gbps=bandwidth, cores=cores, threads_per_rank=threads)
+            bubble, op_ms, null_ms = 0.0, 0.0, None
             v, split = 1, None
         else:
             v, split = run["virtual_stages"], run["split"]
-            pred = _predict(rows, schedule, v, split, W, args.micro_batches, bandwidth, out[0]["one_way_ms"])
+            null_ms = 1e3 * _median([max(o["null_runs"][schedule]["pipeline_s"][i] for o in out)
+                                     for i in range(len(out[0]["null_runs"][schedule]["pipeline_s"]))])
+            op_ms = fit_op_ms(out[0]["null_profile"], schedule, v, split, W, args.micro_batches, bandwidth,
+                              out[0]["one_way_ms"], null_ms, cores, threads)
+            pred = _predict(rows, schedule, v, split, W, args.micro_batches, bandwidth, out[0]["one_way_ms"],
+                            op_ms, cores, threads)
             bubble = _median([1 - b / (W * p) for b, p in zip(busy, pipe)])
         measured = 1e3 * _median(wall)
         records.append({
@@ -254,7 +300,8 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             "predicted_bubble_fraction": round(pred.bubble_fraction, 4), "bubble_fraction": round(bubble, 4),
             "measured_pipeline_ms": round(1e3 * _median(pipe), 3), "measured_sync_ms": round(1e3 * _median(sync), 3),
             "predicted_pipeline_ms": round(pred.pipeline_ms, 3), "predicted_sync_ms": round(pred.sync_ms, 3),
-            "full_step_ms": round(1e3 * _median(full), 3),
+            "full_step_ms": round(1e3 * _median(full), 3), "op_ms": round(op_ms, 4),
+            "null_pipeline_ms": None if null_ms is None else round(null_ms, 3), "cores": cores,
             "bandwidth_gbps": round(bandwidth, 3), "one_way_ms": out[0]["one_way_ms"], "steps": steps})
     return records
 

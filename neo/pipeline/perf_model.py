@@ -38,6 +38,15 @@ Qi et al., ICLR 2024, section 2.1. Chimera: Li & Hoefler, SC 2021, Table 1.
   (D-2)/(2N+D-2), N the micro-batches of a worker per iteration (here M), assumes forward =
   backward; its fill and drain are (S-2)/(2(S-1)) of 1F1B's, which is what is scaled here.
 
+Two costs no layer profile shows. The runtime's work per schedule action (one forward or
+backward of one micro-batch on one chunk: the schedule's bookkeeping, the fixed cost of each
+send and receive), ``op_ms``, is added to the stage's time of every action (:data:`ACTIONS`;
+``tools/bench_pipeline.py`` measures it by running each schedule on a null model, the same
+layers and split with next to no arithmetic). And on a CPU host whose cores the ranks outnumber,
+they take turns: the pipelined part lasts at least the devices' compute (``M sum_s (f_s + b_s)``
+per pipeline, times the threads of a rank, over R replicas) over the ``cores``; transfers are
+waiting, not compute.
+
 Gradient synchronisation after the flush, not overlapped (ring AllReduce: ``2 (n-1)/n * bytes /
 bandwidth``): pipelines, each stage's parameters over its R replicas (the slowest stage's
 group); Chimera, each worker's two stages over 2 R holders (the mirrored copies); data
@@ -53,7 +62,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from neo.pipeline.partition import Partition, Profile
 
-__all__ = ["SCHEDULES", "PIPELINE_SCHEDULES", "Prediction", "StageTimes", "predict", "best_schedule",
+__all__ = ["SCHEDULES", "PIPELINE_SCHEDULES", "ACTIONS", "Prediction", "StageTimes", "predict", "best_schedule",
            "resolve_schedule", "stage_times", "allreduce_ms"]
 
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "chimera")
@@ -86,6 +95,14 @@ class StageTimes:
     param_bytes: List[int]
 
 
+def _shared(busy_ms: float, replicas: int, cores: int, threads_per_rank: int) -> float:
+    """Wall time of ``busy_ms`` of one pipeline's work (every replica doing as much) on ``cores``
+    shared cores: 0 where there is no such bound."""
+    if cores <= 0:
+        return 0.0
+    return busy_ms * replicas * max(1, threads_per_rank) / cores
+
+
 def allreduce_ms(nbytes: float, ranks: int, bandwidth_gbps: Optional[float]) -> float:
     """Ring AllReduce of ``nbytes`` over ``ranks``: ``2 (n-1)/n * bytes / bandwidth`` ms (0 for one rank)."""
     if ranks <= 1 or nbytes <= 0:
@@ -112,10 +129,16 @@ def _positive_int(name: str, v: int) -> int:
     return v
 
 
+ACTIONS = {"gpipe": (1, 1), "1f1b": (1, 1), "interleaved_1f1b": (1, 1), "zero_bubble": (1, 2), "chimera": (1, 1)}
+"""Schedule actions per micro-batch and chunk, (forward, backward): zero bubble splits the
+backward into the input gradient and the weight gradient."""
+
+
 def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence[float], micro_batches: int,
             comm_ms: Union[float, Sequence[float]] = 0.0, virtual_stages: int = 2, replicas: int = 1,
             stage_wgrad_ms: Optional[Sequence[float]] = None, stage_param_bytes: Optional[Sequence[float]] = None,
-            bandwidth_gbps: Optional[float] = None) -> Prediction:
+            bandwidth_gbps: Optional[float] = None, op_ms: float = 0.0, cores: int = 0,
+            threads_per_rank: int = 1) -> Prediction:
     """Predicted step of ``schedule`` (one of :data:`SCHEDULES`; module docstring for the formulas).
 
     Args:
@@ -129,6 +152,12 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
             default half the backward).
         stage_param_bytes, bandwidth_gbps: per-stage parameter bytes and the AllReduce bandwidth
             (GB/s) for the gradient synchronisation; without them it costs 0.
+        op_ms: the runtime's cost of one schedule action (one forward or backward of one
+            micro-batch on one chunk: the schedule's bookkeeping, its sends' and receives' fixed
+            costs), on the stage that runs it; :data:`ACTIONS` per micro-batch.
+        cores, threads_per_rank: a CPU host's cores for the S R ranks: where the ranks' threads
+            outnumber them, they take turns and the step lasts at least the ranks' busy time
+            (times their threads) over the cores (0: no such bound).
     """
     S = len(stage_fwd_ms)
     if S < 1:
@@ -148,6 +177,14 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         if w[k] > b[k] + 1e-12:
             raise ValueError(f"stage_wgrad_ms[{k}]: {w[k]} exceeds the stage's backward {b[k]}")
     p = [0.0] * S if stage_param_bytes is None else _times("stage_param_bytes", stage_param_bytes, S)
+    if not (math.isfinite(op_ms) and op_ms >= 0):
+        raise ValueError(f"op_ms: must be a finite number >= 0, got {op_ms!r}")
+    if schedule in ACTIONS:
+        af, ab = ACTIONS[schedule]
+        v_ = v if schedule == "interleaved_1f1b" else 1
+        f = [x + v_ * af * op_ms for x in f]
+        b = [x + v_ * ab * op_ms for x in b]
+        w = [x + (op_ms if schedule == "zero_bubble" else 0.0) for x in w]
 
     F = [f[s] + c[s] for s in range(S)]
     B = [b[s] + c[s] for s in range(S)]
@@ -176,10 +213,12 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         busy = M * sum(u)
     elif schedule == "data_parallel":
         pipe = M / S * sum(f[s] + b[s] for s in range(S))
+        pipe = max(pipe, _shared(S * pipe, R, cores, threads_per_rank))
         sync = allreduce_ms(sum(p), S * R, bandwidth_gbps)
         return Prediction(pipe + sync, 0.0, pipe, sync)
     else:
         raise ValueError(f"schedule: must be one of {list(SCHEDULES)}, got {schedule!r}")
+    pipe = max(pipe, _shared(M * sum(f[s] + b[s] for s in range(S)), R, cores, threads_per_rank))  # transfers wait
     if schedule == "chimera":
         sync = max(allreduce_ms(p[s] + p[S - 1 - s], 2 * R, bandwidth_gbps) for s in range(S)) if S > 1 else 0.0
     else:

@@ -43,6 +43,7 @@ from torch import nn
 
 from neo.config.embedding import ConfigError
 from neo.config.parallel import PipelineConfig
+from neo.machine import usable_cores
 from neo.pipeline.async_schedules import ASYNC_SCHEDULES, AsyncPipeline
 from neo.pipeline.chimera import ChimeraPipeline
 from neo.pipeline.layers import layers_of, split_stages
@@ -59,14 +60,16 @@ def _null_timer(name: str):
 
 
 def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], micro_batch: int, num_dense: int,
-                  pooled_width: int, bandwidth_gbps: float = 1.0) -> Tuple[List[Tuple[int, int]], str]:
+                  pooled_width: int, bandwidth_gbps: float = 1.0, cores: int = 0,
+                  threads_per_rank: int = 1) -> Tuple[List[Tuple[int, int]], str]:
     """(``[first, last]`` layers of every chunk, schedule name) of a pipeline config.
 
     ``split: auto`` and ``schedule: auto`` measure the layers here at the micro-batch size
     (:func:`neo.pipeline.profile.profile_layers`); the partitioner
     (:func:`neo.pipeline.partition.partition`) cuts the profile into ``stages x virtual_stages``
     chunks, and the performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the
-    fastest schedule the config's shape allows. An explicit split and schedule are taken as they are."""
+    fastest schedule the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where
+    they may outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
     from neo.pipeline.perf_model import best_schedule, stage_times
     from neo.pipeline.profile import build_profile, profile_layers
@@ -95,7 +98,8 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
         candidates.append("chimera")
-    return split, best_schedule(fwd, bwd, M, candidates=candidates, comm_ms=comm, virtual_stages=max(v, 2))[0]
+    return split, best_schedule(fwd, bwd, M, candidates=candidates, comm_ms=comm, virtual_stages=max(v, 2),
+                                cores=cores, threads_per_rank=threads_per_rank)[0]
 
 
 def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "PipelinedDense":
@@ -145,7 +149,10 @@ class PipelinedDense:
         self.micro_batch = S * batch_size // M
         box: List[Any] = [None, None]
         if dist.get_rank() == 0:              # measured on rank 0, the same choice everywhere
-            box = list(plan_pipeline(cfg, self.layers, self.micro_batch, num_dense, pooled_width, bandwidth_gbps))
+            on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+            cores = usable_cores() * (W // max(1, pg.local_world_size)) if on_cpu else 0
+            box = list(plan_pipeline(cfg, self.layers, self.micro_batch, num_dense, pooled_width, bandwidth_gbps,
+                                     cores, torch.get_num_threads()))
         if W > 1:
             dist.broadcast_object_list(box, src=0, group=pg.world)
         self.split, self.schedule_name = [tuple(x) for x in box[0]], box[1]

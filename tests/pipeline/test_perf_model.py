@@ -107,6 +107,40 @@ def test_communication_and_gradient_sync():
         predict("1f1b", f, b, 4, replicas=2, stage_param_bytes=params)
 
 
+def test_each_schedule_action_pays_the_runtimes_cost():
+    """``op_ms`` is paid once per action: 1F1B's forward and backward of every micro-batch on every
+    stage (the same as 1 ms more of each), zero bubble's three, interleaved 1F1B's per chunk."""
+    S, M, f, b, op = 4, 8, [1.0] * 4, [2.0] * 4, 0.25
+    for name in ("gpipe", "1f1b", "chimera"):
+        assert predict(name, f, b, M, op_ms=op).step_ms == pytest.approx(
+            predict(name, [x + op for x in f], [x + op for x in b], M).step_ms)
+    zb = predict("zero_bubble", f, b, M, op_ms=op)
+    assert zb.step_ms == pytest.approx(predict("zero_bubble", [x + op for x in f], [x + 2 * op for x in b], M,
+                                               stage_wgrad_ms=[x / 2 + op for x in b]).step_ms)
+    il = predict("interleaved_1f1b", f, b, M, virtual_stages=2, op_ms=op)
+    assert il.step_ms == pytest.approx(predict("interleaved_1f1b", [x + 2 * op for x in f], [x + 2 * op for x in b],
+                                               M, virtual_stages=2).step_ms)
+    assert predict("data_parallel", f, b, M, op_ms=op).step_ms == pytest.approx(predict("data_parallel", f, b, M).step_ms)
+    with pytest.raises(ValueError, match="op_ms"):
+        predict("1f1b", f, b, M, op_ms=-1.0)
+
+
+def test_ranks_that_outnumber_the_cores_take_turns():
+    """With S R ranks on fewer cores the step lasts at least the ranks' compute over the cores;
+    with a core each (or no bound given) nothing changes; transfers are waiting, not compute."""
+    S, M, f, b = 4, 8, [1.0] * 4, [2.0] * 4
+    for name in ("gpipe", "1f1b", "zero_bubble", "chimera", "data_parallel"):
+        base = predict(name, f, b, M)
+        assert predict(name, f, b, M, cores=4).step_ms == pytest.approx(base.step_ms)
+        assert predict(name, f, b, M, cores=0).step_ms == pytest.approx(base.step_ms)
+        two = predict(name, f, b, M, cores=2, comm_ms=0.5)
+        assert two.pipeline_ms >= M * sum(x + y for x, y in zip(f, b)) / 2 - 1e-9
+    assert predict("1f1b", f, b, M, cores=2).step_ms == pytest.approx(M * 12 / 2)          # 48 > 33
+    assert predict("data_parallel", f, b, M, cores=2).step_ms == pytest.approx(M * 12 / 2)  # 4 ranks, 2 cores
+    assert predict("1f1b", f, b, M, cores=4, threads_per_rank=2).step_ms == pytest.approx(M * 12 * 2 / 4)
+    assert predict("1f1b", f, b, M, replicas=2, cores=4).step_ms == pytest.approx(M * 12 * 2 / 4)
+
+
 def test_gpipe_matches_the_simulation_exactly():
     rng = random.Random(0)
     for _ in range(300):

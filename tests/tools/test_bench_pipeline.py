@@ -1,0 +1,37 @@
+"""tools/bench_pipeline.py: the runtime's cost per schedule action is recovered from a null
+model's measured time (pure functions, no training)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))                    # its bench_common
+_spec = importlib.util.spec_from_file_location("neo_tools_pipeline", os.path.join(ROOT, "tools", "bench_pipeline.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def _rows(n: int, fwd: float, bwd: float):
+    return [{"name": f"l{k}", "fwd_ms": fwd, "bwd_ms": bwd, "activation_bytes": 4096, "param_bytes": 1000}
+            for k in range(n)]
+
+
+@pytest.mark.parametrize("schedule,v,W,cores", [("1f1b", 1, 2, 2), ("gpipe", 1, 4, 2), ("zero_bubble", 1, 2, 0),
+                                                ("interleaved_1f1b", 2, 2, 2), ("chimera", 1, 4, 2)])
+def test_fit_op_ms_recovers_the_cost_of_an_action(schedule, v, W, cores):
+    rows = _rows(8, 0.01, 0.02)
+    chunks = W * v
+    split = [[k * 8 // chunks, (k + 1) * 8 // chunks - 1] for k in range(chunks)]
+    one_way = {4: 0.05, 4096: 0.06}
+    truth = 0.3
+    null_ms = bench._predict(rows, schedule, v, split, W, 8, 1.0, one_way, truth, cores, 1).pipeline_ms
+    got = bench.fit_op_ms(rows, schedule, v, split, W, 8, 1.0, one_way, null_ms, cores, 1)
+    assert got == pytest.approx(truth, rel=1e-6)
+    # a null model whose own arithmetic explains its time: no runtime cost
+    floor = bench._predict(rows, schedule, v, split, W, 8, 1.0, one_way, 0.0, cores, 1).pipeline_ms
+    assert bench.fit_op_ms(rows, schedule, v, split, W, 8, 1.0, one_way, floor * 0.9, cores, 1) == 0.0
