@@ -177,6 +177,7 @@ def main(argv=None) -> int:
                     try:
                         f = run(path, world, ov + constants(r) + [f"train.run_dir={run_dir}"], args.steps)
                         f["plan_signature"] = plan_signature(os.path.join(run_dir, "plan.json"))
+                        f["round"] = r
                         runs[plan].append(f)
                     except RuntimeError as e:             # reported and counted, never dropped silently
                         print(f"{name} W={world} {plan}: run failed: {e}", flush=True)
@@ -253,11 +254,9 @@ def by_signature(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[Dict[s
     return out
 
 
-def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-    """The planner's plan against the fastest, with the runs of one plan pooled: where the
-    planner's plan is one of the alternatives (the same shards), the two names ran the same plan
-    and their difference is the machine's noise, not the planner's (on this VM one plan measured
-    17% apart under two names in one pass)."""
+def _round_verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """The planner's plan against the fastest among ``runs`` (one round's, or all), the runs of
+    one plan pooled."""
     groups = by_signature(runs)
     med = {sig: float(statistics.median(f["measured_step_ms"] for f in fs)) for sig, fs in groups.items()}
     names = {sig: {plan for plan, fs in runs.items() if any(f["plan_signature"] == sig for f in fs)}
@@ -268,6 +267,31 @@ def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     return {"planner_ms": med[sig], "fastest_ms": med[fastest], "fastest": "/".join(sorted(names[fastest])),
             "planner_over_fastest": round(med[sig] / med[fastest], 3),
             "same_as": sorted(names[sig] - {"planner"}), "planner_plans": len(set(mine))}
+
+
+def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """The planner's plan against the fastest, with the runs of one plan pooled: where the
+    planner's plan is one of the alternatives (the same shards), the two names ran the same plan
+    and their difference is the machine's noise, not the planner's (on this VM one plan measured
+    17% apart under two names in one pass). Round by round where the runs say their round: each
+    round's constants may place the tables differently (the planner's plan and table-wise then
+    move together), and the machine's speed drifts between rounds more than within one; the
+    verdict is the median of the rounds' ratios (``by_round`` has each)."""
+    rounds = sorted({f.get("round", 0) for fs in runs.values() for f in fs})
+    per = []
+    for r in rounds:
+        mine = {plan: [f for f in fs if f.get("round", 0) == r] for plan, fs in runs.items()}
+        if mine.get("planner"):
+            per.append(_round_verdict({plan: fs for plan, fs in mine.items() if fs}))
+    if len(per) <= 1:
+        return dict(_round_verdict(runs), by_round=per)
+    ratio = float(statistics.median(v["planner_over_fastest"] for v in per))
+    same = sorted({n for v in per for n in v["same_as"]})
+    return {"planner_ms": float(statistics.median(v["planner_ms"] for v in per)),
+            "fastest_ms": float(statistics.median(v["fastest_ms"] for v in per)),
+            "fastest": "; ".join(v["fastest"] for v in per), "planner_over_fastest": round(ratio, 3),
+            "same_as": same, "planner_plans": len({f["plan_signature"] for f in runs.get("planner", [])}),
+            "by_round": per}
 
 
 def _write(args, records: List[Dict[str, Any]]) -> None:
