@@ -9,8 +9,9 @@ under the planner's own plan and, at world sizes above 1, under four alternative
 table-wise, every table row-wise, every table column-wise, and the planner's second-best plan
 (``plan_tables(..., alternatives=1)``, run through ``sharding.plan_file``). Each run's final JSON
 line gives the plan's ``predicted_step_ms`` and the steady-state ``measured_step_ms``
-(``neo.train.step_stats``); every plan runs ``--rounds`` times, interleaved with the others, and the
-medians of its predictions and of its measurements are reported (the machine may be shared). Prints
+(``neo.train.step_stats``); every plan runs ``--rounds`` times, interleaved with the others (each
+round starting at another plan), and the medians of its predictions and of its measurements are
+reported (the machine may be shared). Prints
 both side by side and writes JSON records with ``config``, ``world_size``, ``plan`` (``planner`` for
 the planner's own), ``predicted_ms`` and ``measured_ms``, and each round's figures and plan.
 
@@ -18,7 +19,9 @@ The verdict (planner against the fastest) compares plans, not names: every run's
 reduced to a signature (each table's type, placement and shards), and the runs of one signature
 are pooled, so that where the planner's plan is also, say, the all-table-wise plan, the two names'
 runs count as one plan's (``same_as`` in the record's ``verdict``), and each such record also gets
-the ratio over all the runs of its plan (``pooled``).
+the ratio over all the runs of its plan (``pooled``). Plans are compared within each round (a
+round's constants may place the tables differently) and the verdict is the median of the rounds'
+(``by_round``).
 
 With ``--calibrate``, ``neo calibrate`` runs at each world size before every round and that
 round's runs are predicted with its constants (``sharding.cost_constants``): on a shared VM the
@@ -171,8 +174,11 @@ def main(argv=None) -> int:
             runs: Dict[str, List[Dict[str, Any]]] = {plan: [] for plan in plans}
             failed: Dict[str, int] = {}
             t0 = time.perf_counter()
+            order = list(plans.items())
             for r in range(args.rounds):                    # every plan once per round: rounds see the same load
-                for plan, ov in plans.items():
+                # each round starts at another plan: a run's place in the round (straight after the
+                # round's calibration, or last) otherwise weighs on the same plan every round
+                for plan, ov in order[r % len(order):] + order[:r % len(order)]:
                     run_dir = os.path.join(tmp, f"run-{name}-{world}-{plan}")
                     try:
                         f = run(path, world, ov + constants(r) + [f"train.run_dir={run_dir}"], args.steps)
