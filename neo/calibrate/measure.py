@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["CacheEvictor", "timed", "largest_footprint", "lookup_cases", "lookup_rows", "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
+__all__ = ["CacheEvictor", "timed", "largest_footprint", "lookup_cases", "lookup_rows", "lookups", "collectives",
+           "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
            "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG"]
 
 

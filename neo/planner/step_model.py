@@ -42,8 +42,8 @@ from neo.planner.cost import collective_latency_split, estimate_parts, input_sid
 from neo.planner.plan import Plan
 from neo.planner.types import Placement, TableSpec, Topology
 
-__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step", "rank_footprints", "cpu_bound_step",
-           "COMPONENTS"]
+__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step",
+           "rank_footprints", "cpu_bound_step", "COMPONENTS"]
 
 COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense", "data")
 _BUCKET = 25 * 2**20                    # DDP's default bucket (bytes)

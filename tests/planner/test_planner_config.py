@@ -50,8 +50,9 @@ def test_planner_sees_the_optimizer_state_training_keeps():
     bytes of D = 128 tables, and predicted their fused backward at 0.6 of what training took)."""
     from neo.embedding import TableBatchedEmbedding
 
+    own = {"type": "sgd", "lr": 0.5}
     cfg = config_from_dict({"tables": [{"name": "a", "num_rows": 100, "dim": 16},
-                                       {"name": "b", "num_rows": 50, "dim": 8, "optimizer": {"type": "sgd", "lr": 0.5}}],
+                                       {"name": "b", "num_rows": 50, "dim": 8, "optimizer": own}],
                             "optim": {"sparse": {"type": "adagrad", "lr": 0.05}}})
     a, b = cfg.table_specs()
     assert (a.state_floats_per_row, a.state_per_element) == (16, True)
