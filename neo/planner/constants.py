@@ -209,16 +209,18 @@ _H200 = replace(
 )
 _CPU = CostConstants(
     device_kind="cpu",
-    lookup_bag_s=6e-9, lookup_id_s=7e-9, lookup_bw_hot=12e9, lookup_bw_cold=3e9,
-    update_id_s=14e-9, update_row_s=20e-9, update_bw_hot=8e9, update_bw_cold=2.5e9,
-    hot_bytes=1e6, cold_bytes=256e6, kernel_overhead=5e-6, lookup_call_s=150e-6,
-    intra_bw=4e9, inter_bw=1e9, intra_latency=40e-6, inter_latency=200e-6,
-    input_dist_overhead=400e-6, output_dist_overhead=400e-6,
-    allreduce_bw=1.5e9, allreduce_latency=150e-6,
-    dense_flops=60e9, dense_layer_s=40e-6, interaction_flops=20e9, dense_optimizer_bw=6e9, step_overhead=1.5e-3,
+    lookup_bag_s=9e-9, lookup_id_s=0.9e-9, lookup_bw_hot=87e9, lookup_bw_cold=9.2e9,
+    update_id_s=15.5e-9, update_row_s=34e-9, update_bw_hot=51e9, update_bw_cold=9.7e9,
+    hot_bytes=1 << 20, cold_bytes=2 << 30, kernel_overhead=5e-6, lookup_call_s=306e-6,
+    intra_bw=2.6e9, inter_bw=1e9, intra_latency=94e-6, inter_latency=200e-6,
+    input_dist_overhead=371e-6, output_dist_overhead=900e-6, table_row_wise_overhead=1e-9,
+    allreduce_bw=1.25e9, allreduce_latency=866e-6,
+    dense_flops=65e9, dense_layer_s=322e-6, interaction_flops=47e9, dense_optimizer_bw=30e9,
+    data_batch_s=233e-6, data_bag_s=189e-9, pooled_elem_s=3.5e-9, step_overhead=1.15e-3,
     host_bw=3e9, cache_miss_latency=0.4e-6,
-    source="built-in defaults for one core of a 2-core x86-64 VM with AVX-512 (the project's CI machine); not "
-           "measured on this machine: run neo calibrate",
+    source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
+           "at 2 ranks x 1 thread there, 2026-11-24 14:03 UTC, rounded; not measured on this machine: run neo "
+           "calibrate",
 )
 _BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
 

@@ -140,7 +140,7 @@ def test_dense_part_charges_each_pooled_element():
     from neo.planner.step_model import DenseSpec, dense_seconds
 
     spec = DenseSpec(13, (64, 32), (64, 1), num_features=10, dim=32)
-    c0 = builtin_constants("cpu")
+    c0 = replace(builtin_constants("cpu"), pooled_elem_s=0.0)
     c1 = replace(c0, pooled_elem_s=2.5e-9)
     for W in (1, 2):
         extra = dense_seconds(spec, 2048, W, c1) - dense_seconds(spec, 2048, W, c0)
