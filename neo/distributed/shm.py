@@ -66,6 +66,8 @@ from typing import Callable, Deque, List, Optional, Sequence, Set
 import torch
 import torch.distributed as dist
 
+from neo.machine import usable_cores
+
 __all__ = ["ShmExchange", "ShmTimeout", "ShmError", "shm_supported"]
 
 SLOTS = 4
@@ -198,7 +200,7 @@ class ShmExchange:
         self.timeout_s = timeout_s
         # yield for up to 1 ms before sleeping, unless the ranks outnumber the cores (then a
         # yielding rank keeps stealing the core a working rank needs)
-        self._yield_s = 1e-3 if self.size <= len(os.sched_getaffinity(0)) else 0.0
+        self._yield_s = 1e-3 if self.size <= usable_cores() else 0.0
         self._base = base
         self._ctrl_mm = ctrl
         self._ctrl = memoryview(ctrl).cast("B").cast("q")

@@ -186,6 +186,8 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         b = [x + v_ * ab * op_ms for x in b]
         w = [x + (op_ms if schedule == "zero_bubble" else 0.0) for x in w]
 
+    # with more ranks than cores: the stages' compute over the cores (transfers are waiting)
+    shared = _shared(M * sum(f[s] + b[s] for s in range(S)), R, cores, threads_per_rank)
     F = [f[s] + c[s] for s in range(S)]
     B = [b[s] + c[s] for s in range(S)]
     t = [F[s] + B[s] for s in range(S)]
@@ -212,13 +214,12 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         pipe = M * max(u) + (S - 2) / (2 * (S - 1)) * (sum(u) - max(u)) if S > 1 else M * u[0]
         busy = M * sum(u)
     elif schedule == "data_parallel":
-        pipe = M / S * sum(f[s] + b[s] for s in range(S))
-        pipe = max(pipe, _shared(S * pipe, R, cores, threads_per_rank))
+        pipe = max(M / S * sum(f[s] + b[s] for s in range(S)), shared)
         sync = allreduce_ms(sum(p), S * R, bandwidth_gbps)
         return Prediction(pipe + sync, 0.0, pipe, sync)
     else:
         raise ValueError(f"schedule: must be one of {list(SCHEDULES)}, got {schedule!r}")
-    pipe = max(pipe, _shared(M * sum(f[s] + b[s] for s in range(S)), R, cores, threads_per_rank))  # transfers wait
+    pipe = max(pipe, shared)
     if schedule == "chimera":
         sync = max(allreduce_ms(p[s] + p[S - 1 - s], 2 * R, bandwidth_gbps) for s in range(S)) if S > 1 else 0.0
     else:

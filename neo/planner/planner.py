@@ -397,11 +397,11 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
     b_out += in_bo
     hbm += in_m
     out_tables: Dict[str, TablePlan] = {}
-    foot = np.zeros(W)                 # each rank's table bytes: the options were costed at an even share
     for o, ranks in zip(chosen, part_ranks):
-        t = tables[o.table]
-        f = 1.0 if o.cache_fraction is None else o.cache_fraction
-        np.add.at(foot, ranks, np.ceil(f * o.rows) * np.array([t.bytes_per_row(int(k)) for k in o.cols]))
+        shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
+                       for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
+        out_tables[tables[o.table].name] = _table_plan(o, shards, speed[ranks])
+    foot = rank_footprints(out_tables, tables, W, c)     # the options were costed at an even share
     for o, ranks in zip(chosen, part_ranks):
         pc = estimate_parts(tables[o.table], o.sharding_type, o.rows, o.cols, topo, c, o.cache_fraction, foot[ranks])
         np.add.at(compute, ranks, pc.compute / speed[ranks])
@@ -410,10 +410,6 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
         np.add.at(b_out, ranks, pc.bytes_inter)
         np.add.at(hbm, ranks, pc.hbm)
         np.add.at(host, ranks, pc.host)
-        t = tables[o.table]
-        shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
-                       for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
-        out_tables[t.name] = _table_plan(o, shards, speed[ranks])
     lat = collective_latency([o.sharding_type for o in chosen], topo, c)
     pred = compute + comm + lat
     ranks = tuple(RankStats(r, int(hbm[r]), float(pred[r] * 1e3), float(compute[r] * 1e3),

@@ -216,14 +216,13 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     per_rank = comp["fwd"] + comp["bwd"] + comp["in"] + comp["out"]
     r = int(np.argmax(per_rank))
     d = dense_seconds(dense, topo.batch_size_per_rank, W, c)
+    data_s = data_seconds(tables, topo.batch_size_per_rank, c)
     parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
-             "output_dist": comp["out"][r], "dense": d,
-             "data": data_exposed * data_seconds(tables, topo.batch_size_per_rank, c), "other": c.step_overhead}
+             "output_dist": comp["out"][r], "dense": d, "data": data_exposed * data_s, "other": c.step_overhead}
     step = sum(parts.values())
     if c.device_kind == "cpu" and cores > 0:
         own = comp["fwd"] + comp["bwd"] + d + c.step_overhead
-        shared = cpu_bound_step(own, data_seconds(tables, topo.batch_size_per_rank, c), topo.local_world_size,
-                                cores, threads_per_rank)
+        shared = cpu_bound_step(own, data_s, topo.local_world_size, cores, threads_per_rank)
         computing = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
         busy = sum(parts[k] for k in computing)
         if shared > step and busy > 0:
