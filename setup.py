@@ -19,6 +19,7 @@ baseline on this machine, but the library then needs this machine's ISA).
 import glob
 import os
 import platform
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import find_packages, setup
 
@@ -88,11 +89,38 @@ class NeoBuildExt(BuildExtension.with_options(use_ninja=False)):
         def link_in_order(target_desc, objects, *args, **kwargs):
             return link_one(target_desc, link_order(objects), *args, **kwargs)
 
+        compile_all = self.compiler.compile
+
+        def compile_in_parallel(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                                extra_preargs=None, extra_postargs=None, depends=None):
+            """setuptools' CCompiler.compile, one source per core (it compiles one at a time;
+            torch's ninja path would, but it bypasses the per-variant flags above)."""
+            macros, objects, extra_postargs, pp_opts, build = self.compiler._setup_compile(
+                output_dir, macros, include_dirs, sources, depends, extra_postargs)
+            cc_args = self.compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+            def one(obj):
+                src, ext_ = build[obj]
+                self.compiler._compile(obj, src, ext_, cc_args, extra_postargs, pp_opts)
+
+            with ThreadPoolExecutor(max_workers=build_jobs()) as pool:
+                list(pool.map(one, [obj for obj in objects if obj in build]))
+            return objects
+
         self.compiler._compile, self.compiler.link = compile_with_variant_flags, link_in_order
+        self.compiler.compile = compile_in_parallel
         try:
             super().build_extension(ext)
         finally:
             self.compiler._compile, self.compiler.link = compile_one, link_one
+            self.compiler.compile = compile_all
+
+
+def build_jobs() -> int:
+    """Compiler processes at once: MAX_JOBS (torch's variable) or the usable cores."""
+    if os.environ.get("MAX_JOBS"):
+        return max(1, int(os.environ["MAX_JOBS"]))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def link_order(objects: list) -> list:
