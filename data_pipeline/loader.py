@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -173,6 +174,19 @@ class ParquetLoader:
         cols = table_to_columns(pf.read_row_group(g, use_threads=self.options.arrow_threads), self.meta)
         self._cache = (gi, cols)
         return cols
+
+    def decode_seconds(self) -> Tuple[float, int]:
+        """(CPU seconds, rows) of decoding the row group this rank's shard begins in, as a window's
+        read does: this process's CPU time (every thread's), after one untimed decode of the same
+        group (file pages cached, allocator warm, as in a steady stream of windows). Call it with no
+        iteration running (its reader thread would be counted)."""
+        gi = int(np.searchsorted(self._group_start, self.shard_begin, side="right")) - 1
+        self._cache = None
+        self._read_group(gi)
+        self._cache = None
+        t0 = time.process_time()
+        self._read_group(gi)
+        return time.process_time() - t0, int(self._groups[gi][2])
 
     def _read_range(self, a: int, b: int) -> List[Columns]:
         """Samples [a, b) of the global sequence, as one slice per row group."""

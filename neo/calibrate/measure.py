@@ -282,10 +282,13 @@ def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int =
 
 
 def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
-    """Records ``{"batches": 1, "bags", "ids", "seconds"}``: the loader's work per batch (inline,
-    one thread) on the small models' data (:func:`machinery` made it): the narrow model's one-hot
+    """Records ``{"batches": 1, "bags", "ids", "seconds", "decode_s"}``: the loader's CPU work per
+    batch on the small models' data (:func:`machinery` made it): the narrow model's one-hot
     batches, and the wide model's multi-hot ones at two batch sizes, so that a fit can tell the
-    cost per batch, per bag and per id apart."""
+    cost per batch, per bag and per id apart. ``seconds`` is the median time of making a batch
+    (inline, one thread) plus ``decode_s``, the batch's share of decoding its Parquet row group
+    (``ParquetLoader.decode_seconds``): the reader thread does that beside the batches, and a
+    median of the batches' times leaves it out (multi-hot rows decode at about 2 us each here)."""
     from data_pipeline.loader import LoaderOptions, ParquetLoader
     from neo.train.build import prepare_data, resolve_tables
 
@@ -309,6 +312,9 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
             b = next(it)
             ts.append(time.perf_counter() - t0)
             ids += int(b.sparse.values.numel())
+        it.close()                                       # its reader thread stops
         ts.sort()
-        out.append({"batches": 1.0, "bags": float(B * F), "ids": ids / n, "seconds": ts[len(ts) // 2]})
+        decode_s, rows = loader.decode_seconds()
+        out.append({"batches": 1.0, "bags": float(B * F), "ids": ids / n,
+                    "seconds": ts[len(ts) // 2] + B * decode_s / rows, "decode_s": B * decode_s / rows})
     return out

@@ -225,3 +225,22 @@ def test_warm_up_changes_no_batch(data, shuffle):
     moved.warm_up()
     moved.load_state_dict(state)                       # window 2 (145 // 64), not the warmed window 0
     assert sample_ids(list(moved)) == full[0][5 * 29:]
+
+
+def test_decode_seconds_times_the_rank_s_row_group_and_changes_no_batch(data):
+    """Files of 300 rows in row groups of 64: rank 1 of 2 begins at sample 1003 // 2 = 501, row 201
+    of file 1, in its row group 3 (rows 192-255); a file's last group holds the rest (44 rows)."""
+    opts = dict(batch_size=29, rank=1, world_size=2, shuffle=True, shuffle_window=64, seed=3, prefetch_batches=0)
+    ref = sample_ids(list(ParquetLoader(data, LoaderOptions(**opts))))
+    timed = ParquetLoader(data, LoaderOptions(**opts))
+    it = iter(timed)
+    first = sample_ids([next(it)])
+    it.close()
+    seconds, rows = timed.decode_seconds()
+    assert rows == 64 and seconds >= 0.0
+    tail = ParquetLoader(data, LoaderOptions(**dict(opts, rank=5, world_size=9)))   # 557: row 257 of file 1
+    assert tail.decode_seconds()[1] == 300 - 4 * 64
+    last = ParquetLoader(data, LoaderOptions(**dict(opts, rank=25, world_size=26)))  # 964: file 3 (900-1002), group 1
+    assert last.decode_seconds()[1] == 103 - 64
+    timed.set_epoch(0)
+    assert first == ref[:29] and sample_ids(list(timed)) == ref
