@@ -216,11 +216,11 @@ _CPU = CostConstants(
     input_dist_overhead=371e-6, output_dist_overhead=900e-6, table_row_wise_overhead=1e-9,
     allreduce_bw=1.25e9, allreduce_latency=866e-6,
     dense_flops=65e9, dense_layer_s=322e-6, interaction_flops=47e9, dense_optimizer_bw=30e9,
-    data_batch_s=233e-6, data_bag_s=189e-9, pooled_elem_s=3.5e-9, step_overhead=1.15e-3,
+    data_batch_s=233e-6, data_bag_s=255e-9, pooled_elem_s=3.5e-9, step_overhead=1.15e-3,
     host_bw=3e9, cache_miss_latency=0.4e-6,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
-           "at 2 ranks x 1 thread there, 2026-11-24 14:03 UTC, rounded; not measured on this machine: run neo "
-           "calibrate",
+           "at 2 ranks x 1 thread there, 2026-11-24 14:03 UTC, rounded (data_bag_s: 15:16 UTC, the loader's "
+           "Parquet decoding included); not measured on this machine: run neo calibrate",
 )
 _BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
 
