@@ -184,13 +184,19 @@ def _torchrec(cfg, pg, group, same_init: bool) -> Dict[str, Any]:
     if initial is not None:
         _load_into(dmp, initial)
 
+    def forward(b) -> torch.Tensor:
+        """DLRM_DCN's logits (B,); under ``train.dense_dtype: bf16`` in bf16 autocast, as Neo's dense
+        part (the embedding lookups have no autocast kernels: they stay fp32 in both)."""
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.dense_dtype == "bf16"):
+            return dmp(b.dense, b.sparse.to_torchrec()).squeeze(-1).float()
+
     @torch.no_grad()
     def evaluate() -> float:
         metrics = BinaryMetrics()
         dmp.eval()
         val.set_epoch(0)
         for b in val:
-            metrics.update(dmp(b.dense, b.sparse.to_torchrec()).squeeze(-1), b.labels)
+            metrics.update(forward(b), b.labels)
         dmp.train()
         return metrics.compute(pg.world)["auc"]
 
@@ -209,7 +215,7 @@ def _torchrec(cfg, pg, group, same_init: bool) -> Dict[str, Any]:
     t_start = seg = time.perf_counter()
     while step < cad.max_steps:
         b = next(source)
-        logits = dmp(b.dense, b.sparse.to_torchrec()).squeeze(-1)
+        logits = forward(b)
         loss = F.binary_cross_entropy_with_logits(logits, b.labels)
         dense_opt.zero_grad()
         loss.backward()
@@ -248,7 +254,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                     continue
                 rec.update(repeat=rep, world_size=world_size, global_batch=cfg.train.batch_size * world_size,
                            target_auc=cfg.mlperf.target_auc, config=os.path.relpath(args.config, ROOT),
-                           threads=args.threads, neo_shm_collectives=not args.no_shm, same_init=not args.own_init,
+                           threads=args.threads, dense_dtype=cfg.train.dense_dtype,
+                           neo_shm_collectives=not args.no_shm, same_init=not args.own_init,
                            retain_freed_memory=not args.system_malloc, machine=machine)
                 records.append(rec)
     return records
