@@ -10,7 +10,7 @@ import pytest
 
 from neo.planner import Plan, ShardingType, Topology, plan_tables
 from neo.planner.constants import builtin_constants
-from neo.planner.cost import collective_latency_split, estimate_parts, lookup_parts, seconds_per_byte
+from neo.planner.cost import estimate_parts, lookup_parts, seconds_per_byte
 from neo.planner.step_model import DenseSpec, cpu_bound_step, data_seconds, predict_step, rank_footprints
 from neo.planner.types import TableConstraints, TableSpec
 
@@ -97,44 +97,9 @@ def test_ranks_that_outnumber_the_cores_take_turns():
         p = predict_step(one, tables, dense, topo, c)
         # the rank alone: its path minus what it does not compute
         own.append((p.components_ms["embedding_fwd"] + p.components_ms["embedding_bwd"]) / 1e3)
-    # and the copies of its collectives' bytes (the same on every rank of this symmetric plan):
-    # its input and output distribution less their latencies and fixed overheads
-    lat_in, lat_out = collective_latency_split([ShardingType.TABLE_WISE], topo, c)
-    moved = (base.components_ms["input_dist"] + base.components_ms["output_dist"]) / 1e3 - (
-        lat_in + lat_out + c.input_dist_overhead + c.output_dist_overhead)
-    assert moved > 0
-    expect = cpu_bound_step(np.array(own) + moved + dense_s + c.step_overhead, data_seconds(tables, 1024, c), 4, 2, 1)
+    expect = cpu_bound_step(np.array(own) + dense_s + c.step_overhead, data_seconds(tables, 1024, c), 4, 2, 1)
     assert shared.step_ms == pytest.approx(expect * 1e3, rel=1e-9)
-    assert expect == pytest.approx((sum(own) + 4 * (moved + dense_s + c.step_overhead + 1e-3)) / 2, rel=1e-12)
-
-
-def test_a_loader_thread_fills_the_waits_and_is_paid_beyond_them():
-    """2 ranks of 1 thread on 2 cores, each loader on its own thread (``data_exposed`` 0): the
-    loaders' work is off the path and fills the cores' idle time first (here the collectives'
-    latencies and fixed overheads, the same on both ranks of this symmetric plan); beyond it the
-    step is the node's work over its cores, and ``data`` stays 0 (the trainer's wait for a batch).
-    Loaded inline (``data_exposed`` 1), the path pays all of it."""
-    tables = [_tw("a", 100_000, 0), _tw("b", 100_000, 1)]
-    plan, topo = _plan(tables, 2)
-    dense = DenseSpec(13, (64, 64), (64, 1), num_features=2, dim=64)
-    c0 = replace(CPU, intra_latency=5e-3, data_bag_s=0.0, data_id_s=0.0)
-    lat_in, lat_out = collective_latency_split([ShardingType.TABLE_WISE], topo, c0)
-    idle = lat_in + lat_out + c0.input_dist_overhead + c0.output_dist_overhead
-    assert idle > 10e-3
-
-    def step(data_s: float, exposed: float = 0.0, cores: int = 2):
-        p = predict_step(plan, tables, dense, topo, replace(c0, data_batch_s=data_s), data_exposed=exposed,
-                         cores=cores, threads_per_rank=1)
-        assert sum(p.components_ms.values()) == pytest.approx(p.step_ms, rel=1e-12)
-        return p
-
-    none = step(1e-9)
-    hidden = step(0.5 * idle)
-    assert hidden.step_ms == pytest.approx(none.step_ms, rel=1e-9) and hidden.components_ms["data"] == 0
-    paid = step(idle + 20e-3)                          # 20 ms beyond the idle time
-    assert paid.step_ms == pytest.approx(none.step_ms + 20.0, rel=1e-6) and paid.components_ms["data"] == 0
-    assert step(0.5 * idle, exposed=1.0).step_ms == pytest.approx(none.step_ms + 0.5 * idle * 1e3, rel=1e-9)
-    assert step(idle + 20e-3, cores=4).step_ms == pytest.approx(none.step_ms, rel=1e-9)   # a core each
+    assert expect == pytest.approx((sum(own) + 4 * (dense_s + c.step_overhead + 1e-3)) / 2, rel=1e-12)
 
 
 @pytest.mark.parametrize("cores,kind", [(4, "cpu"), (8, "cpu"), (2, "h100"), (0, "cpu")])
