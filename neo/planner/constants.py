@@ -120,8 +120,8 @@ class CostConstants:
     dense_optimizer_bw: float = 1.5e12
     """Bytes/s of the dense optimizer's pass over parameters and state."""
     data_batch_s: float = 0.0
-    """Loader CPU seconds per batch of a rank, Parquet decoding included (charged only where the
-    loader cannot run beside the ranks: ``neo.planner.step_model.data_exposed_share``)."""
+    """Loader CPU seconds per batch of a rank, Parquet decoding included (on the step's path only
+    when loading inline; on a CPU it competes for the cores: ``neo.planner.step_model``)."""
     data_bag_s: float = 0.0
     """Loader CPU seconds per bag (sample x feature) of a rank's batch (a shuffled row's copy)."""
     data_id_s: float = 0.0

@@ -15,18 +15,21 @@ low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over
 state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their
 gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks,
 DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
-``allreduce_bw``). Data loading runs ahead on each rank's loader thread: hidden where the node
-has a spare core for it, else its CPU time (per batch, bag and id: :func:`data_seconds`) is
-part of the step as ``data`` (:func:`data_exposed_share`).
+``allreduce_bw``). Data loading (per batch, bag and id: :func:`data_seconds`) runs ahead on
+each rank's loader thread, off the path; loaded inline (``data.prefetch_batches: 0``) it is on
+the path, as ``data`` (the ``data_exposed`` share 1).
 
-On a CPU the ranks of a node may outnumber its cores (4 ranks on this project's 2-core VM):
-they take turns, and a step lasts at least the node's compute (every rank's lookups, backward,
-dense part and loop, x its threads, plus its loader's work) over the cores
-(:func:`cpu_bound_step`). Where that is longer than the busiest rank's own path, the critical
-rank's compute components stretch to fill it (its collectives' time does not: a rank waiting in
-one leaves its core to the others). The per-call constants are measured with every rank busy
-at once but timed by medians, which leave out the calls a rank was descheduled in: the stretch
-is not in them. Pure numpy; the constants are ``neo calibrate``'s.
+On a CPU a node's cores run everything: every rank's lookups, backward, dense part and loop,
+each x the rank's threads, and each loader's work. A step lasts at least that over the node's
+cores (:func:`cpu_bound_step`). The busiest rank's path has idle time where it waits in a collective
+(latency, a slower peer); loader threads fill it, and the step pays for them only where the
+cores have none left. Ranks that outnumber the cores (4 on this project's 2-core VM) take turns
+the same way. Where the bound is longer than the path, the critical rank's compute components
+stretch to fill it (its collectives' time does not: a rank waiting in one leaves its core to the
+others); ``data`` stays what the path pays (0 with a loader thread), as the trainer measures it
+(the wait for a batch). The per-call constants are measured with every rank busy at once but
+timed by medians, which leave out the calls a rank was descheduled in: the stretch is not in
+them. Pure numpy; the constants are ``neo calibrate``'s.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from neo.planner.cost import collective_latency_split, estimate_parts, input_sid
 from neo.planner.plan import Plan
 from neo.planner.types import Placement, TableSpec, Topology
 
-__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "data_exposed_share", "predict_step",
+__all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "predict_step",
            "rank_footprints", "cpu_bound_step", "COMPONENTS"]
 
 COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense", "data")
@@ -129,17 +132,6 @@ def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants
     return t
 
 
-def data_exposed_share(device_kind: str, local_ranks: int, threads_per_rank: int, cores: int) -> float:
-    """Share of the loader's CPU time a step pays: the loader thread of each rank runs beside its
-    compute threads on spare cores, if the node has them; where every core is taken (on CPU,
-    ``local_ranks * (threads_per_rank + 1) > cores``) the loaders' work takes cores from the ranks.
-    Accelerators compute off the host: nothing is paid there (the host keeps up, assumed)."""
-    if device_kind != "cpu" or cores <= 0:
-        return 0.0
-    over = local_ranks * (threads_per_rank + 1) - cores
-    return float(min(1.0, max(0.0, over / max(1, local_ranks))))
-
-
 def data_seconds(tables: Sequence[TableSpec], batch: int, c: CostConstants) -> float:
     """Loader CPU seconds of one rank's batch: per batch, per bag and per sparse id (every feature's)."""
     bags = sum(t.num_features for t in tables)
@@ -166,7 +158,7 @@ def rank_footprints(table_plans, tables: Sequence[TableSpec], world_size: int, c
 
 
 def cpu_bound_step(compute: np.ndarray, data_s: float, local_ranks: int, cores: int, threads_per_rank: int) -> float:
-    """Seconds a CPU node needs for its ranks' compute when they share its cores: each rank's
+    """Seconds a CPU node needs for its ranks' work when they share its cores: each rank's
     compute seconds (``compute``, (W,), measured with the rank on its own cores) x its threads,
     plus each loader's ``data_s``, over the node's ``cores``; the busiest node's (0 without cores)."""
     if cores <= 0:
@@ -179,11 +171,11 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
                  c: CostConstants, data_exposed: float = 0.0, cores: int = 0,
                  threads_per_rank: int = 1) -> StepPrediction:
     """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring); the share
-    ``data_exposed`` (:func:`data_exposed_share`) of the loader's work is paid as ``data``. On a
-    CPU (``c.device_kind == "cpu"``) whose nodes have ``cores`` cores for ranks of
-    ``threads_per_rank`` threads, the step lasts at least the nodes' compute over their cores
-    (:func:`cpu_bound_step`): where the ranks outnumber the cores they take turns, and the
-    critical rank's compute components stretch to fill that time."""
+    ``data_exposed`` of the loader's work is on the path as ``data`` (1 when it runs inline, 0 on
+    its own thread). On a CPU (``c.device_kind == "cpu"``) whose nodes have ``cores`` cores for
+    ranks of ``threads_per_rank`` threads, the step lasts at least the nodes' work over their cores
+    (:func:`cpu_bound_step`: compute and the loaders), and the critical
+    rank's compute components stretch to fill that time."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}

@@ -315,7 +315,7 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
         dense = dense_spec(cfg, data.num_dense if data is not None else None)
         if dense is not None:
             plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
-                                                data_exposed=data_share(cfg, consts, pg), cores=usable_cores(),
+                                                data_exposed=data_share(cfg), cores=usable_cores(),
                                                 threads_per_rank=torch.get_num_threads()).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
@@ -323,17 +323,11 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
     return payload[0]
 
 
-def data_share(cfg, consts, pg) -> float:
-    """Share of the loader's CPU time this run's steps pay (:func:`neo.planner.step_model.data_exposed_share`):
-    all of it when the loader runs inline (``data.prefetch_batches: 0``)."""
-    import torch
-
-    from neo.machine import usable_cores
-    from neo.planner.step_model import data_exposed_share
-
-    if cfg.data.prefetch_batches <= 0:
-        return 1.0
-    return data_exposed_share(consts.device_kind, pg.local_world_size, torch.get_num_threads(), usable_cores())
+def data_share(cfg) -> float:
+    """Share of the loader's CPU time on this run's step path: all of it when the loader runs
+    inline (``data.prefetch_batches: 0``), none on its own thread (on a CPU it competes for the
+    cores instead: :func:`neo.planner.step_model.cpu_bound_step`)."""
+    return 1.0 if cfg.data.prefetch_batches <= 0 else 0.0
 
 
 def dense_spec(cfg, num_dense: Optional[int] = None):

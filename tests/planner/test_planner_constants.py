@@ -190,20 +190,12 @@ def test_calibration_recovers_the_loaders_cost_per_batch_bag_and_id():
     assert loading_constants({}) == {}
 
 
-def test_the_loaders_work_is_paid_only_where_no_core_is_spare():
-    """data_exposed_share: a loader thread beside each rank's compute threads is free while the
-    node has a core for it; on a full CPU node its work is the step's; never on an accelerator."""
+def test_the_loaders_work_per_batch_bag_and_id():
     from dataclasses import replace
 
-    from neo.planner.step_model import data_exposed_share, data_seconds
+    from neo.planner.step_model import data_seconds
     from neo.planner.types import TableSpec
 
-    assert data_exposed_share("cpu", 1, 1, 2) == 0.0          # one rank, one thread: the loader has a core
-    assert data_exposed_share("cpu", 2, 1, 2) == 1.0          # two ranks on two cores: none spare
-    assert data_exposed_share("cpu", 1, 2, 2) == 1.0
-    assert data_exposed_share("cpu", 2, 1, 3) == 0.5
-    assert data_exposed_share("cpu", 4, 4, 64) == 0.0
-    assert data_exposed_share("h100", 8, 8, 16) == 0.0
     c = replace(builtin_constants("cpu"), data_batch_s=1e-4, data_bag_s=1e-7, data_id_s=2e-9)
     tables = [TableSpec("a", 100, 16, pooling_factor=3.0), TableSpec("b", 100, 16, num_features=2, pooling_factor=5.0)]
     assert data_seconds(tables, 1000, c) == pytest.approx(1e-4 + 1000 * (3 * 1e-7 + 13 * 2e-9), rel=1e-12)

@@ -102,6 +102,34 @@ def test_ranks_that_outnumber_the_cores_take_turns():
     assert expect == pytest.approx((sum(own) + 4 * (dense_s + c.step_overhead + 1e-3)) / 2, rel=1e-12)
 
 
+def test_a_loader_thread_fills_the_waits_and_is_paid_beyond_them():
+    """2 ranks of 1 thread on 2 cores, each loader on its own thread (``data_exposed`` 0): the
+    loaders' work is off the path and fills the cores' idle time first (here the ranks' time in
+    their collectives, the same on both ranks of this symmetric plan); beyond it the step is the
+    node's work over its cores, and ``data`` stays 0 (the trainer's wait for a batch). Loaded
+    inline (``data_exposed`` 1), the path pays all of it."""
+    tables = [_tw("a", 100_000, 0), _tw("b", 100_000, 1)]
+    plan, topo = _plan(tables, 2)
+    dense = DenseSpec(13, (64, 64), (64, 1), num_features=2, dim=64)
+    c0 = replace(CPU, intra_latency=5e-3, data_bag_s=0.0, data_id_s=0.0)
+
+    def step(data_s: float, exposed: float = 0.0, cores: int = 2):
+        p = predict_step(plan, tables, dense, topo, replace(c0, data_batch_s=data_s), data_exposed=exposed,
+                         cores=cores, threads_per_rank=1)
+        assert sum(p.components_ms.values()) == pytest.approx(p.step_ms, rel=1e-12)
+        return p
+
+    none = step(1e-9)
+    idle = (none.components_ms["input_dist"] + none.components_ms["output_dist"]) / 1e3
+    assert idle > 10e-3 and none.rank_ms[0] == pytest.approx(none.rank_ms[1], rel=1e-12)
+    hidden = step(0.5 * idle)
+    assert hidden.step_ms == pytest.approx(none.step_ms, rel=1e-9) and hidden.components_ms["data"] == 0
+    paid = step(idle + 20e-3)                          # 20 ms beyond the idle time
+    assert paid.step_ms == pytest.approx(none.step_ms + 20.0, rel=1e-6) and paid.components_ms["data"] == 0
+    assert step(0.5 * idle, exposed=1.0).step_ms == pytest.approx(none.step_ms + 0.5 * idle * 1e3, rel=1e-9)
+    assert step(idle + 20e-3, cores=4).step_ms == pytest.approx(none.step_ms, rel=1e-9)   # a core each
+
+
 @pytest.mark.parametrize("cores,kind", [(4, "cpu"), (8, "cpu"), (2, "h100"), (0, "cpu")])
 def test_no_turns_where_every_rank_has_a_core_or_on_accelerators(cores, kind):
     base, shared, *_ = _four_ranks_on(cores, kind)
