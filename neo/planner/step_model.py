@@ -17,7 +17,7 @@ gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with
 DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
 ``allreduce_bw``). Data loading (per batch, bag and id: :func:`data_seconds`) runs ahead on
 each rank's loader thread, off the path; loaded inline (``data.prefetch_batches: 0``) it is on
-the path, as ``data`` (the ``data_exposed`` share 1).
+the path, as ``data`` (``inline_data``).
 
 On a CPU a node's cores run everything: every rank's lookups, backward, dense part and loop,
 each x the rank's threads, and each loader's work. A step lasts at least that over the node's
@@ -168,14 +168,14 @@ def cpu_bound_step(compute: np.ndarray, data_s: float, local_ranks: int, cores: 
 
 
 def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo: Topology,
-                 c: CostConstants, data_exposed: float = 0.0, cores: int = 0,
+                 c: CostConstants, inline_data: bool = False, cores: int = 0,
                  threads_per_rank: int = 1) -> StepPrediction:
-    """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring); the share
-    ``data_exposed`` of the loader's work is on the path as ``data`` (1 when it runs inline, 0 on
-    its own thread). On a CPU (``c.device_kind == "cpu"``) whose nodes have ``cores`` cores for
-    ranks of ``threads_per_rank`` threads, the step lasts at least the nodes' work over their cores
-    (:func:`cpu_bound_step`: compute and the loaders), and the critical
-    rank's compute components stretch to fill that time."""
+    """The step time of ``plan`` with ``dense`` on ``topo`` (see the module docstring); with
+    ``inline_data`` the loader's work is on the path as ``data`` (``data.prefetch_batches: 0``),
+    else it runs on its own thread, off the path. On a CPU (``c.device_kind == "cpu"``) whose nodes
+    have ``cores`` cores for ranks of ``threads_per_rank`` threads, the step lasts at least the
+    nodes' work over their cores (:func:`cpu_bound_step`: compute and the loaders), and the
+    critical rank's compute components stretch to fill that time."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
@@ -210,7 +210,7 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     d = dense_seconds(dense, topo.batch_size_per_rank, W, c)
     data_s = data_seconds(tables, topo.batch_size_per_rank, c)
     parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
-             "output_dist": comp["out"][r], "dense": d, "data": data_exposed * data_s, "other": c.step_overhead}
+             "output_dist": comp["out"][r], "dense": d, "data": data_s if inline_data else 0.0, "other": c.step_overhead}
     step = sum(parts.values())
     if c.device_kind == "cpu" and cores > 0:
         own = comp["fwd"] + comp["bwd"] + d + c.step_overhead

@@ -315,19 +315,12 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
         dense = dense_spec(cfg, data.num_dense if data is not None else None)
         if dense is not None:
             plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
-                                                data_exposed=data_share(cfg), cores=usable_cores(),
+                                                inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
                                                 threads_per_rank=torch.get_num_threads()).to_dict()
         payload = [(plan.to_dict(), format_report(plan))]
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)
     return payload[0]
-
-
-def data_share(cfg) -> float:
-    """Share of the loader's CPU time on this run's step path: all of it when the loader runs
-    inline (``data.prefetch_batches: 0``), none on its own thread (on a CPU it competes for the
-    cores instead: :func:`neo.planner.step_model.cpu_bound_step`)."""
-    return 1.0 if cfg.data.prefetch_batches <= 0 else 0.0
 
 
 def dense_spec(cfg, num_dense: Optional[int] = None):

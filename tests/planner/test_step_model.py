@@ -72,8 +72,8 @@ def _four_ranks_on(cores: int, kind: str = "cpu", threads: int = 1):
     tables = [_tw(f"t{r}", 200_000, r) for r in range(4)]
     plan, topo = _plan(tables, 4)
     dense = DenseSpec(13, (64, 64), (64, 1), num_features=4, dim=64)
-    base = predict_step(plan, tables, dense, topo, c, data_exposed=1.0)
-    shared = predict_step(plan, tables, dense, topo, c, data_exposed=1.0, cores=cores, threads_per_rank=threads)
+    base = predict_step(plan, tables, dense, topo, c, inline_data=True)
+    shared = predict_step(plan, tables, dense, topo, c, inline_data=True, cores=cores, threads_per_rank=threads)
     return base, shared, plan, tables, topo, c, dense
 
 
@@ -103,18 +103,18 @@ def test_ranks_that_outnumber_the_cores_take_turns():
 
 
 def test_a_loader_thread_fills_the_waits_and_is_paid_beyond_them():
-    """2 ranks of 1 thread on 2 cores, each loader on its own thread (``data_exposed`` 0): the
+    """2 ranks of 1 thread on 2 cores, each loader on its own thread: the
     loaders' work is off the path and fills the cores' idle time first (here the ranks' time in
     their collectives, the same on both ranks of this symmetric plan); beyond it the step is the
     node's work over its cores, and ``data`` stays 0 (the trainer's wait for a batch). Loaded
-    inline (``data_exposed`` 1), the path pays all of it."""
+    inline (``inline_data``), the path pays all of it."""
     tables = [_tw("a", 100_000, 0), _tw("b", 100_000, 1)]
     plan, topo = _plan(tables, 2)
     dense = DenseSpec(13, (64, 64), (64, 1), num_features=2, dim=64)
     c0 = replace(CPU, intra_latency=5e-3, data_bag_s=0.0, data_id_s=0.0)
 
-    def step(data_s: float, exposed: float = 0.0, cores: int = 2):
-        p = predict_step(plan, tables, dense, topo, replace(c0, data_batch_s=data_s), data_exposed=exposed,
+    def step(data_s: float, inline: bool = False, cores: int = 2):
+        p = predict_step(plan, tables, dense, topo, replace(c0, data_batch_s=data_s), inline_data=inline,
                          cores=cores, threads_per_rank=1)
         assert sum(p.components_ms.values()) == pytest.approx(p.step_ms, rel=1e-12)
         return p
@@ -126,7 +126,7 @@ def test_a_loader_thread_fills_the_waits_and_is_paid_beyond_them():
     assert hidden.step_ms == pytest.approx(none.step_ms, rel=1e-9) and hidden.components_ms["data"] == 0
     paid = step(idle + 20e-3)                          # 20 ms beyond the idle time
     assert paid.step_ms == pytest.approx(none.step_ms + 20.0, rel=1e-6) and paid.components_ms["data"] == 0
-    assert step(0.5 * idle, exposed=1.0).step_ms == pytest.approx(none.step_ms + 0.5 * idle * 1e3, rel=1e-9)
+    assert step(0.5 * idle, inline=True).step_ms == pytest.approx(none.step_ms + 0.5 * idle * 1e3, rel=1e-9)
     assert step(idle + 20e-3, cores=4).step_ms == pytest.approx(none.step_ms, rel=1e-9)   # a core each
 
 
