@@ -11,17 +11,24 @@ interleaved_1f1b (2 chunks per rank), zero_bubble (ZB-1P, 1 chunk) and chimera, 
 ``--micro-batches`` micro-batches; beside them a data-parallel baseline (the whole dense model on
 every rank, gradients AllReduced).
 
-Predicted (neo/pipeline/perf_model.py): every rank profiles the layers at the micro-batch size
-at the same time (:func:`neo.pipeline.profile.profile_layers`, on this machine, the W processes
-contending for its cores as they do in the runs; the mean over the ranks), the gloo
-point-to-point bandwidth is measured (:func:`neo.pipeline.profile.measure_p2p_bandwidth`), the
-partitioner cuts the profile into S x v chunks (the measured runs use that same split), and
-:func:`neo.pipeline.perf_model.predict` gives the step and bubble of each schedule. Two things
-no layer profile shows are measured too: the runtime's cost per schedule action (its
-bookkeeping, the fixed cost of every send and receive), from each schedule run once more on a
-null model (the same layers and split, 4 wide: next to no arithmetic), fitted as the model's
-``op_ms`` (:func:`fit_op_ms`); and the cores (with more ranks than cores they take turns: the
-model's ``cores`` bound).
+Predicted (neo/pipeline/perf_model.py): the layers are profiled at the micro-batch size
+(:func:`neo.pipeline.profile.profile_layers`) by as many ranks at once as the machine has cores
+(each layer timed beside the others' work, as in the runs; with more ranks than cores the rest
+wait, since a layer timed while it takes turns for a core would count the turns the model's
+``cores`` bound already counts), the mean over them; the partitioner cuts the profile into
+S x v chunks (the measured runs use that same split). Each chunk is then timed whole as its
+stage runs it (:func:`neo.pipeline.profile.profile_chunks`: one autograd graph through its
+layers costs 10-30% more than their sum here), with zero bubble's input and weight passes as
+torch's schedules run them (about two backwards on every stage but the first). The gloo
+point-to-point times (a tiny and the largest activation, ranks 0 and 1) give each boundary's
+transfer, and AllReduces probed on the groups that run them (every rank for data parallel, each
+pair of mirrored Chimera workers) give the gradient synchronisation's bandwidth.
+:func:`neo.pipeline.perf_model.predict` then gives the step and bubble of each schedule. The
+runtime's cost per schedule action (its bookkeeping, the fixed cost of every send and receive)
+comes from each schedule run once more on a null model (the same layers and split, 4 wide: next
+to no arithmetic), fitted as the model's ``op_ms`` (:func:`fit_op_ms`); with more ranks than
+cores, the model's ``cores`` bound. The data-parallel baseline's prediction times the whole model
+on a rank's batch at once.
 
 Measured: per step (a barrier before each), the wall time of the pipelined part (the schedule's
 ``run``) plus the gradient AllReduce, the slowest rank's; ``bubble_fraction = 1 - sum of the
@@ -106,6 +113,25 @@ def _one_way_ms(rank: int, nbytes: int, repeats: int = 20) -> float:
     return 1e3 * (one_way_seconds(rank, nbytes, repeats, warmup=2) or 0.0)
 
 
+def _allreduce_ms(part_bytes: List[int], group=None, repeats: int = 10, warmup: int = 3) -> float:
+    """Median time of a gradient AllReduce as the runs do one: the parts (``part_bytes``, fp32)
+    flattened into one buffer, then a gloo AllReduce over ``group`` (the ranks lined up by a barrier
+    before each), ms; collective over the default group."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.zeros(max(1, n // 4)) for n in part_bytes if n > 0] or [torch.zeros(1)]
+    times = []
+    for k in range(warmup + repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        flat = torch.cat([t.reshape(-1) for t in parts])
+        dist.all_reduce(flat, group=group)
+        if k >= warmup:
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
 def _median(xs: List[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -118,7 +144,10 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
     from neo.pipeline.layers import LayerStack, layers_of
     from neo.pipeline.partition import LayerProfile
-    from neo.pipeline.profile import build_profile, profile_layers
+    from neo.machine import usable_cores
+    from neo.pipeline.layers import split_stages
+    from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
+    from neo.pipeline.stages import ContiguousOutputs
     from neo.pipeline.trainer import PipelinedDense
     from neo.train.step import Timers
     from neo.train.trainer import dense_optimizer
@@ -129,33 +158,68 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     tables = _tables()
     plan = even_plan(tables, {t.name: "table_wise" for t in tables}, W)
     micro = W * args.batch // args.micro_batches
-    # The profile: every rank measures every layer at the same time, so that each layer is timed
-    # under the contention the pipeline's ranks put on each other (W processes sharing the cores);
-    # the per-layer mean over the ranks.
-    def profiled(width: int = 0):
-        dist.barrier()
-        mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(_model(args, torch.nn.Identity(), width)),
-                                                              micro, NUM_DENSE, F * D, repeats=args.repeats)]
+    # The profiles: the ranks that have a core each measure at the same time (so that each layer is
+    # timed beside the others' work, as in the runs; the ranks beyond the cores wait, since a layer
+    # timed while it takes turns for a core would count the turns, which the model's cores bound
+    # counts once), the mean over them.
+    profilers = max(1, min(W, usable_cores() // max(1, args.threads)))
+
+    def mean_of(mine, keys):
         every: List[Any] = [None] * W
         dist.all_gather_object(every, mine)
-        return [dict(r, fwd_ms=statistics.mean(e[k]["fwd_ms"] for e in every),
-                     bwd_ms=statistics.mean(e[k]["bwd_ms"] for e in every)) for k, r in enumerate(mine)]
+        got = [e for e in every if e is not None]
+        return [dict(r, **{key: statistics.mean(e[k][key] for e in got) for key in keys}) for k, r in enumerate(got[0])]
+
+    def profiled(width: int = 0):
+        dist.barrier()
+        mine = None
+        if rank < profilers:
+            mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(_model(args, torch.nn.Identity(), width)),
+                                                                  micro, NUM_DENSE, F * D, repeats=args.repeats)]
+        return mean_of(mine, ("fwd_ms", "bwd_ms"))
+
+    def chunks_profiled(split, width: int = 0, batch: int = micro, wrap: bool = True):
+        """Each chunk of ``split`` timed whole at ``batch``, as a stage runs it (profile_chunks)."""
+        dist.barrier()
+        mine = None
+        if rank < profilers:
+            layers = layers_of(_model(args, torch.nn.Identity(), width))
+            chunks = [ContiguousOutputs(c) if wrap else c for c in split_stages(layers, [tuple(x) for x in split])]
+            mine = [dataclasses.asdict(c) for c in profile_chunks(chunks, batch, NUM_DENSE, F * D,
+                                                                  repeats=args.repeats)]
+        return mean_of(mine, ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms"))
 
     rows, null_rows = profiled(), profiled(NULL_WIDTH)
     profile = build_profile([LayerProfile(**r) for r in rows], args.bandwidth_gbps, batch_size=micro)
+    splits = {v: _split(profile, W * v) for v in sorted({v for _, v in SCHEDULES})}
+    chunk_rows = {str(v): chunks_profiled(splits[v]) for v in splits}
+    null_chunk_rows = {str(v): chunks_profiled(splits[v], NULL_WIDTH) for v in splits}
+    # data parallel: the whole model on the rank's batch at once
+    whole_rows = chunks_profiled([[0, len(rows) - 1]], batch=args.batch, wrap=False)
     big = max(r["activation_bytes"] for r in rows)
     one_way = {n: _one_way_ms(rank, n) for n in (4, big)}                # ranks 0 and 1, the others idle
+    # the gradient AllReduces as they run: every parameter over the W ranks (data parallel), and
+    # the mirrored stages' over each pair of Chimera's workers
+    layer_bytes = [r["param_bytes"] for r in rows]
+    allreduce = {"world": (sum(layer_bytes), W, _allreduce_ms(layer_bytes))}
+    pairs = [dist.new_group([w, W - 1 - w]) for w in range(W // 2)]
+    if W % 2 == 0:
+        chunk_bytes = [layer_bytes[a:z + 1] for a, z in splits[1]]
+        w = max(range(W // 2), key=lambda w: sum(chunk_bytes[w]) + sum(chunk_bytes[W - 1 - w]))
+        mirrored = chunk_bytes[w] + chunk_bytes[W - 1 - w]          # the largest pair's two chunks
+        allreduce["pairs"] = (sum(mirrored), 2, _allreduce_ms(mirrored, pairs[min(rank, W - 1 - rank)]))
     gen = torch.Generator().manual_seed(100 + rank)
     batches = [_batch(args, rank, W, gen) for _ in range(2)]
-    out: Dict[str, Any] = {"profile": rows, "null_profile": null_rows, "one_way_ms": one_way, "runs": {},
-                           "null_runs": {}}
+    out: Dict[str, Any] = {"profile": rows, "null_profile": null_rows, "chunks": chunk_rows,
+                           "null_chunks": null_chunk_rows, "whole": whole_rows, "one_way_ms": one_way,
+                           "allreduce": allreduce, "runs": {}, "null_runs": {}}
 
     def run(schedule: str, v: int, width: int = 0) -> Dict[str, Any]:
         S = W
         sec = ShardedEmbeddingCollection(tables, plan, pg, seed=0)
         model = _model(args, sec, width)
         cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=args.micro_batches, virtual_stages=v,
-                             split=_split(profile, S * v))
+                             split=splits[v])
         cfg.validate()
         pipe = PipelinedDense(cfg, model, pg, args.batch, NUM_DENSE, F * D)
         opt = dense_optimizer(OptimConfig(type="adagrad", lr=0.01), pipe.parameters())
@@ -223,29 +287,38 @@ def _comm_ms(one_way: Dict[int, float], nbytes: float) -> float:
     return t_small + max(0.0, t_big - t_small) * (nbytes - small) / max(big - small, 1)
 
 
-def _predict(profile_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
+def _predict(chunk_rows, layer_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
              op_ms: float = 0.0, cores: int = 0, threads: int = 1):
+    """The model's step for ``split`` (chunk k on rank k mod W): the chunks' own times
+    (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``)."""
     from neo.pipeline.perf_model import predict
 
     S, C = W, len(split)
-    chunk = lambda key, k: sum(r[key] for r in profile_rows[split[k][0]:split[k][1] + 1])  # noqa: E731
-    fwd = [sum(chunk("fwd_ms", k) for k in range(p, C, S)) for p in range(S)]            # per rank, its chunks
-    bwd = [sum(chunk("bwd_ms", k) for k in range(p, C, S)) for p in range(S)]
-    params = [sum(chunk("param_bytes", k) for k in range(p, C, S)) for p in range(S)]
-    boundary = [_comm_ms(one_way, profile_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
+    per_rank = lambda key: [sum(chunk_rows[k][key] for k in range(p, C, S)) for p in range(S)]  # noqa: E731
+    params = [sum(sum(r["param_bytes"] for r in layer_rows[split[k][0]:split[k][1] + 1]) for k in range(p, C, S))
+              for p in range(S)]
+    boundary = [_comm_ms(one_way, layer_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
     comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
-    return predict(schedule, fwd, bwd, M, comm_ms=comm, virtual_stages=max(v, 2), replicas=1,
+    return predict(schedule, per_rank("fwd_ms"), per_rank("bwd_ms"), M, comm_ms=comm, virtual_stages=max(v, 2),
+                   replicas=1, stage_wgrad_ms=per_rank("weight_grad_ms"), stage_input_grad_ms=per_rank("input_grad_ms"),
                    stage_param_bytes=params, bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
                    threads_per_rank=threads)
 
 
-def fit_op_ms(null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
+def _allreduce_gbps(probe) -> float:
+    """The ring AllReduce bandwidth (perf_model.allreduce_ms) under which a probe's (bytes, ranks, ms) holds."""
+    nbytes, n, ms = probe
+    return 2 * (n - 1) / n * nbytes / (ms * 1e6)
+
+
+def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
               null_ms: float, cores: int = 0, threads: int = 1) -> float:
     """The cost of one schedule action (``op_ms`` of :func:`neo.pipeline.perf_model.predict`) under
     which the model gives the null model's measured pipelined time ``null_ms`` (bisection: the
     prediction grows with it); 0 where the null model's own arithmetic already explains it."""
     def pipe(op: float) -> float:
-        return _predict(null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores, threads).pipeline_ms
+        return _predict(null_chunks, null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores,
+                        threads).pipeline_ms
 
     lo, hi = 0.0, max(null_ms, 1e-6)
     if pipe(lo) >= null_ms:
@@ -274,22 +347,22 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
         if schedule == "data_parallel":
             from neo.pipeline.perf_model import predict
 
-            fwd = [sum(r["fwd_ms"] for r in rows)]
-            bwd = [sum(r["bwd_ms"] for r in rows)]
-            pbytes = [sum(r["param_bytes"] for r in rows)]
-            # the whole model on B = (W B / M) x (M / W) samples: M / W micro-batches of the profile
-            pred = predict("data_parallel", fwd, bwd, args.micro_batches // W, replicas=W,
-                           stage_param_bytes=pbytes, bandwidth_gbps=bandwidth, cores=cores, threads_per_rank=threads)
+            whole = out[0]["whole"][0]
+            bw = _allreduce_gbps(out[0]["allreduce"]["world"])
+            pred = predict("data_parallel", [whole["fwd_ms"]], [whole["bwd_ms"]], 1, replicas=W,
+                           stage_param_bytes=[sum(r["param_bytes"] for r in rows)], bandwidth_gbps=bw, cores=cores,
+                           threads_per_rank=threads)
             bubble, op_ms, null_ms = 0.0, 0.0, None
             v, split = 1, None
         else:
             v, split = run["virtual_stages"], run["split"]
+            bw = _allreduce_gbps(out[0]["allreduce"]["pairs"]) if schedule == "chimera" else bandwidth
             null_ms = 1e3 * _median([max(o["null_runs"][schedule]["pipeline_s"][i] for o in out)
                                      for i in range(len(out[0]["null_runs"][schedule]["pipeline_s"]))])
-            op_ms = fit_op_ms(out[0]["null_profile"], schedule, v, split, W, args.micro_batches, bandwidth,
-                              out[0]["one_way_ms"], null_ms, cores, threads)
-            pred = _predict(rows, schedule, v, split, W, args.micro_batches, bandwidth, out[0]["one_way_ms"],
-                            op_ms, cores, threads)
+            op_ms = fit_op_ms(out[0]["null_chunks"][str(v)], out[0]["null_profile"], schedule, v, split, W,
+                              args.micro_batches, bw, out[0]["one_way_ms"], null_ms, cores, threads)
+            pred = _predict(out[0]["chunks"][str(v)], rows, schedule, v, split, W, args.micro_batches, bw,
+                            out[0]["one_way_ms"], op_ms, cores, threads)
             bubble = _median([1 - b / (W * p) for b, p in zip(busy, pipe)])
         measured = 1e3 * _median(wall)
         records.append({
@@ -302,7 +375,8 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             "predicted_pipeline_ms": round(pred.pipeline_ms, 3), "predicted_sync_ms": round(pred.sync_ms, 3),
             "full_step_ms": round(1e3 * _median(full), 3), "op_ms": round(op_ms, 4),
             "null_pipeline_ms": None if null_ms is None else round(null_ms, 3), "cores": cores,
-            "bandwidth_gbps": round(bandwidth, 3), "one_way_ms": out[0]["one_way_ms"], "steps": steps})
+            "bandwidth_gbps": round(bandwidth, 3), "allreduce_gbps": round(bw, 3) if schedule in ("chimera", "data_parallel")
+            else None, "one_way_ms": out[0]["one_way_ms"], "steps": steps})
     return records
 
 

@@ -6,7 +6,7 @@ Exports load lazily: importing the package imports nothing, and ``neo.pipeline.p
 is ``neo.pipeline.partition.partition``.
 
 - :mod:`neo.pipeline.layers`: ``dense_layers``, ``layers_of``, ``LayerStack``, ``split_stages``;
-- :mod:`neo.pipeline.profile`: ``profile_layers``, ``measure_p2p_bandwidth``;
+- :mod:`neo.pipeline.profile`: ``profile_layers``, ``profile_chunks``, ``measure_p2p_bandwidth``;
 - :mod:`neo.pipeline.partition`: ``Profile``, ``LayerProfile``, ``Partition``, ``PartitionError``,
   ``load_profile``;
 - :mod:`neo.pipeline.perf_model`: ``Prediction``, ``predict``, ``best_schedule``, ``stage_times``.
@@ -19,7 +19,7 @@ from typing import Any
 
 _EXPORTS = {
     "dense_layers": "layers", "layers_of": "layers", "LayerStack": "layers", "split_stages": "layers",
-    "profile_layers": "profile", "measure_p2p_bandwidth": "profile",
+    "profile_layers": "profile", "profile_chunks": "profile", "measure_p2p_bandwidth": "profile",
     "Profile": "partition", "LayerProfile": "partition", "Partition": "partition",
     "PartitionError": "partition", "load_profile": "partition",
     "Prediction": "perf_model", "predict": "perf_model", "best_schedule": "perf_model", "stage_times": "perf_model",

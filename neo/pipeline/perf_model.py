@@ -136,7 +136,8 @@ backward into the input gradient and the weight gradient."""
 
 def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence[float], micro_batches: int,
             comm_ms: Union[float, Sequence[float]] = 0.0, virtual_stages: int = 2, replicas: int = 1,
-            stage_wgrad_ms: Optional[Sequence[float]] = None, stage_param_bytes: Optional[Sequence[float]] = None,
+            stage_wgrad_ms: Optional[Sequence[float]] = None, stage_input_grad_ms: Optional[Sequence[float]] = None,
+            stage_param_bytes: Optional[Sequence[float]] = None,
             bandwidth_gbps: Optional[float] = None, op_ms: float = 0.0, cores: int = 0,
             threads_per_rank: int = 1) -> Prediction:
     """Predicted step of ``schedule`` (one of :data:`SCHEDULES`; module docstring for the formulas).
@@ -150,6 +151,10 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         replicas: R, data-parallel copies of the whole pipeline (the devices are S R).
         stage_wgrad_ms: per stage, the weight-gradient part of the backward (``zero_bubble``;
             default half the backward).
+        stage_input_grad_ms: per stage, zero bubble's input-gradient pass as measured
+            (:func:`neo.pipeline.profile.profile_chunks`); with it, zero bubble's backward is the
+            two passes, ``stage_input_grad_ms + stage_wgrad_ms`` (torch's split costs more than one
+            backward), and the other schedules keep ``stage_bwd_ms``.
         stage_param_bytes, bandwidth_gbps: per-stage parameter bytes and the AllReduce bandwidth
             (GB/s) for the gradient synchronisation; without them it costs 0.
         op_ms: the runtime's cost of one schedule action (one forward or backward of one
@@ -173,9 +178,14 @@ def predict(schedule: str, stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence
         c = [float(x) for x in comm_ms]
     c = _times("comm_ms", c, S - 1) + [0.0] if S > 1 else [0.0]
     w = [x / 2 for x in b] if stage_wgrad_ms is None else _times("stage_wgrad_ms", stage_wgrad_ms, S)
-    for k in range(S):
-        if w[k] > b[k] + 1e-12:
-            raise ValueError(f"stage_wgrad_ms[{k}]: {w[k]} exceeds the stage's backward {b[k]}")
+    if stage_input_grad_ms is None:
+        for k in range(S):
+            if w[k] > b[k] + 1e-12:
+                raise ValueError(f"stage_wgrad_ms[{k}]: {w[k]} exceeds the stage's backward {b[k]}")
+    elif stage_wgrad_ms is None:
+        raise ValueError("stage_input_grad_ms: needs stage_wgrad_ms (the weight pass) beside it")
+    elif schedule == "zero_bubble":                         # the two passes as measured
+        b = [i + x for i, x in zip(_times("stage_input_grad_ms", stage_input_grad_ms, S), w)]
     p = [0.0] * S if stage_param_bytes is None else _times("stage_param_bytes", stage_param_bytes, S)
     if not (math.isfinite(op_ms) and op_ms >= 0):
         raise ValueError(f"op_ms: must be a finite number >= 0, got {op_ms!r}")

@@ -18,14 +18,17 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from neo.pipeline.partition import LayerProfile, Profile
 
-__all__ = ["profile_layers", "measure_p2p_bandwidth", "bandwidth_from_constants", "build_profile", "tensor_bytes"]
+__all__ = ["profile_layers", "profile_chunks", "ChunkProfile", "measure_p2p_bandwidth", "bandwidth_from_constants",
+           "build_profile", "tensor_bytes"]
 
 
 def tensor_bytes(acts: Sequence[torch.Tensor]) -> int:
@@ -88,6 +91,98 @@ def profile_layers(layers: Sequence[Tuple[str, nn.Module]], batch_size: int, num
         row, acts = _profile_one(name, layer, acts, repeats, warmup, device)
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class ChunkProfile:
+    """One pipeline chunk (a stage's run of layers) timed as a stage runs it, ms per micro-batch."""
+
+    fwd_ms: float
+    bwd_ms: float
+    """The whole backward (the schedules but zero bubble)."""
+    input_grad_ms: float
+    """Zero bubble's input pass (0 on the first chunk, which has none)."""
+    weight_grad_ms: float
+    """Zero bubble's weight pass (on the first chunk: its whole backward)."""
+
+
+def profile_chunks(chunks: Sequence[nn.Module], batch_size: int, num_dense: int, pooled_width: int,
+                   repeats: int = 5, warmup: int = 2, device: Optional[torch.device] = None,
+                   seed: int = 0) -> List[ChunkProfile]:
+    """Every chunk of a split, timed whole at ``batch_size``: forward, backward, and the backward as
+    zero-bubble schedules split it. Medians over ``repeats`` after ``warmup``.
+
+    The partitioner works on the layers' own times (:func:`profile_layers`); a chunk run whole costs
+    more than the sum of its layers' times (one autograd graph through all of them, all their
+    activations alive; 10-30% on the deep MLP of ``tools/bench_pipeline.py`` at 64 samples), so a
+    prediction for a chosen split reads these. ``chunks`` are the modules as the stages run them
+    (:class:`~neo.pipeline.stages.ContiguousOutputs`), fed the previous chunk's outputs (the first:
+    random dense features and pooled rows; the last ends in a BCE-with-logits loss).
+
+    Zero bubble: torch's schedules (``backward_one_chunk(full_backward=False)``, then
+    ``backward_weight_one_chunk``) run ``stage_backward_input`` (input gradients; the gradients at
+    the nodes where weights branch off are kept) and later ``stage_backward_weight`` (the weight
+    gradients from those nodes), except on the first stage, which skips the input pass and runs
+    its whole backward as the weight pass. The weight pass starts again from every kept node, so
+    through a chain of layers it redoes the input-gradient products below each: the two passes
+    cost about two backwards on every stage but the first. Timed with those same functions; where
+    this torch has none, both are the backward's halves.
+    """
+    try:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    except ImportError:                                                     # pragma: no cover
+        stage_backward_input = stage_backward_weight = None
+    if batch_size < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"batch_size and repeats must be >= 1 and warmup >= 0, got {batch_size}, {repeats}, {warmup}")
+    device = device or torch.device("cpu")
+    g = torch.Generator().manual_seed(seed)
+    acts: Tuple[torch.Tensor, ...] = (torch.randn(batch_size, num_dense, generator=g).to(device),
+                                      torch.randn(batch_size, pooled_width, generator=g).to(device).requires_grad_())
+    labels = torch.randint(0, 2, (batch_size,), generator=g).float().to(device)
+    out: List[ChunkProfile] = []
+    for k, chunk in enumerate(chunks):
+        chunk.to(device)
+        params = [p for p in chunk.parameters() if p.requires_grad]
+        last = k == len(chunks) - 1
+        with torch.no_grad():
+            sample = chunk(*acts)
+        grads = tuple(torch.randn_like(t) for t in sample)
+
+        def backward_of(outs):                      # (outputs or loss, their gradients or None)
+            if last:
+                logits = outs[0] if isinstance(outs, (tuple, list)) else outs
+                return [F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), labels)], None
+            pairs = [(o, g_) for o, g_ in zip(outs, grads) if o.requires_grad]
+            return [o for o, _ in pairs], [g_ for _, g_ in pairs]
+
+        times: List[List[float]] = [[], [], [], []]
+        for r in range(warmup + repeats):
+            for t in list(acts) + params:
+                t.grad = None
+            box: List[object] = []
+            f_ms = _timed(lambda: box.append(chunk(*acts)), device)
+            outs, ograds = backward_of(box[0])
+            b_ms = _timed(lambda: torch.autograd.backward(outs, ograds), device)
+            for t in list(acts) + params:
+                t.grad = None
+            outs, ograds = backward_of(chunk(*acts))
+            if stage_backward_input is None:
+                i_ms, w_ms = (0.0, b_ms) if k == 0 else (b_ms / 2, b_ms / 2)
+            elif k == 0:
+                i_ms, w_ms = 0.0, _timed(lambda: torch.autograd.backward(outs, ograds), device)
+            else:
+                groups: List[object] = []
+                i_ms = _timed(lambda: groups.append(stage_backward_input(outs, ograds, list(acts), iter(params))[1]),
+                              device)
+                w_ms = _timed(lambda: stage_backward_weight(iter(params), groups[0]), device)
+            if r >= warmup:
+                for lst, x in zip(times, (f_ms, b_ms, i_ms, w_ms)):
+                    lst.append(x)
+        for t in list(acts) + params:                       # leave no gradients behind
+            t.grad = None
+        out.append(ChunkProfile(*(statistics.median(x) for x in times)))
+        acts = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in sample)
+    return out
 
 
 # ----------------------------------------------------------------------------- bandwidth

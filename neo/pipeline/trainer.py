@@ -50,7 +50,7 @@ from neo.pipeline.layers import layers_of, split_stages
 from neo.pipeline.mesh import DOWN, PipelineGroups, PipelineMesh
 from neo.pipeline.route import SampleRouter
 from neo.pipeline.schedules import TorchPipeline
-from neo.pipeline.stages import BusyMeter, ReplicaLoss
+from neo.pipeline.stages import BusyMeter, ContiguousOutputs, ReplicaLoss
 
 __all__ = ["PipelinedDense", "pipelined_dense", "plan_pipeline"]
 
@@ -67,12 +67,12 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     ``split: auto`` and ``schedule: auto`` measure the layers here at the micro-batch size
     (:func:`neo.pipeline.profile.profile_layers`); the partitioner
     (:func:`neo.pipeline.partition.partition`) cuts the profile into ``stages x virtual_stages``
-    chunks, and the performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the
-    fastest schedule the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where
+    chunks, which are timed whole (:func:`neo.pipeline.profile.profile_chunks`), and the
+    performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the fastest schedule the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where
     they may outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
     from neo.pipeline.perf_model import best_schedule, stage_times
-    from neo.pipeline.profile import build_profile, profile_layers
+    from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
 
     auto_split, auto_schedule = isinstance(cfg.split, str), cfg.schedule == "auto"
     if not (auto_split or auto_schedule):
@@ -92,14 +92,19 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
         return split, cfg.schedule
     S, v, M = int(cfg.stages), int(cfg.virtual_stages), int(cfg.micro_batches)
     t = stage_times(profile, part)
-    fwd = [sum(t.fwd_ms[k] for k in range(p, cfg.chunks, S)) for p in range(S)]      # per rank, its chunks
-    bwd = [sum(t.bwd_ms[k] for k in range(p, cfg.chunks, S)) for p in range(S)]
+    # the chunks timed whole as the stages will run them (more than their layers' sum), and zero
+    # bubble's two backward passes as torch splits them
+    timed = profile_chunks([ContiguousOutputs(c) for c in split_stages(layers, split)], micro_batch, num_dense,
+                           pooled_width, repeats=5, warmup=2)
+    per_rank = lambda key: [sum(getattr(timed[k], key) for k in range(p, cfg.chunks, S)) for p in range(S)]  # noqa: E731
     comm = [sum(t.comm_ms[k] for k in range(p, cfg.chunks - 1, S)) for p in range(S - 1)]
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
         candidates.append("chimera")
-    return split, best_schedule(fwd, bwd, M, candidates=candidates, comm_ms=comm, virtual_stages=max(v, 2),
-                                cores=cores, threads_per_rank=threads_per_rank)[0]
+    return split, best_schedule(per_rank("fwd_ms"), per_rank("bwd_ms"), M, candidates=candidates, comm_ms=comm,
+                                virtual_stages=max(v, 2), stage_wgrad_ms=per_rank("weight_grad_ms"),
+                                stage_input_grad_ms=per_rank("input_grad_ms"), cores=cores,
+                                threads_per_rank=threads_per_rank)[0]
 
 
 def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "PipelinedDense":

@@ -126,6 +126,23 @@ def test_each_schedule_action_pays_the_runtimes_cost():
         predict("1f1b", f, b, M, op_ms=-1.0)
 
 
+def test_zero_bubble_takes_its_two_passes_as_measured():
+    """With the passes measured (stage_input_grad_ms beside stage_wgrad_ms), zero bubble's backward
+    is their sum, not stage_bwd_ms; the other schedules keep stage_bwd_ms."""
+    M, f, b = 8, [1.0] * 4, [2.0] * 4
+    inp, wgt = [0.0, 2.1, 2.2, 2.0], [2.0, 2.3, 2.1, 2.2]        # the first stage: no input pass
+    got = predict("zero_bubble", f, b, M, stage_wgrad_ms=wgt, stage_input_grad_ms=inp, comm_ms=0.1)
+    want = predict("zero_bubble", f, [i + w for i, w in zip(inp, wgt)], M, stage_wgrad_ms=wgt, comm_ms=0.1)
+    assert got.step_ms == pytest.approx(want.step_ms) and got.step_ms > predict("zero_bubble", f, b, M).step_ms
+    for name in ("gpipe", "1f1b", "chimera"):
+        assert predict(name, f, b, M, stage_wgrad_ms=wgt, stage_input_grad_ms=inp).step_ms == pytest.approx(
+            predict(name, f, b, M).step_ms)
+    with pytest.raises(ValueError, match="stage_input_grad_ms: needs stage_wgrad_ms"):
+        predict("zero_bubble", f, b, M, stage_input_grad_ms=inp)
+    with pytest.raises(ValueError, match=r"stage_input_grad_ms\[1\]"):
+        predict("zero_bubble", f, b, M, stage_wgrad_ms=wgt, stage_input_grad_ms=[0.0, -1.0, 2.0, 2.0])
+
+
 def test_ranks_that_outnumber_the_cores_take_turns():
     """With S R ranks on fewer cores the step lasts at least the ranks' compute over the cores;
     with a core each (or no bound given) nothing changes; transfers are waiting, not compute."""

@@ -113,3 +113,49 @@ def test_measured_bandwidth():
 
     gbps = measure_p2p_bandwidth(nbytes=1 << 20, repeats=3)           # 2 spawned gloo processes, a few seconds
     assert 0.01 < gbps < 1000
+
+
+def test_profile_chunks_times_each_chunk_and_zero_bubbles_two_passes():
+    """One profile per chunk; the first chunk has no input pass (torch's first stage runs its whole
+    backward as the weight pass), the others both; the chunks' weights are left as they were and
+    without gradients."""
+    from neo.pipeline.profile import profile_chunks
+    from neo.pipeline.stages import ContiguousOutputs
+
+    m = load_config(TINY).model
+    torch.manual_seed(0)
+    model = DLRM(torch.nn.Identity(), 4, 8, 4, m.dense_arch, m.over_arch, m.interaction, m.dcn_layers, m.dcn_rank)
+    layers = layers_of(model)
+    chunks = [ContiguousOutputs(c) for c in split_stages(layers, [(0, 2), (3, len(layers) - 1)])]
+    before = [p.detach().clone() for p in model.parameters()]
+    got = profile_chunks(chunks, B, 4, 32, repeats=2, warmup=1)
+    assert len(got) == 2
+    assert got[0].input_grad_ms == 0.0 and got[0].weight_grad_ms > 0
+    assert got[1].input_grad_ms > 0 and got[1].weight_grad_ms > 0
+    assert all(c.fwd_ms > 0 and c.bwd_ms > 0 for c in got)
+    for p, q in zip(model.parameters(), before):
+        assert p.grad is None
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        profile_chunks(chunks, 0, 4, 32)
+
+
+@pytest.mark.parametrize("stages,v,allowed", [(2, 1, {"1f1b", "gpipe", "zero_bubble", "chimera"}),
+                                              (2, 2, {"interleaved_1f1b", "zero_bubble"})])
+def test_plan_pipeline_auto_picks_a_schedule_the_shape_allows(stages, v, allowed):
+    """``schedule: auto`` and ``split: auto``: contiguous chunks covering every layer once, and a
+    schedule among those the shape allows, chosen by the model from the chunks' own times."""
+    from neo.config.parallel import PipelineConfig
+    from neo.pipeline.trainer import plan_pipeline
+
+    m = load_config(TINY).model
+    torch.manual_seed(0)
+    model = DLRM(torch.nn.Identity(), 4, 8, 4, m.dense_arch, m.over_arch, m.interaction, m.dcn_layers, m.dcn_rank)
+    layers = layers_of(model)
+    cfg = PipelineConfig(stages=stages, schedule="auto", micro_batches=4, virtual_stages=v, split="auto")
+    cfg.validate()
+    split, name = plan_pipeline(cfg, layers, 8, 4, 32, bandwidth_gbps=1.0, cores=2)
+    assert name in allowed
+    assert len(split) == stages * v and split[0][0] == 0 and split[-1][1] == len(layers) - 1
+    assert all(b[0] == a[1] + 1 for a, b in zip(split, split[1:]))
+    assert all(p.grad is None for p in model.parameters())
