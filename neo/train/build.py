@@ -313,7 +313,9 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
         # a plan from a file is predicted with this machine's constants, like one planned here
         plan.summary["cost_constants"] = what
         dense = dense_spec(cfg, data.num_dense if data is not None else None)
-        if dense is not None:
+        # the step model's dense term is data-parallel: a pipelined dense part has its own model
+        # (neo.pipeline.perf_model), so no step is predicted for it here
+        if dense is not None and not cfg.parallel.pipeline.enabled:
             plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
                                                 inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
                                                 threads_per_rank=torch.get_num_threads()).to_dict()

@@ -44,7 +44,7 @@ def _train_both(rank: int, world: int, tmp: str):
             losses /= world
         out[name] = {"losses": losses, "auc": final["auc"], "tables": tr.sharded.full_weights(),
                      "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")},
-                     "pipelined": tr.pipeline is not None}
+                     "pipelined": tr.pipeline is not None, "predicted": "predicted_step_ms" in final}
     return out
 
 
@@ -52,6 +52,8 @@ def test_trainer_pipeline_equals_data_parallel(tmp_path):
     for per_rank in run_multiprocess(_train_both, 2, str(tmp_path), timeout_s=240):
         ddp, pipe = per_rank["ddp"], per_rank["pipeline"]
         assert pipe["pipelined"] and not ddp["pipelined"]
+        # the planner's step model (data-parallel dense) predicts the DDP run only
+        assert ddp["predicted"] and not pipe["predicted"]
         torch.testing.assert_close(pipe["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
         for k, v in ddp["dense"].items():
             torch.testing.assert_close(pipe["dense"][k], v, rtol=1e-5, atol=1e-5, msg=lambda m: f"{k}: {m}")
