@@ -35,13 +35,27 @@ class _LinearFn(torch.autograd.Function):
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose fp32 CPU backward is
-    :class:`_LinearFn`; elsewhere (other devices, dtypes, autocast, no bias) ``F.linear``."""
+    :class:`_LinearFn`; elsewhere (other devices, dtypes, autocast, no bias) ``F.linear``.
+
+    ``split_backward`` (set by :func:`split_backward`): ``F.linear`` always. :class:`_LinearFn`
+    is one autograd node that computes the input and the weight gradient together, so a backward
+    asked for one of them (zero-bubble schedules' input pass, then their weight pass) computes
+    both each time; torch's own node computes only the one asked for."""
+
+    split_backward = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.bias is not None and x.device.type == "cpu" and x.dtype == torch.float32
+        if (not self.split_backward and self.bias is not None and x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
             return _LinearFn.apply(x, self.weight, self.bias)
         return super().forward(x)
+
+
+def split_backward(module: nn.Module, on: bool = True) -> None:
+    """Set :attr:`Linear.split_backward` on every :class:`Linear` of ``module``."""
+    for m in module.modules():
+        if isinstance(m, Linear):
+            m.split_backward = on
 
 
 class MLP(nn.Sequential):

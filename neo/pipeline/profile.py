@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neo.models.mlp import Linear, split_backward
 from neo.pipeline.partition import LayerProfile, Profile
 
 __all__ = ["profile_layers", "profile_chunks", "ChunkProfile", "measure_p2p_bandwidth", "bandwidth_from_constants",
@@ -36,14 +37,14 @@ def tensor_bytes(acts: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in acts)
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
+def _timed(fn: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) * 1e3
+    return (clock() - t0) * 1e3
 
 
 def _profile_one(name: str, layer: nn.Module, inputs: Tuple[torch.Tensor, ...], repeats: int, warmup: int,
@@ -108,7 +109,7 @@ class ChunkProfile:
 
 def profile_chunks(chunks: Sequence[nn.Module], batch_size: int, num_dense: int, pooled_width: int,
                    repeats: int = 5, warmup: int = 2, device: Optional[torch.device] = None,
-                   seed: int = 0) -> List[ChunkProfile]:
+                   seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> List[ChunkProfile]:
     """Every chunk of a split, timed whole at ``batch_size``: forward, backward, and the backward as
     zero-bubble schedules split it. Medians over ``repeats`` after ``warmup``.
 
@@ -123,10 +124,14 @@ def profile_chunks(chunks: Sequence[nn.Module], batch_size: int, num_dense: int,
     ``backward_weight_one_chunk``) run ``stage_backward_input`` (input gradients; the gradients at
     the nodes where weights branch off are kept) and later ``stage_backward_weight`` (the weight
     gradients from those nodes), except on the first stage, which skips the input pass and runs
-    its whole backward as the weight pass. The weight pass starts again from every kept node, so
-    through a chain of layers it redoes the input-gradient products below each: the two passes
-    cost about two backwards on every stage but the first. Timed with those same functions; where
-    this torch has none, both are the backward's halves.
+    its whole backward as the weight pass. Timed with those same functions, on the chunk's
+    :class:`~neo.models.mlp.Linear` layers set to ``split_backward`` as the zero-bubble pipeline
+    sets them (else each pass computes both gradients: two backwards); where this torch has none,
+    both are the backward's halves.
+
+    ``clock``: wall time by default; ``time.process_time`` gives the CPU each call costs, which is
+    what to measure while more processes than cores run at once (every rank profiling together, as
+    they will run): the time-slicing drops out, and the slowdown they cause each other stays in.
     """
     try:
         from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -160,21 +165,26 @@ def profile_chunks(chunks: Sequence[nn.Module], batch_size: int, num_dense: int,
             for t in list(acts) + params:
                 t.grad = None
             box: List[object] = []
-            f_ms = _timed(lambda: box.append(chunk(*acts)), device)
+            f_ms = _timed(lambda: box.append(chunk(*acts)), device, clock)
             outs, ograds = backward_of(box[0])
-            b_ms = _timed(lambda: torch.autograd.backward(outs, ograds), device)
+            b_ms = _timed(lambda: torch.autograd.backward(outs, ograds), device, clock)
             for t in list(acts) + params:
                 t.grad = None
+            linears = [m for m in chunk.modules() if isinstance(m, Linear)]
+            before = [m.split_backward for m in linears]
+            split_backward(chunk)                           # as TorchPipeline runs zero bubble
             outs, ograds = backward_of(chunk(*acts))
             if stage_backward_input is None:
                 i_ms, w_ms = (0.0, b_ms) if k == 0 else (b_ms / 2, b_ms / 2)
             elif k == 0:
-                i_ms, w_ms = 0.0, _timed(lambda: torch.autograd.backward(outs, ograds), device)
+                i_ms, w_ms = 0.0, _timed(lambda: torch.autograd.backward(outs, ograds), device, clock)
             else:
                 groups: List[object] = []
                 i_ms = _timed(lambda: groups.append(stage_backward_input(outs, ograds, list(acts), iter(params))[1]),
-                              device)
-                w_ms = _timed(lambda: stage_backward_weight(iter(params), groups[0]), device)
+                              device, clock)
+                w_ms = _timed(lambda: stage_backward_weight(iter(params), groups[0]), device, clock)
+            for m, was in zip(linears, before):
+                m.split_backward = was
             if r >= warmup:
                 for lst, x in zip(times, (f_ms, b_ms, i_ms, w_ms)):
                     lst.append(x)

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble)
 
+from neo.models.mlp import split_backward
 from neo.pipeline.mesh import DOWN, PipelineGroups
 from neo.pipeline.route import Routed
 from neo.pipeline.stages import BusyMeter, ContiguousOutputs, ReplicaLoss, TimedStage
@@ -65,6 +66,9 @@ class TorchPipeline:
         mesh = groups.mesh
         self.mine = [k for _, k in mesh.chunks_on(groups.position)]
         C = mesh.chunks
+        if schedule == "zero_bubble":          # the input and weight passes compute one gradient each
+            for k in self.mine:
+                split_backward(chunks[k])
         self.stages = [TimedStage(ContiguousOutputs(chunks[k]), k, C, device, group=groups.replica, meter=meter)
                        for k in self.mine]
         cls = TORCH_SCHEDULES[schedule]

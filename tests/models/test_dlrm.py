@@ -237,3 +237,27 @@ def test_mlp_linear_matches_plain_linear_forward_and_backward():
     assert "LinearFn" in type(mlp[0](x).grad_fn).__name__
     with torch.autocast("cpu", dtype=torch.bfloat16):                 # autocast: plain F.linear
         assert "LinearFn" not in type(mlp[0](x).grad_fn).__name__
+
+
+def test_split_backward_linear_computes_one_gradient_per_pass():
+    """``split_backward`` (zero bubble's stages): the same function through torch's addmm node, whose
+    backward asked for the input gradient alone leaves the weights without one, and after it the
+    weight gradient alone; both equal _LinearFn's full backward."""
+    from neo.models import MLP
+    from neo.models.mlp import split_backward
+
+    torch.manual_seed(5)
+    mlp = MLP(13, [64, 32, 8])
+    x = torch.randn(50, 13, requires_grad=True)
+    g = torch.randn(50, 8)
+    full = torch.autograd.grad(mlp(x), [x] + list(mlp.parameters()), g)
+    split_backward(mlp)
+    out = mlp(x)
+    assert "LinearFn" not in type(mlp[0](x).grad_fn).__name__
+    gx, = torch.autograd.grad(out, [x], g, retain_graph=True)
+    assert all(p.grad is None for p in mlp.parameters())
+    gw = torch.autograd.grad(out, list(mlp.parameters()), g)
+    for a, e in zip((gx,) + gw, full):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    split_backward(mlp, on=False)
+    assert "LinearFn" in type(mlp[0](x).grad_fn).__name__
