@@ -143,7 +143,8 @@ def _pipeline_rank_main(rank: int, world_size: int, args, modes: List[str]) -> L
                 "max_staleness_observed": max(s[0] for s in every),
                 "mean_staleness": round(sum(s[1] for s in every) / max(sum(s[2] for s in every), 1), 3),
                 "train_seconds": final["train_seconds"], "steps": final["steps"], "world_size": world_size,
-                "batch_per_rank": args.batch, "train_samples": args.pipeline_samples, "stages": PIPELINE_STAGES, "micro_batches": PIPELINE_MICRO_BATCHES,
+                "batch_per_rank": args.batch, "train_samples": args.pipeline_samples, "stages": PIPELINE_STAGES,
+                "micro_batches": PIPELINE_MICRO_BATCHES,
                 "phase_ms_per_step_rank0": final.get("phase_ms_per_step"),
             })
         dist.barrier()

@@ -380,8 +380,9 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             "predicted_pipeline_ms": round(pred.pipeline_ms, 3), "predicted_sync_ms": round(pred.sync_ms, 3),
             "full_step_ms": round(1e3 * _median(full), 3), "op_ms": round(op_ms, 4),
             "null_pipeline_ms": None if null_ms is None else round(null_ms, 3), "cores": cores,
-            "bandwidth_gbps": round(bandwidth, 3), "allreduce_gbps": round(bw, 3) if schedule in ("chimera", "data_parallel")
-            else None, "one_way_ms": out[0]["one_way_ms"], "steps": steps})
+            "bandwidth_gbps": round(bandwidth, 3),
+            "allreduce_gbps": round(bw, 3) if schedule in ("chimera", "data_parallel") else None,
+            "one_way_ms": out[0]["one_way_ms"], "steps": steps})
     return records
 
 

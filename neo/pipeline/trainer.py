@@ -68,8 +68,9 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     (:func:`neo.pipeline.profile.profile_layers`); the partitioner
     (:func:`neo.pipeline.partition.partition`) cuts the profile into ``stages x virtual_stages``
     chunks, which are timed whole (:func:`neo.pipeline.profile.profile_chunks`), and the
-    performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the fastest schedule the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where
-    they may outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
+    performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the fastest schedule
+    the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where they may
+    outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
     from neo.pipeline.perf_model import best_schedule, stage_times
     from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
@@ -96,7 +97,10 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     # bubble's two backward passes as torch splits them
     timed = profile_chunks([ContiguousOutputs(c) for c in split_stages(layers, split)], micro_batch, num_dense,
                            pooled_width, repeats=5, warmup=2)
-    per_rank = lambda key: [sum(getattr(timed[k], key) for k in range(p, cfg.chunks, S)) for p in range(S)]  # noqa: E731
+
+    def per_rank(key: str) -> List[float]:                 # each rank's chunks (chunk k on rank k mod S)
+        return [sum(getattr(timed[k], key) for k in range(p, cfg.chunks, S)) for p in range(S)]
+
     comm = [sum(t.comm_ms[k] for k in range(p, cfg.chunks - 1, S)) for p in range(S - 1)]
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
