@@ -207,8 +207,8 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     # the mirrored stages' over each pair of Chimera's workers
     layer_bytes = [r["param_bytes"] for r in rows]
     allreduce = {"world": (sum(layer_bytes), W, _allreduce_ms(layer_bytes))}
-    pairs = [dist.new_group([w, W - 1 - w]) for w in range(W // 2)]
     if W % 2 == 0:
+        pairs = [dist.new_group([w, W - 1 - w]) for w in range(W // 2)]
         chunk_bytes = [layer_bytes[a:z + 1] for a, z in splits[1]]
         w = max(range(W // 2), key=lambda w: sum(chunk_bytes[w]) + sum(chunk_bytes[W - 1 - w]))
         mirrored = chunk_bytes[w] + chunk_bytes[W - 1 - w]          # the largest pair's two chunks
@@ -296,16 +296,16 @@ def _predict(chunk_rows, layer_rows, schedule: str, v: int, split, W: int, M: in
              op_ms: float = 0.0, cores: int = 0, threads: int = 1):
     """The model's step for ``split`` (chunk k on rank k mod W): the chunks' own times
     (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``)."""
-    from neo.pipeline.perf_model import predict
+    from neo.pipeline.perf_model import per_rank, predict
 
     S, C = W, len(split)
-    per_rank = lambda key: [sum(chunk_rows[k][key] for k in range(p, C, S)) for p in range(S)]  # noqa: E731
-    params = [sum(sum(r["param_bytes"] for r in layer_rows[split[k][0]:split[k][1] + 1]) for k in range(p, C, S))
-              for p in range(S)]
+    ranks = {key: per_rank([c[key] for c in chunk_rows], S)
+             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")}
+    params = per_rank([sum(r["param_bytes"] for r in layer_rows[a:z + 1]) for a, z in split], S)
     boundary = [_comm_ms(one_way, layer_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
     comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
-    return predict(schedule, per_rank("fwd_ms"), per_rank("bwd_ms"), M, comm_ms=comm, virtual_stages=max(v, 2),
-                   replicas=1, stage_wgrad_ms=per_rank("weight_grad_ms"), stage_input_grad_ms=per_rank("input_grad_ms"),
+    return predict(schedule, ranks["fwd_ms"], ranks["bwd_ms"], M, comm_ms=comm, virtual_stages=max(v, 2),
+                   replicas=1, stage_wgrad_ms=ranks["weight_grad_ms"], stage_input_grad_ms=ranks["input_grad_ms"],
                    stage_param_bytes=params, bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
                    threads_per_rank=threads)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -56,6 +57,19 @@ def split_backward(module: nn.Module, on: bool = True) -> None:
     for m in module.modules():
         if isinstance(m, Linear):
             m.split_backward = on
+
+
+@contextmanager
+def splitting_backward(module: nn.Module) -> Iterator[None]:
+    """:func:`split_backward` on ``module`` for the block, each :class:`Linear` as it was after."""
+    linears = [m for m in module.modules() if isinstance(m, Linear)]
+    before = [m.split_backward for m in linears]
+    split_backward(module)
+    try:
+        yield
+    finally:
+        for m, was in zip(linears, before):
+            m.split_backward = was
 
 
 class MLP(nn.Sequential):

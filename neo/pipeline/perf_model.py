@@ -63,7 +63,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from neo.pipeline.partition import Partition, Profile
 
 __all__ = ["SCHEDULES", "PIPELINE_SCHEDULES", "ACTIONS", "Prediction", "StageTimes", "predict", "best_schedule",
-           "resolve_schedule", "stage_times", "allreduce_ms"]
+           "resolve_schedule", "stage_times", "allreduce_ms", "per_rank"]
 
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "chimera")
 """The config's ``parallel.pipeline.schedule`` values (besides ``auto``), in tie-breaking order."""
@@ -101,6 +101,11 @@ def _shared(busy_ms: float, replicas: int, cores: int, threads_per_rank: int) ->
     if cores <= 0:
         return 0.0
     return busy_ms * replicas * max(1, threads_per_rank) / cores
+
+
+def per_rank(per_chunk: Sequence[float], stages: int) -> List[float]:
+    """Each of ``stages`` ranks' sum over its chunks' values (chunk k runs on rank k mod ``stages``)."""
+    return [float(sum(per_chunk[p::stages])) for p in range(stages)]
 
 
 def allreduce_ms(nbytes: float, ranks: int, bandwidth_gbps: Optional[float]) -> float:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neo.models.mlp import Linear, split_backward
+from neo.models.mlp import splitting_backward
 from neo.pipeline.partition import LayerProfile, Profile
 
 __all__ = ["profile_layers", "profile_chunks", "ChunkProfile", "measure_p2p_bandwidth", "bandwidth_from_constants",
@@ -170,21 +170,17 @@ def profile_chunks(chunks: Sequence[nn.Module], batch_size: int, num_dense: int,
             b_ms = _timed(lambda: torch.autograd.backward(outs, ograds), device, clock)
             for t in list(acts) + params:
                 t.grad = None
-            linears = [m for m in chunk.modules() if isinstance(m, Linear)]
-            before = [m.split_backward for m in linears]
-            split_backward(chunk)                           # as TorchPipeline runs zero bubble
-            outs, ograds = backward_of(chunk(*acts))
-            if stage_backward_input is None:
-                i_ms, w_ms = (0.0, b_ms) if k == 0 else (b_ms / 2, b_ms / 2)
-            elif k == 0:
-                i_ms, w_ms = 0.0, _timed(lambda: torch.autograd.backward(outs, ograds), device, clock)
-            else:
-                groups: List[object] = []
-                i_ms = _timed(lambda: groups.append(stage_backward_input(outs, ograds, list(acts), iter(params))[1]),
-                              device, clock)
-                w_ms = _timed(lambda: stage_backward_weight(iter(params), groups[0]), device, clock)
-            for m, was in zip(linears, before):
-                m.split_backward = was
+            with splitting_backward(chunk):                 # as TorchPipeline runs zero bubble
+                outs, ograds = backward_of(chunk(*acts))
+                if stage_backward_input is None:
+                    i_ms, w_ms = (0.0, b_ms) if k == 0 else (b_ms / 2, b_ms / 2)
+                elif k == 0:
+                    i_ms, w_ms = 0.0, _timed(lambda: torch.autograd.backward(outs, ograds), device, clock)
+                else:
+                    groups: List[object] = []
+                    i_ms = _timed(lambda: groups.append(stage_backward_input(outs, ograds, list(acts),
+                                                                             iter(params))[1]), device, clock)
+                    w_ms = _timed(lambda: stage_backward_weight(iter(params), groups[0]), device, clock)
             if r >= warmup:
                 for lst, x in zip(times, (f_ms, b_ms, i_ms, w_ms)):
                     lst.append(x)

@@ -72,7 +72,7 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where they may
     outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
-    from neo.pipeline.perf_model import best_schedule, stage_times
+    from neo.pipeline.perf_model import best_schedule, per_rank, stage_times
     from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
 
     auto_split, auto_schedule = isinstance(cfg.split, str), cfg.schedule == "auto"
@@ -97,17 +97,15 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     # bubble's two backward passes as torch splits them
     timed = profile_chunks([ContiguousOutputs(c) for c in split_stages(layers, split)], micro_batch, num_dense,
                            pooled_width, repeats=5, warmup=2)
-
-    def per_rank(key: str) -> List[float]:                 # each rank's chunks (chunk k on rank k mod S)
-        return [sum(getattr(timed[k], key) for k in range(p, cfg.chunks, S)) for p in range(S)]
-
-    comm = [sum(t.comm_ms[k] for k in range(p, cfg.chunks - 1, S)) for p in range(S - 1)]
+    ranks = {key: per_rank([getattr(c, key) for c in timed], S)
+             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")}
+    comm = per_rank(t.comm_ms, S)[:S - 1]                   # boundary k is sent by chunk k's rank
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
         candidates.append("chimera")
-    return split, best_schedule(per_rank("fwd_ms"), per_rank("bwd_ms"), M, candidates=candidates, comm_ms=comm,
-                                virtual_stages=max(v, 2), stage_wgrad_ms=per_rank("weight_grad_ms"),
-                                stage_input_grad_ms=per_rank("input_grad_ms"), cores=cores,
+    return split, best_schedule(ranks["fwd_ms"], ranks["bwd_ms"], M, candidates=candidates, comm_ms=comm,
+                                virtual_stages=max(v, 2), stage_wgrad_ms=ranks["weight_grad_ms"],
+                                stage_input_grad_ms=ranks["input_grad_ms"], cores=cores,
                                 threads_per_rank=threads_per_rank)[0]
 
 

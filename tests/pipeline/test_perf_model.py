@@ -13,7 +13,7 @@ from typing import List, Tuple
 import pytest
 
 from neo.pipeline.partition import LayerProfile, Partition, Profile, partition
-from neo.pipeline.perf_model import (PIPELINE_SCHEDULES, Prediction, allreduce_ms, best_schedule, predict,
+from neo.pipeline.perf_model import (PIPELINE_SCHEDULES, Prediction, allreduce_ms, best_schedule, per_rank, predict,
                                      resolve_schedule, stage_times)
 
 
@@ -247,3 +247,10 @@ def test_stage_times_of_a_partition():
     assert p.step_ms == pytest.approx(sum(best.stage_ms))
     half = stage_times(prof, Partition(part.stages, part.stage_ms, part.bottleneck_ms, [2, 1]))
     assert half.fwd_ms == [1.0, 2.0] and half.comm_ms == pytest.approx([1.0])
+
+
+def test_per_rank_sums_each_ranks_chunks():
+    """Chunk k runs on rank k mod S: 6 chunks on 2 ranks, 4 boundaries' sends on 3 ranks."""
+    assert per_rank([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2) == [9.0, 12.0]
+    assert per_rank([1.0, 2.0, 3.0, 4.0], 3) == [5.0, 2.0, 3.0]
+    assert per_rank([7.0], 1) == [7.0]
