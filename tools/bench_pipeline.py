@@ -11,51 +11,57 @@ interleaved_1f1b (2 chunks per rank), zero_bubble (ZB-1P, 1 chunk) and chimera, 
 ``--micro-batches`` micro-batches; beside them a data-parallel baseline (the whole dense model on
 every rank, gradients AllReduced).
 
-Predicted (neo/pipeline/perf_model.py): the layers are profiled at the micro-batch size
-(:func:`neo.pipeline.profile.profile_layers`) by as many ranks at once as the machine has cores
-(each layer timed beside the others' work, as in the runs; with more ranks than cores the rest
-wait, since a layer timed while it takes turns for a core would count the turns the model's
-``cores`` bound already counts), the mean over them; the partitioner cuts the profile into
-S x v chunks (the measured runs use that same split). Each chunk is then timed whole as its
-stage runs it (:func:`neo.pipeline.profile.profile_chunks`: one autograd graph through its
-layers costs 10-30% more than their sum here), with zero bubble's input and weight passes as
-torch's schedules run them, by every rank at once: with more ranks than cores by the CPU each
-call costs (process time: the ranks' slowing of each other stays in, the turns drop out). The gloo
-point-to-point times (a tiny and the largest activation, ranks 0 and 1) give each boundary's
-transfer, and AllReduces probed on the groups that run them (every rank for data parallel, each
-pair of mirrored Chimera workers) give the gradient synchronisation's bandwidth.
-:func:`neo.pipeline.perf_model.predict` then gives the step and bubble of each schedule. The
-runtime's cost per schedule action (its bookkeeping, the fixed cost of every send and receive)
-comes from each schedule run once more on a null model (the same layers and split, 4 wide: next
-to no arithmetic), fitted as the model's ``op_ms`` (:func:`fit_op_ms`); with more ranks than
-cores, the model's ``cores`` bound. The data-parallel baseline's prediction times the whole model
-on a rank's batch at once.
+Predicted (neo/pipeline/simulate.py, each schedule's order of actions replayed): the layers are
+profiled at the micro-batch size (:func:`neo.pipeline.profile.profile_layers`) by as many ranks at
+once as the machine has cores, the mean over them, and the partitioner cuts the profile into
+S x v chunks (the measured runs use that same split). Each chunk is then timed whole as its stage
+runs it (:func:`neo.pipeline.profile.profile_chunks`: one autograd graph through its layers costs
+10-30% more than their sum here), with zero bubble's input and weight passes as torch's schedules
+run them, by every rank at once (with more ranks than cores, by the CPU each call costs: process
+time). The chunks are timed again just before and just after each schedule's run, and the model
+takes the mean of the two: on this shared machine the speed of the same code drifts by up to a
+fifth from one minute to the next. The gloo point-to-point times (a tiny and the largest
+activation, ranks 0 and 1) give each boundary's latency, and AllReduces probed on the groups that
+run them (every rank for data parallel, each pair of mirrored Chimera workers) give the gradient
+synchronisation's bandwidth. :func:`neo.pipeline.simulate.predict_replayed` then replays every
+rank's actions in the schedule's own order, with the ranks sharing the cores
+(``formula_ms``: the closed form of :func:`neo.pipeline.perf_model.predict` on the same inputs).
+
+The runtime's cost per action (the schedule's bookkeeping, the copies, buffers and transfers of
+its activations) comes from each schedule run once more on a null model: the same layers, split
+and activation shapes, each Linear hollowed out to a broadcast multiply (:class:`_Hollow`). With a
+core per rank it is the ``op_ms`` under which the replay gives the null model's measured step
+(:func:`fit_op_ms`); with more ranks than cores it is CPU the ranks compete for: the null run's
+CPU (process time of every rank) less its chunks' compute, per action (:func:`runtime_cpu_ms`).
+The data-parallel baseline's prediction times the whole model on a rank's batch at once.
 
 Measured: per step (a barrier before each), the wall time of the pipelined part (the schedule's
 ``run``) plus the gradient AllReduce, the slowest rank's; ``bubble_fraction = 1 - sum of the
 ranks' busy time / (W x pipelined time)``, busy time summed by timers around every stage's
 forward and backward (neo/pipeline/stages.py). The embedding lookup, the routing of pooled rows
 and the embedding backward are outside both figures (``full_step_ms`` has them). Medians over
-``--steps`` steps after ``--warmup``. With more ranks than cores (4 ranks on a 2-core machine)
-the measured figures include time-slicing that the profile (medians of short calls) does not
-see: the model's ``cores`` bound stands for it.
+``--steps`` steps after ``--warmup``.
 
 Output: a table, and with ``--json`` records with ``schedule``, ``world_size``, ``stages``,
 ``micro_batches``, ``predicted_ms``, ``measured_ms``, ``bubble_fraction``,
-``predicted_bubble_fraction``, ``ratio`` (predicted / measured), ``full_step_ms``, and ``machine``
-(CPU model, ISA flags, load average; tools/bench_common.py).
+``predicted_bubble_fraction``, ``ratio`` (predicted / measured), ``full_step_ms``, ``formula_ms``,
+the CPU accounts (``cpu_ms``: every rank's process CPU in the pipelined part, summed; ``busy_cpu_ms``:
+of which in the chunks' compute; ``chunk_ms``: what the chunk profile says that compute costs;
+``null_cpu_ms``: the null model's ``cpu_ms``), and ``machine`` (CPU model, ISA flags, load average;
+tools/bench_common.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,18 +74,38 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble",
 F, D, NUM_DENSE = 8, 16, 13
 
 
-NULL_WIDTH = 4
-"""Width of the null model's layers: the same layers (and split) as the model, next to no arithmetic."""
+NULL_WIDTH = 1
+"""``_model(width=NULL_WIDTH)``: the null model, the same layers, split and activation shapes as
+the model with next to no arithmetic (:class:`_Hollow`)."""
+
+
+class _Hollow:
+    """A Linear's forward with its output's shape and no product: ``(B, in) -> (B, out)`` as one
+    broadcast multiply by a (1, out) slice of the weight (autograd through it, a gradient for the
+    weight). The null model's layers: the runtime's own work at the real activation sizes (the
+    transfers, copies and buffers of every action), next to no arithmetic."""
+
+    def __init__(self, linear) -> None:
+        self.linear = linear
+
+    def __call__(self, x):
+        w = self.linear.weight                          # (out, in)
+        return x[:, :1] * w[:, 0].unsqueeze(0) + self.linear.bias
 
 
 def _model(args, embedding, width: int = 0):
     import torch
 
     from neo.models import DLRM
+    from neo.models.mlp import Linear
 
     torch.manual_seed(0)
-    w = width or args.width
-    return DLRM(embedding, F, D, NUM_DENSE, [width or 64, D], [w] * args.top_layers + [1])
+    model = DLRM(embedding, F, D, NUM_DENSE, [64, D], [args.width] * args.top_layers + [1])
+    if width:                         # the null model: the same shapes, hollow layers
+        for m in model.modules():
+            if isinstance(m, (Linear, torch.nn.Linear)):
+                m.forward = _Hollow(m)
+    return model
 
 
 def _tables():
@@ -133,6 +159,33 @@ def _allreduce_ms(part_bytes: List[int], group=None, repeats: int = 10, warmup: 
     return statistics.median(times)
 
 
+class _CpuTimers:
+    """neo.train.step.Timers that also sum each phase's process CPU seconds (every thread of the
+    rank: its compute, the runtime, gloo's transfers) into ``cpu``."""
+
+    def __init__(self) -> None:
+        from neo.train.step import Timers
+
+        self.wall, self.cpu = Timers(), {}
+
+    @property
+    def seconds(self):
+        return self.wall.seconds
+
+    def reset(self) -> None:
+        self.wall.reset()
+        self.cpu = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        c0 = time.process_time()
+        try:
+            with self.wall(name):
+                yield
+        finally:
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
+
+
 def _median(xs: List[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -150,7 +203,6 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
     from neo.pipeline.stages import ContiguousOutputs
     from neo.pipeline.trainer import PipelinedDense
-    from neo.train.step import Timers
     from neo.train.trainer import dense_optimizer
     from neo.config.train import OptimConfig
 
@@ -199,8 +251,10 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     splits = {v: _split(profile, W * v) for v in sorted({v for _, v in SCHEDULES})}
     chunk_rows = {str(v): chunks_profiled(splits[v]) for v in splits}
     null_chunk_rows = {str(v): chunks_profiled(splits[v], NULL_WIDTH) for v in splits}
-    # data parallel: the whole model on the rank's batch at once
-    whole_rows = chunks_profiled([[0, len(rows) - 1]], batch=args.batch, wrap=False)
+    def whole_profiled():
+        """Data parallel's model: the whole one on the rank's batch at once."""
+        return chunks_profiled([[0, len(rows) - 1]], batch=args.batch, wrap=False)
+
     big = max(r["activation_bytes"] for r in rows)
     one_way = {n: _one_way_ms(rank, n) for n in (4, big)}                # ranks 0 and 1, the others idle
     # the gradient AllReduces as they run: every parameter over the W ranks (data parallel), and
@@ -216,7 +270,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     gen = torch.Generator().manual_seed(100 + rank)
     batches = [_batch(args, rank, W, gen) for _ in range(2)]
     out: Dict[str, Any] = {"profile": rows, "null_profile": null_rows, "chunks": chunk_rows,
-                           "null_chunks": null_chunk_rows, "whole": whole_rows, "one_way_ms": one_way,
+                           "null_chunks": null_chunk_rows, "one_way_ms": one_way,
                            "allreduce": allreduce, "runs": {}, "null_runs": {}}
 
     def run(schedule: str, v: int, width: int = 0) -> Dict[str, Any]:
@@ -228,8 +282,8 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         cfg.validate()
         pipe = PipelinedDense(cfg, model, pg, args.batch, NUM_DENSE, F * D)
         opt = dense_optimizer(OptimConfig(type="adagrad", lr=0.01), pipe.parameters())
-        timers = Timers()
-        pipe_s, sync_s, busy_s, full_s = [], [], [], []
+        timers = _CpuTimers()
+        pipe_s, sync_s, busy_s, full_s, cpu_s, busy_cpu_s = [], [], [], [], [], []
         for step in range(args.warmup + args.steps):
             dense, sparse, y = batches[step % len(batches)]
             dist.barrier()
@@ -245,17 +299,28 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
                 sync_s.append(timers.seconds["pipeline_sync"])
                 busy_s.append(pipe.meter.seconds)
                 full_s.append(full)
+                cpu_s.append(timers.cpu["pipeline"])
+                busy_cpu_s.append(pipe.meter.cpu_seconds)
         return {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
-                "busy_s": busy_s, "full_s": full_s}
+                "busy_s": busy_s, "full_s": full_s, "cpu_s": cpu_s, "busy_cpu_s": busy_cpu_s}
 
+    keys = ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")
+    out["chunks_at"] = {}
     for schedule, v in SCHEDULES:
         if schedule == "chimera" and (W % 2 or args.micro_batches % 2):
             continue
+        # the chunks timed again just before and after the run, on this shared machine whose speed
+        # drifts from minute to minute (by up to a fifth): the model's input from the same minute
+        before = chunks_profiled(splits[v])
         out["runs"][schedule] = run(schedule, v)
+        after = chunks_profiled(splits[v])
+        out["chunks_at"][schedule] = [dict(a, **{k: (a[k] + b[k]) / 2 for k in keys}) for a, b in zip(before, after)]
         # the same schedule, layers and split with next to no arithmetic: the runtime's own cost
         out["null_runs"][schedule] = run(schedule, v, NULL_WIDTH)
 
-    # data-parallel baseline: the whole dense model here, on this rank's B samples
+    # data-parallel baseline: the whole dense model here, on this rank's B samples (timed just
+    # before and after, as the schedules' chunks are)
+    before = whole_profiled()
     model = _model(args, torch.nn.Identity())
     whole = LayerStack(layers_of(model))
     params = list(whole.parameters())
@@ -278,6 +343,8 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         if step >= args.warmup:
             dp_s.append(t2 - t0)
             dp_sync.append(t2 - t1)
+    after = whole_profiled()
+    out["whole"] = [dict(a, **{k: (a[k] + b[k]) / 2 for k in keys}) for a, b in zip(before, after)]
     out["runs"]["data_parallel"] = {"pipeline_s": [a - b for a, b in zip(dp_s, dp_sync)], "sync_s": dp_sync,
                                     "busy_s": dp_s, "full_s": dp_s}
     if rank == 0:
@@ -293,20 +360,26 @@ def _comm_ms(one_way: Dict[int, float], nbytes: float) -> float:
 
 
 def _predict(chunk_rows, layer_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
-             op_ms: float = 0.0, cores: int = 0, threads: int = 1):
+             op_ms: float = 0.0, cores: int = 0, threads: int = 1, replayed: bool = True):
     """The model's step for ``split`` (chunk k on rank k mod W): the chunks' own times
-    (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``)."""
+    (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``). ``replayed``: each
+    schedule's order replayed (neo.pipeline.simulate), else the closed form (perf_model.predict)."""
     from neo.pipeline.perf_model import per_rank, predict
+    from neo.pipeline.simulate import chunk_costs_of, predict_replayed
 
     S, C = W, len(split)
-    ranks = {key: per_rank([c[key] for c in chunk_rows], S)
-             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")}
-    params = per_rank([sum(r["param_bytes"] for r in layer_rows[a:z + 1]) for a, z in split], S)
+    keys = ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")
+    chunk_params = [sum(r["param_bytes"] for r in layer_rows[a:z + 1]) for a, z in split]
     boundary = [_comm_ms(one_way, layer_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
+    if replayed:
+        costs = chunk_costs_of(*([c[key] for c in chunk_rows] for key in keys))
+        return predict_replayed(schedule, costs, M, S, v, comm_ms=boundary, op_ms=op_ms, cores=cores,
+                                threads_per_rank=threads, chunk_param_bytes=chunk_params, bandwidth_gbps=bandwidth)
+    ranks = {key: per_rank([c[key] for c in chunk_rows], S) for key in keys}
     comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
     return predict(schedule, ranks["fwd_ms"], ranks["bwd_ms"], M, comm_ms=comm, virtual_stages=max(v, 2),
                    replicas=1, stage_wgrad_ms=ranks["weight_grad_ms"], stage_input_grad_ms=ranks["input_grad_ms"],
-                   stage_param_bytes=params, bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
+                   stage_param_bytes=per_rank(chunk_params, S), bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
                    threads_per_rank=threads)
 
 
@@ -317,13 +390,13 @@ def _allreduce_gbps(probe) -> float:
 
 
 def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
-              null_ms: float, cores: int = 0, threads: int = 1) -> float:
+              null_ms: float, cores: int = 0, threads: int = 1, replayed: bool = True) -> float:
     """The cost of one schedule action (``op_ms`` of :func:`neo.pipeline.perf_model.predict`) under
     which the model gives the null model's measured pipelined time ``null_ms`` (bisection: the
     prediction grows with it); 0 where the null model's own arithmetic already explains it."""
     def pipe(op: float) -> float:
         return _predict(null_chunks, null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores,
-                        threads).pipeline_ms
+                        threads, replayed).pipeline_ms
 
     lo, hi = 0.0, max(null_ms, 1e-6)
     if pipe(lo) >= null_ms:
@@ -332,6 +405,23 @@ def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: i
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if pipe(mid) < null_ms else (lo, mid)
     return (lo + hi) / 2
+
+
+def compute_ms(chunks, schedule: str, v: int, W: int, M: int) -> Tuple[float, int]:
+    """(The chunks' compute in one step of ``schedule``, its number of actions): every rank's
+    actions (neo.pipeline.simulate.orders) at the chunk profile's costs, summed."""
+    from neo.pipeline.simulate import chunk_costs_of, orders
+
+    costs = chunk_costs_of(*([c[k] for c in chunks] for k in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")))
+    acts = [a for rank in orders(schedule, W, M, v) for a in rank]
+    return sum(costs.of(a.kind, a.chunk) for a in acts), len(acts)
+
+
+def runtime_cpu_ms(null_chunks, schedule: str, v: int, W: int, M: int, null_cpu_ms: float) -> float:
+    """The runtime's CPU per schedule action: the null model's pipelined part's CPU (every rank's
+    process time, summed) less its chunks' compute, over the actions of a step (0 at least)."""
+    compute, actions = compute_ms(null_chunks, schedule, v, W, M)
+    return max(0.0, (null_cpu_ms - compute) / actions)
 
 
 def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[Dict[str, Any]]:
@@ -357,17 +447,24 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             pred = predict("data_parallel", [whole["fwd_ms"]], [whole["bwd_ms"]], 1, replicas=W,
                            stage_param_bytes=[sum(r["param_bytes"] for r in rows)], bandwidth_gbps=bw, cores=cores,
                            threads_per_rank=threads)
-            bubble, op_ms, null_ms = 0.0, 0.0, None
+            bubble, op_ms, null_ms, formula = 0.0, 0.0, None, pred
             v, split = 1, None
         else:
             v, split = run["virtual_stages"], run["split"]
             bw = _allreduce_gbps(out[0]["allreduce"]["pairs"]) if schedule == "chimera" else bandwidth
             null_ms = 1e3 * _median([max(o["null_runs"][schedule]["pipeline_s"][i] for o in out)
                                      for i in range(len(out[0]["null_runs"][schedule]["pipeline_s"]))])
-            op_ms = fit_op_ms(out[0]["null_chunks"][str(v)], out[0]["null_profile"], schedule, v, split, W,
-                              args.micro_batches, bw, out[0]["one_way_ms"], null_ms, cores, threads)
-            pred = _predict(out[0]["chunks"][str(v)], rows, schedule, v, split, W, args.micro_batches, bw,
-                            out[0]["one_way_ms"], op_ms, cores, threads)
+            null_cpu = 1e3 * _median([sum(o["null_runs"][schedule]["cpu_s"][i] for o in out)
+                                      for i in range(len(out[0]["null_runs"][schedule]["cpu_s"]))])
+            if W * threads > cores:     # shared cores: the runtime's cost is CPU the ranks compete for
+                op_ms = runtime_cpu_ms(out[0]["null_chunks"][str(v)], schedule, v, W, args.micro_batches, null_cpu)
+            else:                       # a core each: the wall time it adds to the null model's step
+                op_ms = fit_op_ms(out[0]["null_chunks"][str(v)], out[0]["null_profile"], schedule, v, split, W,
+                                  args.micro_batches, bw, out[0]["one_way_ms"], null_ms, cores, threads)
+            chunks = out[0]["chunks_at"][schedule]
+            pred, formula = (_predict(chunks, rows, schedule, v, split, W, args.micro_batches, bw,
+                                      out[0]["one_way_ms"], op_ms, cores, threads, replayed)
+                             for replayed in (True, False))
             bubble = _median([1 - b / (W * p) for b, p in zip(busy, pipe)])
         measured = 1e3 * _median(wall)
         records.append({
@@ -378,7 +475,16 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             "predicted_bubble_fraction": round(pred.bubble_fraction, 4), "bubble_fraction": round(bubble, 4),
             "measured_pipeline_ms": round(1e3 * _median(pipe), 3), "measured_sync_ms": round(1e3 * _median(sync), 3),
             "predicted_pipeline_ms": round(pred.pipeline_ms, 3), "predicted_sync_ms": round(pred.sync_ms, 3),
+            "formula_ms": round(formula.step_ms, 3),
             "full_step_ms": round(1e3 * _median(full), 3), "op_ms": round(op_ms, 4),
+            "cpu_ms": None if schedule == "data_parallel" else
+            round(1e3 * _median([sum(o["runs"][schedule]["cpu_s"][i] for o in out) for i in range(steps)]), 3),
+            "busy_cpu_ms": None if schedule == "data_parallel" else
+            round(1e3 * _median([sum(o["runs"][schedule]["busy_cpu_s"][i] for o in out) for i in range(steps)]), 3),
+            "null_cpu_ms": None if schedule == "data_parallel" else
+            round(1e3 * _median([sum(o["null_runs"][schedule]["cpu_s"][i] for o in out) for i in range(steps)]), 3),
+            "chunk_ms": None if schedule == "data_parallel" else
+            round(compute_ms(out[0]["chunks_at"][schedule], schedule, v, W, args.micro_batches)[0], 3),
             "null_pipeline_ms": None if null_ms is None else round(null_ms, 3), "cores": cores,
             "bandwidth_gbps": round(bandwidth, 3),
             "allreduce_gbps": round(bw, 3) if schedule in ("chimera", "data_parallel") else None,
@@ -388,11 +494,11 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
 
 def _print(records) -> None:
     print(f"{'schedule':18s} {'W':>2s} {'M':>3s} {'pred ms':>9s} {'meas ms':>9s} {'pred/meas':>9s} "
-          f"{'pred bubble':>11s} {'meas bubble':>11s} {'full step ms':>12s}")
+          f"{'pred bubble':>11s} {'meas bubble':>11s} {'full step ms':>12s} {'formula ms':>10s}")
     for r in records:
         print(f"{r['schedule']:18s} {r['world_size']:2d} {r['micro_batches']:3d} {r['predicted_ms']:9.2f} "
               f"{r['measured_ms']:9.2f} {r['ratio']:9.2f} {r['predicted_bubble_fraction']:11.3f} "
-              f"{r['bubble_fraction']:11.3f} {r['full_step_ms']:12.2f}")
+              f"{r['bubble_fraction']:11.3f} {r['full_step_ms']:12.2f} {r['formula_ms']:10.2f}")
 
 
 def _plot(records, path: str) -> None:

@@ -9,7 +9,10 @@ is ``neo.pipeline.partition.partition``.
 - :mod:`neo.pipeline.profile`: ``profile_layers``, ``profile_chunks``, ``measure_p2p_bandwidth``;
 - :mod:`neo.pipeline.partition`: ``Profile``, ``LayerProfile``, ``Partition``, ``PartitionError``,
   ``load_profile``;
-- :mod:`neo.pipeline.perf_model`: ``Prediction``, ``predict``, ``best_schedule``, ``stage_times``.
+- :mod:`neo.pipeline.perf_model`: ``Prediction``, ``predict``, ``best_schedule``, ``stage_times``
+  (the papers' closed forms);
+- :mod:`neo.pipeline.simulate`: ``orders``, ``replay``, ``predict_replayed``, ``best_replayed``
+  (each schedule's order of actions replayed, ranks sharing cores: what ``schedule: auto`` uses).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ _EXPORTS = {
     "Profile": "partition", "LayerProfile": "partition", "Partition": "partition",
     "PartitionError": "partition", "load_profile": "partition",
     "Prediction": "perf_model", "predict": "perf_model", "best_schedule": "perf_model", "stage_times": "perf_model",
+    "orders": "simulate", "replay": "simulate", "predict_replayed": "simulate", "best_replayed": "simulate",
 }
 
 

@@ -27,21 +27,24 @@ __all__ = ["BusyMeter", "TimedStage", "ContiguousOutputs", "ReplicaLoss", "chunk
 
 
 class BusyMeter:
-    """Wall seconds a rank spends computing its chunks (forward, backward), summed."""
+    """Wall seconds a rank spends computing its chunks (forward, backward), summed; and the CPU
+    seconds of its thread in them (``cpu_seconds``: without the waits for a core where ranks
+    outnumber the cores)."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
 
     @contextmanager
     def __call__(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.seconds += time.perf_counter() - t0
+            self.cpu_seconds += time.thread_time() - c0
 
     def reset(self) -> None:
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
 
 
 class TimedStage(PipelineStage):

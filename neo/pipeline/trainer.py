@@ -61,18 +61,20 @@ def _null_timer(name: str):
 
 def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], micro_batch: int, num_dense: int,
                   pooled_width: int, bandwidth_gbps: float = 1.0, cores: int = 0,
-                  threads_per_rank: int = 1) -> Tuple[List[Tuple[int, int]], str]:
+                  threads_per_rank: int = 1, replicas: int = 1) -> Tuple[List[Tuple[int, int]], str]:
     """(``[first, last]`` layers of every chunk, schedule name) of a pipeline config.
 
     ``split: auto`` and ``schedule: auto`` measure the layers here at the micro-batch size
     (:func:`neo.pipeline.profile.profile_layers`); the partitioner
     (:func:`neo.pipeline.partition.partition`) cuts the profile into ``stages x virtual_stages``
     chunks, which are timed whole (:func:`neo.pipeline.profile.profile_chunks`), and the
-    performance model (:func:`neo.pipeline.perf_model.best_schedule`) picks the fastest schedule
-    the config's shape allows (``cores``: the CPU cores of the ranks' hosts, where they may
-    outnumber them; 0 on accelerators). An explicit split and schedule are taken as they are."""
+    performance model (:func:`neo.pipeline.simulate.best_replayed`: each schedule's order of
+    actions replayed) picks the fastest schedule the config's shape allows (``cores``: the CPU
+    cores of the ranks' hosts, where they may outnumber them, shared by the ``replicas`` copies
+    of the pipeline; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
-    from neo.pipeline.perf_model import best_schedule, per_rank, stage_times
+    from neo.pipeline.perf_model import stage_times
+    from neo.pipeline.simulate import best_replayed, chunk_costs_of
     from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
 
     auto_split, auto_schedule = isinstance(cfg.split, str), cfg.schedule == "auto"
@@ -97,16 +99,13 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     # bubble's two backward passes as torch splits them
     timed = profile_chunks([ContiguousOutputs(c) for c in split_stages(layers, split)], micro_batch, num_dense,
                            pooled_width, repeats=5, warmup=2)
-    ranks = {key: per_rank([getattr(c, key) for c in timed], S)
-             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")}
-    comm = per_rank(t.comm_ms, S)[:S - 1]                   # boundary k is sent by chunk k's rank
+    costs = chunk_costs_of(*([getattr(c, key) for c in timed]
+                             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")))
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
         candidates.append("chimera")
-    return split, best_schedule(ranks["fwd_ms"], ranks["bwd_ms"], M, candidates=candidates, comm_ms=comm,
-                                virtual_stages=max(v, 2), stage_wgrad_ms=ranks["weight_grad_ms"],
-                                stage_input_grad_ms=ranks["input_grad_ms"], cores=cores,
-                                threads_per_rank=threads_per_rank)[0]
+    return split, best_replayed(candidates, costs, M, S, v, comm_ms=t.comm_ms, cores=cores,
+                                threads_per_rank=threads_per_rank, replicas=replicas)[0]
 
 
 def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "PipelinedDense":
@@ -159,7 +158,7 @@ class PipelinedDense:
             on_cpu = all(p.device.type == "cpu" for p in model.parameters())
             cores = usable_cores() * (W // max(1, pg.local_world_size)) if on_cpu else 0
             box = list(plan_pipeline(cfg, self.layers, self.micro_batch, num_dense, pooled_width, bandwidth_gbps,
-                                     cores, torch.get_num_threads()))
+                                     cores, torch.get_num_threads(), max(1, W // int(cfg.stages))))
         if W > 1:
             dist.broadcast_object_list(box, src=0, group=pg.world)
         self.split, self.schedule_name = [tuple(x) for x in box[0]], box[1]

@@ -56,3 +56,18 @@ def test_allreduce_probe_gives_back_its_own_time():
 
     for probe in [(12_000_000, 2, 11.5), (3_000_000, 4, 7.25)]:
         assert allreduce_ms(probe[0], probe[1], bench._allreduce_gbps(probe)) == pytest.approx(probe[2])
+
+
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("chimera", 1)])
+def test_runtime_cpu_per_action_is_the_null_runs_cpu_beyond_its_compute(schedule, v):
+    """With shared cores the runtime's cost is CPU: (null CPU - the null chunks' compute) / actions."""
+    W, M = 4, 8
+    split = [[k, k] for k in range(W * v)]
+    ch = _chunks(split, 0.01, 0.02)
+    compute, actions = bench.compute_ms(ch, schedule, v, W, M)
+    per_micro = sum(c["fwd_ms"] + (c["input_grad_ms"] + c["weight_grad_ms"] if schedule == "zero_bubble"
+                                   else c["bwd_ms"]) for c in ch)
+    assert compute == pytest.approx(M * per_micro)
+    assert actions == M * W * v * (3 if schedule == "zero_bubble" else 2)
+    assert bench.runtime_cpu_ms(ch, schedule, v, W, M, compute + 0.7 * actions) == pytest.approx(0.7)
+    assert bench.runtime_cpu_ms(ch, schedule, v, W, M, compute / 2) == 0.0
