@@ -86,12 +86,15 @@ class ProcessGroups:
     """``intra`` for the embedding collectives."""
     cross_comm: Optional[CommGroup] = None
     """``cross`` for the embedding collectives."""
+    dense_comm: Optional[CommGroup] = None
+    """``dense`` with its shared-memory exchange: DDP's gradient AllReduce (:mod:`.ddp_hook`)."""
 
     def __post_init__(self) -> None:
         self.checkpoint = self.checkpoint if self.checkpoint is not None else self.world
         self.world_comm = self.world_comm or CommGroup(self.world)
         self.intra_comm = self.intra_comm or CommGroup(self.intra)
         self.cross_comm = self.cross_comm or CommGroup(self.cross)
+        self.dense_comm = self.dense_comm or CommGroup(self.dense)
 
     @property
     def uses_shm(self) -> bool:
@@ -151,7 +154,8 @@ class ProcessGroups:
         world = dist.group.WORLD
         return cls(rank=rank, world_size=W, local_world_size=L, world=world, intra=intra, cross=cross, dense=dense,
                    checkpoint=checkpoint, timeout=timeout, world_comm=CommGroup.build(world, shm, timeout),
-                   intra_comm=CommGroup.build(intra, shm, timeout), cross_comm=CommGroup.build(cross, shm, timeout))
+                   intra_comm=CommGroup.build(intra, shm, timeout), cross_comm=CommGroup.build(cross, shm, timeout),
+                   dense_comm=CommGroup.build(dense, shm, timeout))
 
 
 def _default_timeout() -> datetime.timedelta:

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from neo.distributed.ddp_hook import register_shm_allreduce
+
 __all__ = ["DenseStep", "Timers", "wrap_ddp"]
 
 
@@ -123,12 +125,16 @@ class DenseStep(nn.Module):
 
 
 def wrap_ddp(step: DenseStep, pg) -> DistributedDataParallel:
-    """DDP over ``pg.dense`` on the dense parameters only (the sharded collection ignored)."""
+    """DDP over ``pg.dense`` on the dense parameters only (the sharded collection ignored); its
+    gradient AllReduce through shared memory where the ranks share a host (:mod:`neo.distributed.ddp_hook`)."""
     emb = step.model.embedding
     ignore = [f"model.embedding.{n}" for n, _ in emb.named_buffers()]
     ignore += [f"model.embedding.{n}" for n, _ in emb.named_parameters()]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(step, ignore)
     with warnings.catch_warnings():   # broadcast_buffers=False is what we mean (shards are rank-local)
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
-        return DistributedDataParallel(step, process_group=pg.dense, broadcast_buffers=False,
-                                       gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(step, process_group=pg.dense, broadcast_buffers=False,
+                                      gradient_as_bucket_view=True)
+    comm = getattr(pg, "dense_comm", None)
+    register_shm_allreduce(ddp, comm.shm if comm is not None else None)   # ranks of one host
+    return ddp

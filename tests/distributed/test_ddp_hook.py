@@ -1,0 +1,105 @@
+"""DDP's gradient AllReduce through shared memory (neo.distributed.ddp_hook) against DDP's own
+gloo AllReduce as the oracle: the same model, the same per-rank batches, several steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from neo.distributed import ProcessGroups
+from neo.distributed.ddp_hook import register_shm_allreduce
+from neo.distributed.shm import ShmExchange
+from tests.multiprocess import run_multiprocess
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    # several buckets (bucket_cap_mb below), an unused-free graph, uneven parameter sizes
+    return nn.Sequential(nn.Linear(13, 300), nn.ReLU(), nn.Linear(300, 200), nn.ReLU(), nn.Linear(200, 1))
+
+
+def _train(rank: int, hook: bool, steps: int = 4):
+    model = _model()
+    group = dist.new_group(list(range(dist.get_world_size())))
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.1, gradient_as_bucket_view=True)
+    if hook:
+        ex = ShmExchange.create(group)
+        assert ex is not None
+        assert register_shm_allreduce(ddp, ex)
+    opt = torch.optim.Adagrad(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)          # every rank its own batches
+    grads = []
+    for _ in range(steps):
+        x, y = torch.randn(64, 13, generator=gen), torch.rand(64, generator=gen)
+        opt.zero_grad()
+        nn.functional.binary_cross_entropy_with_logits(ddp(x).squeeze(1), y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+    return grads, [p.detach().clone() for p in model.parameters()]
+
+
+def _body(rank: int, W: int):
+    ref_grads, ref_params = _train(rank, hook=False)
+    got_grads, got_params = _train(rank, hook=True)
+    return ref_grads, ref_params, got_grads, got_params
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_shm_hook_reduces_like_ddps_gloo_allreduce(W):
+    out = run_multiprocess(_body, W)
+    for rank, (ref_grads, ref_params, got_grads, got_params) in enumerate(out):
+        for step, (r, g) in enumerate(zip(ref_grads, got_grads)):
+            for a, b in zip(r, g):
+                if W == 2:       # one addition: bit for bit gloo's
+                    assert torch.equal(a, b), (rank, step)
+                elif step == 0:  # the same sum of W terms in another order: rounding
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+                else:            # ... compounded by Adagrad's steps
+                    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+        for a, b in zip(ref_params, got_params):
+            if W == 2:
+                assert torch.equal(a, b), rank
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # every rank ends with the same parameters (the sum is computed alike everywhere)
+    for rank in range(1, W):
+        for a, b in zip(out[0][3], out[rank][3]):
+            assert torch.equal(a, b)
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Module()             # what wrap_ddp leaves out of DDP (none here)
+        self.top = nn.Linear(4, 1)
+
+
+class _Step(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = _Model()
+
+    def forward(self, x):
+        return self.model.top(x)
+
+
+def _wrap_body(rank: int, W: int, shm: bool):
+    from neo.distributed.ddp_hook import shm_allreduce_hook
+    from neo.train.step import wrap_ddp
+
+    pg = ProcessGroups.build(shm=shm)
+    ddp = wrap_ddp(_Step(), pg)
+    hooks = [h for h, _ in getattr(ddp, "_comm_hooks", [])]
+    return (pg.dense_comm.shm is not None, hooks == [shm_allreduce_hook])
+
+
+def test_wrap_ddp_reduces_through_shared_memory_on_one_host():
+    assert run_multiprocess(_wrap_body, 2, True) == [(True, True)] * 2
+    assert run_multiprocess(_wrap_body, 2, False) == [(False, False)] * 2
+
+
+def test_no_exchange_keeps_ddps_allreduce():
+    assert register_shm_allreduce(object(), None) is False
