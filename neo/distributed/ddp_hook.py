@@ -6,7 +6,7 @@ data is a few microseconds of copying. When the dense group's ranks share a host
 :func:`register_shm_allreduce` replaces that with the group's shared-memory exchange
 (:class:`neo.distributed.shm.ShmExchange`): every rank publishes its bucket, gathers the others'
 and sums the W copies itself, in rank order, so every rank computes the same sum. As DDP's own
-hook does, each bucket is divided by W before the sum (the mean gradient). At 2 ranks the
+hook does, each bucket is scaled by 1 / W before the sum (the mean gradient). At 2 ranks the
 result is bit for bit gloo's (one addition, commutative); at more ranks it is the same sum in
 another order (rounding).
 
@@ -15,31 +15,51 @@ bucket's reduction no longer overlaps the rest of the backward; on a CPU host wh
 have one core that overlap only moved gloo's threads onto the same cores.
 """
 
+from dataclasses import dataclass
+from typing import Any, Optional
+
 import torch
 import torch.distributed as dist
 
 from neo.distributed.shm import ShmExchange
 
-__all__ = ["shm_allreduce_hook", "register_shm_allreduce"]
+__all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce"]
 
 
-def shm_allreduce_hook(exchange: ShmExchange, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+@dataclass
+class ShmAllReduce:
+    """The hook's state: the exchange, and a trace recorder once ``train.trace`` attaches one
+    (:func:`neo.train.trace.trace_ddp`: each bucket's reduction a ``grad_sync`` span)."""
+
+    exchange: ShmExchange
+    recorder: Optional[Any] = None
+
+
+def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's mean over the exchange's ranks, in place. (No postponed
     annotations in this module: DDP checks this signature's annotations as objects.)"""
+    ex = state.exchange
     grads = bucket.buffer()                                   # (n,) flat, this rank's gradients
-    grads.div_(exchange.size)
-    every = torch.empty(exchange.size * grads.numel(), dtype=grads.dtype)   # (W n,)
-    exchange.all_gather_single(every, grads).wait()
-    torch.sum(every.view(exchange.size, -1), dim=0, out=grads)
+    token = None
+    if state.recorder is not None:
+        token = state.recorder.begin("grad_sync", "grad_sync", bytes=grads.numel() * grads.element_size())
+    grads.mul_(1.0 / ex.size)                                 # as DDP's built-in hook scales
+    every = torch.empty(ex.size * grads.numel(), dtype=grads.dtype)       # (W n,)
+    ex.all_gather_single(every, grads).wait()
+    torch.sum(every.view(ex.size, -1), dim=0, out=grads)
+    if token is not None:
+        state.recorder.end(token)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(grads)
     return fut
 
 
-def register_shm_allreduce(ddp: torch.nn.parallel.DistributedDataParallel, exchange) -> bool:
-    """Make ``ddp`` reduce through ``exchange`` (a ShmExchange over its process group); False
-    (DDP keeps gloo's AllReduce) when there is none."""
+def register_shm_allreduce(ddp: torch.nn.parallel.DistributedDataParallel, exchange) -> Optional[ShmAllReduce]:
+    """Make ``ddp`` reduce through ``exchange`` (a ShmExchange over its process group); its state
+    (also ``ddp.neo_grad_sync``), or None (DDP keeps gloo's AllReduce) when there is no exchange."""
     if exchange is None:
-        return False
-    ddp.register_comm_hook(exchange, shm_allreduce_hook)
-    return True
+        return None
+    state = ShmAllReduce(exchange)
+    ddp.register_comm_hook(state, shm_allreduce_hook)
+    ddp.neo_grad_sync = state
+    return state

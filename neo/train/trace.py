@@ -194,6 +194,10 @@ def trace_ddp(ddp, recorder: TraceRecorder) -> None:
     scalar 1 / W), AllReduce-sum, asynchronously."""
     import torch.distributed as dist
 
+    shm = getattr(ddp, "neo_grad_sync", None)         # the reduction through shared memory (ddp_hook)
+    if shm is not None:                               # already a hook (DDP takes one): it records the spans
+        shm.recorder = recorder
+        return
     group = ddp.process_group
 
     def hook(state, bucket):

@@ -28,7 +28,7 @@ def _train(rank: int, hook: bool, steps: int = 4):
     if hook:
         ex = ShmExchange.create(group)
         assert ex is not None
-        assert register_shm_allreduce(ddp, ex)
+        assert register_shm_allreduce(ddp, ex) is ddp.neo_grad_sync
     opt = torch.optim.Adagrad(ddp.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)          # every rank its own batches
     grads = []
@@ -102,4 +102,4 @@ def test_wrap_ddp_reduces_through_shared_memory_on_one_host():
 
 
 def test_no_exchange_keeps_ddps_allreduce():
-    assert register_shm_allreduce(object(), None) is False
+    assert register_shm_allreduce(object(), None) is None
