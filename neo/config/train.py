@@ -167,8 +167,9 @@ class TrainConfig:
     than this for another rank fails with an error naming the operation and the ranks, instead
     of waiting forever for a rank that died or stopped."""
     shm_collectives: bool = True
-    """Carry the embedding AlltoAlls and AllGathers between ranks of one host through shared
-    memory instead of gloo's sockets (see neo/distributed/shm.py); gloo groups only."""
+    """Carry the embedding AlltoAlls and AllGathers, and DDP's gradient AllReduce, between ranks
+    of one host through shared memory instead of gloo's sockets (see neo/distributed/shm.py and
+    ddp_hook.py); gloo groups only."""
     device: str = "cpu"
     """cpu or cuda."""
     dense_dtype: str = "fp32"
