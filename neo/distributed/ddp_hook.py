@@ -4,11 +4,12 @@ DDP hands each gradient bucket to gloo's AllReduce by default: on one host that 
 loopback TCP, about 0.4 ms for a 60 KB bucket at 2 ranks (sockets, gloo's threads) where the
 data is a few microseconds of copying. When the dense group's ranks share a host,
 :func:`register_shm_allreduce` replaces that with the group's shared-memory exchange
-(:class:`neo.distributed.shm.ShmExchange`): every rank publishes its bucket, gathers the others'
-and sums the W copies itself, in rank order, so every rank computes the same sum. As DDP's own
-hook does, each bucket is scaled by 1 / W before the sum (the mean gradient). At 2 ranks the
-result is bit for bit gloo's (one addition, commutative); at more ranks it is the same sum in
-another order (rounding).
+(:class:`neo.distributed.shm.ShmExchange`). At 2 ranks each rank gathers the other's bucket and
+adds the two; at more, rank r sums chunk r of every rank's bucket, in rank order, and every rank
+gathers the W summed chunks (two AlltoAlls: a ring's traffic, not W buckets a rank). Either way
+every rank holds the same sum. As DDP's own hook does, each bucket is scaled by 1 / W first (the
+mean gradient). At 2 ranks the result is bit for bit gloo's (one addition, commutative); at
+more ranks it is the same sum in another order (rounding).
 
 The exchange completes inside the hook (it progresses only while a rank waits on it), so a
 bucket's reduction no longer overlaps the rest of the backward; on a CPU host whose ranks each
@@ -44,14 +45,33 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
     if state.recorder is not None:
         token = state.recorder.begin("grad_sync", "grad_sync", bytes=grads.numel() * grads.element_size())
     grads.mul_(1.0 / ex.size)                                 # as DDP's built-in hook scales
-    every = torch.empty(ex.size * grads.numel(), dtype=grads.dtype)       # (W n,)
-    ex.all_gather_single(every, grads).wait()
-    torch.sum(every.view(ex.size, -1), dim=0, out=grads)
+    if ex.size == 2:
+        _gather_sum(ex, grads)
+    else:
+        _reduce_scatter_gather(ex, grads)
     if token is not None:
         state.recorder.end(token)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(grads)
     return fut
+
+
+def _gather_sum(ex: ShmExchange, grads: torch.Tensor) -> None:
+    """Every rank gathers all W buckets and sums them in rank order (W n floats read a rank)."""
+    every = torch.empty(ex.size * grads.numel(), dtype=grads.dtype)       # (W n,)
+    ex.all_gather_single(every, grads).wait()
+    torch.sum(every.view(ex.size, -1), dim=0, out=grads)
+
+
+def _reduce_scatter_gather(ex: ShmExchange, grads: torch.Tensor) -> None:
+    """Rank r sums chunk r of every rank's bucket (in rank order), then every rank gathers the W
+    summed chunks: 2 (W-1)/W n floats moved a rank whatever W, as a ring would."""
+    W, me = ex.size, ex.rank
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(grads.numel(), device="meta"), W)]
+    mine = torch.empty(W * sizes[me], dtype=grads.dtype)                  # (W, chunk me) from every rank
+    ex.all_to_all_single(mine, grads, [sizes[me]] * W, sizes).wait()
+    summed = mine.view(W, sizes[me]).sum(dim=0)                           # (chunk me,)
+    ex.all_to_all_single(grads, summed.repeat(W), sizes, [sizes[me]] * W).wait()
 
 
 def register_shm_allreduce(ddp: torch.nn.parallel.DistributedDataParallel, exchange) -> Optional[ShmAllReduce]:
