@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, start_rank,  # noqa: E402
                           write_json)
+from neo.pipeline.simulate import COST_FIELDS  # noqa: E402
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("chimera", 1)]
 """(schedule, virtual_stages) measured at every world size."""
@@ -244,7 +245,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         mine = [dataclasses.asdict(c) for c in profile_chunks(
             chunks, batch, NUM_DENSE, F * D, repeats=args.repeats,
             clock=time.process_time if shared_cores else time.perf_counter)]
-        return mean_of(mine, ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms"))
+        return mean_of(mine, COST_FIELDS)
 
     rows, null_rows = profiled(), profiled(NULL_WIDTH)
     profile = build_profile([LayerProfile(**r) for r in rows], args.bandwidth_gbps, batch_size=micro)
@@ -304,7 +305,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         return {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
                 "busy_s": busy_s, "full_s": full_s, "cpu_s": cpu_s, "busy_cpu_s": busy_cpu_s}
 
-    keys = ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")
+    keys = COST_FIELDS
     out["chunks_at"] = {}
     for schedule, v in SCHEDULES:
         if schedule == "chimera" and (W % 2 or args.micro_batches % 2):
@@ -365,17 +366,15 @@ def _predict(chunk_rows, layer_rows, schedule: str, v: int, split, W: int, M: in
     (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``). ``replayed``: each
     schedule's order replayed (neo.pipeline.simulate), else the closed form (perf_model.predict)."""
     from neo.pipeline.perf_model import per_rank, predict
-    from neo.pipeline.simulate import chunk_costs_of, predict_replayed
+    from neo.pipeline.simulate import predict_replayed
 
     S, C = W, len(split)
-    keys = ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")
     chunk_params = [sum(r["param_bytes"] for r in layer_rows[a:z + 1]) for a, z in split]
     boundary = [_comm_ms(one_way, layer_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
     if replayed:
-        costs = chunk_costs_of(*([c[key] for c in chunk_rows] for key in keys))
-        return predict_replayed(schedule, costs, M, S, v, comm_ms=boundary, op_ms=op_ms, cores=cores,
+        return predict_replayed(schedule, _costs(chunk_rows), M, S, v, comm_ms=boundary, op_ms=op_ms, cores=cores,
                                 threads_per_rank=threads, chunk_param_bytes=chunk_params, bandwidth_gbps=bandwidth)
-    ranks = {key: per_rank([c[key] for c in chunk_rows], S) for key in keys}
+    ranks = {key: per_rank([c[key] for c in chunk_rows], S) for key in COST_FIELDS}
     comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
     return predict(schedule, ranks["fwd_ms"], ranks["bwd_ms"], M, comm_ms=comm, virtual_stages=max(v, 2),
                    replicas=1, stage_wgrad_ms=ranks["weight_grad_ms"], stage_input_grad_ms=ranks["input_grad_ms"],
@@ -407,12 +406,20 @@ def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: i
     return (lo + hi) / 2
 
 
+def _costs(rows):
+    """The simulator's costs of chunk profile rows (dicts of ChunkProfile's fields)."""
+    from neo.pipeline.profile import ChunkProfile
+    from neo.pipeline.simulate import chunk_costs
+
+    return chunk_costs([ChunkProfile(**r) for r in rows])
+
+
 def compute_ms(chunks, schedule: str, v: int, W: int, M: int) -> Tuple[float, int]:
     """(The chunks' compute in one step of ``schedule``, its number of actions): every rank's
     actions (neo.pipeline.simulate.orders) at the chunk profile's costs, summed."""
-    from neo.pipeline.simulate import chunk_costs_of, orders
+    from neo.pipeline.simulate import orders
 
-    costs = chunk_costs_of(*([c[k] for c in chunks] for k in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")))
+    costs = _costs(chunks)
     acts = [a for rank in orders(schedule, W, M, v) for a in rank]
     return sum(costs.of(a.kind, a.chunk) for a in acts), len(acts)
 

@@ -67,7 +67,8 @@ def _reduce_scatter_gather(ex: ShmExchange, grads: torch.Tensor) -> None:
     """Rank r sums chunk r of every rank's bucket (in rank order), then every rank gathers the W
     summed chunks: 2 (W-1)/W n floats moved a rank whatever W, as a ring would."""
     W, me = ex.size, ex.rank
-    sizes = [len(c) for c in torch.tensor_split(torch.empty(grads.numel(), device="meta"), W)]
+    base, extra = divmod(grads.numel(), W)
+    sizes = [base + (r < extra) for r in range(W)]                        # chunk r: rank r sums it
     mine = torch.empty(W * sizes[me], dtype=grads.dtype)                  # (W, chunk me) from every rank
     ex.all_to_all_single(mine, grads, [sizes[me]] * W, sizes).wait()
     summed = mine.view(W, sizes[me]).sum(dim=0)                           # (chunk me,)

@@ -63,7 +63,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from neo.pipeline.partition import Partition, Profile
 
 __all__ = ["SCHEDULES", "PIPELINE_SCHEDULES", "ACTIONS", "Prediction", "StageTimes", "predict", "best_schedule",
-           "resolve_schedule", "stage_times", "allreduce_ms", "per_rank"]
+           "resolve_schedule", "stage_times", "allreduce_ms", "per_rank", "fastest"]
 
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b", "zero_bubble", "chimera")
 """The config's ``parallel.pipeline.schedule`` values (besides ``auto``), in tie-breaking order."""
@@ -118,10 +118,10 @@ def allreduce_ms(nbytes: float, ranks: int, bandwidth_gbps: Optional[float]) -> 
     return 2 * (ranks - 1) / ranks * nbytes / (bandwidth_gbps * 1e6)
 
 
-def _times(name: str, values: Sequence[float], n: int) -> List[float]:
+def _times(name: str, values: Sequence[float], n: int, per: str = "stage") -> List[float]:
     vals = [float(v) for v in values]
     if len(vals) != n:
-        raise ValueError(f"{name}: needs {n} values (one per stage), got {len(vals)}")
+        raise ValueError(f"{name}: needs {n} values (one per {per}), got {len(vals)}")
     for k, v in enumerate(vals):
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name}[{k}]: must be a finite number >= 0, got {v!r}")
@@ -258,9 +258,15 @@ def best_schedule(stage_fwd_ms: Sequence[float], stage_bwd_ms: Sequence[float], 
             reasons.append(str(e))
     if not found:
         raise ValueError(f"schedule: no candidate fits ({'; '.join(reasons)})")
+    return fastest(found)
+
+
+def fastest(found: Dict[str, Prediction]) -> Tuple[str, Prediction]:
+    """The schedule of ``found`` with the shortest step; ties (equal but for rounding) go to the
+    earlier in :data:`SCHEDULES`, the simpler."""
     order = {n: k for k, n in enumerate(SCHEDULES)}
-    fastest = min(p.step_ms for p in found.values())
-    tied = [n for n in found if found[n].step_ms <= fastest * (1 + 1e-9)]     # equal but for rounding
+    best = min(p.step_ms for p in found.values())
+    tied = [n for n in found if found[n].step_ms <= best * (1 + 1e-9)]
     name = min(tied, key=lambda n: order.get(n, len(order)))
     return name, found[name]
 

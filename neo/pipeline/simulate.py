@@ -33,9 +33,13 @@ import types
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from neo.pipeline.perf_model import Prediction, allreduce_ms, per_rank
+from neo.pipeline.perf_model import Prediction, _times, allreduce_ms, fastest, per_rank
 
-__all__ = ["Action", "ChunkCosts", "Replay", "orders", "replay", "chunk_costs_of", "predict_replayed", "best_replayed"]
+__all__ = ["Action", "ChunkCosts", "Replay", "COST_FIELDS", "orders", "replay", "chunk_costs_of", "chunk_costs",
+           "predict_replayed", "best_replayed"]
+
+COST_FIELDS = ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")
+"""A chunk's times, as :class:`neo.pipeline.profile.ChunkProfile` names them."""
 
 
 class Action(NamedTuple):
@@ -225,20 +229,16 @@ def replay(rank_orders: Sequence[Sequence[Action]], costs: ChunkCosts, comm_ms: 
 def chunk_costs_of(fwd: Sequence[float], bwd: Sequence[float], input_grad: Optional[Sequence[float]] = None,
                    weight_grad: Optional[Sequence[float]] = None) -> ChunkCosts:
     """:class:`ChunkCosts` with each list checked: finite, >= 0, one value per chunk."""
-    lists: Tuple[Tuple[str, Optional[Sequence[float]]], ...] = (
-        ("fwd_ms", fwd), ("bwd_ms", bwd), ("input_grad_ms", input_grad), ("weight_grad_ms", weight_grad))
     n = len(fwd)
-    for name, xs in lists:
-        if xs is None:
-            continue
-        if len(xs) != n:
-            raise ValueError(f"{name}: needs {n} values (one per chunk), got {len(xs)}")
-        for k, x in enumerate(xs):
-            if not (math.isfinite(float(x)) and float(x) >= 0):
-                raise ValueError(f"{name}[{k}]: must be a finite number >= 0, got {x!r}")
-    return ChunkCosts(*(None if xs is None else [float(x) for x in xs] for _, xs in lists))
+    lists = (fwd, bwd, input_grad, weight_grad)
+    return ChunkCosts(*(None if xs is None else _times(name, xs, n, per="chunk")
+                        for name, xs in zip(COST_FIELDS, lists)))
 
 
+def chunk_costs(profiles: Sequence[object]) -> ChunkCosts:
+    """:func:`chunk_costs_of` the chunks' profiles (:class:`neo.pipeline.profile.ChunkProfile`, or
+    anything with its :data:`COST_FIELDS`)."""
+    return chunk_costs_of(*([getattr(p, name) for p in profiles] for name in COST_FIELDS))
 
 
 def predict_replayed(schedule: str, costs: ChunkCosts, micro_batches: int, stages: int, virtual_stages: int = 1,
@@ -265,15 +265,9 @@ def predict_replayed(schedule: str, costs: ChunkCosts, micro_batches: int, stage
 
 def best_replayed(candidates: Sequence[str], costs: ChunkCosts, micro_batches: int, stages: int,
                   virtual_stages: int = 1, **kwargs) -> Tuple[str, Prediction]:
-    """The fastest of ``candidates`` by :func:`predict_replayed` (ties: the earlier in
-    :data:`neo.pipeline.perf_model.SCHEDULES`, the simpler); ``kwargs`` go to it."""
-    from neo.pipeline.perf_model import SCHEDULES
-
+    """The fastest of ``candidates`` by :func:`predict_replayed` (ties as
+    :func:`neo.pipeline.perf_model.fastest` breaks them); ``kwargs`` go to it."""
     if not candidates:
         raise ValueError("schedule: no candidate to choose from")
-    found: Dict[str, Prediction] = {name: predict_replayed(name, costs, micro_batches, stages, virtual_stages, **kwargs)
-             for name in candidates}
-    fastest = min(p.step_ms for p in found.values())
-    tied = [n for n in found if found[n].step_ms <= fastest * (1 + 1e-9)]
-    name = min(tied, key=lambda n: SCHEDULES.index(n) if n in SCHEDULES else len(SCHEDULES))
-    return name, found[name]
+    return fastest({name: predict_replayed(name, costs, micro_batches, stages, virtual_stages, **kwargs)
+                    for name in candidates})

@@ -74,7 +74,7 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     of the pipeline; 0 on accelerators). An explicit split and schedule are taken as they are."""
     from neo.pipeline.partition import Partition, partition
     from neo.pipeline.perf_model import stage_times
-    from neo.pipeline.simulate import best_replayed, chunk_costs_of
+    from neo.pipeline.simulate import best_replayed, chunk_costs
     from neo.pipeline.profile import build_profile, profile_chunks, profile_layers
 
     auto_split, auto_schedule = isinstance(cfg.split, str), cfg.schedule == "auto"
@@ -99,8 +99,7 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
     # bubble's two backward passes as torch splits them
     timed = profile_chunks([ContiguousOutputs(c) for c in split_stages(layers, split)], micro_batch, num_dense,
                            pooled_width, repeats=5, warmup=2)
-    costs = chunk_costs_of(*([getattr(c, key) for c in timed]
-                             for key in ("fwd_ms", "bwd_ms", "input_grad_ms", "weight_grad_ms")))
+    costs = chunk_costs(timed)
     candidates = ["1f1b", "gpipe", "zero_bubble"] if v == 1 else ["interleaved_1f1b", "zero_bubble"]
     if v == 1 and S % 2 == 0 and M % 2 == 0:
         candidates.append("chimera")

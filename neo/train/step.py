@@ -135,7 +135,6 @@ def wrap_ddp(step: DenseStep, pg) -> DistributedDataParallel:
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
         ddp = DistributedDataParallel(step, process_group=pg.dense, broadcast_buffers=False,
                                       gradient_as_bucket_view=True)
-    comm = getattr(pg, "dense_comm", None)
     on_cpu = all(p.device.type == "cpu" for p in ddp.parameters())
-    register_shm_allreduce(ddp, comm.shm if comm is not None and on_cpu else None)   # CPU ranks of one host
+    register_shm_allreduce(ddp, pg.dense_comm.shm if on_cpu else None)   # CPU ranks of one host
     return ddp

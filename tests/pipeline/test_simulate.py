@@ -140,3 +140,15 @@ def test_predict_replayed_adds_the_gradient_sync_and_best_breaks_ties_simply():
     assert name in ("zero_bubble", "chimera")
     with pytest.raises(ValueError, match="no candidate"):
         best_replayed([], costs, 8, 4)
+
+
+def test_cost_fields_are_the_chunk_profiles():
+    """The simulator reads profile_chunks' rows by these names (chunk_costs)."""
+    from dataclasses import fields
+
+    from neo.pipeline.profile import ChunkProfile
+    from neo.pipeline.simulate import COST_FIELDS, chunk_costs
+
+    assert tuple(f.name for f in fields(ChunkProfile)) == COST_FIELDS
+    c = chunk_costs([ChunkProfile(1.0, 2.0, 0.0, 2.0), ChunkProfile(1.5, 3.0, 1.0, 2.5)])
+    assert (c.fwd_ms, c.bwd_ms, c.input_grad_ms, c.weight_grad_ms) == ([1.0, 1.5], [2.0, 3.0], [0.0, 1.0], [2.0, 2.5])
