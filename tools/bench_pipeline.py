@@ -75,11 +75,6 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble",
 F, D, NUM_DENSE = 8, 16, 13
 
 
-NULL_WIDTH = 1
-"""``_model(width=NULL_WIDTH)``: the null model, the same layers, split and activation shapes as
-the model with next to no arithmetic (:class:`_Hollow`)."""
-
-
 class _Hollow:
     """A Linear's forward with its output's shape and no product: ``(B, in) -> (B, out)`` as one
     broadcast multiply by a (1, out) slice of the weight (autograd through it, a gradient for the
@@ -94,7 +89,7 @@ class _Hollow:
         return x[:, :1] * w[:, 0].unsqueeze(0) + self.linear.bias
 
 
-def _model(args, embedding, width: int = 0):
+def _model(args, embedding, hollow: bool = False):
     import torch
 
     from neo.models import DLRM
@@ -102,7 +97,7 @@ def _model(args, embedding, width: int = 0):
 
     torch.manual_seed(0)
     model = DLRM(embedding, F, D, NUM_DENSE, [64, D], [args.width] * args.top_layers + [1])
-    if width:                         # the null model: the same shapes, hollow layers
+    if hollow:                        # the null model: the same shapes, hollow layers
         for m in model.modules():
             if isinstance(m, (Linear, torch.nn.Linear)):
                 m.forward = _Hollow(m)
@@ -224,11 +219,11 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         got = [e for e in every if e is not None]
         return [dict(r, **{key: statistics.mean(e[k][key] for e in got) for key in keys}) for k, r in enumerate(got[0])]
 
-    def profiled(width: int = 0):
+    def profiled(hollow: bool = False):
         dist.barrier()
         mine = None
         if rank < profilers:
-            mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(_model(args, torch.nn.Identity(), width)),
+            mine = [dataclasses.asdict(r) for r in profile_layers(layers_of(_model(args, torch.nn.Identity(), hollow)),
                                                                   micro, NUM_DENSE, F * D, repeats=args.repeats)]
         return mean_of(mine, ("fwd_ms", "bwd_ms"))
 
@@ -237,21 +232,21 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     # each other stays in), else by wall time.
     shared_cores = W * max(1, args.threads) > usable_cores()
 
-    def chunks_profiled(split, width: int = 0, batch: int = micro, wrap: bool = True):
+    def chunks_profiled(split, hollow: bool = False, batch: int = micro, wrap: bool = True):
         """Each chunk of ``split`` timed whole at ``batch``, as a stage runs it (profile_chunks)."""
         dist.barrier()
-        layers = layers_of(_model(args, torch.nn.Identity(), width))
+        layers = layers_of(_model(args, torch.nn.Identity(), hollow))
         chunks = [ContiguousOutputs(c) if wrap else c for c in split_stages(layers, [tuple(x) for x in split])]
         mine = [dataclasses.asdict(c) for c in profile_chunks(
             chunks, batch, NUM_DENSE, F * D, repeats=args.repeats,
             clock=time.process_time if shared_cores else time.perf_counter)]
         return mean_of(mine, COST_FIELDS)
 
-    rows, null_rows = profiled(), profiled(NULL_WIDTH)
+    rows, null_rows = profiled(), profiled(hollow=True)
     profile = build_profile([LayerProfile(**r) for r in rows], args.bandwidth_gbps, batch_size=micro)
     splits = {v: _split(profile, W * v) for v in sorted({v for _, v in SCHEDULES})}
     chunk_rows = {str(v): chunks_profiled(splits[v]) for v in splits}
-    null_chunk_rows = {str(v): chunks_profiled(splits[v], NULL_WIDTH) for v in splits}
+    null_chunk_rows = {str(v): chunks_profiled(splits[v], hollow=True) for v in splits}
     def whole_profiled():
         """Data parallel's model: the whole one on the rank's batch at once."""
         return chunks_profiled([[0, len(rows) - 1]], batch=args.batch, wrap=False)
@@ -274,10 +269,10 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
                            "null_chunks": null_chunk_rows, "one_way_ms": one_way,
                            "allreduce": allreduce, "runs": {}, "null_runs": {}}
 
-    def run(schedule: str, v: int, width: int = 0) -> Dict[str, Any]:
+    def run(schedule: str, v: int, hollow: bool = False) -> Dict[str, Any]:
         S = W
         sec = ShardedEmbeddingCollection(tables, plan, pg, seed=0)
-        model = _model(args, sec, width)
+        model = _model(args, sec, hollow)
         cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=args.micro_batches, virtual_stages=v,
                              split=splits[v])
         cfg.validate()
@@ -317,7 +312,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         after = chunks_profiled(splits[v])
         out["chunks_at"][schedule] = [dict(a, **{k: (a[k] + b[k]) / 2 for k in keys}) for a, b in zip(before, after)]
         # the same schedule, layers and split with next to no arithmetic: the runtime's own cost
-        out["null_runs"][schedule] = run(schedule, v, NULL_WIDTH)
+        out["null_runs"][schedule] = run(schedule, v, hollow=True)
 
     # data-parallel baseline: the whole dense model here, on this rank's B samples (timed just
     # before and after, as the schedules' chunks are)
@@ -389,13 +384,13 @@ def _allreduce_gbps(probe) -> float:
 
 
 def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
-              null_ms: float, cores: int = 0, threads: int = 1, replayed: bool = True) -> float:
+              null_ms: float, cores: int = 0, threads: int = 1) -> float:
     """The cost of one schedule action (``op_ms`` of :func:`neo.pipeline.perf_model.predict`) under
     which the model gives the null model's measured pipelined time ``null_ms`` (bisection: the
     prediction grows with it); 0 where the null model's own arithmetic already explains it."""
     def pipe(op: float) -> float:
         return _predict(null_chunks, null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores,
-                        threads, replayed).pipeline_ms
+                        threads).pipeline_ms
 
     lo, hi = 0.0, max(null_ms, 1e-6)
     if pipe(lo) >= null_ms:
