@@ -56,3 +56,34 @@ def test_stalled_peer_times_out_with_named_collective():
     assert list(info.value.failures) == [0]
     msg = info.value.failures[0]
     assert "CollectiveError" in msg and "rank 0: collective 'stalled_all_reduce' failed or timed out" in msg, msg
+
+
+def _where(rank, world_size):
+    import os
+    import sys
+
+    from neo import _C
+
+    return {"mark": os.environ.get("NEO_HELPER_MARK"), "cwd": os.getcwd(), "path": list(sys.path),
+            "isa": _C.cpu_isa(), "pid": os.getpid()}
+
+
+def test_ranks_see_the_callers_environment_and_directory_at_the_call(monkeypatch, tmp_path):
+    """The ranks are forks of a server started earlier: the caller's state now must still reach them."""
+    first = run_multiprocess(_where, 2)                      # the fork server runs from here on
+    monkeypatch.setenv("NEO_HELPER_MARK", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "extra"))
+    out = run_multiprocess(_where, 2, env={"LOCAL_EXTRA": "1"})
+    assert [o["mark"] for o in first] == [None, None]
+    assert all(o["mark"] == "set after the server started" for o in out)
+    assert all(o["cwd"] == str(tmp_path) and o["path"][0] == str(tmp_path / "extra") for o in out)
+    assert len({o["pid"] for o in first + out}) == 4        # a new process per rank and call
+
+
+def test_a_variable_read_at_import_gets_fresh_interpreters():
+    """NEO_CPU_ISA is read when neo._C loads: the preloaded server cannot honour it, a spawn does."""
+    from neo import _C
+
+    assert run_multiprocess(_where, 1)[0]["isa"] == _C.cpu_isa()
+    assert run_multiprocess(_where, 1, env={"NEO_CPU_ISA": "baseline"})[0]["isa"] == "baseline"
