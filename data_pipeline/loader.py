@@ -38,7 +38,7 @@ import torch
 
 from neo.sparse import KeyedJaggedBatch
 
-from .reader import list_parquet_files, table_to_columns, take_from_parts
+from .reader import list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
 from .schema import read_meta
 from .writer import Columns
 
@@ -99,6 +99,10 @@ class ParquetLoader:
     timeline spans. A class default, so that loaders built without this ``__init__`` have it."""
     _warm = None
     """(window, future, executor) of :meth:`warm_up`'s read, until an iteration takes it."""
+    _left_running = None
+    """The producer thread of an iteration closed early, left to finish the batch or window read it
+    was making (nobody takes it) instead of being waited for by the close: a run that stops at its
+    last step does not wait for a read-ahead. The next read waits for it (:meth:`_settle`)."""
 
     def __init__(self, paths: Union[str, Sequence[str]], options: Optional[LoaderOptions] = None) -> None:
         o = options or LoaderOptions()
@@ -129,6 +133,7 @@ class ParquetLoader:
         self._handle: Optional[Tuple[int, pq.ParquetFile]] = None  # the one open file
         self._cache: Optional[Tuple[int, Columns]] = None
         self._const: Dict[Tuple[int, str], torch.Tensor] = {}
+        load_arrow_conversions()
 
     # ----------------------------------------------------------------- bookkeeping
     @property
@@ -180,6 +185,7 @@ class ParquetLoader:
         read does: this process's CPU time (every thread's), after one untimed decode of the same
         group (file pages cached, allocator warm, as in a steady stream of windows). Call it with no
         iteration running (its reader thread would be counted)."""
+        self._settle()
         gi = int(np.searchsorted(self._group_start, self.shard_begin, side="right")) - 1
         self._cache = None
         self._read_group(gi)
@@ -259,6 +265,7 @@ class ParquetLoader:
         if it starts in that window, else drops it. Reads stay one at a time."""
         if self._warm is not None or self.shard_size == 0:
             return
+        self._settle()
         k = self._window_at(self._next_start())
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data-warm")
         self._warm = (k, ex.submit(self._read_window, k), ex)
@@ -289,6 +296,12 @@ class ParquetLoader:
                 k += 1
         finally:
             reader.shutdown(wait=True, cancel_futures=True)
+
+    def _settle(self) -> None:
+        """Reads stay one at a time: wait for the producer an earlier iteration left running."""
+        th, self._left_running = self._left_running, None
+        if th is not None:
+            th.join()
 
     def _window_blocks(self, parts: List[Columns], size: int, epoch: int, k: int, skip: int):
         """Window ``k``'s blocks (see :meth:`_windows`), its first ``skip`` samples left out."""
@@ -425,6 +438,7 @@ class ParquetLoader:
             except BaseException as e:  # handed to the consumer
                 put(e)
 
+        self._settle()
         th = threading.Thread(target=produce, name="neo-data-loader", daemon=True)
         th.start()
         try:
@@ -438,5 +452,10 @@ class ParquetLoader:
                 self.position = pos
                 yield batch
         finally:
-            stop.set()
-            th.join()
+            stop.set()         # the producer stops at its next put; one waiting for room wakes now
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+            self._left_running = th   # not joined here: it may be in a window read nobody needs

@@ -244,3 +244,51 @@ def test_decode_seconds_times_the_rank_s_row_group_and_changes_no_batch(data):
     assert last.decode_seconds()[1] == 103 - 64
     timed.set_epoch(0)
     assert first == ref[:29] and sample_ids(list(timed)) == ref
+
+
+def test_closing_early_leaves_the_unneeded_read_running_and_the_next_read_waits_for_it(data):
+    """A run that stops mid-window closes its iteration while the producer may be reading the next
+    window: the close must not wait for that read (a third of the tiny MLPerf run's timed steps),
+    and reads must still never overlap (the loader has one open file)."""
+    import threading
+    import time
+
+    opts = LoaderOptions(batch_size=10, shuffle=True, shuffle_window=64, seed=1, prefetch_batches=2)
+    expected = sample_ids(list(ParquetLoader(data, opts)))
+    L = ParquetLoader(data, opts)
+    gate, safety = threading.Event(), threading.Timer(20.0, lambda: gate.set())
+    active, most, reads = [0], [0], []
+    lock = threading.Lock()
+    real = L._read_window
+
+    def read(k):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            if k == 1:
+                gate.wait()                  # window 1 (the read-ahead) is slow,
+                time.sleep(0.2)              # still reading when the next iteration starts
+            return real(k)
+        finally:
+            with lock:
+                active[0] -= 1
+                reads.append(k)
+
+    L._read_window = read
+    safety.start()
+    try:
+        got = []
+        for b in L:                          # window 0 holds 64 samples: 6 whole batches
+            got.append(b)
+            if len(got) == 3:
+                break
+        assert not gate.is_set() and 1 not in reads     # closed while window 1 was still being read
+        assert L.position == 30
+        gate.set()
+        rest = list(L)                       # resumes at 30, after the left-over read is done
+        assert most[0] == 1                  # never two reads at once
+        assert sample_ids(got + rest) == expected
+    finally:
+        gate.set()
+        safety.cancel()
