@@ -7,7 +7,8 @@
 Both systems train the config's model (DCNv2: bottom MLP, low-rank cross layers, top MLP) on the
 same data at ``--world-size`` gloo ranks (2), one torch thread each, from the same initial
 parameters (TorchRec's model is loaded with those of Neo's run; ``--own-init``: TorchRec's own
-initialisation), with the same batches in the same order (Neo's loader, seeded alike), the same
+initialisation), with the same batches in the same order (Neo's loader, seeded alike, its first window read
+while the model is built in both: ``warm_up()``, as Neo's trainer calls it), the same
 optimizers (Adagrad on everything at the config's lr and eps; embeddings: fused in the backward,
 FBGEMM EXACT_ADAGRAD for TorchRec) and the same evaluation: every ``mlperf.eval_every_epochs``
 over the whole validation set, exact AUROC of every rank's predictions gathered
@@ -172,6 +173,7 @@ def _torchrec(cfg, pg, group, same_init: bool) -> Dict[str, Any]:
     tables = resolve_tables(cfg)
     data = prepare_data(cfg, tables, pg, log=quiet)
     train, val = make_loaders(cfg, data, pg)
+    train.warm_up()                   # as Neo's Trainer: the first window is read while the model is built
     W, B = pg.world_size, cfg.train.batch_size
     if val.shard_size % B or val.num_samples % W:
         raise SystemExit(f"bench_mlperf: the validation set ({val.num_samples}) must split into full batches of "
