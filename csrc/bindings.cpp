@@ -88,6 +88,50 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Rows (part[i], row[i]) of jagged blocks (ids, offsets; any buffers) laid end to end: "
       "(ids, offsets from 0) as tensors",
       py::arg("ids"), py::arg("offsets"), py::arg("part"), py::arg("row"));
+  m.def("fixed_take", [](const std::vector<py::buffer>& blocks, const py::buffer& part, const py::buffer& row,
+                         const py::buffer& out) {
+        // rows of equal byte width, each block and `out` C-contiguous (checked here); any dtype
+        auto rows_of = [](const py::buffer_info& i, const std::string& what) {
+          int64_t width = i.itemsize;
+          for (py::ssize_t d = i.ndim - 1; d >= 1; --d) {
+            if (i.shape[d] > 1 && i.strides[d] != width)
+              throw std::invalid_argument("fixed_take: " + what + " must be C-contiguous");
+            width *= i.shape[d];
+          }
+          if (i.ndim < 1 || (i.shape[0] > 1 && i.strides[0] != width))
+            throw std::invalid_argument("fixed_take: " + what + " must be a C-contiguous array of rows");
+          return width;   // bytes a row
+        };
+        auto int64_vector = [](const py::buffer& b, const std::string& what) {
+          py::buffer_info i = b.request();
+          if (i.ndim != 1 || i.itemsize != 8 || (i.format != "l" && i.format != "q") ||
+              (i.shape[0] > 1 && i.strides[0] != 8))
+            throw std::invalid_argument("fixed_take: " + what + " must be a contiguous 1-D int64 array");
+          return i;
+        };
+        if (blocks.empty()) throw std::invalid_argument("fixed_take: no blocks");
+        py::buffer_info o = out.request(true);
+        const int64_t row_bytes = rows_of(o, "out");
+        std::vector<py::buffer_info> keep;
+        std::vector<neo::FixedBlock> fb;
+        for (size_t p = 0; p < blocks.size(); ++p) {
+          py::buffer_info b = blocks[p].request();
+          const std::string what = "block " + std::to_string(p);
+          if (b.format != o.format || b.itemsize != o.itemsize || rows_of(b, what) != row_bytes)
+            throw std::invalid_argument("fixed_take: " + what + " differs from out in dtype or row width");
+          fb.push_back({static_cast<const char*>(b.ptr), static_cast<int64_t>(b.shape[0])});
+          keep.push_back(std::move(b));
+        }
+        py::buffer_info pi = int64_vector(part, "part"), ri = int64_vector(row, "row");
+        if (pi.shape[0] != ri.shape[0] || pi.shape[0] != o.shape[0])
+          throw std::invalid_argument("fixed_take: part, row and out differ in length");
+        py::gil_scoped_release nogil;
+        neo::fixed_take(fb, static_cast<const int64_t*>(pi.ptr), static_cast<const int64_t*>(ri.ptr), pi.shape[0],
+                        row_bytes, static_cast<char*>(o.ptr));
+      },
+      "out[i] = row row[i] of block part[i]: blocks (any buffers, C-contiguous, of out's dtype and row width) laid "
+      "end to end",
+      py::arg("blocks"), py::arg("part"), py::arg("row"), py::arg("out"));
   m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
         "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
         py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);

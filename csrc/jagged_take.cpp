@@ -1,4 +1,4 @@
-// Jagged row gather across blocks (see jagged_take.h). Memory copies only: no ISA variants.
+// Row gathers across blocks (see jagged_take.h). Memory copies only: no ISA variants.
 #include "jagged_take.h"
 
 #include <ATen/Parallel.h>
@@ -44,6 +44,22 @@ void jagged_take_copy(const std::vector<JaggedBlock>& blocks, const int64_t* par
       std::memcpy(out + out_offsets[i] * elem_size, b.ids + b.offsets[row[i]] * elem_size,
                   static_cast<size_t>((out_offsets[i + 1] - out_offsets[i]) * elem_size));
     }
+  });
+}
+
+void fixed_take(const std::vector<FixedBlock>& blocks, const int64_t* part, const int64_t* row, int64_t m,
+                int64_t row_bytes, char* out) {
+  const int64_t P = static_cast<int64_t>(blocks.size());
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t p = part[i], r = row[i];
+    if (p < 0 || p >= P || r < 0 || r >= blocks[p].n_rows)
+      throw std::invalid_argument("fixed_take: output row " + std::to_string(i) + " asks for row " +
+                                  std::to_string(r) + " of block " + std::to_string(p) + " (" + std::to_string(P) +
+                                  " blocks)");
+  }
+  at::parallel_for(0, m, 1024, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      std::memcpy(out + i * row_bytes, blocks[part[i]].rows + row[i] * row_bytes, static_cast<size_t>(row_bytes));
   });
 }
 

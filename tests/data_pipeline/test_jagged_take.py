@@ -1,10 +1,12 @@
-"""The loader's gather of jagged rows across a window's blocks: Neo's C++ copy against the numpy
-reference, and bad requests refused with the row named."""
+"""The loader's gathers of rows across a window's blocks (jagged and fixed-width columns): Neo's C++
+copies against the numpy references, and bad requests refused with the row named."""
 
 import numpy as np
 import pytest
 
-from data_pipeline.reader import jagged_take, jagged_take_reference, take_from_parts, take_rows
+from data_pipeline import reader
+from data_pipeline.reader import (fixed_take, fixed_take_reference, jagged_take, jagged_take_reference,
+                                  take_from_parts, take_rows)
 from data_pipeline.writer import Columns
 
 
@@ -98,3 +100,36 @@ def test_jagged_take_of_other_integer_widths_or_mixed_blocks_is_int64():
     assert ids.dtype == np.int64
     np.testing.assert_array_equal(offs, ref_offs)
     np.testing.assert_array_equal(ids, ref_ids.astype(np.int64))
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.int8, ()), (np.bool_, ()), (np.float32, (13,)), (np.float16, (3,)),
+                                         (np.int64, (2,)), (np.int32, (1,)), (np.float64, (2, 3))])
+def test_fixed_take_equals_the_reference_and_first_principles(dtype, shape):
+    assert reader._extension() is not None              # the C++ copy is what is tested here
+    rng = np.random.default_rng(len(shape) + np.dtype(dtype).itemsize)
+    blocks = [(rng.random((int(n),) + shape) * 100).astype(dtype) for n in rng.integers(1, 70, 5)]
+    for b in blocks:
+        b.setflags(write=False)                         # as Arrow's buffers are
+    part = rng.integers(0, 5, 300)
+    row = np.array([rng.integers(0, len(blocks[p])) for p in part], dtype=np.int64)
+    got = fixed_take(blocks, part, row)
+    assert got.dtype == dtype and got.shape == (300,) + shape
+    np.testing.assert_array_equal(got, fixed_take_reference(blocks, part, row))
+    for i, (p, r) in enumerate(zip(part, row)):
+        np.testing.assert_array_equal(got[i], blocks[p][r])
+    assert fixed_take(blocks, np.zeros(0, np.int64), np.zeros(0, np.int64)).shape == (0,) + shape
+
+
+def test_fixed_take_refuses_rows_outside_the_blocks_and_mixed_blocks_take_the_reference():
+    blocks = [np.arange(6, dtype=np.int64).reshape(3, 2), np.arange(4, dtype=np.int64).reshape(2, 2)]
+    with pytest.raises(ValueError, match="output row 1 asks for row 2 of block 1"):
+        fixed_take(blocks, np.array([0, 1], np.int64), np.array([2, 2], np.int64))
+    with pytest.raises(ValueError, match="of block 2"):
+        fixed_take(blocks, np.array([2], np.int64), np.array([0], np.int64))
+    out = np.zeros((1, 2), np.int64)
+    with pytest.raises(ValueError, match="differs from out"):
+        reader._extension().fixed_take([blocks[0].astype(np.int32)], np.zeros(1, np.int64), np.zeros(1, np.int64), out)
+    # blocks of two dtypes (row groups written by two writers): numpy's promotion, as the reference
+    mixed = [blocks[0], blocks[1].astype(np.int32)]
+    got = fixed_take(mixed, np.array([1, 0], np.int64), np.array([1, 2], np.int64))
+    assert got.dtype == np.int64 and got.tolist() == [[2, 3], [4, 5]]
