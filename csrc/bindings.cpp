@@ -13,6 +13,18 @@
 
 namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
+namespace {
+
+// A contiguous 1-D int64 array (numpy, any buffer), else std::invalid_argument "op: what must be ...".
+py::buffer_info int64_vector(const py::buffer& b, const std::string& op, const std::string& what) {
+  py::buffer_info i = b.request();
+  if (i.ndim != 1 || i.itemsize != 8 || (i.format != "l" && i.format != "q") || (i.shape[0] > 1 && i.strides[0] != 8))
+    throw std::invalid_argument(op + ": " + what + " must be a contiguous 1-D int64 array");
+  return i;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   neo::init_cpu_isa();   // NEO_CPU_ISA, else the best variant this CPU runs (a bad NEO_CPU_ISA fails the import)
   m.doc() = "Neo CPU kernels: pooled embedding forward, fused backward + sparse optimizer, DLRM dot interaction, row bucketization";
@@ -42,13 +54,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (ids.empty() || ids.size() != offsets.size())
           throw std::invalid_argument("jagged_take: " + std::to_string(ids.size()) + " id blocks but " +
                                       std::to_string(offsets.size()) + " offset blocks");
-        auto int64_vector = [](const py::buffer& b, const std::string& what) {
-          py::buffer_info i = b.request();
-          if (i.ndim != 1 || i.itemsize != 8 || (i.format != "l" && i.format != "q") ||
-              (i.shape[0] > 1 && i.strides[0] != 8))
-            throw std::invalid_argument("jagged_take: " + what + " must be a contiguous 1-D int64 array");
-          return i;
-        };
         std::vector<py::buffer_info> keep;
         std::vector<neo::JaggedBlock> blocks;
         int64_t elem = 0;
@@ -63,14 +68,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                         ": ids must be contiguous 1-D int32 or int64 arrays of one dtype");
           elem = v.itemsize;
           fmt = v.format;
-          py::buffer_info o = int64_vector(offsets[p], "block " + std::to_string(p) + "'s offsets");
+          py::buffer_info o = int64_vector(offsets[p], "jagged_take", "block " + std::to_string(p) + "'s offsets");
           if (o.shape[0] < 1) throw std::invalid_argument("jagged_take: block " + std::to_string(p) + ": no offsets");
           blocks.push_back({static_cast<const char*>(v.ptr), static_cast<int64_t>(v.shape[0]),
                             static_cast<const int64_t*>(o.ptr), static_cast<int64_t>(o.shape[0]) - 1});
           keep.push_back(std::move(v));
           keep.push_back(std::move(o));
         }
-        py::buffer_info pi = int64_vector(part, "part"), ri = int64_vector(row, "row");
+        py::buffer_info pi = int64_vector(part, "jagged_take", "part"), ri = int64_vector(row, "jagged_take", "row");
         if (pi.shape[0] != ri.shape[0]) throw std::invalid_argument("jagged_take: part and row differ in length");
         const int64_t m = pi.shape[0];
         const auto* pp = static_cast<const int64_t*>(pi.ptr);
@@ -102,13 +107,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             throw std::invalid_argument("fixed_take: " + what + " must be a C-contiguous array of rows");
           return width;   // bytes a row
         };
-        auto int64_vector = [](const py::buffer& b, const std::string& what) {
-          py::buffer_info i = b.request();
-          if (i.ndim != 1 || i.itemsize != 8 || (i.format != "l" && i.format != "q") ||
-              (i.shape[0] > 1 && i.strides[0] != 8))
-            throw std::invalid_argument("fixed_take: " + what + " must be a contiguous 1-D int64 array");
-          return i;
-        };
         if (blocks.empty()) throw std::invalid_argument("fixed_take: no blocks");
         py::buffer_info o = out.request(true);
         const int64_t row_bytes = rows_of(o, "out");
@@ -122,7 +120,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           fb.push_back({static_cast<const char*>(b.ptr), static_cast<int64_t>(b.shape[0])});
           keep.push_back(std::move(b));
         }
-        py::buffer_info pi = int64_vector(part, "part"), ri = int64_vector(row, "row");
+        py::buffer_info pi = int64_vector(part, "fixed_take", "part"), ri = int64_vector(row, "fixed_take", "row");
         if (pi.shape[0] != ri.shape[0] || pi.shape[0] != o.shape[0])
           throw std::invalid_argument("fixed_take: part, row and out differ in length");
         py::gil_scoped_release nogil;
