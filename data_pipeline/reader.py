@@ -3,6 +3,7 @@ loader and ``inspect``."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import List, Sequence, Tuple, Union
 
@@ -23,19 +24,15 @@ def load_arrow_conversions() -> None:
     pa.array([0], pa.int64()).to_numpy()
 
 
-_EXTENSION: list = []   # [neo._C or None], once tried
-
-
+@functools.lru_cache(maxsize=None)
 def _extension():
     """``neo._C`` where it is built (and loads), else None; tried once (a failed import costs
     ~0.15 ms, too much to repeat per batch)."""
-    if not _EXTENSION:
-        try:
-            from neo import _C
-        except ImportError:
-            _C = None
-        _EXTENSION.append(_C)
-    return _EXTENSION[0]
+    try:
+        from neo import _C
+    except ImportError:
+        return None
+    return _C
 
 
 def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
