@@ -10,9 +10,11 @@
 namespace neo {
 namespace {
 
-// Output row i's request (row r of block p) against P blocks, the block having n_rows rows.
-void check_row(const char* op, int64_t i, int64_t p, int64_t r, int64_t P, int64_t n_rows) {
-  if (p < 0 || p >= P || r < 0 || r >= n_rows)
+// Output row i asks for row r of block p: a block of `blocks` (any block type with n_rows), a row of it.
+template <class Block>
+void check_row(const char* op, const std::vector<Block>& blocks, int64_t i, int64_t p, int64_t r) {
+  const int64_t P = static_cast<int64_t>(blocks.size());
+  if (p < 0 || p >= P || r < 0 || r >= blocks[p].n_rows)
     throw std::invalid_argument(std::string(op) + ": output row " + std::to_string(i) + " asks for row " +
                                 std::to_string(r) + " of block " + std::to_string(p) + " (" + std::to_string(P) +
                                 " blocks)");
@@ -32,7 +34,7 @@ void jagged_take_offsets(const std::vector<JaggedBlock>& blocks, const int64_t* 
   out_offsets[0] = 0;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t p = part[i], r = row[i];
-    check_row("jagged_take", i, p, r, P, p >= 0 && p < P ? blocks[p].n_rows : 0);
+    check_row("jagged_take", blocks, i, p, r);
     const JaggedBlock& b = blocks[p];
     const int64_t lo = b.offsets[r], hi = b.offsets[r + 1];
     if (lo < 0 || hi < lo || hi > b.n_ids)        // offsets may decrease and rise again: each row checked
@@ -57,11 +59,7 @@ void jagged_take_copy(const std::vector<JaggedBlock>& blocks, const int64_t* par
 
 void fixed_take(const std::vector<FixedBlock>& blocks, const int64_t* part, const int64_t* row, int64_t m,
                 int64_t row_bytes, char* out) {
-  const int64_t P = static_cast<int64_t>(blocks.size());
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t p = part[i];
-    check_row("fixed_take", i, p, row[i], P, p >= 0 && p < P ? blocks[p].n_rows : 0);
-  }
+  for (int64_t i = 0; i < m; ++i) check_row("fixed_take", blocks, i, part[i], row[i]);
   at::parallel_for(0, m, 1024, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       std::memcpy(out + i * row_bytes, blocks[part[i]].rows + row[i] * row_bytes, static_cast<size_t>(row_bytes));

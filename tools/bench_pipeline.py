@@ -300,7 +300,10 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         return {"virtual_stages": v, "split": cfg.split, "pipeline_s": pipe_s, "sync_s": sync_s,
                 "busy_s": busy_s, "full_s": full_s, "cpu_s": cpu_s, "busy_cpu_s": busy_cpu_s}
 
-    keys = COST_FIELDS
+    def averaged(before, after):
+        """Chunk profiles taken before and after a run, their costs averaged."""
+        return [dict(a, **{k: (a[k] + b[k]) / 2 for k in COST_FIELDS}) for a, b in zip(before, after)]
+
     out["chunks_at"] = {}
     for schedule, v in SCHEDULES:
         if schedule == "chimera" and (W % 2 or args.micro_batches % 2):
@@ -310,7 +313,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
         before = chunks_profiled(splits[v])
         out["runs"][schedule] = run(schedule, v)
         after = chunks_profiled(splits[v])
-        out["chunks_at"][schedule] = [dict(a, **{k: (a[k] + b[k]) / 2 for k in keys}) for a, b in zip(before, after)]
+        out["chunks_at"][schedule] = averaged(before, after)
         # the same schedule, layers and split with next to no arithmetic: the runtime's own cost
         out["null_runs"][schedule] = run(schedule, v, hollow=True)
 
@@ -340,7 +343,7 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
             dp_s.append(t2 - t0)
             dp_sync.append(t2 - t1)
     after = whole_profiled()
-    out["whole"] = [dict(a, **{k: (a[k] + b[k]) / 2 for k in keys}) for a, b in zip(before, after)]
+    out["whole"] = averaged(before, after)
     out["runs"]["data_parallel"] = {"pipeline_s": [a - b for a, b in zip(dp_s, dp_sync)], "sync_s": dp_sync,
                                     "busy_s": dp_s, "full_s": dp_s}
     if rank == 0:

@@ -67,8 +67,6 @@ __all__ = [
 T = TypeVar("T")
 U = TypeVar("U")
 
-
-
 _NO_SPAN = contextlib.nullcontext()
 
 
@@ -76,6 +74,7 @@ def _span(label: str):
     """A ``record_function`` range where a profiler is recording, else nothing: a range costs ~6 us
     even with no profiler, and a step of the tiny MLPerf config opens ~11 of them."""
     return record_function(label) if torch.autograd._profiler_enabled() else _NO_SPAN
+
 
 class CollectiveError(RuntimeError):
     """A collective failed or timed out (usually: another rank failed first); names this rank."""
