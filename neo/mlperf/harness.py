@@ -185,9 +185,10 @@ def _run_one(cfg, seed: int, division: str, results_dir: str, pg, say: Callable[
 
 
 def run_benchmark(cfg, results_dir: str, seeds: int = 1, division: str = "open", config_name: str = "",
-                  pg=None, say: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
+                  pg=None, say: Optional[Callable[..., None]] = None, print_summary: bool = True) -> Dict[str, Any]:
     """Run ``seeds`` runs of ``cfg``; return the summary (written to ``results_dir/summary.json``
-    by rank 0). ``pg``: process groups (default: from torchrun's environment, or one local rank)."""
+    by rank 0, and printed there unless ``print_summary`` is false). ``pg``: process groups
+    (default: from torchrun's environment, or one local rank)."""
     from neo.train.build import init_process_groups, validate_training_config
 
     check_request(cfg, division, seeds)
@@ -207,8 +208,9 @@ def run_benchmark(cfg, results_dir: str, seeds: int = 1, division: str = "open",
                                rules.RESULT_RUNS)
         if pg.rank == 0:
             write_summary(os.path.join(results_dir, "summary.json"), summary)
-            print(format_summary(summary), flush=True)
-            print(f"wrote {os.path.join(results_dir, 'summary.json')}", flush=True)
+            if print_summary:
+                print(format_summary(summary), flush=True)
+                print(f"wrote {os.path.join(results_dir, 'summary.json')}", flush=True)
         return summary
     finally:
         if own_pg:

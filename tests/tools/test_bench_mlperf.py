@@ -1,0 +1,39 @@
+"""tools/bench_mlperf.py's summary: the per-repeat ratios pair the two runs of each repeat
+(pure functions, no training)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))                    # its bench_common
+_spec = importlib.util.spec_from_file_location("neo_tools_mlperf", os.path.join(ROOT, "tools", "bench_mlperf.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def _rec(system: str, repeat: int, sps: float):
+    return {"system": system, "repeat": repeat, "samples_per_s": sps}
+
+
+def test_paired_ratios_divide_the_runs_of_one_repeat_whatever_their_order():
+    # repeats alternate which system runs first; a repeat with one system only has no ratio
+    records = [_rec("neo", 0, 300.0), _rec("torchrec", 0, 100.0),
+               _rec("neo", 1, 90.0),
+               _rec("torchrec", 2, 50.0), _rec("neo", 2, 100.0)]
+    assert bench._paired_ratios(records) == [3.0, 2.0]
+
+
+def test_summary_reports_the_pairs_next_to_the_ratio_of_medians(capsys):
+    curve = [{"samples": 512, "auc": 0.7, "seconds": 0.1}]
+    records = []
+    for rep, (n, t) in enumerate([(210.0, 100.0), (150.0, 100.0), (300.0, 100.0)]):
+        for system, sps in (("neo", n), ("torchrec", t)):
+            records.append({"system": system, "repeat": rep, "status": "success", "samples_per_s": sps,
+                            "time_to_target_s": 1.0, "final_auc": 0.7, "epoch_num": 0.5, "curve": curve})
+    out = bench._print(records)
+    assert out["samples_per_s_ratio"] == 2.1                      # median 210 / median 100
+    assert out["samples_per_s_ratio_pairs"] == [2.1, 1.5, 3.0]
+    assert "2 of 3 >= 2x" in capsys.readouterr().out
