@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from neo.host_memory import request_huge_pages as _request_huge_pages
+
+_request_huge_pages()   # before the process's first large torch allocation: see neo.host_memory
+
 
 def __getattr__(name: str):
     """``neo.KeyedJaggedBatch`` on first use (``neo plan`` and ``neo cache-report`` run without torch)."""

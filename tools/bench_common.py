@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any, Dict
 
+import neo  # noqa: F401,E402 - requests huge pages for torch's large buffers before any (neo.host_memory), as training does
+
 # --isa: the instruction set every system in a benchmark may use, through each library's own
 # switch, so that an AVX-512 machine can stand in for an AVX2 one for Neo and its peers alike.
 #   Neo      NEO_CPU_ISA                  (csrc/cpu_isa.h)
@@ -106,6 +108,7 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
     import torch
 
     from neo.cpp import cpu_isa_info
+    from neo.host_memory import THP_ENV, transparent_hugepage_mode
 
     info = cpu_isa_info()
     try:
@@ -120,6 +123,7 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
         "isa_cap": isa, "isa_env": {k: os.environ[k] for k in _ALL_ISA_VARS if k in os.environ},
         "neo_cpu_isa": info["neo_cpu_isa"], "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "fbgemm_gpu": fbgemm,
+        "transparent_hugepage": transparent_hugepage_mode(), "torch_thp_alloc": os.environ.get(THP_ENV),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_average": round(os.getloadavg()[0], 2),
     }
@@ -129,4 +133,6 @@ def describe_machine(m: Dict[str, Any]) -> str:
     """One line for the console: CPU, flags, the ISA cap and what the kernels chose."""
     flags = " ".join(f for f in m["cpu_flags"] if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve")))
     return (f"machine: {m['cpu_model']} ({m['cpus']} CPUs; {flags}); --isa {m['isa_cap']}: Neo kernels "
-            f"{m['neo_cpu_isa']}, ATen {m['aten_cpu_capability']}; load average {m['load_average']}; {m['date']}")
+            f"{m['neo_cpu_isa']}, ATen {m['aten_cpu_capability']}; huge pages: THP {m['transparent_hugepage']}, "
+            f"torch allocations {'advised' if m['torch_thp_alloc'] == '1' else 'not advised'}; "
+            f"load average {m['load_average']}; {m['date']}")
