@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import neo  # noqa: F401,E402 - requests huge pages for torch's large buffers before any (neo.host_memory), as training does
 
@@ -65,6 +65,26 @@ def start_rank(threads: int, system_malloc: bool) -> None:
         from neo.host_memory import retain_freed_memory
         retain_freed_memory()
     quiet_peer_logs()
+
+
+def balanced_orders(n: int) -> List[List[int]]:
+    """Orders of ``n`` systems in which each one runs right after each other one equally often:
+    the rows of a Williams Latin square (``n`` rows for even ``n``, ``2 n`` for odd ``n``, each
+    system once per row). A benchmark that runs its systems in ``orders[i % len(orders)]`` at
+    iteration i gives every system the same mix of predecessors, so that one that leaves the
+    caches (or the TLB) cold or warm for the next does not favour one system. A plain rotation
+    does not do this: it keeps every system right after the same one."""
+    if n < 1:
+        return []
+    first, lo, hi = [0], 1, n - 1           # 0, 1, n - 1, 2, n - 2, ...
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def write_json(path: str, payload: Any) -> None:

@@ -37,9 +37,11 @@ page-faulted in again), as in the other benchmarks.
 Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backward and
 optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
 ``--iters`` timed iterations with the backends interleaved (iteration i of every backend
-runs before iteration i + 1 of any, in an order rotated every iteration), so load on a
-shared machine and cache pollution by the previous backend hit all alike; the median is
-reported. Batches rotate over a few pre-generated ones.
+runs before iteration i + 1 of any, in an order that changes every iteration so that each
+backend runs right after each other one equally often: ``bench_common.balanced_orders``), so
+load on a shared machine, and the caches a backend leaves cold or warm for the next (each
+iteration's backends read the same batch), hit all alike; the median is reported. Batches
+rotate over a few pre-generated ones.
 
 On a CUDA machine a separate section also times the ``triton`` backend against plain
 PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-device copy.
@@ -58,7 +60,8 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
+                          start_rank, write_json)
 from bench_gather_probe import make_table  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
@@ -194,11 +197,12 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
                      sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
     runners = [r for r in runners if getattr(r, phase) is not None]
     times: Dict[str, List[float]] = {r.name: [] for r in runners}
-    k = 0
+    k, orders = 0, balanced_orders(len(runners))
     for i in range(warmup + iters):
-        # rotate the order every iteration: each backend follows each other equally often
-        # (a backend that thrashes the caches, like the PyTorch baseline, slows the next one)
-        for r in runners[i % len(runners):] + runners[:i % len(runners)]:
+        # a new order every iteration, each backend right after each other one equally often
+        # (one that thrashes the caches, like the PyTorch baseline, slows the next one; one that
+        # reads the same batch's rows warms them for the next)
+        for r in (runners[j] for j in orders[i % len(orders)]):
             b = batches[k % len(batches)]
             fn = getattr(r, phase)
             sync()

@@ -10,7 +10,8 @@ chosen at import) and ``kernel="torch"`` (a concatenation, one ``bmm`` for the G
 and a gather of its upper triangle; the backward one ``bmm`` with the symmetrised pair
 gradients). Shapes: F = 26 pooled features plus the dense vector (n = 27 vectors of D
 floats per sample), B samples. Per iteration, each system runs forward (autograd on) and
-backward with a fixed upstream gradient; systems alternate in a rotating order so load
+backward with a fixed upstream gradient; systems alternate (each right after each other one
+equally often: ``bench_common.balanced_orders``) so load
 from other jobs hits both alike; medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
 the fused kernel's lower ISA variants (those the --isa cap allows).
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
+                          start_rank, write_json)
 
 import torch  # noqa: E402
 
@@ -94,9 +96,9 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
     systems = systems_for(F, D, args.all_variants)
     check_agree(systems, dense, pooled, grad)
+    orders = balanced_orders(len(systems))          # each system right after each other one equally often
     for i in range(args.warmup + args.iters):
-        k = i % len(systems)
-        for s in systems[k:] + systems[:k]:
+        for s in (systems[j] for j in orders[i % len(orders)]):
             s.step(dense, pooled, grad, record=i >= args.warmup)
             dense.grad = pooled.grad = None
     records = []
