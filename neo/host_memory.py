@@ -20,7 +20,7 @@ one TLB entry instead of 512, which matters most under virtualization, where a T
 two page tables. torch reads the variable at the process's first such allocation, so it is
 set at import, before any; a value already in the environment is left as it is
 (``THP_MEM_ALLOC_ENABLE=0`` turns it off). Measured on a 2-core AMD EPYC VM (madvise mode),
-fp32, one thread: the fused dot interaction at B 2048, n 27, D 64 from 5.1-5.8 to 4.2-4.3 ms
+fp32, one thread: the fused dot interaction at B 2048, n 27, D 64 from 4.8-5.8 to 4.2-4.4 ms
 forward + backward; a table-wise DLRM step of ``tools/bench_train.py`` (one-hot) about 5-10%
 faster (docs/benchmarks.md). The tables themselves are advised by Neo's kernels' own
 buffers (``csrc/hugepages.cpp``) either way.
