@@ -22,8 +22,8 @@ set at import, before any; a value already in the environment is left as it is
 (``THP_MEM_ALLOC_ENABLE=0`` turns it off). Measured on a 2-core AMD EPYC VM (madvise mode),
 fp32, one thread: the fused dot interaction at B 2048, n 27, D 64 from 4.8-5.8 to 4.2-4.4 ms
 forward + backward; a table-wise DLRM step of ``tools/bench_train.py`` (one-hot) about 5-10%
-faster (docs/benchmarks.md). The tables themselves are advised by Neo's kernels' own
-buffers (``csrc/hugepages.cpp``) either way.
+faster (docs/benchmarks.md). Neo's kernels advise the tables' buffers themselves either way
+(``csrc/hugepages.cpp``).
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import collections
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
-from bench_common import balanced_orders  # noqa: E402
+from tests.tools import load_tool
+
+balanced_orders = load_tool("bench_common.py").balanced_orders
 
 
 @pytest.mark.parametrize("n", range(1, 10))

@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from tests.tools import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))                    # its bench_common
-_spec = importlib.util.spec_from_file_location("neo_tools_mlperf", os.path.join(ROOT, "tools", "bench_mlperf.py"))
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_tool("bench_mlperf.py")
 
 
 def _rec(system: str, repeat: int, sps: float):

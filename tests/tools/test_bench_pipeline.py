@@ -3,17 +3,11 @@ model's measured time (pure functions, no training)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))                    # its bench_common
-_spec = importlib.util.spec_from_file_location("neo_tools_pipeline", os.path.join(ROOT, "tools", "bench_pipeline.py"))
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.tools import load_tool
+
+bench = load_tool("bench_pipeline.py")
 
 
 def _rows(n: int, fwd: float, bwd: float):

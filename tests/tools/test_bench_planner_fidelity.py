@@ -3,15 +3,11 @@ a plan's signature is its shards (pure functions, no training)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("neo_tools_fidelity", os.path.join(ROOT, "tools",
-                                                                               "bench_planner_fidelity.py"))
-fidelity = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fidelity)
+from tests.tools import load_tool
+
+fidelity = load_tool("bench_planner_fidelity.py")
 
 
 def _runs(**plans):

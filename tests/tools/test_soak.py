@@ -3,16 +3,14 @@ a 40-step run of the tiny config under torchrun (the JSON it writes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("neo_tools_soak", os.path.join(ROOT, "tools", "soak.py"))
-soak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(soak)
+from tests.tools import load_tool
+
+soak = load_tool("soak.py")
 
 
 def _series():
