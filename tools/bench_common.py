@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List
 
-import neo  # noqa: F401,E402 - requests huge pages for torch's large buffers before any (neo.host_memory), as training does
+import neo  # noqa: F401 - requests huge pages for torch's large buffers before any (neo.host_memory)
 
 # --isa: the instruction set every system in a benchmark may use, through each library's own
 # switch, so that an AVX-512 machine can stand in for an AVX2 one for Neo and its peers alike.

@@ -29,10 +29,13 @@ the medians are reported. ``--no-shm``: Neo's embedding AlltoAlls through gloo l
 (by default through shared memory, as ``neo mlperf`` does).
 
 Output: a table, the ratios (Neo / TorchRec samples/s, TorchRec / Neo time to target; the
-samples/s ratio of each repeat too, whose two runs are back to back) and the AUC gaps (final, and at the last evaluation both ran); with ``--json`` records with ``system``,
-``samples_per_s``, ``time_to_target_s`` (null when the target was not reached), ``final_auc``,
-``status``, ``curve`` (samples, auc, seconds of every evaluation) and ``machine`` (CPU model, ISA,
-load; tools/bench_common.py); ``--plot`` draws AUC against samples for both.
+samples/s ratio of each repeat too, whose two runs are back to back) and the AUC gaps (final,
+and at the last evaluation both ran); with ``--json`` records with ``system``, ``samples_per_s``,
+``time_to_target_s`` (null when the target was not reached), ``final_auc``, ``status``, ``curve``
+(samples, auc, seconds of every evaluation) and ``machine`` (CPU model, ISA, load;
+tools/bench_common.py), and a ``summary`` with the ratios (``samples_per_s_ratio``,
+``samples_per_s_ratio_pairs``, ``time_to_target_ratio``) and the AUC gaps; ``--plot`` draws AUC
+against samples for both.
 """
 
 from __future__ import annotations
