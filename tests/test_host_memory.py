@@ -69,9 +69,9 @@ def _probe(import_neo: bool, env_value=None):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_HUGEPAGE and /proc/self/smaps are Linux's")
 def test_importing_neo_makes_torch_advise_huge_pages_for_its_large_buffers():
-    thp = transparent_hugepage_mode() != "unavailable"     # the flag exists where the kernel has THP
+    thp = transparent_hugepage_mode() != "unavailable"     # the kernel has THP: neo asks, torch advises
     assert _probe(import_neo=False) == ("None", False)      # torch alone: 4 KiB pages
-    assert _probe(import_neo=True) == ("1", thp)            # neo first: MADV_HUGEPAGE on the buffer
+    assert _probe(import_neo=True) == (("1", True) if thp else ("None", False))   # neo first: MADV_HUGEPAGE
     assert _probe(import_neo=True, env_value="0") == ("0", False)   # the user's choice stands
 
 
@@ -79,4 +79,16 @@ def test_request_huge_pages_keeps_a_value_already_set(monkeypatch):
     monkeypatch.setenv(THP_ENV, "0")
     assert request_huge_pages() is False and os.environ[THP_ENV] == "0"
     monkeypatch.delenv(THP_ENV)
-    assert request_huge_pages() is sys.platform.startswith("linux")
+    available = sys.platform.startswith("linux") and transparent_hugepage_mode() != "unavailable"
+    assert request_huge_pages() is available and os.environ.get(THP_ENV) == ("1" if available else None)
+
+
+def test_no_request_where_the_kernel_has_no_transparent_huge_pages(monkeypatch):
+    # torch's madvise would fail there and warn in every process
+    import neo.host_memory as hm
+
+    monkeypatch.delenv(THP_ENV, raising=False)
+    monkeypatch.setattr(hm, "transparent_hugepage_mode", lambda: "unavailable")
+    assert hm.request_huge_pages() is False and THP_ENV not in os.environ
+    monkeypatch.setenv(THP_ENV, "1")                        # a user's explicit request still stands
+    assert hm.request_huge_pages() is True and os.environ[THP_ENV] == "1"
