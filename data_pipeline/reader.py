@@ -3,12 +3,13 @@ loader and ``inspect``."""
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
+
+from neo.cpp import cpu_kernels
 
 from .schema import DatasetMeta
 from .writer import Columns
@@ -22,17 +23,6 @@ def load_arrow_conversions() -> None:
     imports pandas then (0.2-0.3 s). Called where a loader is built, so that the first batch of
     training does not wait for an import (the tiny MLPerf config's 48 timed steps take 0.3 s)."""
     pa.array([0], pa.int64()).to_numpy()
-
-
-@functools.lru_cache(maxsize=None)
-def _extension():
-    """``neo._C`` where it is built (and loads), else None; tried once (a failed import costs
-    ~0.15 ms, too much to repeat per batch)."""
-    try:
-        from neo import _C
-    except ImportError:
-        return None
-    return _C
 
 
 def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
@@ -104,7 +94,7 @@ def fixed_take(blocks: Sequence[np.ndarray], part: np.ndarray, row: np.ndarray) 
     column's row groups): Neo's C++ copy (``neo._C.fixed_take``: one pass, no per-block masks,
     the GIL released) where the extension is built, else :func:`fixed_take_reference`; both give
     the same array. A shuffled batch of 256 rows from four row groups: 5 us a column, against 25."""
-    _C = _extension()
+    _C = cpu_kernels("fixed_take")
     if _C is None or any(b.dtype != blocks[0].dtype or b.shape[1:] != blocks[0].shape[1:] for b in blocks):
         return fixed_take_reference(blocks, part, row)
     out = np.empty((len(row),) + blocks[0].shape[1:], dtype=blocks[0].dtype)
@@ -128,7 +118,7 @@ def jagged_take(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], part: np.ndarra
 
     Neo's C++ copy (``neo._C.jagged_take``: one pass, the blocks' ids read in place) where the
     extension is built, else :func:`jagged_take_reference`; both give the same arrays."""
-    _C = _extension()
+    _C = cpu_kernels("jagged_take")
     if _C is None:                        # data_pipeline used without Neo's extension
         return jagged_take_reference(blocks, part, row)
     dtype = blocks[0][0].dtype

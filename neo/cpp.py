@@ -10,6 +10,7 @@ benchmark records; :func:`use_cpu_isa` switches variants for tests and benchmark
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 from types import ModuleType
@@ -22,10 +23,12 @@ _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "av
               "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "asimd", "sve")
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_kernels(op: str) -> Optional[ModuleType]:
     """``neo._C`` if it is built and has ``op`` (a build of older sources may lack newer ops), else None.
 
-    A ``NEO_CPU_ISA`` this CPU cannot honour is an error, not a silent fall-back to plain torch."""
+    A ``NEO_CPU_ISA`` this CPU cannot honour is an error, not a silent fall-back to plain torch.
+    Answered once per op (a failed import costs ~0.15 ms, too much for callers in a batch loop)."""
     import torch  # noqa: F401  (loads libc10 and the other libraries neo._C links against)
 
     try:

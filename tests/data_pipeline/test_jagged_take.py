@@ -4,10 +4,10 @@ copies against the numpy references, and bad requests refused with the row named
 import numpy as np
 import pytest
 
-from data_pipeline import reader
 from data_pipeline.reader import (fixed_take, fixed_take_reference, jagged_take, jagged_take_reference,
                                   take_from_parts, take_rows)
 from data_pipeline.writer import Columns
+from neo.cpp import cpu_kernels
 
 
 def _blocks(rng, n_blocks, dtype):
@@ -105,7 +105,7 @@ def test_jagged_take_of_other_integer_widths_or_mixed_blocks_is_int64():
 @pytest.mark.parametrize("dtype,shape", [(np.int8, ()), (np.bool_, ()), (np.float32, (13,)), (np.float16, (3,)),
                                          (np.int64, (2,)), (np.int32, (1,)), (np.float64, (2, 3))])
 def test_fixed_take_equals_the_reference_and_first_principles(dtype, shape):
-    assert reader._extension() is not None              # the C++ copy is what is tested here
+    assert cpu_kernels("fixed_take") is not None              # the C++ copy is what is tested here
     rng = np.random.default_rng(len(shape) + np.dtype(dtype).itemsize)
     blocks = [(rng.random((int(n),) + shape) * 100).astype(dtype) for n in rng.integers(1, 70, 5)]
     for b in blocks:
@@ -128,7 +128,7 @@ def test_fixed_take_refuses_rows_outside_the_blocks_and_mixed_blocks_take_the_re
         fixed_take(blocks, np.array([2], np.int64), np.array([0], np.int64))
     out = np.zeros((1, 2), np.int64)
     with pytest.raises(ValueError, match="differs from out"):
-        reader._extension().fixed_take([blocks[0].astype(np.int32)], np.zeros(1, np.int64), np.zeros(1, np.int64), out)
+        cpu_kernels("fixed_take").fixed_take([blocks[0].astype(np.int32)], np.zeros(1, np.int64), np.zeros(1, np.int64), out)
     # blocks of two dtypes (row groups written by two writers): numpy's promotion, as the reference
     mixed = [blocks[0], blocks[1].astype(np.int32)]
     got = fixed_take(mixed, np.array([1, 0], np.int64), np.array([1, 2], np.int64))
