@@ -11,8 +11,8 @@ and a gather of its upper triangle; the backward one ``bmm`` with the symmetrise
 gradients). Shapes: F = 26 pooled features plus the dense vector (n = 27 vectors of D
 floats per sample), B samples. Per iteration, each system runs forward (autograd on) and
 backward with a fixed upstream gradient; systems alternate (each right after each other one
-equally often: ``bench_common.balanced_orders``) so load
-from other jobs hits both alike; medians over ``--iters``. Before timing, the two outputs
+equally often: ``bench_common.balanced_orders``) so load from other jobs hits both alike;
+medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
 the fused kernel's lower ISA variants (those the --isa cap allows).
 
