@@ -19,11 +19,11 @@ variable, c10's ``alloc_cpu``), so that where transparent huge pages are in ``ma
 one TLB entry instead of 512, which matters most under virtualization, where a TLB miss walks
 two page tables. torch reads the variable at the process's first such allocation, so it is
 set at import, before any; a value already in the environment is left as it is
-(``THP_MEM_ALLOC_ENABLE=0`` turns it off), and nothing is set where the kernel has no THP. Measured on a 2-core AMD EPYC VM (madvise mode),
-fp32, one thread: the fused dot interaction at B 2048, n 27, D 64 from 4.8-5.8 to 4.2-4.4 ms
-forward + backward; a table-wise DLRM step of ``tools/bench_train.py`` (one-hot) about 5-10%
-faster (docs/benchmarks.md). Neo's kernels advise the tables' buffers themselves either way
-(``csrc/hugepages.cpp``).
+(``THP_MEM_ALLOC_ENABLE=0`` turns it off), and nothing is set where the kernel has no THP.
+Measured on a 2-core AMD EPYC VM (madvise mode), fp32, one thread: the fused dot interaction
+at B 2048, n 27, D 64 from 4.8-5.8 to 4.2-4.4 ms forward + backward; a table-wise DLRM step of
+``tools/bench_train.py`` (one-hot) about 5-10% faster (docs/benchmarks.md). Neo's kernels
+advise the tables' buffers themselves either way (``csrc/hugepages.cpp``).
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ def test_fixed_take_refuses_rows_outside_the_blocks_and_mixed_blocks_take_the_re
         fixed_take(blocks, np.array([2], np.int64), np.array([0], np.int64))
     out = np.zeros((1, 2), np.int64)
     with pytest.raises(ValueError, match="differs from out"):
-        cpu_kernels("fixed_take").fixed_take([blocks[0].astype(np.int32)], np.zeros(1, np.int64), np.zeros(1, np.int64), out)
+        cpu_kernels("fixed_take").fixed_take([blocks[0].astype(np.int32)], np.zeros(1, np.int64),
+                                             np.zeros(1, np.int64), out)
     # blocks of two dtypes (row groups written by two writers): numpy's promotion, as the reference
     mixed = [blocks[0], blocks[1].astype(np.int32)]
     got = fixed_take(mixed, np.array([1, 0], np.int64), np.array([1, 2], np.int64))

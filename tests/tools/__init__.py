@@ -12,7 +12,7 @@ TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
 
 
 def load_tool(script: str) -> ModuleType:
-    """The module of ``tools/<script>`` (e.g. ``"soak.py"``), loaded once per call."""
+    """The module of ``tools/<script>`` (e.g. ``"soak.py"``), loaded anew on each call."""
     if TOOLS not in sys.path:
         sys.path.insert(0, TOOLS)
     spec = importlib.util.spec_from_file_location(f"neo_tools_{script[:-3]}", os.path.join(TOOLS, script))
