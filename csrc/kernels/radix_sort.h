@@ -17,7 +17,11 @@ inline uint64_t* radix_sort_by_key(uint64_t* a, uint64_t* b, int64_t n, int key_
   const int passes = (key_bits + 11) / 12;                 // <= 4096 buckets a pass
   const int digit_bits = (key_bits + passes - 1) / passes;
   const int64_t buckets = int64_t(1) << digit_bits;
-  const int64_t chunks = num_chunks(n, 1 << 15);
+  // One chunk a thread (each at least 32k items): the result is the same for any chunking
+  // (a stable sort), and every chunk more costs a histogram of `buckets` counts, read with a
+  // stride in the prefix sum (20 chunks of 4096 counts at 655k items: 3.8 ms a sort on one
+  // thread, against 2.4 ms for one chunk).
+  const int64_t chunks = std::min<int64_t>(num_chunks(n, 1 << 15), std::max(1, at::get_num_threads()));
   std::vector<int64_t> hist(chunks * buckets);
   for (int p = 0; p < passes; ++p) {
     const int shift = 32 + p * digit_bits;
