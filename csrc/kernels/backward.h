@@ -11,10 +11,13 @@
 //    only as many key bits as the largest key needs. Occurrences of one row end up
 //    adjacent, in order of occurrence.
 // 3. Update (parallel over segments of the sorted items, cut at row boundaries, about
-//    equally many ids each): per row, sum its gradient occurrences in fp32 into a
-//    thread-local D-vector (same order as the reference), then apply the optimizer to the
-//    row in place (optimizers.h): weights in their storage dtype (stochastic rounding of
-//    fp16/bf16 keyed by (seed, step, element)), state in fp32. Rows 16 items ahead are
+//    equally many ids each): per row, sum its gradient occurrences in fp32 (same order as
+//    the reference), then apply the optimizer to the row in place (optimizers.h): weights
+//    in their storage dtype (stochastic rounding of fp16/bf16 keyed by (seed, step,
+//    element)), state in fp32. Rows of up to kRowRegs vectors (D <= 64 on AVX2, <= 128 on
+//    AVX-512) are summed in registers, and fp32 rows under SGD, Adagrad or row-wise Adagrad
+//    (no weight decay) are updated from there too (update_row_regs); other rows go through
+//    a thread-local D-vector and update_row. Rows 16 items ahead are
 //    prefetched into L1 (weights and state with write intent, gradient slices), and, on
 //    batches not too sparse in rows, weight and state rows 128 items ahead into L2: rows are random
 //    in a large table, so this phase is bound by memory latency. Common D (16, 32, 64,
@@ -28,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "optimizers.h"
 #include "radix_sort.h"
@@ -57,12 +61,101 @@ struct Sources {
   const float* bag_len;
 };
 
+// Rows of at most this many vectors are summed in registers (process_row).
+constexpr int kRowRegs = 8;
+
+// The occurrences sorted[j ..] of row `key` summed into g (V vectors), in order of
+// occurrence, with the operations of process_row's loop below. Returns the index past them.
+template <int V, bool WEIGHTED>
+inline int64_t sum_row_regs(const Sources& src, int64_t j, int64_t end, uint64_t key, vf (&g)[V]) {
+  NEO_UNROLL
+  for (int v = 0; v < V; ++v) g[v] = vzero();
+  do {
+    const uint32_t ref = static_cast<uint32_t>(src.sorted[j]);
+    const uint32_t fb = WEIGHTED ? src.bag_of[ref] : ref;
+    const float* go = src.grad + src.bag_goff[fb];
+    const float len = src.bag_len[fb];
+    if (WEIGHTED) {
+      const vf w = vset1(src.psw[ref]);
+      if (len != 0.0f) {
+        const vf l = vset1(len);
+        NEO_UNROLL
+        for (int v = 0; v < V; ++v) g[v] = vadd(g[v], vmul(vdiv(vload(go + v * kW), l), w));
+      } else {
+        NEO_UNROLL
+        for (int v = 0; v < V; ++v) g[v] = vadd(g[v], vmul(vload(go + v * kW), w));
+      }
+    } else if (len != 0.0f) {
+      const vf l = vset1(len);
+      NEO_UNROLL
+      for (int v = 0; v < V; ++v) g[v] = vadd(g[v], vdiv(vload(go + v * kW), l));
+    } else {
+      NEO_UNROLL
+      for (int v = 0; v < V; ++v) g[v] = vadd(g[v], vload(go + v * kW));
+    }
+    ++j;
+  } while (j < end && (src.sorted[j] >> 32) == key);
+  return j;
+}
+
+// SGD, Adagrad or row-wise Adagrad on an fp32 row from its gradient sum in registers:
+// update_row's operations, in its order (so the same bits), without its round trips through
+// memory (row-wise: g stored to `scratch` for update_row's sum of squares). False (nothing
+// done) for the other optimizers and for weight decay.
+template <int V>
+inline bool update_row_regs(const OptParams& o, float* w, float* s0, const vf (&g)[V], float* scratch) {
+  if (o.has_wd || (o.kind != kSGD && o.kind != kAdagrad && o.kind != kRowwiseAdagrad)) return false;
+  const vf lr = vset1(o.lr);
+  if (o.kind == kSGD) {
+    NEO_UNROLL
+    for (int v = 0; v < V; ++v) vstore(w + v * kW, vsub(vload(w + v * kW), vmul(lr, g[v])));
+    return true;
+  }
+  if (o.kind == kRowwiseAdagrad) {
+    NEO_UNROLL
+    for (int v = 0; v < V; ++v) vstore(scratch + v * kW, g[v]);
+    const float mean = sum_squares(scratch, V * kW) / static_cast<float>(V * kW);
+    const float s = s0[0] + mean;
+    s0[0] = s;
+    const vf scale = vset1((1.0f / (std::sqrt(s) + o.eps)) * o.lr);
+    NEO_UNROLL
+    for (int v = 0; v < V; ++v) vstore(w + v * kW, vsub(vload(w + v * kW), vmul(scale, g[v])));
+    return true;
+  }
+  const vf eps = vset1(o.eps);
+  NEO_UNROLL
+  for (int v = 0; v < V; ++v) {
+    const vf s = vadd(vload(s0 + v * kW), vmul(g[v], g[v]));
+    vstore(s0 + v * kW, s);
+    vstore(w + v * kW, vsub(vload(w + v * kW), vdiv(vmul(lr, g[v]), vadd(vsqrt(s), eps))));
+  }
+  return true;
+}
+
 // One row: sum its occurrences sorted[j ..] (same key) in fp32, in order of occurrence,
-// then apply the optimizer. Returns the index past the row's occurrences.
+// then apply the optimizer. Returns the index past the row's occurrences. Sums in registers
+// where the row is short enough, and the update from there where update_row_regs can: the
+// backward at B 4096 x 4 tables of 100k rows, 20 ids a bag, D 64, one thread, AVX2: SGD
+// 11.9 -> 11.1 ms, Adagrad 19.3 -> 16.7, row-wise Adagrad 13.5 -> 12.2 (medians of three
+// runs of each build, alternating).
 template <int64_t DC, bool WEIGHTED, typename T>
 inline int64_t process_row(const UpdateArgs& u, T* W, const Sources& src, int64_t j, int64_t end, uint64_t key,
                            int64_t D_, int64_t elem0, float* a, float* wf) {
   const int64_t D = DC ? DC : D_;
+  float* st0 = u.s0 ? (u.rowwise_state ? u.s0 + key : u.s0 + elem0) : nullptr;
+  float* st1 = u.s1 ? u.s1 + elem0 : nullptr;
+  if constexpr (DC > 0 && DC % kW == 0 && DC / kW <= kRowRegs) {
+    constexpr int V = DC / kW;
+    vf g[V];
+    j = sum_row_regs<V, WEIGHTED>(src, j, end, key, g);
+    if constexpr (std::is_same_v<T, float>) {
+      if (update_row_regs<V>(u.opt, W + elem0, st0, g, a)) return j;
+    }
+    NEO_UNROLL
+    for (int v = 0; v < V; ++v) vstore(a + v * kW, g[v]);
+    update_row<DC>(u.opt, W + elem0, a, st0, st1, wf, D, u.stochastic, u.sr_key, elem0);
+    return j;
+  }
   for (int64_t d = 0; d < D; ++d) a[d] = 0.0f;
   do {
     const uint64_t it = src.sorted[j];
@@ -80,8 +173,6 @@ inline int64_t process_row(const UpdateArgs& u, T* W, const Sources& src, int64_
     }
     ++j;
   } while (j < end && (src.sorted[j] >> 32) == key);
-  float* st0 = u.s0 ? (u.rowwise_state ? u.s0 + key : u.s0 + elem0) : nullptr;
-  float* st1 = u.s1 ? u.s1 + elem0 : nullptr;
   update_row<DC>(u.opt, W + elem0, a, st0, st1, wf, D, u.stochastic, u.sr_key, elem0);
   return j;
 }

@@ -48,6 +48,8 @@ inline void vsfence() { _mm_sfence(); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vsqrt(vf a) { return _mm512_maskz_sqrt_ps(0xFFFF, a); }   // maskz: see vload
 inline vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vi vizero() { return _mm512_setzero_si512(); }
 inline vi viload(const void* p) { return _mm512_loadu_si512(p); }
@@ -75,6 +77,8 @@ inline void vsfence() { _mm_sfence(); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vsqrt(vf a) { return _mm256_sqrt_ps(a); }
 inline vf vfmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vi vizero() { return _mm256_setzero_si256(); }
 inline vi viload(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -117,6 +121,8 @@ inline void vsfence() {}
 inline vf vadd(vf a, vf b) { return a + b; }
 inline vf vmul(vf a, vf b) { return a * b; }
 inline vf vdiv(vf a, vf b) { return a / b; }
+inline vf vsub(vf a, vf b) { return a - b; }
+inline vf vsqrt(vf a) { return vf{std::sqrt(a[0]), std::sqrt(a[1]), std::sqrt(a[2]), std::sqrt(a[3])}; }
 inline vf vfmadd(vf a, vf b, vf c) { return a * b + c; }   // two roundings (no FMA in the baseline ISA)
 inline vi vizero() { return vi{0, 0, 0, 0}; }
 inline vi viload(const void* p) { vi v; std::memcpy(&v, p, sizeof(v)); return v; }

@@ -165,6 +165,23 @@ def test_backward_update_matches_the_reference(isa, opt, dtype):
             train_and_compare_16bit(tables, steps=2, batch_size=16, weighted=True, long_bag=40)
 
 
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_fp32_update_without_weight_decay_matches_the_reference(isa, opt, weighted):
+    """The path that sums and updates fp32 rows in registers (rows of up to 8 vectors; SGD,
+    Adagrad and row-wise Adagrad without weight decay): exact for SGD and Adagrad (the
+    reference's operations in its order), row-wise Adagrad to its mean's reduction order.
+    D 24 and 256 take the other path (not whole vectors / too many of them)."""
+    o = OptimizerConfig(opt, lr=0.05, initial_accumulator_value=0.01 if "adagrad" in opt else 0.0)
+    tables = [TableConfig(f"t{i}", 60, d, feature_names=(f"f{i}",), pooling=p, optimizer=o)
+              for i, (d, p) in enumerate([(16, "sum"), (32, "mean"), (64, "sum"), (128, "mean"), (24, "sum"),
+                                          (256, "sum")])]
+    tol = dict(rtol=1e-5, atol=1e-6) if opt == "rowwise_adagrad" else dict(rtol=0.0, atol=0.0)
+    with use_cpu_isa(isa):
+        run_steps(tables, "cpu", steps=3, batch_size=32, weighted=weighted, long_bag=40, **tol)
+
+
 EDGE_VALUES = [0.0, -0.0, 1.0, -3.0000001, 1e-8, 6e-8, -3e-6, -2.5e-5, 6.1e-5, 65504.0, 65519.0, 65520.0, -1e5,
                1.1754944e-38, -1e-40, 3.38e38, 3.4e38, float("inf"), float("nan"), 0.1, -0.30000001, 2049.0]
 
