@@ -14,10 +14,11 @@
 //    equally many ids each): per row, sum its gradient occurrences in fp32 (same order as
 //    the reference), then apply the optimizer to the row in place (optimizers.h): weights
 //    in their storage dtype (stochastic rounding of fp16/bf16 keyed by (seed, step,
-//    element)), state in fp32. Rows of up to kRowRegs vectors (D <= 64 on AVX2, <= 128 on
-//    AVX-512) are summed in registers, and fp32 rows under SGD, Adagrad or row-wise Adagrad
-//    (no weight decay) are updated from there too (update_row_regs); other rows go through
-//    a thread-local D-vector and update_row. Rows 16 items ahead are
+//    element)), state in fp32. fp32 rows of up to kRowRegs vectors (D <= 64 on AVX2, <= 128
+//    on AVX-512) are summed in registers, and under SGD, Adagrad or row-wise Adagrad (no
+//    weight decay) updated from there too (update_row_regs); other rows go through a
+//    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
+//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead are
 //    prefetched into L1 (weights and state with write intent, gradient slices), and, on
 //    batches not too sparse in rows, weight and state rows 128 items ahead into L2: rows are random
 //    in a large table, so this phase is bound by memory latency. Common D (16, 32, 64,
@@ -61,7 +62,7 @@ struct Sources {
   const float* bag_len;
 };
 
-// Rows of at most this many vectors are summed in registers (process_row).
+// fp32 rows of at most this many vectors are summed in registers (process_row).
 constexpr int kRowRegs = 8;
 
 // The occurrences sorted[j ..] of row `key` summed into g (V vectors), in order of
@@ -133,8 +134,8 @@ inline bool update_row_regs(const OptParams& o, float* w, float* s0, const vf (&
 }
 
 // One row: sum its occurrences sorted[j ..] (same key) in fp32, in order of occurrence,
-// then apply the optimizer. Returns the index past the row's occurrences. Sums in registers
-// where the row is short enough, and the update from there where update_row_regs can: the
+// then apply the optimizer. Returns the index past the row's occurrences. fp32 rows short
+// enough are summed in registers, and updated from there where update_row_regs can: the
 // backward at B 4096 x 4 tables of 100k rows, 20 ids a bag, D 64, one thread, AVX2: SGD
 // 11.9 -> 11.1 ms, Adagrad 19.3 -> 16.7, row-wise Adagrad 13.5 -> 12.2 (medians of three
 // runs of each build, alternating).
@@ -144,13 +145,11 @@ inline int64_t process_row(const UpdateArgs& u, T* W, const Sources& src, int64_
   const int64_t D = DC ? DC : D_;
   float* st0 = u.s0 ? (u.rowwise_state ? u.s0 + key : u.s0 + elem0) : nullptr;
   float* st1 = u.s1 ? u.s1 + elem0 : nullptr;
-  if constexpr (DC > 0 && DC % kW == 0 && DC / kW <= kRowRegs) {
+  if constexpr (std::is_same_v<T, float> && DC > 0 && DC % kW == 0 && DC / kW <= kRowRegs) {
     constexpr int V = DC / kW;
     vf g[V];
     j = sum_row_regs<V, WEIGHTED>(src, j, end, key, g);
-    if constexpr (std::is_same_v<T, float>) {
-      if (update_row_regs<V>(u.opt, W + elem0, st0, g, a)) return j;
-    }
+    if (update_row_regs<V>(u.opt, W + elem0, st0, g, a)) return j;
     NEO_UNROLL
     for (int v = 0; v < V; ++v) vstore(a + v * kW, g[v]);
     update_row<DC>(u.opt, W + elem0, a, st0, st1, wf, D, u.stochastic, u.sr_key, elem0);
