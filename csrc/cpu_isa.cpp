@@ -22,6 +22,7 @@ Tuning& tuning() {
 namespace {
 
 struct Features {
+  bool amd_family_19h = false;   // AMD Zen 3 / Zen 4 (see cpu_isa.h: the interaction's tuning)
   bool avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool os_ymm = false, os_zmm = false;   // the OS saves the YMM / ZMM state (XCR0)
@@ -39,7 +40,12 @@ Features detect() {
   Features f;
 #if defined(NEO_X86)
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;   // "AuthenticAMD"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const unsigned base_family = (a >> 8) & 0xF;
+  const unsigned family = base_family == 0xF ? base_family + ((a >> 20) & 0xFF) : base_family;
+  f.amd_family_19h = amd && family == 0x19;
   const bool osxsave = (c >> 27) & 1;
   f.avx = (c >> 28) & 1;
   f.fma = (c >> 12) & 1;
@@ -145,6 +151,7 @@ std::atomic<const KernelTable*> g_active{nullptr};
 }  // namespace
 
 void init_cpu_isa() {
+  (void)interaction_tiles();   // reads NEO_INTERACTION_TILES (a bad value fails the import too)
   const char* env = std::getenv("NEO_CPU_ISA");
   g_active.store(resolve(env ? env : "", "NEO_CPU_ISA").table());
 }
@@ -161,6 +168,44 @@ const KernelTable& kernels() {
 void set_cpu_isa(const std::string& name) { g_active.store(resolve(name, "cpu isa").table()); }
 
 std::string cpu_isa() { return kernels().isa; }
+
+bool amd_family_19h() { return features().amd_family_19h; }
+
+namespace {
+std::atomic<int> g_tiles{-1};   // -1 not read yet, 0 auto, 1 narrow, 2 wide
+
+int tiles_code(std::string name, const char* what) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (name.empty() || name == "auto") return 0;
+  if (name == "narrow") return 1;
+  if (name == "wide") return 2;
+  throw std::runtime_error(std::string("neo._C: ") + what + "=" + name +
+                           " is not a tile choice; valid: auto, narrow, wide");
+}
+
+int tiles() {
+  int t = g_tiles.load(std::memory_order_acquire);
+  if (t < 0) {
+    const char* env = std::getenv("NEO_INTERACTION_TILES");
+    t = tiles_code(env ? env : "", "NEO_INTERACTION_TILES");
+    g_tiles.store(t);
+  }
+  return t;
+}
+}  // namespace
+
+void set_interaction_tiles(const std::string& name) { g_tiles.store(tiles_code(name, "interaction tiles")); }
+
+std::string interaction_tiles() {
+  static const char* names[] = {"auto", "narrow", "wide"};
+  return names[tiles()];
+}
+
+bool interaction_wide(int64_t D) {
+  if (std::string(kernels().isa) != "avx512" || D < kWideMinDim) return false;
+  const int t = tiles();
+  return t == 2 || (t == 0 && !amd_family_19h());
+}
 
 std::vector<std::string> cpu_isa_variants() {
   std::vector<std::string> out;
@@ -179,7 +224,7 @@ std::vector<std::pair<std::string, bool>> cpu_features() {
   const Features& f = features();
   return {{"avx", f.avx}, {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f},
           {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
-          {"os_ymm_state", f.os_ymm}, {"os_zmm_state", f.os_zmm}};
+          {"os_ymm_state", f.os_ymm}, {"os_zmm_state", f.os_zmm}, {"amd_family_19h", f.amd_family_19h}};
 }
 
 }  // namespace neo

@@ -81,4 +81,21 @@ std::vector<std::string> cpu_isa_supported();       // built and runnable on thi
 std::vector<std::pair<std::string, bool>> cpu_features();   // detected CPU features (x86: cpuid/xgetbv)
 void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks); throws like init_cpu_isa
 
+// Tuning of the dot interaction (csrc/kernels/interaction.h) per microarchitecture, from what
+// was measured on the two this project has run on (docs/benchmarks.md): AMD Zen 4 (family
+// 19h, whose 512-bit operations take both 256-bit pipes) and Intel's AVX-512 server cores
+// (two 512-bit FMA pipes).
+//   tiles      the AVX-512 forward's pair tiles: "narrow" (8-float vectors, as every variant)
+//              or "wide" (16-float vectors, D >= kWideMinDim). "auto": wide except on family
+//              19h (Intel, D 128: forward 10-20% faster; on Zen 4 no FMA gain, costlier
+//              reductions). The two differ in rounding only (summation order).
+//              NEO_INTERACTION_TILES=auto|narrow|wide sets it at import.
+//   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on family 19h
+//              only (5-8% faster there; 5-8% slower on Intel). No effect on results.
+constexpr int64_t kWideMinDim = 96;
+bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
+void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide"; throws otherwise
+std::string interaction_tiles();                     // the setting
+bool interaction_wide(int64_t D);                    // whether the active variant's forward at D is wide
+
 }  // namespace neo

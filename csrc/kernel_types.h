@@ -62,6 +62,8 @@ struct InteractionArgs {
   const float* pooled = nullptr;
   const int64_t* off = nullptr;        // (F,)
   const int64_t* stride = nullptr;     // (F,)
+  bool wide = false;                   // AVX-512 variant: the forward in 16-float tiles (cpu_isa.h)
+  bool l1_burst = false;               // each sample's rows prefetched into L1 as it starts (cpu_isa.h)
 };
 
 // Row-range bucketization of one feature (see bucketize.h for the meaning of the outputs).

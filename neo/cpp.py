@@ -5,6 +5,8 @@ the best one the CPU runs is chosen at import; ``NEO_CPU_ISA=baseline|avx2|avx51
 for another (an unknown one, or one this CPU lacks, fails the import with a message that
 says what the CPU offers). :func:`cpu_isa_info` says what was chosen, for run logs and
 benchmark records; :func:`use_cpu_isa` switches variants for tests and benchmarks.
+``NEO_INTERACTION_TILES=auto|narrow|wide`` chooses the AVX-512 dot interaction forward's
+vector width (``csrc/cpu_isa.h``); :func:`use_interaction_tiles` switches it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import platform
 from types import ModuleType
 from typing import Any, Dict, Iterator, List, Optional
 
-__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "use_cpu_isa"]
+__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "use_cpu_isa", "use_interaction_tiles"]
 
 # /proc/cpuinfo flags worth recording next to a benchmark figure.
 _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
@@ -67,11 +69,15 @@ def cpu_flags() -> List[str]:
 
 
 def cpu_isa_info() -> Dict[str, Any]:
-    """What the CPU kernels run on: ``{"neo_cpu_isa", "built", "supported", "forced", "cpu_model",
-    "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is not built)."""
+    """What the CPU kernels run on: ``{"neo_cpu_isa", "interaction_tiles", "built", "supported",
+    "forced", "cpu_model", "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is
+    not built; ``interaction_tiles``: the setting, and at D 128 whether the forward runs wide)."""
     _C = cpu_kernels("cpu_isa")
+    tiles = cpu_kernels("interaction_tiles")
     return {
         "neo_cpu_isa": _C.cpu_isa() if _C else None,
+        "interaction_tiles": ({"setting": tiles.interaction_tiles(), "wide_at_d128": tiles.interaction_wide(128)}
+                              if tiles else None),
         "built": _C.cpu_isa_variants() if _C else [],
         "supported": _C.cpu_isa_supported() if _C else [],
         "forced": os.environ.get("NEO_CPU_ISA") or None,
@@ -94,3 +100,18 @@ def use_cpu_isa(name: str) -> Iterator[None]:
         yield
     finally:
         _C._set_cpu_isa(before)
+
+
+@contextlib.contextmanager
+def use_interaction_tiles(name: str) -> Iterator[None]:
+    """Run the block with the dot interaction forward's tiles set to ``name`` (``"auto"``,
+    ``"narrow"``, ``"wide"``; wide applies to the AVX-512 kernels at D >= 96 only), then restore
+    the previous setting. Process-wide, for tests and benchmarks, like :func:`use_cpu_isa`."""
+    from neo import _C
+
+    before = _C.interaction_tiles()
+    _C._set_interaction_tiles(name)
+    try:
+        yield
+    finally:
+        _C._set_interaction_tiles(before)

@@ -141,7 +141,8 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
     return {
         "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"], "cpus": os.cpu_count(),
         "isa_cap": isa, "isa_env": {k: os.environ[k] for k in _ALL_ISA_VARS if k in os.environ},
-        "neo_cpu_isa": info["neo_cpu_isa"], "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "neo_cpu_isa": info["neo_cpu_isa"], "neo_interaction_tiles": info["interaction_tiles"],
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "fbgemm_gpu": fbgemm,
         "transparent_hugepage": transparent_hugepage_mode(), "torch_thp_alloc": os.environ.get(THP_ENV),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -14,7 +14,9 @@ backward with a fixed upstream gradient; systems alternate (each right after eac
 equally often: ``bench_common.balanced_orders``) so load from other jobs hits both alike;
 medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
-the fused kernel's lower ISA variants (those the --isa cap allows).
+the fused kernel's lower ISA variants (those the --isa cap allows) and, where the AVX-512
+forward runs in 16-float tiles, the same kernels in 8-float tiles (``-narrow``). Each record
+says which forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
 
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
 Output: a table, torch / Neo time ratios, and with ``--json`` records with the machine
@@ -41,14 +43,26 @@ ORDER = ("baseline", "avx2", "avx512")
 
 
 class System:
-    def __init__(self, name: str, module, isa=None):
-        self.name, self.module, self.isa = name, module, isa
+    def __init__(self, name: str, module, isa=None, tiles=None):
+        self.name, self.module, self.isa, self.tiles = name, module, isa, tiles
         self.times: Dict[str, List[float]] = {"fwd": [], "bwd": []}
 
-    def step(self, dense, pooled, grad, record: bool) -> None:
-        from neo.cpp import use_cpu_isa
+    def forward_tiles(self, D: int):
+        """"wide" or "narrow" (the fused kernel's forward at D), None for torch."""
+        from neo import _C
+        from neo.cpp import use_cpu_isa, use_interaction_tiles
 
-        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext():
+        if self.name == "torch":
+            return None
+        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext(), \
+                use_interaction_tiles(self.tiles) if self.tiles else contextlib.nullcontext():
+            return "wide" if _C.interaction_wide(D) else "narrow"
+
+    def step(self, dense, pooled, grad, record: bool) -> None:
+        from neo.cpp import use_cpu_isa, use_interaction_tiles
+
+        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext(), \
+                use_interaction_tiles(self.tiles) if self.tiles else contextlib.nullcontext():
             t0 = time.perf_counter()
             out = self.module(dense, pooled)
             t1 = time.perf_counter()
@@ -65,7 +79,9 @@ def systems_for(F: int, D: int, all_variants: bool) -> List[System]:
 
     active = _C.cpu_isa()
     out = [System(f"neo-{active}", DotInteraction(F, D))]
-    if all_variants:   # the lower variants the cap allows
+    if all_variants:   # the other forward tiles where the active ones are wide, and the lower variants the cap allows
+        if _C.interaction_wide(D):
+            out.append(System(f"neo-{active}-narrow", DotInteraction(F, D), tiles="narrow"))
         for isa in ORDER[:ORDER.index(active)]:
             out.append(System(f"neo-{isa}", DotInteraction(F, D), isa=isa))
     out.append(System("torch", DotInteraction(F, D, kernel="torch")))
@@ -106,15 +122,17 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
         fwd, bwd = (1e3 * statistics.median(s.times[p]) for p in ("fwd", "bwd"))
         tot = 1e3 * statistics.median(a + b for a, b in zip(s.times["fwd"], s.times["bwd"]))
         records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, fwd_ms=fwd, bwd_ms=bwd,
-                            fwd_bwd_ms=tot, iters=args.iters, machine=machine))
+                            fwd_bwd_ms=tot, forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
     return records
 
 
 def print_records(records: List[dict]) -> None:
-    print(f"\n{'system':<14} {'n':>3} {'D':>4} {'B':>5} {'threads':>7} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8}")
+    print(f"\n{'system':<19} {'n':>3} {'D':>4} {'B':>5} {'threads':>7} {'tiles':>6} {'fwd ms':>8} {'bwd ms':>8} "
+          f"{'fwd+bwd':>8}")
     for r in records:
-        print(f"{r['system']:<14} {r['n']:>3} {r['dim']:>4} {r['batch']:>5} {r['threads']:>7} {r['fwd_ms']:>8.2f} "
-              f"{r['bwd_ms']:>8.2f} {r['fwd_bwd_ms']:>8.2f}")
+        tiles = r["forward_tiles"] or "-"
+        print(f"{r['system']:<19} {r['n']:>3} {r['dim']:>4} {r['batch']:>5} {r['threads']:>7} {tiles:>6} "
+              f"{r['fwd_ms']:>8.2f} {r['bwd_ms']:>8.2f} {r['fwd_bwd_ms']:>8.2f}")
     print("\ntorch / neo (time ratio; > 1: Neo faster)")
     for r in records:
         if r["system"] == "torch":
@@ -122,7 +140,7 @@ def print_records(records: List[dict]) -> None:
         t = next(x for x in records if x["system"] == "torch" and x["dim"] == r["dim"] and x["threads"] == r["threads"])
         r["speedup_vs_torch"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
         sp = r["speedup_vs_torch"]
-        print(f"  {r['system']:<14} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
+        print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
               f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x")
 
 

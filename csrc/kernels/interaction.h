@@ -24,8 +24,12 @@
 //
 // Forward: pair dots in tiles of kFwdR rows x kFwdC columns of the upper triangle (2 x 4 on
 // AVX2 and the baseline, 4 x 4 on AVX-512: the sums plus one 8-float vector of each operand
-// row fit the register file). A row block [i0, i0 + R) starts with the tile on the diagonal
-// (columns i0 + 1 ..), of which only the pairs c >= r exist: the others are masked at
+// row fit the register file). On AVX-512 the tiles take 16-float vectors instead where
+// InteractionArgs::wide says so (D >= 96 on CPUs with two 512-bit FMA pipes, cpu_isa.h):
+// half the multiply-adds, and one 16-way reduction tree (hsum16) per tile (Intel Xeon,
+// B 2048, D 128: forward 10% faster with the batch in DRAM, 20% in cache; no faster at D 64,
+// where the reductions weigh as much as the multiply-adds). A row block [i0, i0 + R) starts
+// with the tile on the diagonal (columns i0 + 1 ..), of which only the pairs c >= r exist: the others are masked at
 // compile time (no multiply-add, nothing stored); then whole tiles, and a narrower one at
 // the row's end (the column count a template argument too): exactly P dots. Each step along
 // D loads R + C vectors and issues R * C fused multiply-adds; a tile's sums are reduced
@@ -136,13 +140,15 @@ class NextSample {
 };
 
 // The current sample's rows from L2 (where NextSample put them) into L1 at once, as it
-// starts: its first row block reads every row, and one miss after another to L2 there costs
-// more than a burst of prefetches that hit L2 (B 2048, D 64, AVX2: forward and backward each
-// about 5 to 8% faster). Only for samples of at most kL1Burst bytes (6.9 KB at n 27, D 64):
-// at D 128 (13.8 KB) the burst is no faster, or slower.
+// starts (InteractionArgs::l1_burst, AMD family 19h only): its first row block reads every
+// row, and there one miss after another to L2 costs more than a burst of prefetches that hit
+// L2 (B 2048, D 64, AVX2 on Zen 4: forward and backward each about 5 to 8% faster). On an
+// Intel Xeon (Emerald Rapids) the burst made both 5 to 8% slower at D 64 (the C++ probe of
+// this header, alternating builds). Only for samples of at most kL1Burst bytes (6.9 KB at
+// n 27, D 64): at D 128 (13.8 KB) the burst is no faster, or slower.
 constexpr int64_t kL1Burst = 8 << 10;
-inline void rows_into_l1(const float* const* v, int64_t n, int64_t D) {
-  if (n * D * 4 > kL1Burst) return;
+inline void rows_into_l1(const InteractionArgs& a, const float* const* v, int64_t n, int64_t D) {
+  if (!a.l1_burst || n * D * 4 > kL1Burst) return;
   for (int64_t r = 0; r < n; ++r) prefetch_lines_l1_kept(v[r], D * 4);
 }
 
@@ -193,18 +199,74 @@ inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv
   }
 }
 
+#if defined(__AVX512F__)
+// The same tile in 16-float vectors (AVX-512 variant, kFwdR = kFwdC = 4; where
+// InteractionArgs::wide): R + C loads and R * C multiply-adds of 16 floats a step, then the 16
+// sums (zero where the tile is smaller or a diagonal pair is absent) reduced by hsum16 into
+// one vector, lane r * 4 + c = pair (i0 + r, j0 + c), and each row's lanes stored under a mask
+// at row[r] + j0 - 4 r (where lane 0 goes when lane 4 r lands on row[r] + j0; masked-off lanes
+// are not accessed, and the address stays inside the sample's output: at most 12 floats
+// before its pairs, which follow its D >= 96 dense floats).
+template <int R, int C, bool DIAG>
+inline void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+                           int64_t j0) {
+  static_assert(R <= 4 && C <= 4, "wide tiles are at most 4 x 4");
+  __m512 acc[16];
+  NEO_UNROLL
+  for (int q = 0; q < 16; ++q) acc[q] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dv; d += 16) {
+    __m512 x[R], y[C];
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(ri[r] + d);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) {
+      __m512 t = _mm512_loadu_ps(cj[c] + d);
+      keep_in_register(t);
+      y[c] = t;
+    }
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r)
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c)
+        if (!DIAG || c >= r) acc[r * 4 + c] = _mm512_fmadd_ps(x[r], y[c], acc[r * 4 + c]);
+  }
+  const __m512 sums = hsum16(acc);
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) {
+    __mmask16 m = 0;
+    for (int c = DIAG ? r : 0; c < C; ++c) m |= static_cast<__mmask16>(1u << (r * 4 + c));
+    _mm512_mask_storeu_ps(row[r] + j0 - 4 * r, m, sums);
+  }
+}
+constexpr bool kHaveWideForward = true;
+#else
+template <int R, int C, bool DIAG>
+inline void pair_tile_wide(const float* const*, const float* const*, int64_t, float* const*, int64_t) {}
+constexpr bool kHaveWideForward = false;
+#endif
+
+// Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.
+template <bool WIDE>
+constexpr int64_t fwd_width() { return WIDE ? 16 : kPW; }
+
+template <int R, int C, bool DIAG, bool WIDE>
+inline void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
+  if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0);
+  else pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0);
+}
+
 // pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
-template <int R, bool DIAG, int C = kFwdC>
+template <int R, bool DIAG, bool WIDE, int C = kFwdC>
 inline void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
                          int64_t nc) {
   if constexpr (C > 1) {
-    if (nc < C) return pair_tile_nc<R, DIAG, C - 1>(ri, cj, Dv, row, j0, nc);
+    if (nc < C) return pair_tile_nc<R, DIAG, WIDE, C - 1>(ri, cj, Dv, row, j0, nc);
   }
-  pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0);
+  pair_tile_any<R, C, DIAG, WIDE>(ri, cj, Dv, row, j0);
 }
 
 // Row block [i0, i0 + R): the tile on the diagonal, whole tiles, a narrower one at the end.
-template <int R>
+template <int R, bool WIDE>
 inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0, float* out) {
   constexpr int C = kFwdC;
   float* row[R];   // row[r][j] = pair (i0 + r, j)
@@ -212,28 +274,29 @@ inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t
   for (int r = 0; r < R; ++r) row[r] = out + pair_base(i0 + r, n);
   const float* const* ri = v + i0;
   int64_t j0 = i0 + 1;
-  pair_tile_nc<R, true>(ri, v + j0, Dv, row, j0, n - j0);   // n - j0 >= R: every row has a pair
-  for (j0 += C; j0 + C <= n; j0 += C) pair_tile<R, C, false>(ri, v + j0, Dv, row, j0);
-  if (j0 < n) pair_tile_nc<R, false>(ri, v + j0, Dv, row, j0, n - j0);
+  pair_tile_nc<R, true, WIDE>(ri, v + j0, Dv, row, j0, n - j0);   // n - j0 >= R: every row has a pair
+  for (j0 += C; j0 + C <= n; j0 += C) pair_tile_any<R, C, false, WIDE>(ri, v + j0, Dv, row, j0);
+  if (j0 < n) pair_tile_nc<R, false, WIDE>(ri, v + j0, Dv, row, j0, n - j0);
 }
-template <int R = kFwdR>
+template <bool WIDE, int R = kFwdR>
 inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out) {
   if constexpr (R > 1) {
-    if (nr < R) return pair_row_block_r<R - 1>(v, n, Dv, i0, nr, out);
+    if (nr < R) return pair_row_block_r<WIDE, R - 1>(v, n, Dv, i0, nr, out);
   }
-  pair_row_block<R>(v, n, Dv, i0, out);
+  pair_row_block<R, WIDE>(v, n, Dv, i0, out);
 }
 
 // Row blocks of the forward (the shares of its prefetches).
 inline int64_t pair_row_blocks(int64_t n) { return (n - 1 + kFwdR - 1) / kFwdR; }
 
 // out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
-// row n - 1 has no pair to its right); the last D % kPW columns added in scalar code.
+// row n - 1 has no pair to its right); the last D % fwd_width columns added in scalar code.
+template <bool WIDE>
 inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next) {
-  const int64_t Dv = D / kPW * kPW;
+  const int64_t Dv = D / fwd_width<WIDE>() * fwd_width<WIDE>();
   for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += kFwdR) {
     next.part(k);
-    pair_row_block_r(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
+    pair_row_block_r<WIDE>(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
   }
   if (Dv == D) return;
   for (int64_t i = 0, p = 0; i < n; ++i)
@@ -251,10 +314,12 @@ void interaction_forward(const InteractionArgs& a, float* out) {
     const float* v[256];
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
-      rows_into_l1(v, n, D);
+      rows_into_l1(a, v, n, D);
       float* o = out + b * (D + P);
       std::memcpy(o, v[0], D * sizeof(float));
-      pair_dots(v, n, D, o + D, NextSample(a, b + 1, b1, nullptr, 0, plan));
+      NextSample next(a, b + 1, b1, nullptr, 0, plan);
+      if (kHaveWideForward && a.wide) pair_dots<kHaveWideForward>(v, n, D, o + D, std::move(next));
+      else pair_dots<false>(v, n, D, o + D, std::move(next));
     }
   });
 }
@@ -431,7 +496,7 @@ void interaction_backward(const InteractionArgs& a, const float* grad_out, float
     std::vector<float> S(D % kW ? n * n : 0);
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
-      rows_into_l1(v, n, D);
+      rows_into_l1(a, v, n, D);
       const float* g = grad_out + b * (D + P);
       outs[0] = grad_dense + b * D;
       for (int64_t k = 0; k < a.F; ++k) outs[k + 1] = grad_pooled + a.off[k] + b * a.stride[k];

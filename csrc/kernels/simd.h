@@ -145,12 +145,39 @@ typedef __m256 pv;
 inline pv pzero() { return _mm256_setzero_ps(); }
 inline pv pload(const float* p) { return _mm256_loadu_ps(p); }
 inline pv pfmadd(pv a, pv b, pv c) { return _mm256_fmadd_ps(a, b, c); }
+#define NEO_UNROLL_16 _Pragma("GCC unroll 16")
 // Eight horizontal sums with a transposing tree of horizontal adds: out[q] = sum of a[q].
 inline void hsum8(const pv* a, float* out) {
   const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));   // s0..s3 per half
   const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));   // s4..s7 per half
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31)));
 }
+#if defined(__AVX512F__)
+// Sixteen horizontal sums of 16-float vectors into one vector: lane q = sum of a[q]. Four
+// halving stages (256-bit halves, 128-bit quarters, pairs, single lanes), each adding the
+// two halves of two vectors: 30 shuffles and 15 adds. The inputs enter in the order kIn,
+// the permutation the stages apply to lanes (its own inverse), so the lanes come out in
+// order.
+inline __m512 hsum16(const __m512* a) {
+  constexpr int kIn[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+  __m512 s1[8], s2[4], s3[2];
+  NEO_UNROLL_16
+  for (int q = 0; q < 8; ++q) {
+    const __m512 x = a[kIn[q]], y = a[kIn[q + 8]];
+    s1[q] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  NEO_UNROLL_16
+  for (int q = 0; q < 4; ++q)
+    s2[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[q], s1[q + 4], 0x88), _mm512_shuffle_f32x4(s1[q], s1[q + 4], 0xDD));
+  NEO_UNROLL_16
+  for (int q = 0; q < 2; ++q) {
+    const __m512d x = _mm512_castps_pd(s2[q]), y = _mm512_castps_pd(s2[q + 2]);
+    s3[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
 #else
 constexpr int kPW = kW;
 typedef vf pv;

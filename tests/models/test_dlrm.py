@@ -5,12 +5,14 @@ import torch
 
 import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import OptimizerConfig, TableConfig
-from neo.cpp import use_cpu_isa
+from neo.cpp import use_cpu_isa, use_interaction_tiles
 from neo.embedding import TableBatchedEmbedding
 from neo.models import DLRM, DotInteraction, LowRankCrossNet
 from neo.sparse import KeyedJaggedBatch
 
 ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
+# (ISA, forward tiles): the AVX-512 variant's forward in 8- and in 16-float tiles (csrc/cpu_isa.h)
+ISA_TILES = [(isa, "narrow") for isa in ISA_VARIANTS] + [(isa, "wide") for isa in ISA_VARIANTS if isa == "avx512"]
 
 
 def test_dot_interaction_is_every_pair_once():
@@ -42,28 +44,50 @@ def test_dot_interaction_gradient_matches_autograd_of_the_formula():
     assert torch.autograd.gradcheck(lambda d, p: DotInteraction(F, D)(d, p), (dense, pooled))
 
 
-@pytest.mark.parametrize("isa", ISA_VARIANTS)
+@pytest.mark.parametrize("isa,tiles", ISA_TILES)
 @pytest.mark.parametrize("F,D", [(1, 16), (3, 8), (5, 5), (15, 16), (16, 64), (26, 64), (31, 32), (40, 48), (26, 20),
-                                 (26, 128), (2, 4), (7, 36), (26, 72)])
-def test_fused_dot_interaction_matches_the_formula_in_float64(F, D, isa):
+                                 (26, 128), (2, 4), (7, 36), (26, 72), (1, 96), (2, 100), (5, 112), (26, 96),
+                                 (26, 136), (40, 256)])
+def test_fused_dot_interaction_matches_the_formula_in_float64(F, D, isa, tiles):
     """The C++ kernel (fp32) against the plain formula evaluated in float64, forward and
-    backward, with the kernels of each ISA variant (their register blocks differ).
+    backward, with the kernels of each ISA variant (their register blocks differ), and the
+    AVX-512 forward in both its tile widths (wide from D 96 on).
 
     Shapes cover pair tiles and row blocks with remainders (n = F + 1 from 2 to 41), D a
     multiple of the vector width (4, 8, 16 floats) or not (the scalar tail columns), and
     remainders of the backward's column blocks."""
     assert DotInteraction(F, D)._fused, "neo._C is not built"
-    with use_cpu_isa(isa):
+    with use_cpu_isa(isa), use_interaction_tiles(tiles):
+        assert C.interaction_wide(D) == (tiles == "wide" and D >= 96)
         _fused_against_float64(F, D)
 
 
-@pytest.mark.parametrize("isa", ISA_VARIANTS)
-def test_fused_dot_interaction_large_batch_streams_its_gradient(isa):
-    """B 700 x 26 features x D 64: the pooled gradient (4.6 MB) is large enough for the
-    backward's streaming stores (kStreamBytes in csrc/kernels/interaction.h); the same check
-    against float64."""
-    with use_cpu_isa(isa):
+@pytest.mark.parametrize("isa,tiles", ISA_TILES)
+def test_fused_dot_interaction_large_batch_streams_its_gradient(isa, tiles):
+    """B 700 x 26 features x D 64 and B 300 x 26 x D 128: the pooled gradient (4.6 and 4 MB) is
+    large enough for the backward's streaming stores (kStreamBytes in
+    csrc/kernels/interaction.h); the same check against float64."""
+    with use_cpu_isa(isa), use_interaction_tiles(tiles):
         _fused_against_float64(26, 64, B=700)
+        _fused_against_float64(26, 128, B=300)
+
+
+def test_interaction_tiles_setting_is_checked_and_restored():
+    """An unknown tile setting is refused with the valid ones; the context manager restores
+    the setting; "auto" takes wide tiles only in the AVX-512 kernels, from D 96 on, and only
+    where the CPU runs 512-bit multiply-adds at full rate (not AMD family 19h)."""
+    before = C.interaction_tiles()
+    with pytest.raises(RuntimeError, match="valid: auto, narrow, wide"):
+        C._set_interaction_tiles("broad")
+    assert C.interaction_tiles() == before
+    with use_interaction_tiles("wide"):
+        assert C.interaction_tiles() == "wide"
+    assert C.interaction_tiles() == before
+    zen4 = dict(C.cpu_features())["amd_family_19h"]
+    for isa in ISA_VARIANTS:
+        with use_cpu_isa(isa), use_interaction_tiles("auto"):
+            assert not C.interaction_wide(64)
+            assert C.interaction_wide(128) == (isa == "avx512" and not zen4)
 
 
 def _fused_against_float64(F, D, B=37):
@@ -140,20 +164,21 @@ def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
     assert pooled.grad.data_ptr() in seen                # reused, and taken as .grad without a copy
 
 
-@pytest.mark.parametrize("isa", ISA_VARIANTS)
-def test_fused_dot_interaction_reads_pooled_pieces_in_place(isa):
+@pytest.mark.parametrize("isa,tiles", ISA_TILES)
+@pytest.mark.parametrize("D", [16, 128])
+def test_fused_dot_interaction_reads_pooled_pieces_in_place(isa, tiles, D):
     """PooledPieces over a source-major buffer (two pieces of 3 and 2 features, as a 2-rank
     AlltoAll leaves them) against the torch path on the assembled (B, F * D) tensor; the
     gradient comes back in the buffer's layout, times grad_scale."""
-    with use_cpu_isa(isa):
-        _pooled_pieces_in_place()
+    with use_cpu_isa(isa), use_interaction_tiles(tiles):
+        _pooled_pieces_in_place(D)
 
 
-def _pooled_pieces_in_place():
+def _pooled_pieces_in_place(D):
     from neo.models import PooledPieces
 
     torch.manual_seed(3)
-    B, D, F, scale = 9, 16, 5, 0.5
+    B, F, scale = 9, 5, 0.5
     widths = (3 * D, 2 * D)
     flat = torch.randn(B * sum(widths), requires_grad=True)
     p0 = flat[:B * widths[0]].view(B, widths[0])
