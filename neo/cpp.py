@@ -16,7 +16,7 @@ import functools
 import os
 import platform
 from types import ModuleType
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 __all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "use_cpu_isa", "use_interaction_tiles"]
 
@@ -94,12 +94,8 @@ def use_cpu_isa(name: str) -> Iterator[None]:
     tests and benchmarks, not for code running kernels on other threads meanwhile."""
     from neo import _C
 
-    before = _C.cpu_isa()
-    _C._set_cpu_isa(name)
-    try:
+    with _switched(_C.cpu_isa, _C._set_cpu_isa, name):
         yield
-    finally:
-        _C._set_cpu_isa(before)
 
 
 @contextlib.contextmanager
@@ -109,9 +105,16 @@ def use_interaction_tiles(name: str) -> Iterator[None]:
     the previous setting. Process-wide, for tests and benchmarks, like :func:`use_cpu_isa`."""
     from neo import _C
 
-    before = _C.interaction_tiles()
-    _C._set_interaction_tiles(name)
+    with _switched(_C.interaction_tiles, _C._set_interaction_tiles, name):
+        yield
+
+
+@contextlib.contextmanager
+def _switched(get: Callable[[], str], set_: Callable[[str], None], name: str) -> Iterator[None]:
+    """``set_(name)`` for the block, then the value ``get()`` had before."""
+    before = get()
+    set_(name)
     try:
         yield
     finally:
-        _C._set_interaction_tiles(before)
+        set_(before)

@@ -158,6 +158,50 @@ constexpr bool kPrefetchPerStep = kBwdR * kBwdC * kW >= 256;
 
 // ------------------------------------------------------------------------------ forward
 
+// The vector operations of the forward's tiles: 8 floats (pv, every variant) or 16 (AVX-512).
+struct NarrowVec {
+  using V = pv;
+  static constexpr int64_t kLanes = kPW;
+  static V zero() { return pzero(); }
+  static V load(const float* p) { return pload(p); }
+  static V fmadd(V a, V b, V c) { return pfmadd(a, b, c); }
+};
+#if defined(__AVX512F__)
+struct WideVec {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
+// The sums of an R x C tile over the first Dv columns (a multiple of Vec::kLanes):
+// acc[r * STRIDE + c] = lane-wise partial sums of v_{i0 + r} * v_{j0 + c}; every acc entry is
+// zeroed first (the ones no pair uses stay zero). DIAG: only the pairs c >= r.
+template <class Vec, int R, int C, int STRIDE, bool DIAG, int K>
+inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K]) {
+  using V = typename Vec::V;
+  NEO_UNROLL
+  for (int q = 0; q < K; ++q) acc[q] = Vec::zero();
+  for (int64_t d = 0; d < Dv; d += Vec::kLanes) {
+    V x[R], y[C];
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r) x[r] = Vec::load(ri[r] + d);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) {
+      V t = Vec::load(cj[c] + d);
+      keep_in_register(t);   // else gcc folds the load into each of the R multiply-adds: R times the loads
+      y[c] = t;              // (on a copy: an asm operand in the array would keep the array in memory)
+    }
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r)
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c)
+        if (!DIAG || c >= r) acc[r * STRIDE + c] = Vec::fmadd(x[r], y[c], acc[r * STRIDE + c]);
+  }
+}
+
 // The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
 // triangle, over the first Dv (a multiple of kPW) of the D columns:
 // out[pair (i0 + r, j0 + c)] = v_{i0 + r} . v_{j0 + c}. DIAG: the tile on the diagonal
@@ -167,24 +211,7 @@ template <int R, int C, bool DIAG>
 inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
   constexpr int K = (R * C + 7) / 8 * 8;   // sums reduced eight at a time; the padding stays zero
   pv acc[K];
-  NEO_UNROLL
-  for (int q = 0; q < K; ++q) acc[q] = pzero();
-  for (int64_t d = 0; d < Dv; d += kPW) {
-    pv x[R], y[C];
-    NEO_UNROLL
-    for (int r = 0; r < R; ++r) x[r] = pload(ri[r] + d);
-    NEO_UNROLL
-    for (int c = 0; c < C; ++c) {
-      pv t = pload(cj[c] + d);
-      keep_in_register(t);   // else gcc folds the load into each of the R multiply-adds: R times the loads
-      y[c] = t;              // (on a copy: an asm operand in the array would keep the array in memory)
-    }
-    NEO_UNROLL
-    for (int r = 0; r < R; ++r)
-      NEO_UNROLL
-      for (int c = 0; c < C; ++c)
-        if (!DIAG || c >= r) acc[r * C + c] = pfmadd(x[r], y[c], acc[r * C + c]);
-  }
+  tile_sums<NarrowVec, R, C, C, DIAG>(ri, cj, Dv, acc);
   alignas(32) float res[K];
   NEO_UNROLL
   for (int q = 0; q < K; q += 8) hsum8(acc + q, res + q);
@@ -212,24 +239,7 @@ inline void pair_tile_wide(const float* const* ri, const float* const* cj, int64
                            int64_t j0) {
   static_assert(R <= 4 && C <= 4, "wide tiles are at most 4 x 4");
   __m512 acc[16];
-  NEO_UNROLL
-  for (int q = 0; q < 16; ++q) acc[q] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < Dv; d += 16) {
-    __m512 x[R], y[C];
-    NEO_UNROLL
-    for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(ri[r] + d);
-    NEO_UNROLL
-    for (int c = 0; c < C; ++c) {
-      __m512 t = _mm512_loadu_ps(cj[c] + d);
-      keep_in_register(t);
-      y[c] = t;
-    }
-    NEO_UNROLL
-    for (int r = 0; r < R; ++r)
-      NEO_UNROLL
-      for (int c = 0; c < C; ++c)
-        if (!DIAG || c >= r) acc[r * 4 + c] = _mm512_fmadd_ps(x[r], y[c], acc[r * 4 + c]);
-  }
+  tile_sums<WideVec, R, C, 4, DIAG>(ri, cj, Dv, acc);
   const __m512 sums = hsum16(acc);
   NEO_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -247,7 +257,7 @@ constexpr bool kHaveWideForward = false;
 
 // Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.
 template <bool WIDE>
-constexpr int64_t fwd_width() { return WIDE ? 16 : kPW; }
+constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
 
 template <int R, int C, bool DIAG, bool WIDE>
 inline void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {

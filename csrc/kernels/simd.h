@@ -134,7 +134,9 @@ constexpr int kBwdR = 6, kBwdC = 2;
 
 // Pair-dot vectors (the interaction forward's tiles end in horizontal sums): 8 floats on
 // AVX2 and AVX-512 (where the tiles use all 32 registers and an 8-way reduction tree
-// needs no folding of 16-float vectors), 4 on the baseline.
+// needs no folding of 16-float vectors), 4 on the baseline; AVX-512's wide tiles use
+// 16-float vectors and hsum16 instead (interaction.h).
+
 // An empty asm that claims to modify v: the compiler must hold v in a register here.
 template <typename V>
 inline void keep_in_register(V& v) { __asm__("" : "+x"(v)); }
