@@ -29,9 +29,10 @@
 // half the multiply-adds, and one 16-way reduction tree (hsum16) per tile (Intel Xeon,
 // B 2048, D 128: forward 10% faster with the batch in DRAM, 20% in cache; no faster at D 64,
 // where the reductions weigh as much as the multiply-adds). A row block [i0, i0 + R) starts
-// with the tile on the diagonal (columns i0 + 1 ..), of which only the pairs c >= r exist: the others are masked at
-// compile time (no multiply-add, nothing stored); then whole tiles, and a narrower one at
-// the row's end (the column count a template argument too): exactly P dots. Each step along
+// with the tile on the diagonal (columns i0 + 1 ..), of which only the pairs c >= r exist:
+// the others are masked at compile time (no multiply-add, nothing stored); then whole
+// tiles, and a narrower one at the row's end (the column count a template argument too):
+// exactly P dots. Each step along
 // D loads R + C vectors and issues R * C fused multiply-adds; a tile's sums are reduced
 // horizontally eight at a time (a transposing tree of hadds) and stored row by row (a row's
 // C results are contiguous in the output).
@@ -250,8 +251,9 @@ inline void pair_tile_wide(const float* const* ri, const float* const* cj, int64
 }
 constexpr bool kHaveWideForward = true;
 #else
+// Declared only, for pair_tile_any's discarded branch: never instantiated without AVX-512.
 template <int R, int C, bool DIAG>
-inline void pair_tile_wide(const float* const*, const float* const*, int64_t, float* const*, int64_t) {}
+void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0);
 constexpr bool kHaveWideForward = false;
 #endif
 

@@ -27,6 +27,10 @@
 
 NEO_KERNELS_BEGIN
 
+// Full unrolling of a loop over a tile's compile-time rows or columns, so that its array of
+// vector sums lives in registers (gcc keeps a partly unrolled one in memory).
+#define NEO_UNROLL _Pragma("GCC unroll 32")
+
 #if defined(__AVX512F__)
 // ------------------------------------------------------------------------------ AVX-512
 constexpr int kW = 16;
@@ -147,7 +151,6 @@ typedef __m256 pv;
 inline pv pzero() { return _mm256_setzero_ps(); }
 inline pv pload(const float* p) { return _mm256_loadu_ps(p); }
 inline pv pfmadd(pv a, pv b, pv c) { return _mm256_fmadd_ps(a, b, c); }
-#define NEO_UNROLL_16 _Pragma("GCC unroll 16")
 // Eight horizontal sums with a transposing tree of horizontal adds: out[q] = sum of a[q].
 inline void hsum8(const pv* a, float* out) {
   const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));   // s0..s3 per half
@@ -163,15 +166,15 @@ inline void hsum8(const pv* a, float* out) {
 inline __m512 hsum16(const __m512* a) {
   constexpr int kIn[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
   __m512 s1[8], s2[4], s3[2];
-  NEO_UNROLL_16
+  NEO_UNROLL
   for (int q = 0; q < 8; ++q) {
     const __m512 x = a[kIn[q]], y = a[kIn[q + 8]];
     s1[q] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
   }
-  NEO_UNROLL_16
+  NEO_UNROLL
   for (int q = 0; q < 4; ++q)
     s2[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[q], s1[q + 4], 0x88), _mm512_shuffle_f32x4(s1[q], s1[q + 4], 0xDD));
-  NEO_UNROLL_16
+  NEO_UNROLL
   for (int q = 0; q < 2; ++q) {
     const __m512d x = _mm512_castps_pd(s2[q]), y = _mm512_castps_pd(s2[q + 2]);
     s3[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
@@ -191,9 +194,6 @@ inline void hsum8(const pv* a, float* out) {
 }
 #endif
 
-// Full unrolling of a loop over a tile's compile-time rows or columns, so that its array of
-// vector sums lives in registers (gcc keeps a partly unrolled one in memory).
-#define NEO_UNROLL _Pragma("GCC unroll 32")
 
 // Every 64-byte line of [p, p + bytes): WRITE = with write intent; LOCALITY 3 = into L1,
 // 1 = into L2 only (the far prefetches, which keep more misses in flight).
