@@ -8,8 +8,9 @@
 //    the offset of its slice of grad_output and its length for mean pooling (F * B
 //    entries, cache-resident).
 // 2. Grouping: stable parallel LSD radix sort of the packed items by key (radix_sort.h),
-//    only as many key bits as the largest key needs. Occurrences of one row end up
-//    adjacent, in order of occurrence.
+//    only as many key bits as the largest key needs; where the features' tables ascend,
+//    each table's items sort alone by their local row (sort_table_segments). Occurrences of
+//    one row end up adjacent, in order of occurrence.
 // 3. Update (parallel over segments of the sorted items, cut at row boundaries, about
 //    equally many ids each): per row, sum its gradient occurrences in fp32 (same order as
 //    the reference), then apply the optimizer to the row in place (optimizers.h): weights
@@ -217,6 +218,24 @@ void make_keys(const GroupMeta& m, const Lookup& L, uint64_t* items, uint32_t* b
   for (int64_t c = 0; c < chunks; ++c) { n_invalid += invalid[c]; max_key = std::max(max_key, mks[c]); }
 }
 
+// The items of each table, where the features' tables ascend (consecutive features of one
+// table share a segment): then the items are grouped by table already, in key order. Empty
+// (sort the whole range) otherwise.
+inline std::vector<KeySegment> table_segments(const GroupMeta& m, const Lookup& L) {
+  std::vector<KeySegment> segs;
+  for (int64_t f = 0; f < m.F; ++f) {
+    const int64_t t = m.ftable[f], s = L.off[f * m.B], e = L.off[(f + 1) * m.B];
+    const uint64_t base = static_cast<uint64_t>(m.roff[t]), rows = static_cast<uint64_t>(m.rows[t]);
+    if (!segs.empty() && segs.back().base == base) {
+      segs.back().end = e;
+      continue;
+    }
+    if (!segs.empty() && base < segs.back().base + segs.back().rows) return {};
+    segs.push_back({s, e, base, rows});
+  }
+  return segs;
+}
+
 // Phase 3 on sorted items [j, end): sum per row and update, with prefetches ahead.
 template <typename T, bool WEIGHTED>
 void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources& src, int64_t j, int64_t end,
@@ -290,7 +309,9 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   const int64_t n_valid = N - n_invalid;
   if (n_valid == 0) return n_invalid;
   const double ms1 = ms_since(t0);
-  const uint64_t* sorted = radix_sort_by_key(items, tmp, N, bit_width(mk));
+  const std::vector<KeySegment> segs = n_invalid == 0 ? table_segments(m, L) : std::vector<KeySegment>{};
+  const uint64_t* sorted = segs.empty() ? radix_sort_by_key(items, tmp, N, bit_width(mk))
+                                        : sort_table_segments(items, tmp, segs);
   const double ms2 = ms_since(t0);
 
   // segments of the sorted items, cut at row boundaries

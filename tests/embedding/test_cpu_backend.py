@@ -193,6 +193,30 @@ def test_threads_bit_identical(opt, dtype):
         assert torch.equal(x, y)
 
 
+def test_large_table_segment_matches_reference_on_any_threads():
+    """The backward sorts each table's ids alone (csrc/kernels/radix_sort.h): a table past 256k ids
+    a step sorts on every thread, the small ones beside it one a thread. Against the reference,
+    at 1 and 2 threads, bit for bit between the two."""
+    opt = OptimizerConfig("adagrad", lr=0.05)
+    tables = [TableConfig("small", 300, 8, feature_names=("a", "b"), optimizer=opt),
+              TableConfig("big", 5000, 16, optimizer=opt),
+              TableConfig("tiny", 3, 4, optimizer=opt)]
+    gen = torch.Generator().manual_seed(3)
+    B = 64
+    lengths = torch.cat([torch.randint(0, 9, (2 * B,), generator=gen),           # a, b
+                         torch.full((B,), 4200),                                 # big: 268,800 ids
+                         torch.randint(0, 3, (B,), generator=gen)])
+    rows = [300] * 2 * B + [5000] * B + [3] * B
+    values = torch.cat([torch.randint(0, r, (int(n),), generator=gen) for r, n in zip(rows, lengths)])
+    batch = KeyedJaggedBatch(("a", "b", "big", "tiny"), values, lengths, B)
+    grad = torch.randn(B, 8 + 8 + 16 + 4, generator=gen)
+    run_steps(tables, "cpu", steps=1, batches=[batch])
+    one = _train(tables, [batch], [grad], 1)
+    two = _train(tables, [batch], [grad], 2)
+    for x, y in zip(sum(one, []), sum(two, [])):
+        assert torch.equal(x, y)
+
+
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_learning_rate_change(opt):
     tables = make_tables(opt, "fp32", False, "sum")
