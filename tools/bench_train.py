@@ -90,6 +90,22 @@ def _balanced_ranks(sizes, world_size: int) -> Dict[str, int]:
     return ranks
 
 
+def _planner_ranks(args, sizes, world_size: int) -> Dict[str, int]:
+    """Table-wise placement by Neo's planner (:func:`neo.planner.plan_tables`, built-in CPU cost
+    constants) from the same pooling factors TorchRec's planner gets: its cost model counts a
+    table's distinct rows a step (memory traffic of the update and the lookup), not only its ids."""
+    from neo.planner import plan_tables
+    from neo.planner.constants import builtin_constants
+    from neo.planner.types import GIB, Device, ShardingType, TableConstraints, TableSpec, Topology
+
+    only_tw = TableConstraints(sharding_types=(ShardingType.TABLE_WISE,))
+    specs = [TableSpec(f"t{t}", args.rows, args.dim, 4, state_floats_per_row=args.dim, state_per_element=True,
+                       pooling_factor=float(sizes[t]), constraints=only_tw) for t in range(args.tables)]
+    topo = Topology(world_size, world_size, tuple(Device(16 * GIB, 16 * GIB) for _ in range(world_size)), args.batch)
+    plan = plan_tables(specs, topo, builtin_constants("cpu"))
+    return {name: tp.shards[0].rank for name, tp in plan.tables.items()}
+
+
 def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     import torch.nn.functional as F
 
@@ -103,7 +119,8 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     opt = OptimizerConfig("adagrad", lr=0.01)
     tables = [TableConfig(f"t{t}", args.rows, args.dim, (f"f{t}",), optimizer=opt) for t in range(args.tables)]
     types = {t.name: (kind if kind != "mixed" else SIX[i % len(SIX)]) for i, t in enumerate(tables)}
-    ranks = _balanced_ranks(sizes, pg.world_size) if args.placement == "balanced" else None
+    ranks = {"balanced": _balanced_ranks, "planner": lambda *a: _planner_ranks(args, *a)}.get(
+        args.placement, lambda *a: None)(sizes, pg.world_size)
     plan = even_plan(tables, types, pg.world_size, pg.local_world_size, ranks=ranks)
     sharded = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=False)
     torch.manual_seed(0)
@@ -152,7 +169,7 @@ def _torchrec_runner(args, pg_world, batches, sizes) -> _Runner:
                                          for t in range(args.tables)], device=torch.device("meta"))
     torch.manual_seed(0)
     model = TorchRecDLRM(ebc, 13, [512, 256, args.dim], [512, 256, 1], dense_device=torch.device("cpu"))
-    pf = (lambda t: dict(pooling_factors=[float(sizes[t])])) if args.placement == "balanced" else (lambda t: {})
+    pf = (lambda t: dict(pooling_factors=[float(sizes[t])])) if args.placement != "naive" else (lambda t: {})
     constraints = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"], **pf(t)) for t in range(args.tables)}
     sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD,
                                                           "learning_rate": 0.01, "eps": 1e-8})
@@ -264,10 +281,12 @@ def main(argv=None) -> int:
     p.add_argument("--plain", action="store_true", help="Neo without the pipeline (PlainLoop)")
     p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="MLP / interaction compute type, both systems (bf16 = torch.autocast)")
-    p.add_argument("--placement", choices=["balanced", "naive"], default="balanced",
-                   help="table-wise placement: balanced by ids per sample (Neo: longest first to the least-loaded "
-                        "rank; TorchRec: its planner given the same pooling factors), or naive (Neo: tables in "
-                        "blocks of consecutive ones per rank; TorchRec's planner without pooling factors)")
+    p.add_argument("--placement", choices=["planner", "balanced", "naive"], default="planner",
+                   help="table-wise placement, each system's from the same pooling factors: planner (Neo: its "
+                        "planner's cost model, which weighs each table's distinct rows a step as well as its ids; "
+                        "TorchRec: its planner), balanced (Neo: by ids per sample, longest first to the "
+                        "least-loaded rank; TorchRec: its planner), or naive (Neo: tables in blocks of consecutive "
+                        "ones per rank; TorchRec's planner without pooling factors)")
     p.add_argument("--no-torchrec", action="store_true")
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
