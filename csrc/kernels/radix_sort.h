@@ -1,18 +1,20 @@
 // Parallel, stable LSD radix sort of packed 64-bit items (key << 32 | position) by key.
 //
 // Each pass: every chunk (a contiguous range of items, one per thread) counts its digits
-// (in one chunk, one read of the items counts the digits of every pass), a serial prefix sum
-// over (digit, chunk) gives every chunk its write cursors, every chunk scatters its items in
-// order. Chunk order = item order, so the sort
-// is stable and the result does not depend on the number of threads (positions stay in
-// increasing order within a key: summation order = order of occurrence, deterministic).
+// (in one chunk, one read of the items counts the digits of every pass), a serial prefix
+// sum over (digit, chunk) gives every chunk its write cursors, every chunk scatters its
+// items in order. Chunk order = item order, so the sort is stable and the result does not
+// depend on the number of threads (positions stay in increasing order within a key:
+// summation order = order of occurrence, deterministic).
 //
 // sort_table_segments: the fused backward's items come feature by feature, so where the
 // features' tables ascend, the items are already grouped by table and each table's segment
 // needs sorting only by its local row (key - first row of the table): fewer key bits than
-// the whole group's, and a segment of a small table sorts in cache. At the multi-hot
-// benchmark's shapes (11 to 15 tables of 100k rows on a rank, 340k to 540k items, caches
-// flushed before each sort, Intel Xeon, AVX2): 0.70 to 0.85x the time of the whole sort.
+// the whole group's, and a segment of a small table sorts in cache. The multi-hot
+// bench_train's two ranks (15 tables of 100k rows, 340k items; 11 tables with one of 100
+// ids a bag, 537k items), caches flushed before each sort, Intel Xeon, AVX2: 0.65-0.70x and
+// 0.84-0.94x the time of the whole sort; in the benchmark itself (NEO_PROFILE) 7.0 -> 3.7-5.1
+// and 8.3-12.7 -> 6.7-8.8 ms.
 #pragma once
 
 #include "util.h"
