@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
@@ -47,22 +47,26 @@ class System:
         self.name, self.module, self.isa, self.tiles = name, module, isa, tiles
         self.times: Dict[str, List[float]] = {"fwd": [], "bwd": []}
 
+    @contextlib.contextmanager
+    def kernels(self) -> Iterator[None]:
+        """The block runs with this system's ISA variant and forward tiles (where it sets them)."""
+        from neo.cpp import use_cpu_isa, use_interaction_tiles
+
+        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext(), \
+                use_interaction_tiles(self.tiles) if self.tiles else contextlib.nullcontext():
+            yield
+
     def forward_tiles(self, D: int):
         """"wide" or "narrow" (the fused kernel's forward at D), None for torch."""
         from neo import _C
-        from neo.cpp import use_cpu_isa, use_interaction_tiles
 
         if self.name == "torch":
             return None
-        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext(), \
-                use_interaction_tiles(self.tiles) if self.tiles else contextlib.nullcontext():
+        with self.kernels():
             return "wide" if _C.interaction_wide(D) else "narrow"
 
     def step(self, dense, pooled, grad, record: bool) -> None:
-        from neo.cpp import use_cpu_isa, use_interaction_tiles
-
-        with use_cpu_isa(self.isa) if self.isa else contextlib.nullcontext(), \
-                use_interaction_tiles(self.tiles) if self.tiles else contextlib.nullcontext():
+        with self.kernels():
             t0 = time.perf_counter()
             out = self.module(dense, pooled)
             t1 = time.perf_counter()

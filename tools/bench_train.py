@@ -90,18 +90,18 @@ def _balanced_ranks(sizes, world_size: int) -> Dict[str, int]:
     return ranks
 
 
-def _planner_ranks(args, sizes, world_size: int) -> Dict[str, int]:
+def _planner_ranks(tables, sizes, world_size: int, batch: int) -> Dict[str, int]:
     """Table-wise placement by Neo's planner (:func:`neo.planner.plan_tables`, built-in CPU cost
     constants) from the same pooling factors TorchRec's planner gets: its cost model counts a
     table's distinct rows a step (memory traffic of the update and the lookup), not only its ids."""
+    from neo.config.tables import table_spec
     from neo.planner import plan_tables
     from neo.planner.constants import builtin_constants
-    from neo.planner.types import GIB, Device, ShardingType, TableConstraints, TableSpec, Topology
+    from neo.planner.types import GIB, Device, ShardingType, TableConstraints, Topology
 
     only_tw = TableConstraints(sharding_types=(ShardingType.TABLE_WISE,))
-    specs = [TableSpec(f"t{t}", args.rows, args.dim, 4, state_floats_per_row=args.dim, state_per_element=True,
-                       pooling_factor=float(sizes[t]), constraints=only_tw) for t in range(args.tables)]
-    topo = Topology(world_size, world_size, tuple(Device(16 * GIB, 16 * GIB) for _ in range(world_size)), args.batch)
+    specs = [table_spec(t, float(sizes[k]), constraints=only_tw) for k, t in enumerate(tables)]
+    topo = Topology(world_size, world_size, tuple(Device(16 * GIB, 16 * GIB) for _ in range(world_size)), batch)
     plan = plan_tables(specs, topo, builtin_constants("cpu"))
     return {name: tp.shards[0].rank for name, tp in plan.tables.items()}
 
@@ -119,8 +119,11 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     opt = OptimizerConfig("adagrad", lr=0.01)
     tables = [TableConfig(f"t{t}", args.rows, args.dim, (f"f{t}",), optimizer=opt) for t in range(args.tables)]
     types = {t.name: (kind if kind != "mixed" else SIX[i % len(SIX)]) for i, t in enumerate(tables)}
-    ranks = {"balanced": _balanced_ranks, "planner": lambda *a: _planner_ranks(args, *a)}.get(
-        args.placement, lambda *a: None)(sizes, pg.world_size)
+    ranks = None                                             # naive: even_plan's blocks of tables
+    if args.placement == "planner":
+        ranks = _planner_ranks(tables, sizes, pg.world_size, args.batch)
+    elif args.placement == "balanced":
+        ranks = _balanced_ranks(sizes, pg.world_size)
     plan = even_plan(tables, types, pg.world_size, pg.local_world_size, ranks=ranks)
     sharded = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=False)
     torch.manual_seed(0)

@@ -32,10 +32,9 @@
 // with the tile on the diagonal (columns i0 + 1 ..), of which only the pairs c >= r exist:
 // the others are masked at compile time (no multiply-add, nothing stored); then whole
 // tiles, and a narrower one at the row's end (the column count a template argument too):
-// exactly P dots. Each step along
-// D loads R + C vectors and issues R * C fused multiply-adds; a tile's sums are reduced
-// horizontally eight at a time (a transposing tree of hadds) and stored row by row (a row's
-// C results are contiguous in the output).
+// exactly P dots. Each step along D loads R + C vectors and issues R * C fused
+// multiply-adds; a tile's sums are reduced horizontally eight at a time (a transposing tree
+// of hadds) and stored row by row (a row's C results are contiguous in the output).
 //
 // Backward: grad v_i = sum_j S[i][j] v_j in blocks of kBwdR rows x kBwdC vectors of D (6 x 2
 // on AVX2: 12 sums + 2 operands + 1 broadcast; 6 x 4 on AVX-512), each j a broadcast of

@@ -140,7 +140,6 @@ constexpr int kBwdR = 6, kBwdC = 2;
 // AVX2 and AVX-512 (where the tiles use all 32 registers and an 8-way reduction tree
 // needs no folding of 16-float vectors), 4 on the baseline; AVX-512's wide tiles use
 // 16-float vectors and hsum16 instead (interaction.h).
-
 // An empty asm that claims to modify v: the compiler must hold v in a register here.
 template <typename V>
 inline void keep_in_register(V& v) { __asm__("" : "+x"(v)); }
@@ -193,7 +192,6 @@ inline void hsum8(const pv* a, float* out) {
   for (int q = 0; q < 8; ++q) out[q] = (a[q][0] + a[q][1]) + (a[q][2] + a[q][3]);
 }
 #endif
-
 
 // Every 64-byte line of [p, p + bytes): WRITE = with write intent; LOCALITY 3 = into L1,
 // 1 = into L2 only (the far prefetches, which keep more misses in flight).

@@ -14,7 +14,7 @@ from typing import List, Optional
 from neo.config.embedding import (CachePolicy, CacheStore, ConfigError, OptimizerConfig, choice, OptimizerType,
                                   Placement, PoolingMode, TableConfig, WeightDType)
 
-__all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS"]
+__all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS", "table_spec"]
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
 """Valid ``sharding_types`` values (see docs/planner.md)."""
@@ -155,10 +155,9 @@ class TableEntry:
 
     def to_table_spec(self, where: str = "table"):
         """The planner's :class:`neo.planner.TableSpec` (statistics and constraints included)."""
-        from neo.planner.types import Placement, ShardingType, TableConstraints, TableSpec
+        from neo.planner.types import Placement, ShardingType, TableConstraints
 
         tc = self.to_table_config(where)
-        opt = tc.optimizer.type
         cons = TableConstraints(tuple(ShardingType(s.lower()) for s in self.sharding_types),
                                 tuple(int(r) for r in self.ranks), self.column_shard_width,
                                 Placement(self.placement.lower()))
@@ -167,6 +166,18 @@ class TableEntry:
             fraction = self.cache_rows / tc.num_rows
         elif self.cache_load_factor is not None:
             fraction = float(self.cache_load_factor)
-        return TableSpec(tc.name, tc.num_rows, tc.dim, tc.dtype.itemsize, opt.state_floats_per_row(tc.dim),
-                         not opt.rowwise_state and bool(opt.state_names()), len(tc.feature_names),
-                         float(self.pooling_factor), float(self.access_skew), cons, cache_fraction=fraction)
+        return table_spec(tc, float(self.pooling_factor), float(self.access_skew), cons, cache_fraction=fraction)
+
+
+def table_spec(tc: TableConfig, pooling_factor: float = 1.0, access_skew: float = 0.0, constraints=None,
+               cache_fraction: Optional[float] = None):
+    """The planner's :class:`neo.planner.TableSpec` of an embedding table: its storage bytes and the
+    optimizer state training keeps (per element or per row), with the given statistics and
+    :class:`neo.planner.TableConstraints` (None: none)."""
+    from neo.planner.types import TableConstraints, TableSpec
+
+    opt = tc.optimizer.type
+    return TableSpec(tc.name, tc.num_rows, tc.dim, tc.dtype.itemsize, opt.state_floats_per_row(tc.dim),
+                     not opt.rowwise_state and bool(opt.state_names()), len(tc.feature_names),
+                     float(pooling_factor), float(access_skew), constraints or TableConstraints(),
+                     cache_fraction=cache_fraction)
