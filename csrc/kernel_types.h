@@ -80,11 +80,12 @@ struct BucketizeArgs {
   int64_t* pos = nullptr;              // (N,) or null
 };
 
-// Prefetch distances, settable from Python for benchmarking (neo._C._set_tuning). Defined
+// Prefetch distances and store policy, settable from Python for benchmarking (neo._C._set_tuning). Defined
 // in cpu_isa.cpp (one instance for every variant).
 struct Tuning {
   int64_t fwd_prefetch = 32;   // forward: ids ahead whose rows are prefetched into L1 (and 8x that into L2)
   int64_t bwd_lookahead = 16;  // backward: sorted items ahead whose rows are prefetched
+  int64_t fwd_stream = 1;     // forward: pooled rows of whole aligned cache lines written with streaming stores
 };
 Tuning& tuning();
 
