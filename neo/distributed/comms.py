@@ -196,20 +196,52 @@ def _shm_for(group, t: torch.Tensor):
 
 
 def _launch_a2a(x: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int], group,
-                dtype: Optional[torch.dtype]) -> _Launched:
-    """AlltoAll of rows of ``x`` (split along dim 0): ``in_splits[r]`` rows go to rank r."""
+                dtype: Optional[torch.dtype], in_place: bool = False) -> _Launched:
+    """AlltoAll of rows of ``x`` (split along dim 0): ``in_splits[r]`` rows go to rank r.
+
+    ``in_place``: ``x`` is not read again by anyone, so the result may take its memory (see
+    :func:`_in_place_output`)."""
     send = _cast(x, dtype)
-    out = send.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
     shm = _shm_for(group, send)
-    if dist.get_world_size(_torch_group(group)) == 1:
-        out.copy_(send)
+    tg = _torch_group(group)
+    W = dist.get_world_size(tg)
+    out = None
+    if in_place and (W == 1 or shm is not None):
+        out = _in_place_output(send, out_splits, in_splits, dist.get_rank(tg))
+    if out is None:
+        out = send.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
+    if W == 1:
+        if out.data_ptr() != send.data_ptr():
+            out.copy_(send)
         work = None
     elif shm is not None:
         work = shm.all_to_all_single(out, send, out_splits, in_splits)
     else:
-        work = dist.all_to_all_single(out, send, list(out_splits), list(in_splits), group=_torch_group(group),
-                                      async_op=True)
+        work = dist.all_to_all_single(out, send, list(out_splits), list(in_splits), group=tg, async_op=True)
     return _Launched(work, lambda: out if dtype is None else out.to(x.dtype))
+
+
+def _in_place_output(send: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int],
+                     me: int) -> Optional[torch.Tensor]:
+    """The AlltoAll's output inside ``send``'s own memory, this rank's block where it already
+    is, or None where it does not fit there.
+
+    The output's block from rank r (``out_splits[r]`` rows) follows the blocks of the ranks
+    before it; placed so that this rank's block coincides with the rows it sends itself, the
+    output starts ``sum(in_splits[:me]) - sum(out_splits[:me])`` rows into ``send`` and must end
+    inside it (equal splits: the output is ``send``; a rank that sends wider rows than it
+    receives fits forward, one that receives wider rows fits backward). Safe with the shared-
+    memory exchange (and one rank): it copies every block for a peer into its own segment
+    before any peer's block is received, so an incoming block overwrites rows already sent."""
+    rest = tuple(send.shape[1:])
+    row = 1
+    for s in rest:
+        row *= int(s)
+    start = (sum(int(s) for s in in_splits[:me]) - sum(int(s) for s in out_splits[:me])) * row
+    n = sum(int(s) for s in out_splits) * row
+    if start < 0 or start + n > send.numel():
+        return None
+    return send.detach().reshape(-1)[start:start + n].view((sum(int(s) for s in out_splits),) + rest)
 
 
 def _launch_reduce_scatter(x: torch.Tensor, group, dtype: Optional[torch.dtype]) -> _Launched:
@@ -352,14 +384,19 @@ def _differentiable(x: torch.Tensor, forward: Callable[[torch.Tensor], _Launched
 
 def all_to_all_pooled(x: torch.Tensor, out_splits: Sequence[int], in_splits: Sequence[int], group,
                       comm: CommConfig = CommConfig(), order: Optional[BackwardOrder] = None,
-                      name: str = "pooled_all_to_all") -> Awaitable[torch.Tensor]:
-    """Differentiable AlltoAll of rows of ``x`` (n, D); backward: AlltoAll with the splits swapped."""
+                      name: str = "pooled_all_to_all", consume: bool = False) -> Awaitable[torch.Tensor]:
+    """Differentiable AlltoAll of rows of ``x`` (n, D); backward: AlltoAll with the splits swapped.
+
+    ``consume``: nobody reads ``x`` after the call, nor the gradient of the result after the
+    backward hands it here (a sharded collection's pooled output and the gradient its consumer
+    computes for it): where the blocks are of equal size, each AlltoAll runs in place
+    (``_launch_a2a``), without copying this rank's own block."""
     fwd, bwd = comm.forward.wire_dtype, comm.backward.wire_dtype
     out_s, in_s = list(out_splits), list(in_splits)
     return _differentiable(
         x,
-        lambda t: _launch_a2a(t, out_s, in_s, group, fwd),
-        lambda g: _launch_a2a(g, in_s, out_s, group, bwd),
+        lambda t: _launch_a2a(t, out_s, in_s, group, fwd, in_place=consume),
+        lambda g: _launch_a2a(g, in_s, out_s, group, bwd, in_place=consume),
         order, name,
     )
 

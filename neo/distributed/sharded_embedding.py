@@ -249,6 +249,9 @@ class ShardedEmbeddingCollection(nn.Module):
                     pieces: bool = False) -> Awaitable[Union[torch.Tensor, PooledPieces]]:
         """Launch every sharding type's first collective now; ``wait()`` returns (B, sum D).
 
+        ``pooled`` (what :meth:`compute` returned) is consumed: an AlltoAll may receive into its
+        memory (``comms.all_to_all_pooled(consume=True)``), so it must not be read afterwards.
+
         ``pieces=True``: where the layout allows (one output distribution, each feature's
         columns contiguous in one piece, all features of one dimension), ``wait()`` returns
         :class:`~neo.models.PooledPieces` over the received buffer instead, so that a consumer

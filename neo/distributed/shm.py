@@ -276,7 +276,11 @@ class ShmExchange:
     def all_to_all_single(self, out: torch.Tensor, send: torch.Tensor, out_splits: Sequence[int],
                           in_splits: Sequence[int]) -> _Work:
         """Like ``dist.all_to_all_single``: ``in_splits[r]`` rows of ``send`` go to rank r,
-        ``out_splits[s]`` rows of ``out`` come from rank s. Both contiguous CPU tensors of one dtype."""
+        ``out_splits[s]`` rows of ``out`` come from rank s. Both contiguous CPU tensors of one dtype.
+
+        ``out`` may be ``send``'s memory itself where the splits are equal: the blocks for the
+        peers are copied into this rank's slot before any peer's block is received, and this
+        rank's own block is then already in place."""
         row = _row_bytes(send)
         sb, ob = _bytes(send), _bytes(out)
         send_at = _offsets(in_splits, row)
@@ -287,7 +291,8 @@ class ShmExchange:
                            f"expected; got send {tuple(send.shape)} {send.dtype} split {list(in_splits)}, "
                            f"out {tuple(out.shape)} {out.dtype} split {list(out_splits)}")
         me = self.rank
-        ob[recv_at[me]:recv_at[me + 1]].copy_(sb[send_at[me]:send_at[me + 1]])
+        if ob.data_ptr() + recv_at[me] != sb.data_ptr() + send_at[me]:         # not in place
+            ob[recv_at[me]:recv_at[me + 1]].copy_(sb[send_at[me]:send_at[me + 1]])
         chunks = [sb[send_at[r]:send_at[r + 1]] for r in range(self.size)]
         into = [ob[recv_at[s]:recv_at[s + 1]] for s in range(self.size)]
         return self._start(chunks, into, gather=False)

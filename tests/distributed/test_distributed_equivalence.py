@@ -48,6 +48,9 @@ def _cases(W: int, L: int) -> list:
     cases = [Case(f"W{W} {st} sgd", sgd, {t.name: st for t in sgd}, W, L) for st in ALL_TYPES]
     ada = tables(6, OptimizerConfig("adagrad", lr=0.3), mean=(1, 2, 3, 4))
     cases.append(Case(f"W{W} mixed adagrad mean weighted", ada, _mixed_types(ada), W, L, weighted=True))
+    # every rank the same columns (3 tables, 4 features, D 16): the pooled AlltoAlls run in place
+    even = tables(3 * W, OptimizerConfig("sgd", lr=0.5), mean=(1,), dims=[16])
+    cases.append(Case(f"W{W} table_wise sgd, equal columns per rank", even, {t.name: "table_wise" for t in even}, W, L))
     adam = tables(6, OptimizerConfig("adam", lr=0.05), mean=(0, 5))
     cases.append(Case(f"W{W} mixed adam via parallelize()", adam, _mixed_types(adam), W, L, use_parallelize=True))
     return cases

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from neo.distributed import ProcessGroups
-from neo.distributed.comms import all_to_all
+from neo.distributed.comms import _in_place_output, _launch_a2a, all_to_all
 from neo.distributed.process_groups import CommGroup
 from neo.distributed.shm import SLOTS, ShmError, ShmExchange, _Segment
 from tests.multiprocess import MultiProcessError, run_multiprocess
@@ -66,6 +66,21 @@ def _exchange_body(rank: int, W: int):
         work, got, ref = _a2a_both(ex, torch.full((W, W), n), torch.float32, 2, seed=200 + i)
         work.wait()
         assert torch.equal(got, ref), n
+    # in place (comms._launch_a2a with in_place=True): equal splits (the output is the sent
+    # tensor's memory) and uneven ones, where the output fits inside the sent rows on some ranks
+    group = CommGroup(dist.group.WORLD, ex)
+    for i, m in enumerate([torch.full((W, W), 37), _splits(gen, W, 60), _splits(gen, W, 60)]):
+        in_splits, out_splits = m[rank].tolist(), m[:, rank].tolist()
+        send = torch.randn(sum(in_splits), 3, generator=torch.Generator().manual_seed(300 + 10 * i + rank))
+        ref = torch.empty(sum(out_splits), 3)
+        dist.all_to_all_single(ref, send.clone(), out_splits, in_splits)
+        launched = _launch_a2a(send, out_splits, in_splits, group, None, in_place=True)
+        got = launched.wait()
+        assert torch.equal(got, ref), (i, m.tolist())
+        aliased = _in_place_output(send, out_splits, in_splits, rank) is not None
+        assert (got.data_ptr() >= send.data_ptr() and got.data_ptr() < send.data_ptr() + send.nbytes) == aliased
+        if i == 0:
+            assert got.data_ptr() == send.data_ptr()          # equal splits: always in place
     # AllGather: each rank's block written once, read by all
     send = torch.arange(1000, dtype=torch.float32) + 1000 * rank
     got, ref = torch.empty(W * 1000), torch.empty(W * 1000)

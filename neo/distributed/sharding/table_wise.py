@@ -52,7 +52,7 @@ class AllToAllOutputDist:
         B, W, me = batch.batch_size, self.pg.world_size, self.pg.rank
         out_splits = [B * w for w in self.widths]
         aw = all_to_all_pooled(x.reshape(-1), out_splits, [B * self.widths[me]] * W, self.pg.world_comm,
-                               self.comm, order, name=f"{self.name}.all_to_all")
+                               self.comm, order, name=f"{self.name}.all_to_all", consume=True)
         return aw.then(lambda flat: (flat, self.widths))                   # rank r's (B, D_r) block, r = 0..W-1
 
 
