@@ -21,7 +21,7 @@
 // a tenth of the memory traffic of an fp16 gather (a 256-byte output row per bag of ~20
 // 128-byte rows). Measured on the Intel Xeon (AVX2 kernels, 8 tables of 1M rows, D 64, bags
 // of 20): forward 0.95x / 0.96x the time at 1 / 2 threads fp16, 0.97x / 0.96x fp32; the
-// multi-hot DLRM step of tools/bench_train.py 0.93-0.97x, one-hot 0.98-1.0x (docs/benchmarks.md).
+// multi-hot DLRM step of tools/bench_train.py 0.93-0.97x, one-hot 0.98-1.04x (docs/benchmarks.md).
 // Each thread fences its streaming stores before the threads join.
 //
 // An id outside [0, rows) contributes zero and is counted; the count is returned so the
