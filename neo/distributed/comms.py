@@ -237,11 +237,11 @@ def _in_place_output(send: torch.Tensor, out_splits: Sequence[int], in_splits: S
     row = 1
     for s in rest:
         row *= int(s)
+    rows = sum(int(s) for s in out_splits)
     start = (sum(int(s) for s in in_splits[:me]) - sum(int(s) for s in out_splits[:me])) * row
-    n = sum(int(s) for s in out_splits) * row
-    if start < 0 or start + n > send.numel():
+    if start < 0 or start + rows * row > send.numel():
         return None
-    return send.detach().reshape(-1)[start:start + n].view((sum(int(s) for s in out_splits),) + rest)
+    return send.detach().reshape(-1)[start:start + rows * row].view((rows,) + rest)
 
 
 def _launch_reduce_scatter(x: torch.Tensor, group, dtype: Optional[torch.dtype]) -> _Launched:
@@ -389,8 +389,8 @@ def all_to_all_pooled(x: torch.Tensor, out_splits: Sequence[int], in_splits: Seq
 
     ``consume``: nobody reads ``x`` after the call, nor the gradient of the result after the
     backward hands it here (a sharded collection's pooled output and the gradient its consumer
-    computes for it): where the blocks are of equal size, each AlltoAll runs in place
-    (``_launch_a2a``), without copying this rank's own block."""
+    computes for it): where the result fits in that memory (:func:`_in_place_output`), each
+    AlltoAll runs in place, without copying this rank's own block."""
     fwd, bwd = comm.forward.wire_dtype, comm.backward.wire_dtype
     out_s, in_s = list(out_splits), list(in_splits)
     return _differentiable(

@@ -278,9 +278,9 @@ class ShmExchange:
         """Like ``dist.all_to_all_single``: ``in_splits[r]`` rows of ``send`` go to rank r,
         ``out_splits[s]`` rows of ``out`` come from rank s. Both contiguous CPU tensors of one dtype.
 
-        ``out`` may be ``send``'s memory itself where the splits are equal: the blocks for the
-        peers are copied into this rank's slot before any peer's block is received, and this
-        rank's own block is then already in place."""
+        ``out`` may lie in ``send``'s memory, with this rank's block where it is in ``send``
+        (``comms._in_place_output``): the blocks for the peers are copied into this rank's slot
+        before any peer's block is received, and this rank's own block is not copied."""
         row = _row_bytes(send)
         sb, ob = _bytes(send), _bytes(out)
         send_at = _offsets(in_splits, row)
