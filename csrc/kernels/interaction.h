@@ -51,6 +51,13 @@
 // rows (and pair gradients) are prefetched into L2 while the current one computes
 // (NextSample).
 //
+// Not done: a forward with one sample in each vector lane (the inputs transposed kW x kW, no
+// horizontal sums). Built and measured on the Intel Xeon (docs/benchmarks.md, 2026-11-28
+// 12:20 UTC): 1.3x (AVX-512) to 2x (AVX2) slower than these tiles. Under AVX2 the tiles
+// already issue the minimum of 8-float multiply-adds (their reductions use port 5, beside the
+// FMA ports); under AVX-512 the transposes' 512-bit shuffles take the ports the multiply-adds
+// need (at best a fifth faster than the 16-float tiles, in theory).
+//
 // FMA is used (vfmadd); the result differs from torch's bmm path by summation order and
 // rounding only (tested against the formula in float64). D not a multiple of kW: the last
 // D % kW columns are summed in scalar code.
