@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
@@ -234,9 +235,7 @@ def _in_place_output(send: torch.Tensor, out_splits: Sequence[int], in_splits: S
     memory exchange (and one rank): it copies every block for a peer into its own segment
     before any peer's block is received, so an incoming block overwrites rows already sent."""
     rest = tuple(send.shape[1:])
-    row = 1
-    for s in rest:
-        row *= int(s)
+    row = math.prod(rest)
     rows = sum(int(s) for s in out_splits)
     start = (sum(int(s) for s in in_splits[:me]) - sum(int(s) for s in out_splits[:me])) * row
     if start < 0 or start + rows * row > send.numel():
