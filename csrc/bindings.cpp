@@ -150,6 +150,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_probe", &neo::gather_probe, py::call_guard<py::gil_scoped_release>(),
         "Diagnostics: sum rows `ids` of row_bytes bytes of a flat buffer (the machine's gather speed); returns a checksum",
         py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"));
+  m.def("_round_rows", &neo::round_rows, py::call_guard<py::gil_scoped_release>(),
+        "Tests: rows of x (n, D) fp32 rounded to 'fp16'/'bf16' as the fused optimizers store updated rows "
+        "(stochastically keyed by seed, step and the flat element index elem0 + i D + d)",
+        py::arg("x"), py::arg("dtype"), py::arg("stochastic_rounding"), py::arg("seed"), py::arg("step"), py::arg("elem0"));
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream) {
         neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream};
       }, py::arg("fwd_prefetch"), py::arg("bwd_lookahead"), py::arg("fwd_stream") = 1, "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead) and the forward's streaming stores");

@@ -60,6 +60,13 @@ struct KernelTable {
   // the torch threads; returns a checksum.
   uint64_t (*gather_probe)(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n,
                            int64_t prefetch, int64_t far);
+
+  // Tests: rows x (n, D) fp32 written to 16-bit storage as the optimizers write updated
+  // rows (store_row: nearest even, or stochastically with element indices elem0 + i D + d).
+  void (*round_rows_f16)(const float* x, c10::Half* out, int64_t n, int64_t D, bool stochastic, uint64_t key,
+                         int64_t elem0);
+  void (*round_rows_bf16)(const float* x, c10::BFloat16* out, int64_t n, int64_t D, bool stochastic,
+                          uint64_t key, int64_t elem0);
 };
 
 // The variants' tables (defined in csrc/isa/kernels_<isa>.cpp; only those built exist).

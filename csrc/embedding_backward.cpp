@@ -85,4 +85,24 @@ int64_t embedding_backward_update(
   return 0;
 }
 
+at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stochastic_rounding, int64_t seed,
+                      int64_t step, int64_t elem0) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "neo._C._round_rows: x must be a contiguous 2-D CPU float32 tensor");
+  TORCH_CHECK(elem0 >= 0, "neo._C._round_rows: elem0 must be >= 0");
+  const int64_t n = x.size(0), D = x.size(1);
+  const uint64_t key = sr_key(seed, step);
+  const KernelTable& k = kernels();
+  if (dtype == "fp16") {
+    at::Tensor out = at::empty({n, D}, x.options().dtype(at::kHalf));
+    k.round_rows_f16(x.data_ptr<float>(), out.data_ptr<c10::Half>(), n, D, stochastic_rounding, key, elem0);
+    return out;
+  }
+  TORCH_CHECK(dtype == "bf16", "neo._C._round_rows: dtype must be 'fp16' or 'bf16', got '", dtype, "'");
+  at::Tensor out = at::empty({n, D}, x.options().dtype(at::kBFloat16));
+  k.round_rows_bf16(x.data_ptr<float>(), out.data_ptr<c10::BFloat16>(), n, D, stochastic_rounding, key, elem0);
+  return out;
+}
+
 }  // namespace neo
+

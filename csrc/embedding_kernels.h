@@ -29,6 +29,11 @@ int64_t embedding_backward_update(
     int64_t opt_kind, double lr, double eps, double weight_decay, double beta1, double beta2,
     int64_t step, int64_t seed, bool stochastic_rounding);
 
+// Tests: rows of x (n, D) fp32 rounded to fp16/bf16 as the optimizers store updated rows,
+// row i at flat element indices elem0 + i D .. (stochastic rounding keyed by seed, step).
+at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stochastic_rounding, int64_t seed,
+                      int64_t step, int64_t elem0);
+
 // Diagnostics (tools/bench_gather_probe.py): the plainest random-row gather, rows `ids` of
 // `row_bytes` bytes of a flat buffer, prefetching `near` ids ahead into L1 and `far` into L2
 // (0: off), on the torch threads, with the active variant; returns a checksum.

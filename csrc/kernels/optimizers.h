@@ -64,6 +64,12 @@ inline void store_row(T* w, const float* wf, int64_t D, bool stochastic, uint64_
   store_row16(w, wf, D, stochastic, key, elem0);   // round16.h: eight at a time where the ISA allows
 }
 
+// Tests (KernelTable::round_rows_*): n rows through store_row, row i at elements elem0 + i D.
+template <typename T>
+void round_rows(const float* x, T* out, int64_t n, int64_t D, bool stochastic, uint64_t key, int64_t elem0) {
+  for (int64_t i = 0; i < n; ++i) store_row(out + i * D, x + i * D, D, stochastic, key, elem0 + i * D);
+}
+
 // One optimizer step on one row.
 //   w: the row in storage; g: its summed gradient (fp32, D; used as scratch);
 //   s0/s1: state (per element: D values each; rowwise: one value at s0[0]);

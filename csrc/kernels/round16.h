@@ -3,11 +3,15 @@
 // and to c10's nearest-even conversions (fp16: the F16C instruction c10 itself uses when
 // compiled with F16C; bf16: c10's bias-and-shift, NaN -> 0x7FC0).
 //
-// Why: the scalar stochastic rounding costs a 64-bit hash (three 64-bit multiplies) and an
-// unpredictable branch (u < p) per element; fused Adam / row-wise Adagrad on fp16 tables
-// spent most of their time there. Here the hash runs on four 64-bit lanes per register
-// (AVX-512DQ: vpmullq; AVX2: three 32-bit multiplies per 64-bit product) and the choice is
-// a blend. The baseline variant keeps the scalar loop.
+// Why: the scalar stochastic rounding costs a hash and an unpredictable branch (u < p) per
+// element; fused Adam / row-wise Adagrad on fp16 tables spent most of their time there.
+// Here the hash's 64-bit part runs once per row and its 32-bit part (two 32-bit
+// multiplies) on eight lanes (sixteen on AVX-512), and the choice is a multiply, a compare
+// and a blend. The baseline variant keeps the scalar loop.
+//
+// (The hash was splitmix64 of the whole 64-bit index until 2026-11-28: three 64-bit
+// multiplies per element, nine 32-bit ones under AVX2, plus a division for p; row-wise
+// Adagrad on fp16 tables then spent more time rounding than in the rest of its update.)
 #pragma once
 
 #include "stochastic_rounding.h"
@@ -17,100 +21,133 @@ NEO_KERNELS_BEGIN
 
 #if defined(__AVX2__)
 
-// a * b mod 2^64 per 64-bit lane, b a constant.
-inline __m256i mul64(__m256i a, uint64_t b) {
-#if defined(__AVX512DQ__) && defined(__AVX512VL__)
-  return _mm256_mullo_epi64(a, _mm256_set1_epi64x(static_cast<int64_t>(b)));
-#else
-  const __m256i bl = _mm256_set1_epi64x(static_cast<int64_t>(b & 0xFFFFFFFFu));
-  const __m256i bh = _mm256_set1_epi64x(static_cast<int64_t>(b >> 32));
-  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), bl), _mm256_mul_epu32(a, bh));
-  return _mm256_add_epi64(_mm256_mul_epu32(a, bl), _mm256_slli_epi64(cross, 32));
-#endif
+// sr_uniform(key, e) for the eight elements e = hi 2^32 + lo0 + i, i < 8 (lo0 + 7 < 2^32),
+// given low_key = sr_low_key(key, hi): lowbias32 on eight 32-bit lanes, then z >> 8 in fp32.
+inline __m256 sr_uniform8(uint32_t low_key, uint32_t lo0) {
+  __m256i z = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  z = _mm256_xor_si256(z, _mm256_set1_epi32(static_cast<int>(low_key)));
+  z = _mm256_mullo_epi32(_mm256_xor_si256(z, _mm256_srli_epi32(z, 16)), _mm256_set1_epi32(static_cast<int>(kSrLow1)));
+  z = _mm256_mullo_epi32(_mm256_xor_si256(z, _mm256_srli_epi32(z, 15)), _mm256_set1_epi32(static_cast<int>(kSrLow2)));
+  z = _mm256_xor_si256(z, _mm256_srli_epi32(z, 16));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z, 8)), _mm256_set1_ps(1.0f / 16777216.0f));
 }
 
-// sr_uniform(key, e) for four consecutive elements e0 .. e0 + 3, as 64-bit lanes (z >> 40).
-inline __m256i sr_bits4(uint64_t key, uint64_t e0) {
-  const __m256i e = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<int64_t>(e0)), _mm256_setr_epi64x(0, 1, 2, 3));
-  __m256i z = _mm256_xor_si256(mul64(e, kSrElem), _mm256_set1_epi64x(static_cast<int64_t>(key)));
-  z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), kSrMix1);
-  z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), kSrMix2);
-  z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
-  return _mm256_srli_epi64(z, 40);
-}
-
-// The eight uniforms of elements e0 .. e0 + 7, in fp32 (24 random bits each, exact).
-inline __m256 sr_uniform8(uint64_t key, uint64_t e0) {
-  const __m256i lo = sr_bits4(key, e0), hi = sr_bits4(key, e0 + 4);
-  // the low 32 bits of every 64-bit lane, in element order
-  const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-  const __m128i a = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(lo, idx));
-  const __m128i b = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(hi, idx));
-  const __m256i u24 = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(u24), _mm256_set1_ps(1.0f / 16777216.0f));
-}
-
-// Nearest-even 16-bit patterns of x (zero-extended to 32-bit lanes) and their fp32 values.
-inline __m256i round16(__m256 x, c10::Half*) {
-  return _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-inline __m256i round16(__m256 x, c10::BFloat16*) {
+// Nearest-even 16-bit patterns of x, packed (eight 16-bit lanes), and their fp32 values.
+inline __m128i round16(__m256 x, c10::Half*) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m128i round16(__m256 x, c10::BFloat16*) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
                                         _mm256_set1_epi32(0x7FFF));
   const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+  const __m256i bits = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);   // < 2^16: the pack is exact
+  return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
 }
-inline __m256 widen16(__m256i bits, c10::Half*) {
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-  return _mm256_cvtph_ps(packed);
-}
-inline __m256 widen16(__m256i bits, c10::BFloat16*) { return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)); }
-
-inline __m256 is_finite8(__m256 v) {   // all-ones where |v| < inf
-  return _mm256_cmp_ps(_mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
-                       _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
+inline __m256 widen16(__m128i bits, c10::Half*) { return _mm256_cvtph_ps(bits); }
+inline __m256 widen16(__m128i bits, c10::BFloat16*) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
-// round_stochastic for eight lanes: the neighbour of r = nearest(x) on x's side is taken
-// when u < p = (x - r) / (other - r); non-finite r or other, and exact x, keep r.
+// Eight 32-bit masks (all ones or zero) as eight 16-bit masks.
+inline __m128i narrow_mask(__m256i m) {
+  return _mm_packs_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+}
+
+// round_stochastic for eight lanes (16-bit patterns, packed): the neighbour `other` of
+// r = nearest(x) on x's side is taken when u < p = (x - r) / (other - r), tested as
+// |u (other - r)| < |x - r|. That one ordered compare also keeps r wherever the scalar rule
+// does: x exact (|x - r| = 0), x NaN (a NaN operand), r infinite (|x - r| = inf, and
+// |u (other - r)| inf or NaN) or other infinite (|x - r| finite, the product inf or NaN).
 template <typename T>
-inline __m256i round_stochastic8(__m256 x, __m256 u) {
-  const __m256i r = round16(x, static_cast<T*>(nullptr));
+inline __m128i round_stochastic8(__m256 x, __m256 u) {
+  const __m128i r = round16(x, static_cast<T*>(nullptr));
   const __m256 r32 = widen16(r, static_cast<T*>(nullptr));
   const __m256 diff = _mm256_sub_ps(x, r32);
-  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(diff, _mm256_setzero_ps(), _CMP_GT_OQ));
-  // next_toward(r, up): away from zero (bits + 1) when the sign and the direction differ
-  const __m256i negative = _mm256_cmpeq_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x8000));
-  const __m256i away = _mm256_xor_si256(negative, up);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i stepped = _mm256_blendv_epi8(_mm256_sub_epi32(r, one), _mm256_add_epi32(r, one), away);
-  const __m256i from_zero = _mm256_blendv_epi8(_mm256_set1_epi32(0x8001), one, up);
-  const __m256i zero_mag = _mm256_cmpeq_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0x7FFF)), _mm256_setzero_si256());
-  const __m256i other = _mm256_and_si256(_mm256_blendv_epi8(stepped, from_zero, zero_mag), _mm256_set1_epi32(0xFFFF));
+  // next_toward(r, x > r), in 16-bit lanes: r -+ 1 toward or away from zero; from zero to the
+  // smallest subnormal of x's side. (A NaN diff reads as either side: never taken below.)
+  const __m128i down = narrow_mask(_mm256_srai_epi32(_mm256_castps_si256(diff), 31));   // x < r
+  const __m128i r_neg = _mm_srai_epi16(r, 15);
+  const __m128i stepped = _mm_add_epi16(r, _mm_or_si128(_mm_xor_si128(r_neg, down), _mm_set1_epi16(1)));
+  const __m128i from_zero = _mm_or_si128(_mm_and_si128(down, _mm_set1_epi16(static_cast<short>(0x8000))), _mm_set1_epi16(1));
+  const __m128i zero = _mm_cmpeq_epi16(_mm_and_si128(r, _mm_set1_epi16(0x7FFF)), _mm_setzero_si128());
+  const __m128i other = _mm_blendv_epi8(stepped, from_zero, zero);
   const __m256 o32 = widen16(other, static_cast<T*>(nullptr));
-  const __m256 p = _mm256_div_ps(diff, _mm256_sub_ps(o32, r32));
-  __m256 take = _mm256_and_ps(_mm256_cmp_ps(diff, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_cmp_ps(u, p, _CMP_LT_OQ));
-  take = _mm256_and_ps(take, _mm256_and_ps(is_finite8(r32), is_finite8(o32)));
-  return _mm256_blendv_epi8(r, other, _mm256_castps_si256(take));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 scaled = _mm256_and_ps(_mm256_mul_ps(u, _mm256_sub_ps(o32, r32)), abs_mask);   // |u (other - r)|
+  const __m256 take = _mm256_cmp_ps(scaled, _mm256_and_ps(diff, abs_mask), _CMP_LT_OQ);
+  return _mm_blendv_epi8(r, other, narrow_mask(_mm256_castps_si256(take)));
 }
 
-// Eight 32-bit lanes holding 16-bit patterns -> eight 16-bit values at dst.
-inline void store8x16(void* dst, __m256i bits) {
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-  _mm_storeu_si128(static_cast<__m128i*>(dst), packed);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The same, sixteen lanes at a time: 512-bit fp32 lanes, 256-bit 16-bit lanes, mask registers
+// for the choices.
+inline __m512 sr_uniform16(uint32_t low_key, uint32_t lo0) {
+  __m512i z = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo0)),
+                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  z = _mm512_xor_si512(z, _mm512_set1_epi32(static_cast<int>(low_key)));
+  z = _mm512_mullo_epi32(_mm512_xor_si512(z, _mm512_srli_epi32(z, 16)), _mm512_set1_epi32(static_cast<int>(kSrLow1)));
+  z = _mm512_mullo_epi32(_mm512_xor_si512(z, _mm512_srli_epi32(z, 15)), _mm512_set1_epi32(static_cast<int>(kSrLow2)));
+  z = _mm512_xor_si512(z, _mm512_srli_epi32(z, 16));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(z, 8)), _mm512_set1_ps(1.0f / 16777216.0f));
 }
+
+inline __m256i round16x16(__m512 x, c10::Half*) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m256i round16x16(__m512 x, c10::BFloat16*) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0)));
+}
+inline __m512 widen16x16(__m256i bits, c10::Half*) { return _mm512_cvtph_ps(bits); }
+inline __m512 widen16x16(__m256i bits, c10::BFloat16*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+template <typename T>
+inline __m256i round_stochastic16(__m512 x, __m512 u) {
+  const __m256i r = round16x16(x, static_cast<T*>(nullptr));
+  const __m512 r32 = widen16x16(r, static_cast<T*>(nullptr));
+  const __m512 diff = _mm512_sub_ps(x, r32);
+  const __m256i down = _mm256_movm_epi16(_mm512_cmp_ps_mask(diff, _mm512_setzero_ps(), _CMP_LT_OQ));   // x < r
+  const __m256i r_neg = _mm256_srai_epi16(r, 15);
+  const __m256i stepped = _mm256_add_epi16(r, _mm256_or_si256(_mm256_xor_si256(r_neg, down), _mm256_set1_epi16(1)));
+  const __m256i from_zero = _mm256_or_si256(_mm256_and_si256(down, _mm256_set1_epi16(static_cast<short>(0x8000))),
+                                            _mm256_set1_epi16(1));
+  const __mmask16 zero = _mm256_testn_epi16_mask(r, _mm256_set1_epi16(0x7FFF));
+  const __m256i other = _mm256_mask_blend_epi16(zero, stepped, from_zero);
+  const __m512 o32 = widen16x16(other, static_cast<T*>(nullptr));
+  const __m512 scaled = _mm512_abs_ps(_mm512_mul_ps(u, _mm512_sub_ps(o32, r32)));   // |u (other - r)|
+  return _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(scaled, _mm512_abs_ps(diff), _CMP_LT_OQ), r, other);
+}
+#endif
 
 template <typename T>
 inline void store_row16(T* w, const float* wf, int64_t D, bool stochastic, uint64_t key, int64_t elem0) {
-  const int64_t nv = D / 8 * 8;
-  for (int64_t d = 0; d < nv; d += 8) {
-    const __m256 x = _mm256_loadu_ps(wf + d);
-    store8x16(w + d, stochastic ? round_stochastic8<T>(x, sr_uniform8(key, static_cast<uint64_t>(elem0 + d)))
-                                : round16(x, static_cast<T*>(nullptr)));
+  // The row's element indices share their high half (all but one row in 2^32 / D): the
+  // 64-bit part of the hash once, the 32-bit part eight lanes at a time. Otherwise scalar.
+  const uint64_t e0 = static_cast<uint64_t>(elem0);
+  const uint32_t lo0 = static_cast<uint32_t>(e0);
+  const bool one_high = static_cast<uint64_t>(lo0) + static_cast<uint64_t>(D) <= (uint64_t{1} << 32);
+  const int64_t nv = (stochastic && !one_high) ? 0 : D / 8 * 8;
+  const uint32_t low_key = (stochastic && one_high) ? sr_low_key(key, e0 >> 32) : 0;
+  int64_t d = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  for (; d + 16 <= nv; d += 16) {
+    const __m512 x = _mm512_loadu_ps(wf + d);
+    const __m256i bits = stochastic ? round_stochastic16<T>(x, sr_uniform16(low_key, lo0 + static_cast<uint32_t>(d)))
+                                    : round16x16(x, static_cast<T*>(nullptr));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + d), bits);
   }
-  for (int64_t d = nv; d < D; ++d)
+#endif
+  for (; d < nv; d += 8) {
+    const __m256 x = _mm256_loadu_ps(wf + d);
+    const __m128i bits = stochastic ? round_stochastic8<T>(x, sr_uniform8(low_key, lo0 + static_cast<uint32_t>(d)))
+                                    : round16(x, static_cast<T*>(nullptr));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(w + d), bits);
+  }
+  for (d = nv; d < D; ++d)
     w[d] = stochastic ? round_stochastic<T>(wf[d], sr_uniform(key, static_cast<uint64_t>(elem0 + d))) : T(wf[d]);
 }
 

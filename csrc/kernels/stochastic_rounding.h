@@ -1,8 +1,11 @@
 // Stochastic rounding fp32 -> fp16/bf16, bit-identical to neo.embedding.backends.reference
-// (sr_uniform + round_weights): a splitmix64 hash of (seed, step, flat element index) gives a
-// uniform u in [0, 1) with 24 random bits (the key of (seed, step) is made by the entry
-// point, embedding_backward.cpp); the neighbour `other` of the nearest value `r` on x's side
-// is taken when u < p = (x - r) / (other - r), all in fp32 in the reference's order.
+// (sr_uniform + round_weights). A uniform u in [0, 1) with 24 random bits per flat element
+// index e = hi 2^32 + lo: a 64-bit key of (seed, step) (made by the entry point,
+// embedding_backward.cpp) and hi through the splitmix64 finalizer (once per row in the
+// vector code), then a 32-bit hash (lowbias32) of lo with that key's low half. The
+// neighbour `other` of the nearest value `r` on x's side is taken when u < p = (x - r) /
+// (other - r), tested as |u (other - r)| < |x - r| (other - r is a power of two: no
+// division), all in fp32 in the reference's order.
 #pragma once
 
 #include <cmath>
@@ -16,16 +19,27 @@
 
 NEO_KERNELS_BEGIN
 
-constexpr uint64_t kSrElem = 0xBF58476D1CE4E5B9ULL;
+constexpr uint64_t kSrHigh = 0xD6E8FEB86659FD93ULL;
 constexpr uint64_t kSrMix1 = 0xBF58476D1CE4E5B9ULL;
 constexpr uint64_t kSrMix2 = 0x94D049BB133111EBULL;
+constexpr uint32_t kSrLow1 = 0x7FEB352Du;
+constexpr uint32_t kSrLow2 = 0x846CA68Bu;
+
+// The 32-bit key of the elements whose index has high half `hi`.
+inline uint32_t sr_low_key(uint64_t key, uint64_t hi) {
+  uint64_t k = (hi * kSrHigh) ^ key;
+  k = (k ^ (k >> 30)) * kSrMix1;
+  k = (k ^ (k >> 27)) * kSrMix2;
+  k = k ^ (k >> 31);
+  return static_cast<uint32_t>(k);
+}
 
 inline float sr_uniform(uint64_t key, uint64_t elem) {
-  uint64_t z = (elem * kSrElem) ^ key;
-  z = (z ^ (z >> 30)) * kSrMix1;
-  z = (z ^ (z >> 27)) * kSrMix2;
-  z = z ^ (z >> 31);
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+  uint32_t z = static_cast<uint32_t>(elem) ^ sr_low_key(key, elem >> 32);
+  z = (z ^ (z >> 16)) * kSrLow1;
+  z = (z ^ (z >> 15)) * kSrLow2;
+  z = z ^ (z >> 16);
+  return static_cast<float>(z >> 8) * (1.0f / 16777216.0f);
 }
 
 template <typename T>
@@ -54,8 +68,7 @@ inline T round_stochastic(float x, float u) {
   const T other = next_toward(r, diff > 0.0f);
   const float o32 = static_cast<float>(other);
   if (!std::isfinite(r32) || !std::isfinite(o32)) return r;
-  const float p = diff / (o32 - r32);
-  return (u < p) ? other : r;
+  return (std::fabs(u * (o32 - r32)) < std::fabs(diff)) ? other : r;
 }
 
 NEO_KERNELS_END

@@ -23,6 +23,7 @@ const KernelTable& kernel_table() {
       &interaction_forward, &interaction_backward,
       &bucketize<int32_t>, &bucketize<int64_t>,
       &gather_probe,
+      &round_rows<c10::Half>, &round_rows<c10::BFloat16>,
   };
   return table;
 }

@@ -27,9 +27,10 @@ import pytest
 import torch
 
 import neo._C as C  # a missing build must fail here, not skip
-from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType
 from neo.cpp import cpu_flags, cpu_isa_info, use_cpu_isa
 from neo.embedding import TableBatchedEmbedding
+from neo.embedding.backends.reference import round_weights, sr_uniform
 from neo.sparse import KeyedJaggedBatch
 
 from harness import clone_weights, random_batch, run_steps
@@ -222,7 +223,7 @@ EDGE_VALUES = [0.0, -0.0, 1.0, -3.0000001, 1e-8, 6e-8, -3e-6, -2.5e-5, 6.1e-5, 6
 @pytest.mark.parametrize("sr", [True, False], ids=["stochastic", "nearest"])
 def test_16bit_rounding_of_edge_values_is_the_references(isa, dtype, sr):
     """The update's fp32 -> fp16/bf16 rounding (eight lanes at a time on AVX2 / AVX-512, with
-    the stochastic-rounding hash in 64-bit lanes) on values at the formats' edges: zeros,
+    the stochastic-rounding hash in 32-bit lanes) on values at the formats' edges: zeros,
     subnormals, the largest finite values and what overflows, inf, NaN, ties. SGD with lr 1
     from zero weights writes round(target) exactly where the reference does."""
     targets = torch.tensor(EDGE_VALUES * 8)[: 16 * 10].view(10, 16)     # 10 rows of 16: whole vectors and more
@@ -239,6 +240,32 @@ def test_16bit_rounding_of_edge_values_is_the_references(isa, dtype, sr):
     a, b = ref.table_weight("e"), fast.table_weight("e")
     assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
     assert torch.equal(a[~a.isnan()].view(torch.int16), b[~b.isnan()].view(torch.int16))
+
+
+
+# Row starts (flat element index of a row's first element): small, a row ending exactly at
+# 2^32, rows straddling 2^32 (their indices' high halves differ: the kernels' scalar path),
+# a row starting at 2^32, and far above.
+ELEM0 = [0, 5, 2**32 - 3 * 24, 2**32 - 24 - 5, 2**32 - 1, 2**32, 2**40 + 3, 2**62 + 11]
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("sr", [True, False], ids=["stochastic", "nearest"])
+def test_16bit_row_stores_match_the_reference_at_any_element_index(isa, dtype, sr):
+    """The optimizers' row store (store_row, via neo._C._round_rows) at element indices no
+    test table reaches: the hash's high half and rows straddling 2^32, against the reference's
+    sr_uniform + round_weights on the same indices. Rows of 24 (whole vectors and a tail)."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 24, generator=gen) * torch.tensor([1e-3, 0.1, 10.0, 3e3]).view(4, 1)).contiguous()
+    wdt = WeightDType.FP16 if dtype == "fp16" else WeightDType.BF16
+    for seed, step in ((0, 1), (2**63 + 5, 2**20)):
+        for elem0 in ELEM0:
+            elems = elem0 + torch.arange(x.numel(), dtype=torch.int64).view(4, 24)
+            want = round_weights(x, wdt, sr, sr_uniform(seed, step, elems) if sr else None)
+            with use_cpu_isa(isa):
+                got = C._round_rows(x, dtype, sr, seed - 2**64 if seed >= 2**63 else seed, step, elem0)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (seed, step, elem0)
 
 
 def _train(tables, batches, grads):

@@ -9,16 +9,24 @@ from neo.embedding.backends.reference import round_weights, sr_uniform
 M64 = (1 << 64) - 1
 
 
+M32 = (1 << 32) - 1
+
+
 def py_uniform(seed: int, step: int, elem: int) -> float:
-    z = ((seed & M64) ^ ((step * 0x9E3779B97F4A7C15) & M64)) ^ ((elem * 0xBF58476D1CE4E5B9) & M64)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    z ^= z >> 31
-    return (z >> 40) / float(1 << 24)
+    """The definition on Python integers: splitmix64 of (key, high half), lowbias32 of the low half."""
+    k = ((seed & M64) ^ ((step * 0x9E3779B97F4A7C15) & M64)) ^ (((elem >> 32) * 0xD6E8FEB86659FD93) & M64)
+    k = ((k ^ (k >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    k = ((k ^ (k >> 27)) * 0x94D049BB133111EB) & M64
+    k ^= k >> 31
+    z = (elem ^ k) & M32
+    z = ((z ^ (z >> 16)) * 0x7FEB352D) & M32
+    z = ((z ^ (z >> 15)) * 0x846CA68B) & M32
+    z ^= z >> 16
+    return (z >> 8) / float(1 << 24)
 
 
 def test_hash_matches_uint64_oracle():
-    elems = torch.tensor([0, 1, 2, 12345, 2**31 + 7, 2**40 + 3, 2**62 + 11])
+    elems = torch.tensor([0, 1, 2, 12345, 2**31 + 7, 2**32 - 1, 2**32, 2**40 + 3, 2**62 + 11, 2**63 - 1])
     for seed, step in [(0, 1), (7, 3), (2**63 + 5, 2**20)]:
         got = sr_uniform(seed, step, elems).tolist()
         assert got == [py_uniform(seed, step, int(e)) for e in elems]

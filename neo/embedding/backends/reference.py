@@ -18,13 +18,20 @@ from neo.config.embedding import OptimizerConfig, OptimizerType, WeightDType
 from neo.embedding.layout import GroupLayout
 
 # ----------------------------------------------------------------------------------------
-# Counter-based random numbers for stochastic rounding (splitmix64 finalizer).
-# uint64 arithmetic, emulated on int64 tensors: multiplication wraps, shifts are logical.
+# Counter-based random numbers for stochastic rounding.
+# A 64-bit key per (seed, step, high half of the element index) from the splitmix64
+# finalizer, then a 32-bit hash (lowbias32) of the low half of the index mixed with that key:
+# the kernels compute the 64-bit part once per row and the 32-bit part eight or sixteen
+# lanes at a time with 32-bit multiplies (kernels/round16.h).
+# uint64 arithmetic is emulated on int64 tensors: multiplication wraps, shifts are logical.
 _K_STEP = 0x9E3779B97F4A7C15
-_K_ELEM = 0xBF58476D1CE4E5B9
+_K_HIGH = 0xD6E8FEB86659FD93
 _K_MIX1 = 0xBF58476D1CE4E5B9
 _K_MIX2 = 0x94D049BB133111EB
+_K_LOW1 = 0x7FEB352D
+_K_LOW2 = 0x846CA68B
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 
 
 def _signed(x: int) -> int:
@@ -39,15 +46,21 @@ def _lshr(z: torch.Tensor, k: int) -> torch.Tensor:
 def sr_uniform(seed: int, step: int, elem_index: torch.Tensor) -> torch.Tensor:
     """Uniform fp32 numbers in [0, 1) with 24 random bits, one per flat weight element.
 
-    ``z = (seed ^ step * K_STEP) ^ (elem * K_ELEM)`` (mod 2^64), then the splitmix64
-    finalizer; the top 24 bits of the result, times 2^-24.
+    With ``key = seed ^ step * K_STEP`` (mod 2^64) and the element index ``e = hi * 2^32 + lo``:
+    ``k = splitmix64_finalizer(key ^ hi * K_HIGH)``, then ``z = lowbias32(lo ^ (k mod 2^32))``
+    (32-bit); the top 24 bits of ``z``, times 2^-24.
     """
     key = _signed((seed & _MASK64) ^ ((step * _K_STEP) & _MASK64))
-    z = (elem_index.to(torch.int64) * _signed(_K_ELEM)) ^ key
-    z = (z ^ _lshr(z, 30)) * _signed(_K_MIX1)
-    z = (z ^ _lshr(z, 27)) * _signed(_K_MIX2)
-    z = z ^ _lshr(z, 31)
-    return _lshr(z, 40).to(torch.float32) * (2.0 ** -24)
+    e = elem_index.to(torch.int64)
+    k = (_lshr(e, 32) * _signed(_K_HIGH)) ^ key
+    k = (k ^ _lshr(k, 30)) * _signed(_K_MIX1)
+    k = (k ^ _lshr(k, 27)) * _signed(_K_MIX2)
+    k = k ^ _lshr(k, 31)
+    z = (e ^ k) & _MASK32                       # 32-bit values held in int64: products stay exact mod 2^32
+    z = ((z ^ (z >> 16)) * _K_LOW1) & _MASK32
+    z = ((z ^ (z >> 15)) * _K_LOW2) & _MASK32
+    z = z ^ (z >> 16)
+    return (z >> 8).to(torch.float32) * (2.0 ** -24)
 
 
 def _next_toward(r: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -66,8 +79,10 @@ def round_weights(x: torch.Tensor, dtype: WeightDType, stochastic: bool, u: Opti
     """Round fp32 ``x`` to the storage dtype: nearest-even, or stochastically with uniforms ``u``.
 
     Stochastic rounding picks the neighbour ``other`` of the nearest value ``r`` on the
-    side of ``x`` with probability ``p = (x - r) / (other - r)`` (``u < p``), which makes
-    the rounding unbiased: ``E[out] = x``.
+    side of ``x`` with probability ``p = (x - r) / (other - r)``, which makes the rounding
+    unbiased: ``E[out] = x``. The test ``u < p`` is computed as ``|u (other - r)| < |x - r|``
+    in fp32: ``other - r`` is a power of two, so the product is exact (but where it falls
+    below fp32's subnormals, bf16 weights under 2^-126) and no division is needed.
     """
     if dtype is WeightDType.FP32:
         return x
@@ -77,8 +92,8 @@ def round_weights(x: torch.Tensor, dtype: WeightDType, stochastic: bool, u: Opti
     r32 = r.to(torch.float32)
     diff = x - r32
     other = _next_toward(r, diff > 0)
-    p = diff / (other.to(torch.float32) - r32)
-    take = (diff != 0) & torch.isfinite(r32) & torch.isfinite(other.to(torch.float32)) & (u < p)
+    o32 = other.to(torch.float32)
+    take = (diff != 0) & torch.isfinite(r32) & torch.isfinite(o32) & ((u * (o32 - r32)).abs() < diff.abs())
     return torch.where(take, other, r)
 
 

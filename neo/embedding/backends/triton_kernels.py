@@ -82,13 +82,21 @@ def _f32_to_bits16(x, WKIND: tl.constexpr):
 
 @triton.jit
 def _sr_uniform(key, elem):
-    """neo.embedding.backends.reference.sr_uniform: splitmix64 of (key, element) -> [0, 1)."""
-    z = elem.to(tl.uint64, bitcast=True) * 0xBF58476D1CE4E5B9
-    z = z ^ key
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    z = z ^ (z >> 31)
-    return (z >> 40).to(tl.int32).to(tl.float32) * 5.9604644775390625e-08  # 2^-24
+    """neo.embedding.backends.reference.sr_uniform: (key, element) -> [0, 1).
+
+    A 64-bit key of (key, high half of elem) by the splitmix64 finalizer, then lowbias32 of
+    the low half with that key's low 32 bits."""
+    e = elem.to(tl.uint64, bitcast=True)
+    k = (e >> 32) * 0xD6E8FEB86659FD93
+    k = k ^ key
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EB
+    k = k ^ (k >> 31)
+    z = ((e ^ k) & 0xFFFFFFFF).to(tl.uint32)
+    z = (z ^ (z >> 16)) * 0x7FEB352D
+    z = (z ^ (z >> 15)) * 0x846CA68B
+    z = z ^ (z >> 16)
+    return (z >> 8).to(tl.int32).to(tl.float32) * 5.9604644775390625e-08  # 2^-24
 
 
 @triton.jit
@@ -106,11 +114,10 @@ def _round_to_storage(x, elem, sr_key, WKIND: tl.constexpr, SR: tl.constexpr):
         from_zero = tl.where(up, 1, 0x8001)
         other = tl.where(mag == 0, from_zero, stepped) & 0xFFFF
         o32 = _bits16_to_f32(other, WKIND)
-        gap = o32 - r32
-        p = tl.div_rn(diff, tl.where(gap != 0, gap, 1.0))          # guarded: no 0/0 in masked lanes
         u = _sr_uniform(sr_key, elem)
         inf = float("inf")
-        take = (diff != 0) & (tl.abs(r32) < inf) & (tl.abs(o32) < inf) & (u < p)
+        # u < (x - r) / (other - r), as |u (other - r)| < |x - r|: other - r is a power of two
+        take = (diff != 0) & (tl.abs(r32) < inf) & (tl.abs(o32) < inf) & (tl.abs(u * (o32 - r32)) < tl.abs(diff))
         bits = tl.where(take, other, bits)
     return bits
 
