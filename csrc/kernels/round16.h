@@ -21,27 +21,41 @@ NEO_KERNELS_BEGIN
 
 #if defined(__AVX2__)
 
-// sr_uniform(key, e) for the eight elements e = hi 2^32 + lo0 + i, i < 8 (lo0 + 7 < 2^32),
-// given low_key = sr_low_key(key, hi): lowbias32 on eight 32-bit lanes, then z >> 8 in fp32.
+// GCC vectors of eight 32-bit lanes: the width-generic rules below are written once on them.
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32v8 __attribute__((vector_size(32)));
+
+// sr_uniform(key, e) for the W elements e = hi 2^32 + lo0 + i, i < W (lo0 + W - 1 < 2^32),
+// given low_key = sr_low_key(key, hi): sr_mix32 on W 32-bit lanes (U a GCC vector of W
+// uint32), then z >> 8 in fp32 (exact: 24 bits, converted as signed integers).
+template <typename U, typename I, typename F>
+inline F sr_uniform_lanes(uint32_t low_key, uint32_t lo0) {
+  U lanes;
+  for (int i = 0; i < static_cast<int>(sizeof(U) / 4); ++i) lanes[i] = static_cast<uint32_t>(i);
+  const U z = sr_mix32((lo0 + lanes) ^ low_key) >> 8;
+  return __builtin_convertvector(reinterpret_cast<const I&>(z), F) * (1.0f / 16777216.0f);
+}
 inline __m256 sr_uniform8(uint32_t low_key, uint32_t lo0) {
-  __m256i z = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  z = _mm256_xor_si256(z, _mm256_set1_epi32(static_cast<int>(low_key)));
-  z = _mm256_mullo_epi32(_mm256_xor_si256(z, _mm256_srli_epi32(z, 16)), _mm256_set1_epi32(static_cast<int>(kSrLow1)));
-  z = _mm256_mullo_epi32(_mm256_xor_si256(z, _mm256_srli_epi32(z, 15)), _mm256_set1_epi32(static_cast<int>(kSrLow2)));
-  z = _mm256_xor_si256(z, _mm256_srli_epi32(z, 16));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z, 8)), _mm256_set1_ps(1.0f / 16777216.0f));
+  return reinterpret_cast<__m256>(sr_uniform_lanes<u32x8, i32x8, f32v8>(low_key, lo0));
+}
+
+// c10's fp32 -> bf16 nearest even on W lanes (bias and shift; NaN -> 0x7FC0): 16-bit patterns
+// in 32-bit lanes (U, I, F: GCC vectors of W uint32, int32, float).
+template <typename U, typename I, typename F>
+inline U bf16_bits_lanes(F x) {
+  const U u = reinterpret_cast<const U&>(x);
+  const U r = (u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16;
+  const U nan = reinterpret_cast<const U&>(static_cast<const I&>(x != x));
+  return (r & ~nan) | (nan & 0x7FC0u);
 }
 
 // Nearest-even 16-bit patterns of x, packed (eight 16-bit lanes), and their fp32 values.
 inline __m128i round16(__m256 x, c10::Half*) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline __m128i round16(__m256 x, c10::BFloat16*) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
-                                        _mm256_set1_epi32(0x7FFF));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i bits = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);   // < 2^16: the pack is exact
-  return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+  const u32x8 bits = bf16_bits_lanes<u32x8, i32x8, f32v8>(reinterpret_cast<const f32v8&>(x));   // < 2^16: exact pack
+  const __m256i b = reinterpret_cast<const __m256i&>(bits);
+  return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
 }
 inline __m256 widen16(__m128i bits, c10::Half*) { return _mm256_cvtph_ps(bits); }
 inline __m256 widen16(__m128i bits, c10::BFloat16*) {
@@ -81,24 +95,17 @@ inline __m128i round_stochastic8(__m256 x, __m256 u) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The same, sixteen lanes at a time: 512-bit fp32 lanes, 256-bit 16-bit lanes, mask registers
 // for the choices.
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32v16 __attribute__((vector_size(64)));
 inline __m512 sr_uniform16(uint32_t low_key, uint32_t lo0) {
-  __m512i z = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo0)),
-                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  z = _mm512_xor_si512(z, _mm512_set1_epi32(static_cast<int>(low_key)));
-  z = _mm512_mullo_epi32(_mm512_xor_si512(z, _mm512_srli_epi32(z, 16)), _mm512_set1_epi32(static_cast<int>(kSrLow1)));
-  z = _mm512_mullo_epi32(_mm512_xor_si512(z, _mm512_srli_epi32(z, 15)), _mm512_set1_epi32(static_cast<int>(kSrLow2)));
-  z = _mm512_xor_si512(z, _mm512_srli_epi32(z, 16));
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(z, 8)), _mm512_set1_ps(1.0f / 16777216.0f));
+  return reinterpret_cast<__m512>(sr_uniform_lanes<u32x16, i32x16, f32v16>(low_key, lo0));
 }
 
 inline __m256i round16x16(__m512 x, c10::Half*) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline __m256i round16x16(__m512 x, c10::BFloat16*) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0)));
+  const u32x16 bits = bf16_bits_lanes<u32x16, i32x16, f32v16>(reinterpret_cast<const f32v16&>(x));
+  return _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(bits));
 }
 inline __m512 widen16x16(__m256i bits, c10::Half*) { return _mm512_cvtph_ps(bits); }
 inline __m512 widen16x16(__m256i bits, c10::BFloat16*) {

@@ -34,11 +34,16 @@ inline uint32_t sr_low_key(uint64_t key, uint64_t hi) {
   return static_cast<uint32_t>(k);
 }
 
-inline float sr_uniform(uint64_t key, uint64_t elem) {
-  uint32_t z = static_cast<uint32_t>(elem) ^ sr_low_key(key, elem >> 32);
+// lowbias32 of z: on a uint32_t, or lane by lane on a GCC vector of them (round16.h).
+template <typename U>
+inline U sr_mix32(U z) {
   z = (z ^ (z >> 16)) * kSrLow1;
   z = (z ^ (z >> 15)) * kSrLow2;
-  z = z ^ (z >> 16);
+  return z ^ (z >> 16);
+}
+
+inline float sr_uniform(uint64_t key, uint64_t elem) {
+  const uint32_t z = sr_mix32(static_cast<uint32_t>(elem) ^ sr_low_key(key, elem >> 32));
   return static_cast<float>(z >> 8) * (1.0f / 16777216.0f);
 }
 
