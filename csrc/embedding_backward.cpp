@@ -2,6 +2,7 @@
 // then the active ISA variant's kernel (csrc/kernels/backward.h: keys, a stable radix sort
 // by row, then per row its summed gradient and the optimizer in place; no dense gradient).
 #include <cmath>
+#include <limits>
 
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
@@ -89,8 +90,9 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
                       int64_t step, int64_t elem0) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "neo._C._round_rows: x must be a contiguous 2-D CPU float32 tensor");
-  TORCH_CHECK(elem0 >= 0, "neo._C._round_rows: elem0 must be >= 0");
   const int64_t n = x.size(0), D = x.size(1);
+  TORCH_CHECK(elem0 >= 0 && elem0 <= std::numeric_limits<int64_t>::max() - n * D,
+              "neo._C._round_rows: the element indices elem0 .. elem0 + n D must lie in [0, 2^63), got elem0 = ", elem0);
   const uint64_t key = sr_key(seed, step);
   const KernelTable& k = kernels();
   if (dtype == "fp16") {

@@ -266,6 +266,8 @@ def test_16bit_row_stores_match_the_reference_at_any_element_index(isa, dtype, s
             with use_cpu_isa(isa):
                 got = C._round_rows(x, dtype, sr, seed - 2**64 if seed >= 2**63 else seed, step, elem0)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (seed, step, elem0)
+    with pytest.raises(RuntimeError, match="elem0"):
+        C._round_rows(x, dtype, sr, 0, 1, 2**63 - 10)
 
 
 def _train(tables, batches, grads):
