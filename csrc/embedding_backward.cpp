@@ -107,4 +107,3 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
 }
 
 }  // namespace neo
-

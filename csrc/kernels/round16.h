@@ -1,4 +1,4 @@
-// fp32 -> fp16 / bf16 row stores, eight elements at a time (AVX2 and AVX-512 variants),
+// fp32 -> fp16 / bf16 row stores, eight (AVX2) or sixteen (AVX-512) elements at a time,
 // bit-identical to the scalar rules of stochastic_rounding.h (round_stochastic, sr_uniform)
 // and to c10's nearest-even conversions (fp16: the F16C instruction c10 itself uses when
 // compiled with F16C; bf16: c10's bias-and-shift, NaN -> 0x7FC0).
@@ -94,7 +94,10 @@ inline __m128i round_stochastic8(__m256 x, __m256 u) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The same, sixteen lanes at a time: 512-bit fp32 lanes, 256-bit 16-bit lanes, mask registers
-// for the choices.
+// for the choices. (Written once for both widths on GCC vector types, the rule compiled to
+// mask round trips through vectors: fp16 row-wise Adagrad 1.4-1.6x slower on AVX-512 and
+// 1.05-1.2x on AVX2, alternating processes, docs/benchmarks.md. So each width keeps its
+// intrinsics.)
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32v16 __attribute__((vector_size(64)));

@@ -242,7 +242,6 @@ def test_16bit_rounding_of_edge_values_is_the_references(isa, dtype, sr):
     assert torch.equal(a[~a.isnan()].view(torch.int16), b[~b.isnan()].view(torch.int16))
 
 
-
 # Row starts (flat element index of a row's first element): small, a row ending exactly at
 # 2^32, rows straddling 2^32 (their indices' high halves differ: the kernels' scalar path),
 # a row starting at 2^32, and far above.

@@ -7,8 +7,6 @@ from neo.config.embedding import WeightDType
 from neo.embedding.backends.reference import round_weights, sr_uniform
 
 M64 = (1 << 64) - 1
-
-
 M32 = (1 << 32) - 1
 
 
