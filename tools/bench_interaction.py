@@ -18,9 +18,17 @@ the fused kernel's lower ISA variants (those the --isa cap allows) and, where th
 forward runs in 16-float tiles, the same kernels in 8-float tiles (``-narrow``). Each record
 says which forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
 
+The peer, where TorchRec is importable (``--no-torchrec`` leaves it out): ``torchrec``,
+TorchRec's ``torchrec.models.dlrm.InteractionArch`` on the same tensors (the pooled input
+viewed as (B, F, D)): a concatenation, one ``bmm``, the upper triangle gathered by two index
+tensors and a second concatenation, with autograd's backward of each (the gather's is a
+scatter into a zeroed (B, n, n) tensor, then two ``bmm``). Same output layout as Neo's (dense
+first, then the pairs in row-major upper-triangle order); checked to agree before timing.
+
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
-Output: a table, torch / Neo time ratios, and with ``--json`` records with the machine
-(CPU model, ISA flags, the --isa cap, the kernels' and ATen's ISA).
+Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json`` records
+(``speedup_vs_torch``, ``speedup_vs_torchrec``: the peer's time over Neo's, per phase) with
+the machine (CPU model, ISA flags, the --isa cap, the kernels' and ATen's ISA).
 """
 
 from __future__ import annotations
@@ -35,11 +43,12 @@ from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
-                          start_rank, write_json)
+                          quiet_peer_logs, start_rank, write_json)
 
 import torch  # noqa: E402
 
 ORDER = ("baseline", "avx2", "avx512")
+PEERS = ("torch", "torchrec")   # the systems Neo's kernels are compared with; "torch" is the reference
 
 
 class System:
@@ -57,10 +66,10 @@ class System:
             yield
 
     def forward_tiles(self, D: int):
-        """"wide" or "narrow" (the fused kernel's forward at D), None for torch."""
+        """"wide" or "narrow" (the fused kernel's forward at D), None for the peers."""
         from neo import _C
 
-        if self.name == "torch":
+        if self.name in PEERS:
             return None
         with self.kernels():
             return "wide" if _C.interaction_wide(D) else "narrow"
@@ -77,7 +86,28 @@ class System:
             self.times["bwd"].append(t2 - t1)
 
 
-def systems_for(F: int, D: int, all_variants: bool) -> List[System]:
+class TorchRecInteraction:
+    """TorchRec's ``InteractionArch`` called as Neo's modules are: (dense (B, D), pooled (B, F D))."""
+
+    def __init__(self, F: int, D: int):
+        from torchrec.models.dlrm import InteractionArch
+
+        self.arch, self.F, self.D = InteractionArch(num_sparse_features=F), F, D
+
+    def __call__(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return self.arch(dense, pooled.view(-1, self.F, self.D))                       # (B, D + P)
+
+
+def torchrec_available() -> bool:
+    try:
+        quiet_peer_logs()
+        import torchrec.models.dlrm  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed, or installed without its native parts
+        return False
+    return True
+
+
+def systems_for(F: int, D: int, all_variants: bool, torchrec: bool) -> List[System]:
     from neo import _C
     from neo.models.interaction import DotInteraction
 
@@ -89,15 +119,19 @@ def systems_for(F: int, D: int, all_variants: bool) -> List[System]:
         for isa in ORDER[:ORDER.index(active)]:
             out.append(System(f"neo-{isa}", DotInteraction(F, D), isa=isa))
     out.append(System("torch", DotInteraction(F, D, kernel="torch")))
+    if torchrec:
+        out.append(System("torchrec", TorchRecInteraction(F, D)))
     return out
 
 
 def check_agree(systems: List[System], dense, pooled, grad) -> None:
-    """The fused kernel against the torch path (the tests compare both with float64)."""
-    ref_sys = systems[-1]
+    """Every system against the torch path (the tests compare Neo's with float64)."""
+    ref_sys = next(s for s in systems if s.name == "torch")
     ref = ref_sys.module(dense, pooled)
     ref_g = torch.autograd.grad(ref, (dense, pooled), grad)
-    for s in systems[:-1]:
+    for s in systems:
+        if s is ref_sys:
+            continue
         s.step(dense, pooled, grad, record=False)
         out = s.module(dense, pooled)
         g = torch.autograd.grad(out, (dense, pooled), grad)
@@ -114,7 +148,7 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     pooled = torch.randn(B, F * D, generator=gen).requires_grad_()
     n = F + 1
     grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
-    systems = systems_for(F, D, args.all_variants)
+    systems = systems_for(F, D, args.all_variants, args.torchrec)
     check_agree(systems, dense, pooled, grad)
     orders = balanced_orders(len(systems))          # each system right after each other one equally often
     for i in range(args.warmup + args.iters):
@@ -137,15 +171,17 @@ def print_records(records: List[dict]) -> None:
         tiles = r["forward_tiles"] or "-"
         print(f"{r['system']:<19} {r['n']:>3} {r['dim']:>4} {r['batch']:>5} {r['threads']:>7} {tiles:>6} "
               f"{r['fwd_ms']:>8.2f} {r['bwd_ms']:>8.2f} {r['fwd_bwd_ms']:>8.2f}")
-    print("\ntorch / neo (time ratio; > 1: Neo faster)")
-    for r in records:
-        if r["system"] == "torch":
+    for peer in PEERS:
+        if not any(r["system"] == peer for r in records):
             continue
-        t = next(x for x in records if x["system"] == "torch" and x["dim"] == r["dim"] and x["threads"] == r["threads"])
-        r["speedup_vs_torch"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
-        sp = r["speedup_vs_torch"]
-        print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
-              f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x")
+        print(f"\n{peer} / neo (time ratio; > 1: Neo faster)")
+        for r in records:
+            if r["system"] in PEERS:
+                continue
+            t = next(x for x in records if x["system"] == peer and x["dim"] == r["dim"] and x["threads"] == r["threads"])
+            sp = r[f"speedup_vs_{peer}"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+            print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
+                  f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x")
 
 
 def main(argv=None) -> int:
@@ -158,6 +194,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10,
                    help="untimed iterations first: on the VM the first touches of freshly allocated memory are slow")
     p.add_argument("--all-variants", action="store_true", help="also time the fused kernel's lower ISA variants")
+    p.add_argument("--no-torchrec", dest="torchrec", action="store_false",
+                   help="leave out TorchRec's InteractionArch (it is left out with a note where not importable)")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
@@ -165,6 +203,9 @@ def main(argv=None) -> int:
     start_rank(1, system_malloc=False)
     machine = machine_info(args.isa)
     print(describe_machine(machine))
+    if args.torchrec and not torchrec_available():
+        print("note: torchrec is not importable here: its InteractionArch is left out")
+        args.torchrec = False
     records = []
     for threads in args.threads:
         for D in args.dims:

@@ -1,0 +1,55 @@
+"""tools/bench_interaction.py: every system agrees with the torch path before it is timed, and
+the ratios against each peer are the peer's time over Neo's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.tools import load_tool
+
+bench = load_tool("bench_interaction.py")
+
+needs_torchrec = pytest.mark.skipif(not bench.torchrec_available(), reason="TorchRec is an optional peer")
+
+
+def small_args(torchrec: bool) -> SimpleNamespace:
+    return SimpleNamespace(features=5, batch=16, iters=2, warmup=1, all_variants=False, torchrec=torchrec)
+
+
+@needs_torchrec
+def test_torchrecs_interaction_arch_is_timed_beside_neo_and_torch_with_both_ratios(capsys):
+    threads = torch.get_num_threads()
+    try:
+        records = bench.run_shape(small_args(torchrec=True), 8, 1, machine={})
+    finally:
+        torch.set_num_threads(threads)
+    names = [r["system"] for r in records]
+    assert names[-2:] == ["torch", "torchrec"] and names[0].startswith("neo-")
+    bench.print_records(records)
+    neo, torch_rec, peer = records[0], records[-2], records[-1]
+    for ref, key in ((torch_rec, "speedup_vs_torch"), (peer, "speedup_vs_torchrec")):
+        assert neo[key] == {p: ref[p] / neo[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+    assert "torchrec / neo" in capsys.readouterr().out
+
+
+@needs_torchrec
+def test_torchrecs_output_is_checked_against_the_torch_path_before_timing(monkeypatch):
+    # InteractionArch with its pairs in another order (the upper triangle reversed) must not be timed.
+    real = bench.TorchRecInteraction.__init__
+
+    def wrong_pairs(self, F, D):
+        real(self, F, D)
+        self.arch.triu_indices = self.arch.triu_indices.flip(1)
+
+    monkeypatch.setattr(bench.TorchRecInteraction, "__init__", wrong_pairs)
+    with pytest.raises(AssertionError):
+        bench.run_shape(small_args(torchrec=True), 8, 1, machine={})
+
+
+def test_without_torchrec_only_neo_and_torch_run():
+    records = bench.run_shape(small_args(torchrec=False), 8, 1, machine={})
+    assert [r["system"] for r in records][-1] == "torch"
+    assert all("torchrec" not in r["system"] for r in records)
