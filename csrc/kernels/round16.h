@@ -1,5 +1,5 @@
 // fp32 -> fp16 / bf16 row stores, eight (AVX2) or sixteen (AVX-512) elements at a time,
-// bit-identical to the scalar rules of stochastic_rounding.h (round_stochastic, sr_uniform)
+// bit-identical to the scalar rules of stochastic_rounding.h (round_stochastic, sr_uniform_low)
 // and to c10's nearest-even conversions (fp16: the F16C instruction c10 itself uses when
 // compiled with F16C; bf16: c10's bias-and-shift, NaN -> 0x7FC0).
 //
@@ -26,7 +26,7 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32v8 __attribute__((vector_size(32)));
 
-// sr_uniform(key, e) for the W elements e = hi 2^32 + lo0 + i, i < W (lo0 + W - 1 < 2^32),
+// The reference's sr_uniform(key, e) for the W elements e = hi 2^32 + lo0 + i, i < W (lo0 + W - 1 < 2^32),
 // given low_key = sr_low_key(key, hi): sr_mix32 on W 32-bit lanes (U a GCC vector of W
 // uint32), then z >> 8 in fp32 (exact: 24 bits, converted as signed integers).
 template <typename U, typename I, typename F>
@@ -157,8 +157,11 @@ inline void store_row16(T* w, const float* wf, int64_t D, bool stochastic, uint6
                                     : round16(x, static_cast<T*>(nullptr));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(w + d), bits);
   }
-  for (d = nv; d < D; ++d)
-    w[d] = stochastic ? round_stochastic<T>(wf[d], sr_uniform(key, static_cast<uint64_t>(elem0 + d))) : T(wf[d]);
+  if (stochastic) {
+    store_row16_stochastic_scalar(w, wf, nv, D, key, elem0);
+  } else {
+    for (d = nv; d < D; ++d) w[d] = T(wf[d]);
+  }
 }
 
 #else
@@ -166,8 +169,7 @@ inline void store_row16(T* w, const float* wf, int64_t D, bool stochastic, uint6
 template <typename T>
 inline void store_row16(T* w, const float* wf, int64_t D, bool stochastic, uint64_t key, int64_t elem0) {
   if (stochastic) {
-    for (int64_t d = 0; d < D; ++d)
-      w[d] = round_stochastic<T>(wf[d], sr_uniform(key, static_cast<uint64_t>(elem0 + d)));
+    store_row16_stochastic_scalar(w, wf, 0, D, key, elem0);
   } else {
     for (int64_t d = 0; d < D; ++d) w[d] = T(wf[d]);
   }

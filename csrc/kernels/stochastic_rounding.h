@@ -42,9 +42,10 @@ inline U sr_mix32(U z) {
   return z ^ (z >> 16);
 }
 
-inline float sr_uniform(uint64_t key, uint64_t elem) {
-  const uint32_t z = sr_mix32(static_cast<uint32_t>(elem) ^ sr_low_key(key, elem >> 32));
-  return static_cast<float>(z >> 8) * (1.0f / 16777216.0f);
+// The reference's sr_uniform(key, e) for the element e whose low half is `lo`, given
+// low_key = sr_low_key(key, e's high half).
+inline float sr_uniform_low(uint32_t low_key, uint32_t lo) {
+  return static_cast<float>(sr_mix32(lo ^ low_key) >> 8) * (1.0f / 16777216.0f);
 }
 
 template <typename T>
@@ -74,6 +75,24 @@ inline T round_stochastic(float x, float u) {
   const float o32 = static_cast<float>(other);
   if (!std::isfinite(r32) || !std::isfinite(o32)) return r;
   return (std::fabs(u * (o32 - r32)) < std::fabs(diff)) ? other : r;
+}
+
+// Elements [d0, D) of a row stored stochastically one at a time (the baseline variant, the
+// vector variants' tails and rows straddling a multiple of 2^32): the hash's 64-bit part
+// only where the element index's high half changes, not per element.
+template <typename T>
+inline void store_row16_stochastic_scalar(T* w, const float* wf, int64_t d0, int64_t D, uint64_t key,
+                                          int64_t elem0) {
+  uint64_t hi = ~uint64_t{0};   // no index has this high half: the first element computes the key
+  uint32_t low_key = 0;
+  for (int64_t d = d0; d < D; ++d) {
+    const uint64_t e = static_cast<uint64_t>(elem0 + d);
+    if ((e >> 32) != hi) {
+      hi = e >> 32;
+      low_key = sr_low_key(key, hi);
+    }
+    w[d] = round_stochastic<T>(wf[d], sr_uniform_low(low_key, static_cast<uint32_t>(e)));
+  }
 }
 
 NEO_KERNELS_END
