@@ -15,22 +15,26 @@ bench = load_tool("bench_interaction.py")
 needs_torchrec = pytest.mark.skipif(not bench.torchrec_available(), reason="TorchRec is an optional peer")
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """run_shape sets torch's thread count: restore it for the tests after these."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def small_args(torchrec: bool) -> SimpleNamespace:
     return SimpleNamespace(features=5, batch=16, iters=2, warmup=1, all_variants=False, torchrec=torchrec)
 
 
 @needs_torchrec
 def test_torchrecs_interaction_arch_is_timed_beside_neo_and_torch_with_both_ratios(capsys):
-    threads = torch.get_num_threads()
-    try:
-        records = bench.run_shape(small_args(torchrec=True), 8, 1, machine={})
-    finally:
-        torch.set_num_threads(threads)
+    records = bench.run_shape(small_args(torchrec=True), 8, 1, machine={})
     names = [r["system"] for r in records]
     assert names[-2:] == ["torch", "torchrec"] and names[0].startswith("neo-")
     bench.print_records(records)
-    neo, torch_rec, peer = records[0], records[-2], records[-1]
-    for ref, key in ((torch_rec, "speedup_vs_torch"), (peer, "speedup_vs_torchrec")):
+    neo, torch_path, torchrec = records[0], records[-2], records[-1]
+    for ref, key in ((torch_path, "speedup_vs_torch"), (torchrec, "speedup_vs_torchrec")):
         assert neo[key] == {p: ref[p] / neo[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
     assert "torchrec / neo" in capsys.readouterr().out
 
