@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import neo  # noqa: F401 - requests huge pages for torch's large buffers before any (neo.host_memory)
 
@@ -31,6 +31,19 @@ _ISA_ENV = {
                  "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},   # FBGEMM has no cap below AVX2
 }
 _ALL_ISA_VARS = sorted({k for env in _ISA_ENV.values() for k in env})
+
+
+def peer_version(*modules: str) -> Optional[str]:
+    """The version of an optional peer (TorchRec, FBGEMM) if every one of `modules` imports:
+    the first module's ``__version__`` ("unknown" without one). None where one does not import
+    (not installed, or installed without its native parts)."""
+    import importlib
+
+    try:
+        first = [importlib.import_module(m) for m in modules][0]
+    except Exception:  # noqa: BLE001 - any import failure means: no such peer here
+        return None
+    return getattr(first, "__version__", "unknown")
 
 
 def quiet_peer_logs() -> None:

@@ -43,7 +43,7 @@ from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
-                          quiet_peer_logs, start_rank, write_json)
+                          peer_version, quiet_peer_logs, start_rank, write_json)
 
 import torch  # noqa: E402
 
@@ -99,12 +99,8 @@ class TorchRecInteraction:
 
 
 def torchrec_available() -> bool:
-    try:
-        quiet_peer_logs()
-        import torchrec.models.dlrm  # noqa: F401
-    except Exception:  # noqa: BLE001 - not installed, or installed without its native parts
-        return False
-    return True
+    quiet_peer_logs()
+    return peer_version("torchrec", "torchrec.models.dlrm") is not None
 
 
 def systems_for(F: int, D: int, all_variants: bool, torchrec: bool) -> List[System]:

@@ -25,12 +25,12 @@ import platform
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_common import write_json  # noqa: E402
+from bench_common import peer_version, write_json  # noqa: E402
 
 from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
                          TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
@@ -152,15 +152,6 @@ def speed(n: int, W: int, L: int, repeat: int) -> dict:
             "partitioner": plan.summary["partitioner"], "proposal": plan.summary["proposal"]}
 
 
-def torchrec_available() -> Optional[str]:
-    try:
-        import torchrec  # noqa: F401
-        from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: F401
-        return getattr(torchrec, "__version__", "unknown")
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None, help="write the records to this file")
@@ -171,7 +162,7 @@ def main(argv=None) -> int:
                     help="skip TorchRec above this many tables (its planner takes ~3 min for 200 tables here)")
     args = ap.parse_args(argv)
 
-    trv = None if args.no_torchrec else torchrec_available()
+    trv = None if args.no_torchrec else peer_version("torchrec", "torchrec.distributed.planner")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
             "cpus": os.cpu_count(), "numpy": np.__version__, "torchrec": trv}
     print(f"# Neo planner benchmark ({meta['date']}, {meta['cpus']} CPUs, python {meta['python']}, "
