@@ -142,11 +142,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_cpu_isa", &neo::set_cpu_isa, py::arg("name"),
         "Tests and benchmarks: use the kernels of variant `name` ('auto' = the best); RuntimeError if not runnable here");
   m.def("interaction_tiles", &neo::interaction_tiles,
-        "The dot interaction forward's tile setting: 'auto', 'narrow' or 'wide' (NEO_INTERACTION_TILES)");
+        "The dot interaction forward's tile setting: 'auto', 'narrow', 'wide' or 'grouped' (NEO_INTERACTION_TILES)");
+  m.def("interaction_forward_tiles", &neo::interaction_forward_tiles, py::arg("dim"),
+        "The tiles the active kernels' dot interaction forward runs at this D: 'narrow', 'wide' or 'grouped'");
   m.def("interaction_wide", &neo::interaction_wide, py::arg("dim"),
         "Whether the active kernels' dot interaction forward at this D runs in 16-float (wide) tiles");
   m.def("_set_interaction_tiles", &neo::set_interaction_tiles, py::arg("name"),
-        "Tests and benchmarks: the interaction forward's tiles ('auto', 'narrow', 'wide'); RuntimeError otherwise");
+        "Tests and benchmarks: the interaction forward's tiles ('auto', 'narrow', 'wide', 'grouped'); "
+        "RuntimeError otherwise");
   m.def("gather_probe", &neo::gather_probe, py::call_guard<py::gil_scoped_release>(),
         "Diagnostics: sum rows `ids` of row_bytes bytes of a flat buffer (the machine's gather speed); returns a checksum",
         py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"));

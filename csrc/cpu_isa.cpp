@@ -172,15 +172,16 @@ std::string cpu_isa() { return kernels().isa; }
 bool amd_family_19h() { return features().amd_family_19h; }
 
 namespace {
-std::atomic<int> g_tiles{-1};   // -1 not read yet, 0 auto, 1 narrow, 2 wide
+std::atomic<int> g_tiles{-1};   // -1 not read yet, 0 auto, 1 narrow, 2 wide, 3 grouped
 
 int tiles_code(std::string name, const char* what) {
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
   if (name.empty() || name == "auto") return 0;
   if (name == "narrow") return 1;
   if (name == "wide") return 2;
+  if (name == "grouped") return 3;
   throw std::runtime_error(std::string("neo._C: ") + what + "=" + name +
-                           " is not a tile choice; valid: auto, narrow, wide");
+                           " is not a tile choice; valid: auto, narrow, wide, grouped");
 }
 
 int tiles() {
@@ -197,15 +198,19 @@ int tiles() {
 void set_interaction_tiles(const std::string& name) { g_tiles.store(tiles_code(name, "interaction tiles")); }
 
 std::string interaction_tiles() {
-  static const char* names[] = {"auto", "narrow", "wide"};
+  static const char* names[] = {"auto", "narrow", "wide", "grouped"};
   return names[tiles()];
 }
 
-bool interaction_wide(int64_t D) {
-  if (std::string(kernels().isa) != "avx512" || D < kWideMinDim) return false;
+std::string interaction_forward_tiles(int64_t D) {
+  if (std::string(kernels().isa) != "avx512") return "narrow";
   const int t = tiles();
-  return t == 2 || (t == 0 && !amd_family_19h());
+  if ((t == 2 || (t == 0 && !amd_family_19h())) && D >= kWideMinDim) return "wide";
+  if ((t == 3 || (t == 0 && !amd_family_19h())) && D >= kGroupedMinDim) return "grouped";
+  return "narrow";
 }
+
+bool interaction_wide(int64_t D) { return interaction_forward_tiles(D) == "wide"; }
 
 std::vector<std::string> cpu_isa_variants() {
   std::vector<std::string> out;

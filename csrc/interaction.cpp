@@ -99,7 +99,9 @@ InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64
   a.pooled = pooled.data_ptr<float>();
   a.off = L.off.data();
   a.stride = L.stride.data();
-  a.wide = interaction_wide(a.D);
+  const std::string tiles = interaction_forward_tiles(a.D);
+  a.wide = tiles == "wide";
+  a.grouped = tiles == "grouped";
   a.l1_burst = amd_family_19h();
   return a;
 }

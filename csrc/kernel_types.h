@@ -63,6 +63,7 @@ struct InteractionArgs {
   const int64_t* off = nullptr;        // (F,)
   const int64_t* stride = nullptr;     // (F,)
   bool wide = false;                   // AVX-512 variant: the forward in 16-float tiles (cpu_isa.h)
+  bool grouped = false;                // AVX-512 variant: the forward in interleaved row groups (cpu_isa.h)
   bool l1_burst = false;               // each sample's rows prefetched into L1 as it starts (cpu_isa.h)
 };
 

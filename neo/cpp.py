@@ -5,8 +5,8 @@ the best one the CPU runs is chosen at import; ``NEO_CPU_ISA=baseline|avx2|avx51
 for another (an unknown one, or one this CPU lacks, fails the import with a message that
 says what the CPU offers). :func:`cpu_isa_info` says what was chosen, for run logs and
 benchmark records; :func:`use_cpu_isa` switches variants for tests and benchmarks.
-``NEO_INTERACTION_TILES=auto|narrow|wide`` chooses the AVX-512 dot interaction forward's
-vector width (``csrc/cpu_isa.h``); :func:`use_interaction_tiles` switches it.
+``NEO_INTERACTION_TILES=auto|narrow|wide|grouped`` chooses the AVX-512 dot interaction
+forward's tiling (``csrc/cpu_isa.h``); :func:`use_interaction_tiles` switches it.
 """
 
 from __future__ import annotations
@@ -71,12 +71,15 @@ def cpu_flags() -> List[str]:
 def cpu_isa_info() -> Dict[str, Any]:
     """What the CPU kernels run on: ``{"neo_cpu_isa", "interaction_tiles", "built", "supported",
     "forced", "cpu_model", "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is
-    not built; ``interaction_tiles``: the setting, and at D 128 whether the forward runs wide)."""
+    not built; ``interaction_tiles``: the setting, and at D 128 whether the forward runs wide,
+    and the tiles it runs at D 64 and 128)."""
     _C = cpu_kernels("cpu_isa")
     tiles = cpu_kernels("interaction_tiles")
     return {
         "neo_cpu_isa": _C.cpu_isa() if _C else None,
-        "interaction_tiles": ({"setting": tiles.interaction_tiles(), "wide_at_d128": tiles.interaction_wide(128)}
+        "interaction_tiles": ({"setting": tiles.interaction_tiles(), "wide_at_d128": tiles.interaction_wide(128),
+                               "forward_at_d64": tiles.interaction_forward_tiles(64),
+                               "forward_at_d128": tiles.interaction_forward_tiles(128)}
                               if tiles else None),
         "built": _C.cpu_isa_variants() if _C else [],
         "supported": _C.cpu_isa_supported() if _C else [],
@@ -101,8 +104,8 @@ def use_cpu_isa(name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def use_interaction_tiles(name: str) -> Iterator[None]:
     """Run the block with the dot interaction forward's tiles set to ``name`` (``"auto"``,
-    ``"narrow"``, ``"wide"``; wide applies to the AVX-512 kernels at D >= 96 only), then restore
-    the previous setting. Process-wide, for tests and benchmarks, like :func:`use_cpu_isa`."""
+    ``"narrow"``, ``"wide"``, ``"grouped"``; wide applies to the AVX-512 kernels at D >= 96 only,
+    grouped to the AVX-512 kernels at D >= 16), then restore the previous setting. Process-wide, for tests and benchmarks, like :func:`use_cpu_isa`."""
     from neo import _C
 
     with _switched(_C.interaction_tiles, _C._set_interaction_tiles, name):

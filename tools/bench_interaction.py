@@ -14,9 +14,10 @@ backward with a fixed upstream gradient; systems alternate (each right after eac
 equally often: ``bench_common.balanced_orders``) so load from other jobs hits both alike;
 medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
-the fused kernel's lower ISA variants (those the --isa cap allows) and, where the AVX-512
-forward runs in 16-float tiles, the same kernels in 8-float tiles (``-narrow``). Each record
-says which forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
+the fused kernel's lower ISA variants (those the --isa cap allows) and, in the AVX-512
+kernels, the forward's other tilings at that D (``-narrow``: 8-float tiles, ``-wide``:
+16-float tiles, ``-grouped``: rows interleaved in groups of four). Each record says which
+forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
 
 The peer, where TorchRec is importable (``--no-torchrec`` leaves it out): ``torchrec``,
 TorchRec's ``torchrec.models.dlrm.InteractionArch`` on the same tensors (the pooled input
@@ -66,13 +67,13 @@ class System:
             yield
 
     def forward_tiles(self, D: int):
-        """"wide" or "narrow" (the fused kernel's forward at D), None for the peers."""
+        """"narrow", "wide" or "grouped" (the fused kernel's forward at D), None for the peers."""
         from neo import _C
 
         if self.name in PEERS:
             return None
         with self.kernels():
-            return "wide" if _C.interaction_wide(D) else "narrow"
+            return _C.interaction_forward_tiles(D)
 
     def step(self, dense, pooled, grad, record: bool) -> None:
         with self.kernels():
@@ -105,13 +106,20 @@ def torchrec_available() -> bool:
 
 def systems_for(F: int, D: int, all_variants: bool, torchrec: bool) -> List[System]:
     from neo import _C
+    from neo.cpp import use_interaction_tiles
     from neo.models.interaction import DotInteraction
 
     active = _C.cpu_isa()
     out = [System(f"neo-{active}", DotInteraction(F, D))]
-    if all_variants:   # the other forward tiles where the active ones are wide, and the lower variants the cap allows
-        if _C.interaction_wide(D):
-            out.append(System(f"neo-{active}-narrow", DotInteraction(F, D), tiles="narrow"))
+    if all_variants:   # the forward's other tilings at D (AVX-512), and the lower variants the cap allows
+        if active == "avx512":
+            ran = {_C.interaction_forward_tiles(D)}
+            for tiles in ("narrow", "wide", "grouped"):
+                with use_interaction_tiles(tiles):
+                    runs = _C.interaction_forward_tiles(D)   # "wide" below D 96 runs narrow
+                if runs not in ran:
+                    ran.add(runs)
+                    out.append(System(f"neo-{active}-{runs}", DotInteraction(F, D), tiles=tiles))
         for isa in ORDER[:ORDER.index(active)]:
             out.append(System(f"neo-{isa}", DotInteraction(F, D), isa=isa))
     out.append(System("torch", DotInteraction(F, D, kernel="torch")))

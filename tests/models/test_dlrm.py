@@ -11,8 +11,19 @@ from neo.models import DLRM, DotInteraction, LowRankCrossNet
 from neo.sparse import KeyedJaggedBatch
 
 ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
-# (ISA, forward tiles): the AVX-512 variant's forward in 8- and in 16-float tiles (csrc/cpu_isa.h)
-ISA_TILES = [(isa, "narrow") for isa in ISA_VARIANTS] + [(isa, "wide") for isa in ISA_VARIANTS if isa == "avx512"]
+# (ISA, forward tiles): the AVX-512 variant's forward in 8- and 16-float tiles and in interleaved
+# row groups (csrc/cpu_isa.h)
+ISA_TILES = [(isa, "narrow") for isa in ISA_VARIANTS] + [(isa, t) for isa in ISA_VARIANTS if isa == "avx512"
+                                                         for t in ("wide", "grouped")]
+
+
+def expected_forward_tiles(isa: str, tiles: str, D: int) -> str:
+    """What the forward runs at D under a forced tile setting (csrc/cpu_isa.h)."""
+    if isa != "avx512" or tiles == "narrow":
+        return "narrow"
+    if tiles == "wide":
+        return "wide" if D >= 96 else "narrow"
+    return "grouped" if D >= 16 else "narrow"
 
 
 def test_dot_interaction_is_every_pair_once():
@@ -51,14 +62,16 @@ def test_dot_interaction_gradient_matches_autograd_of_the_formula():
 def test_fused_dot_interaction_matches_the_formula_in_float64(F, D, isa, tiles):
     """The C++ kernel (fp32) against the plain formula evaluated in float64, forward and
     backward, with the kernels of each ISA variant (their register blocks differ), and the
-    AVX-512 forward in both its tile widths (wide from D 96 on).
+    AVX-512 forward in each of its tilings (wide from D 96 on, grouped from D 16 on).
 
-    Shapes cover pair tiles and row blocks with remainders (n = F + 1 from 2 to 41), D a
-    multiple of the vector width (4, 8, 16 floats) or not (the scalar tail columns), and
-    remainders of the backward's column blocks."""
+    Shapes cover pair tiles and row blocks with remainders (n = F + 1 from 2 to 41: the
+    grouped forward's blocks of 8 rows, then 4 or fewer), D a multiple of the vector width
+    (4, 8, 16 floats) or not (the scalar tail columns), and remainders of the backward's
+    column blocks."""
     assert DotInteraction(F, D)._fused, "neo._C is not built"
     with use_cpu_isa(isa), use_interaction_tiles(tiles):
-        assert C.interaction_wide(D) == (tiles == "wide" and D >= 96)
+        assert C.interaction_forward_tiles(D) == expected_forward_tiles(isa, tiles, D)
+        assert C.interaction_wide(D) == (expected_forward_tiles(isa, tiles, D) == "wide")
         _fused_against_float64(F, D)
 
 
@@ -74,10 +87,11 @@ def test_fused_dot_interaction_large_batch_streams_its_gradient(isa, tiles):
 
 def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
-    the setting; "auto" takes wide tiles only in the AVX-512 kernels, from D 96 on, and only
-    where the CPU runs 512-bit multiply-adds at full rate (not AMD family 19h)."""
+    the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
+    the AVX-512 kernels, and only where the CPU runs 512-bit multiply-adds at full rate (not
+    AMD family 19h)."""
     before = C.interaction_tiles()
-    with pytest.raises(RuntimeError, match="valid: auto, narrow, wide"):
+    with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped"):
         C._set_interaction_tiles("broad")
     assert C.interaction_tiles() == before
     with use_interaction_tiles("wide"):
@@ -88,6 +102,9 @@ def test_interaction_tiles_setting_is_checked_and_restored():
         with use_cpu_isa(isa), use_interaction_tiles("auto"):
             assert not C.interaction_wide(64)
             assert C.interaction_wide(128) == (isa == "avx512" and not zen4)
+            full_rate = isa == "avx512" and not zen4
+            assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
+                ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate else ["narrow"] * 6)
 
 
 def _fused_against_float64(F, D, B=37):

@@ -57,3 +57,25 @@ def test_without_torchrec_only_neo_and_torch_run():
     records = bench.run_shape(small_args(torchrec=False), 8, 1, machine={})
     assert [r["system"] for r in records][-1] == "torch"
     assert all("torchrec" not in r["system"] for r in records)
+
+
+def test_all_variants_times_the_avx512_forwards_other_tilings_and_the_lower_isas():
+    """--all-variants: at D 64 and 128 the AVX-512 kernels' forward also runs in the tilings
+    "auto" did not choose (each record says which ran), and every lower ISA variant runs;
+    each is checked against the torch path before it is timed."""
+    from neo import _C
+
+    args = small_args(torchrec=False)
+    args.all_variants = True
+    active = _C.cpu_isa()
+    lower = bench.ORDER[:bench.ORDER.index(active)]
+    for D in (64, 128):
+        records = bench.run_shape(args, D, 1, machine={})
+        ran = {r["system"]: r["forward_tiles"] for r in records}
+        chosen = _C.interaction_forward_tiles(D)
+        expected = {f"neo-{active}": chosen, "torch": None}
+        expected.update({f"neo-{isa}": "narrow" for isa in lower})
+        if active == "avx512":
+            others = {"narrow", "grouped"} | ({"wide"} if D >= 96 else set())
+            expected.update({f"neo-avx512-{t}": t for t in others - {chosen}})
+        assert ran == expected
