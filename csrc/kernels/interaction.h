@@ -309,6 +309,17 @@ inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64
 // Row blocks of the forward (the shares of its prefetches).
 inline int64_t pair_row_blocks(int64_t n) { return (n - 1 + kFwdR - 1) / kFwdR; }
 
+// out[p] += the pair's dot over the columns [Dv, D) the vector tiles left out (scalar code).
+inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t D, float* out) {
+  if (Dv == D) return;
+  for (int64_t i = 0, p = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j, ++p) {
+      float s = 0.0f;
+      for (int64_t d = Dv; d < D; ++d) s += v[i][d] * v[j][d];
+      out[p] += s;
+    }
+}
+
 // out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
 // row n - 1 has no pair to its right); the last D % fwd_width columns added in scalar code.
 template <bool WIDE>
@@ -318,13 +329,7 @@ inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, N
     next.part(k);
     pair_row_block_r<WIDE>(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
   }
-  if (Dv == D) return;
-  for (int64_t i = 0, p = 0; i < n; ++i)
-    for (int64_t j = i + 1; j < n; ++j, ++p) {
-      float s = 0.0f;
-      for (int64_t d = Dv; d < D; ++d) s += v[i][d] * v[j][d];
-      out[p] += s;
-    }
+  add_tail_dots(v, n, Dv, D, out);
 }
 
 
@@ -469,13 +474,7 @@ inline void grouped_dots(const float* const* v, int64_t n, int64_t D, float* out
     }
     i0 += 4;
   }
-  if (Dv == D) return;
-  for (int64_t i = 0, p = 0; i < n; ++i)
-    for (int64_t j = i + 1; j < n; ++j, ++p) {
-      float s = 0.0f;
-      for (int64_t d = Dv; d < D; ++d) s += v[i][d] * v[j][d];
-      out[p] += s;
-    }
+  add_tail_dots(v, n, Dv, D, out);
 }
 constexpr bool kHaveGroupedForward = true;
 #else
