@@ -202,15 +202,21 @@ std::string interaction_tiles() {
   return names[tiles()];
 }
 
-std::string interaction_forward_tiles(int64_t D) {
-  if (std::string(kernels().isa) != "avx512") return "narrow";
+InteractionTiles interaction_tiles_at(int64_t D) {
+  if (std::string(kernels().isa) != "avx512") return InteractionTiles::kNarrow;
   const int t = tiles();
-  if ((t == 2 || (t == 0 && !amd_family_19h())) && D >= kWideMinDim) return "wide";
-  if ((t == 3 || (t == 0 && !amd_family_19h())) && D >= kGroupedMinDim) return "grouped";
-  return "narrow";
+  const bool full_rate = t == 0 && !amd_family_19h();   // "auto" where 512-bit FMAs run at full rate
+  if ((t == 2 || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
+  if ((t == 3 || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;
+  return InteractionTiles::kNarrow;
 }
 
-bool interaction_wide(int64_t D) { return interaction_forward_tiles(D) == "wide"; }
+std::string interaction_forward_tiles(int64_t D) {
+  static const char* names[] = {"narrow", "wide", "grouped"};   // InteractionTiles' order
+  return names[static_cast<int>(interaction_tiles_at(D))];
+}
+
+bool interaction_wide(int64_t D) { return interaction_tiles_at(D) == InteractionTiles::kWide; }
 
 std::vector<std::string> cpu_isa_variants() {
   std::vector<std::string> out;

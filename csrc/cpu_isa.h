@@ -97,9 +97,9 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              groups of four, D >= kGroupedMinDim). "auto": on family 19h narrow; elsewhere
 //              wide from kWideMinDim and grouped below it (Intel, D 128: wide forward 10-20%
 //              faster than narrow; D 32 to 80: grouped 7-24% less time than either, with the
-//              batch in cache; on Zen 4 no FMA gain from 16-float vectors, costlier reductions). They differ in
-//              rounding only (summation order). NEO_INTERACTION_TILES=auto|narrow|wide|grouped
-//              sets it at import.
+//              batch in cache; on Zen 4 no FMA gain from 16-float vectors, costlier
+//              reductions). They differ in rounding only (summation order).
+//              NEO_INTERACTION_TILES=auto|narrow|wide|grouped sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on family 19h
 //              only (5-8% faster there; 5-8% slower on Intel). No effect on results.
 constexpr int64_t kWideMinDim = 96;
@@ -107,7 +107,8 @@ constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-colum
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
 void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped"; throws otherwise
 std::string interaction_tiles();                     // the setting
-std::string interaction_forward_tiles(int64_t D);    // what the active variant's forward runs at D
-bool interaction_wide(int64_t D);                    // interaction_forward_tiles(D) == "wide"
+InteractionTiles interaction_tiles_at(int64_t D);    // what the active variant's forward runs at D
+std::string interaction_forward_tiles(int64_t D);    // its name: "narrow", "wide" or "grouped"
+bool interaction_wide(int64_t D);                    // interaction_tiles_at(D) == kWide
 
 }  // namespace neo

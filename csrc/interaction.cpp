@@ -99,9 +99,7 @@ InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64
   a.pooled = pooled.data_ptr<float>();
   a.off = L.off.data();
   a.stride = L.stride.data();
-  const std::string tiles = interaction_forward_tiles(a.D);
-  a.wide = tiles == "wide";
-  a.grouped = tiles == "grouped";
+  a.tiles = interaction_tiles_at(a.D);
   a.l1_burst = amd_family_19h();
   return a;
 }

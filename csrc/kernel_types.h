@@ -56,14 +56,17 @@ struct UpdateArgs {
 
 // The n = F + 1 vectors of the dot interaction: sample b's dense vector is dense + b * D,
 // its feature k starts at pooled + off[k] + b * stride[k].
+// The dot interaction forward's tiling (cpu_isa.h): 8-float tiles (every variant), 16-float
+// tiles or interleaved row groups (AVX-512 only).
+enum class InteractionTiles : int8_t { kNarrow, kWide, kGrouped };
+
 struct InteractionArgs {
   int64_t B = 0, D = 0, F = 0;
   const float* dense = nullptr;
   const float* pooled = nullptr;
   const int64_t* off = nullptr;        // (F,)
   const int64_t* stride = nullptr;     // (F,)
-  bool wide = false;                   // AVX-512 variant: the forward in 16-float tiles (cpu_isa.h)
-  bool grouped = false;                // AVX-512 variant: the forward in interleaved row groups (cpu_isa.h)
+  InteractionTiles tiles = InteractionTiles::kNarrow;   // the forward's (cpu_isa.h)
   bool l1_burst = false;               // each sample's rows prefetched into L1 as it starts (cpu_isa.h)
 };
 

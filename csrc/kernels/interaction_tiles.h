@@ -1,0 +1,175 @@
+// The dot interaction forward in register tiles of the upper triangle: 8-float vectors in
+// every variant, 16-float ones on AVX-512 ("narrow" and "wide"; interaction.h describes
+// both), and the scalar tail columns every forward adds last.
+#pragma once
+
+#include "interaction_sample.h"
+
+NEO_KERNELS_BEGIN
+
+// The vector operations of the forward's tiles: 8 floats (pv, every variant) or 16 (AVX-512).
+struct NarrowVec {
+  using V = pv;
+  static constexpr int64_t kLanes = kPW;
+  static V zero() { return pzero(); }
+  static V load(const float* p) { return pload(p); }
+  static V fmadd(V a, V b, V c) { return pfmadd(a, b, c); }
+};
+#if defined(__AVX512F__)
+struct WideVec {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
+// The sums of an R x C tile over the first Dv columns (a multiple of Vec::kLanes):
+// acc[r * STRIDE + c] = lane-wise partial sums of v_{i0 + r} * v_{j0 + c}; every acc entry is
+// zeroed first (the ones no pair uses stay zero). DIAG: only the pairs c >= r.
+template <class Vec, int R, int C, int STRIDE, bool DIAG, int K>
+inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K]) {
+  using V = typename Vec::V;
+  NEO_UNROLL
+  for (int q = 0; q < K; ++q) acc[q] = Vec::zero();
+  for (int64_t d = 0; d < Dv; d += Vec::kLanes) {
+    V x[R], y[C];
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r) x[r] = Vec::load(ri[r] + d);
+    NEO_UNROLL
+    for (int c = 0; c < C; ++c) {
+      V t = Vec::load(cj[c] + d);
+      keep_in_register(t);   // else gcc folds the load into each of the R multiply-adds: R times the loads
+      y[c] = t;              // (on a copy: an asm operand in the array would keep the array in memory)
+    }
+    NEO_UNROLL
+    for (int r = 0; r < R; ++r)
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c)
+        if (!DIAG || c >= r) acc[r * STRIDE + c] = Vec::fmadd(x[r], y[c], acc[r * STRIDE + c]);
+  }
+}
+
+// The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
+// triangle, over the first Dv (a multiple of kPW) of the D columns:
+// out[pair (i0 + r, j0 + c)] = v_{i0 + r} . v_{j0 + c}. DIAG: the tile on the diagonal
+// (j0 = i0 + 1), where only c >= r are pairs; the others are neither computed nor stored.
+// `row[r] + j` is where pair (i0 + r, j) goes.
+template <int R, int C, bool DIAG>
+inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
+  constexpr int K = (R * C + 7) / 8 * 8;   // sums reduced eight at a time; the padding stays zero
+  pv acc[K];
+  tile_sums<NarrowVec, R, C, C, DIAG>(ri, cj, Dv, acc);
+  alignas(32) float res[K];
+  NEO_UNROLL
+  for (int q = 0; q < K; q += 8) hsum8(acc + q, res + q);
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) {
+    if (DIAG) {
+      NEO_UNROLL
+      for (int c = r; c < C; ++c) row[r][j0 + c] = res[r * C + c];
+    } else {
+      std::memcpy(row[r] + j0, res + r * C, C * sizeof(float));
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// The same tile in 16-float vectors (AVX-512 variant, kFwdR = kFwdC = 4; where
+// InteractionArgs::tiles is kWide): R + C loads and R * C multiply-adds of 16 floats a step,
+// then the 16 sums (zero where the tile is smaller or a diagonal pair is absent) reduced by
+// hsum16 into one vector, lane r * 4 + c = pair (i0 + r, j0 + c), and each row's lanes stored under a mask
+// at row[r] + j0 - 4 r (where lane 0 goes when lane 4 r lands on row[r] + j0; masked-off lanes
+// are not accessed, and the address stays inside the sample's output: at most 12 floats
+// before its pairs, which follow its D >= 96 dense floats).
+template <int R, int C, bool DIAG>
+inline void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+                           int64_t j0) {
+  static_assert(R <= 4 && C <= 4, "wide tiles are at most 4 x 4");
+  __m512 acc[16];
+  tile_sums<WideVec, R, C, 4, DIAG>(ri, cj, Dv, acc);
+  const __m512 sums = hsum16(acc);
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) {
+    __mmask16 m = 0;
+    for (int c = DIAG ? r : 0; c < C; ++c) m |= static_cast<__mmask16>(1u << (r * 4 + c));
+    _mm512_mask_storeu_ps(row[r] + j0 - 4 * r, m, sums);
+  }
+}
+constexpr bool kHaveWideForward = true;
+#else
+// Declared only, for pair_tile_any's discarded branch: never instantiated without AVX-512.
+template <int R, int C, bool DIAG>
+void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0);
+constexpr bool kHaveWideForward = false;
+#endif
+
+// Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.
+template <bool WIDE>
+constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
+
+template <int R, int C, bool DIAG, bool WIDE>
+inline void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
+  if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0);
+  else pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0);
+}
+
+// pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
+template <int R, bool DIAG, bool WIDE, int C = kFwdC>
+inline void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
+                         int64_t nc) {
+  if constexpr (C > 1) {
+    if (nc < C) return pair_tile_nc<R, DIAG, WIDE, C - 1>(ri, cj, Dv, row, j0, nc);
+  }
+  pair_tile_any<R, C, DIAG, WIDE>(ri, cj, Dv, row, j0);
+}
+
+// Row block [i0, i0 + R): the tile on the diagonal, whole tiles, a narrower one at the end.
+template <int R, bool WIDE>
+inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0, float* out) {
+  constexpr int C = kFwdC;
+  float* row[R];   // row[r][j] = pair (i0 + r, j)
+  NEO_UNROLL
+  for (int r = 0; r < R; ++r) row[r] = out + pair_base(i0 + r, n);
+  const float* const* ri = v + i0;
+  int64_t j0 = i0 + 1;
+  pair_tile_nc<R, true, WIDE>(ri, v + j0, Dv, row, j0, n - j0);   // n - j0 >= R: every row has a pair
+  for (j0 += C; j0 + C <= n; j0 += C) pair_tile_any<R, C, false, WIDE>(ri, v + j0, Dv, row, j0);
+  if (j0 < n) pair_tile_nc<R, false, WIDE>(ri, v + j0, Dv, row, j0, n - j0);
+}
+template <bool WIDE, int R = kFwdR>
+inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out) {
+  if constexpr (R > 1) {
+    if (nr < R) return pair_row_block_r<WIDE, R - 1>(v, n, Dv, i0, nr, out);
+  }
+  pair_row_block<R, WIDE>(v, n, Dv, i0, out);
+}
+
+// Row blocks of the forward (the shares of its prefetches).
+inline int64_t pair_row_blocks(int64_t n) { return (n - 1 + kFwdR - 1) / kFwdR; }
+
+// out[p] += the pair's dot over the columns [Dv, D) the vector tiles left out (scalar code).
+inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t D, float* out) {
+  if (Dv == D) return;
+  for (int64_t i = 0, p = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j, ++p) {
+      float s = 0.0f;
+      for (int64_t d = Dv; d < D; ++d) s += v[i][d] * v[j][d];
+      out[p] += s;
+    }
+}
+
+// out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
+// row n - 1 has no pair to its right); the last D % fwd_width columns added in scalar code.
+template <bool WIDE>
+inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next) {
+  const int64_t Dv = D / fwd_width<WIDE>() * fwd_width<WIDE>();
+  for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += kFwdR) {
+    next.part(k);
+    pair_row_block_r<WIDE>(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
+  }
+  add_tail_dots(v, n, Dv, D, out);
+}
+
+NEO_KERNELS_END
