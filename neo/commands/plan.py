@@ -11,23 +11,14 @@ import sys
 from dataclasses import replace
 from typing import List, Optional
 
+from neo.commands.arg_types import positive_int
 from neo.config import ConfigError, load_config
 from neo.planner import PARTITIONERS, Plan, PlanningError, format_report, plan_tables
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
-
-
 def _world_sizes(text: str) -> List[int]:
     """``--simulate 8,16,32``: a non-empty list of positive world sizes."""
-    sizes = [_positive_int(w.strip()) for w in text.split(",") if w.strip()]
+    sizes = [positive_int(w.strip()) for w in text.split(",") if w.strip()]
     if not sizes:
         raise argparse.ArgumentTypeError(f"expected world sizes such as 8,16,32, got {text!r}")
     return sizes
@@ -37,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neo plan", description="Plan the sharding of a config's embedding tables.")
     p.add_argument("config", help="Neo YAML config (tables and topology sections)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. topology.hbm_gib=40 tables[0].dim=64")
-    p.add_argument("--world-size", type=_positive_int, default=None, help="total ranks (default: topology.world_size)")
-    p.add_argument("--local-world-size", type=_positive_int, default=None,
+    p.add_argument("--world-size", type=positive_int, default=None, help="total ranks (default: topology.world_size)")
+    p.add_argument("--local-world-size", type=positive_int, default=None,
                    help="ranks per node (default: topology.local_world_size)")
     p.add_argument("--out", default=None, help="write the plan as JSON to this file")
     p.add_argument("--partitioner", choices=("auto",) + PARTITIONERS, default="auto",

@@ -23,27 +23,8 @@ import json
 import sys
 from typing import List, Optional
 
+from neo.commands.arg_types import positive_float, positive_int
 from neo.config import ConfigError, load_config
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,17 +33,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="Neo YAML config (model and tables sections)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.interaction=dcn")
     p.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
-    p.add_argument("--batch-size", type=_positive_int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="batch (or micro-batch) size to profile at (default: train.batch_size)")
-    p.add_argument("--repeats", type=_positive_int, default=10, help="timed runs per layer; the median is kept")
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed runs per layer; the median is kept")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per layer first")
-    p.add_argument("--num-dense", type=_positive_int, default=None,
+    p.add_argument("--num-dense", type=positive_int, default=None,
                    help="dense input features (default: data.synthetic.num_dense)")
-    p.add_argument("--threads", type=_positive_int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch intra-op threads while profiling (default: 1 on CPU, as each rank of a "
                         "gloo pipeline runs; torch's default on a GPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--bandwidth-gbps", type=_positive_float, default=None,
+    p.add_argument("--bandwidth-gbps", type=positive_float, default=None,
                    help="point-to-point bandwidth between stages, GB/s (skips --bandwidth)")
     p.add_argument("--bandwidth", choices=("measure", "constants"), default="measure",
                    help="measure a gloo send/recv between 2 local processes, or take the planner's intra_bw")

@@ -165,3 +165,15 @@ def test_plan_pipeline_auto_picks_a_schedule_the_shape_allows(stages, v, allowed
     assert len(split) == stages * v and split[0][0] == 0 and split[-1][1] == len(layers) - 1
     assert all(b[0] == a[1] + 1 for a, b in zip(split, split[1:]))
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bandwidth-gbps", "inf"], "must be a finite number > 0, got inf"),
+    (["--bandwidth-gbps", "fast"], "'fast' is not a number"),
+    (["--repeats", "0"], "must be > 0, got 0"),
+])
+def test_profile_layers_rejects_bad_numbers_naming_the_value(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["profile-layers", TINY, *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err

@@ -107,3 +107,15 @@ def test_neo_calibrate_writes_every_constant_and_neo_plan_uses_them(tmp_path, ca
     main_job = os.path.join(os.path.dirname(EXAMPLE), "main_job.yaml")
     assert main(["plan", main_job, "--world-size", "1", f"sharding.cost_constants={out}"]) == 0
     assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "0"], "must be > 0, got 0"),
+    (["--local-world-size", "two"], "'two' is not an integer"),
+    (["--simulate", "8,-16"], "must be > 0, got -16"),
+])
+def test_neo_plan_rejects_bad_counts_naming_the_value(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", EXAMPLE, *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
