@@ -172,16 +172,23 @@ std::string cpu_isa() { return kernels().isa; }
 bool amd_family_19h() { return features().amd_family_19h; }
 
 namespace {
-std::atomic<int> g_tiles{-1};   // -1 not read yet, 0 auto, 1 narrow, 2 wide, 3 grouped
+// The tile settings by code: 0 "auto", then 1 + InteractionTiles (the tilings a forward runs).
+constexpr const char* kTileNames[] = {"auto", "narrow", "wide", "grouped"};
+constexpr int kTileCodes = sizeof(kTileNames) / sizeof(kTileNames[0]);
+constexpr int code_of(InteractionTiles t) { return 1 + static_cast<int>(t); }
+static_assert(code_of(InteractionTiles::kGrouped) == kTileCodes - 1, "a name for every tiling");
+
+std::atomic<int> g_tiles{-1};   // -1: not read yet, else a code of kTileNames
 
 int tiles_code(std::string name, const char* what) {
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  if (name.empty() || name == "auto") return 0;
-  if (name == "narrow") return 1;
-  if (name == "wide") return 2;
-  if (name == "grouped") return 3;
-  throw std::runtime_error(std::string("neo._C: ") + what + "=" + name +
-                           " is not a tile choice; valid: auto, narrow, wide, grouped");
+  if (name.empty()) return 0;
+  std::string valid;
+  for (int c = 0; c < kTileCodes; ++c) {
+    if (name == kTileNames[c]) return c;
+    valid += (c ? ", " : "") + std::string(kTileNames[c]);
+  }
+  throw std::runtime_error(std::string("neo._C: ") + what + "=" + name + " is not a tile choice; valid: " + valid);
 }
 
 int tiles() {
@@ -197,24 +204,18 @@ int tiles() {
 
 void set_interaction_tiles(const std::string& name) { g_tiles.store(tiles_code(name, "interaction tiles")); }
 
-std::string interaction_tiles() {
-  static const char* names[] = {"auto", "narrow", "wide", "grouped"};
-  return names[tiles()];
-}
+std::string interaction_tiles() { return kTileNames[tiles()]; }
 
 InteractionTiles interaction_tiles_at(int64_t D) {
   if (std::string(kernels().isa) != "avx512") return InteractionTiles::kNarrow;
   const int t = tiles();
   const bool full_rate = t == 0 && !amd_family_19h();   // "auto" where 512-bit FMAs run at full rate
-  if ((t == 2 || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
-  if ((t == 3 || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;
+  if ((t == code_of(InteractionTiles::kWide) || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
+  if ((t == code_of(InteractionTiles::kGrouped) || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;
   return InteractionTiles::kNarrow;
 }
 
-std::string interaction_forward_tiles(int64_t D) {
-  static const char* names[] = {"narrow", "wide", "grouped"};   // InteractionTiles' order
-  return names[static_cast<int>(interaction_tiles_at(D))];
-}
+std::string interaction_forward_tiles(int64_t D) { return kTileNames[code_of(interaction_tiles_at(D))]; }
 
 bool interaction_wide(int64_t D) { return interaction_tiles_at(D) == InteractionTiles::kWide; }
 

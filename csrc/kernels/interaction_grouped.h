@@ -128,6 +128,7 @@ inline void group_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0
 // out[p] = v_i . v_j over pairs i < j as pair_dots does, in blocks of 8 rows (then 4 or fewer);
 // T: 8 Dv floats of 64-byte aligned scratch.
 inline void grouped_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next, float* T) {
+  static_assert(kFwdR == 4, "the prefetch shares (pair_row_blocks) are one per group of 4 rows");
   const int64_t Dv = D / 16 * 16;
   for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k) {   // share k of the prefetches per 4 rows (pair_row_blocks)
     const int64_t left = n - 1 - i0;
