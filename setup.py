@@ -51,7 +51,11 @@ with_cuda = bool(cuda_sources) and torch.version.cuda is not None and CUDA_HOME 
 # -ffp-contract=off: no implicit FMA. The embedding kernels round every product and sum
 # separately, as the reference does (bit-identical outputs); the dot interaction writes its
 # fused multiply-adds explicitly.
-cxx_flags = ["-O3", "-fopenmp", "-std=c++17", "-fno-math-errno", "-ffp-contract=off"]
+# -fno-wrapv: undoes the -fwrapv of Python's own CFLAGS (sysconfig), which setuptools puts
+# first: with signed overflow defined to wrap, GCC keeps the kernels' int64 index arithmetic
+# literally (bound checks like `i + near < end` each iteration). The forward lookup's loop ran
+# 1-3% slower with it (docs/benchmarks.md); no kernel relies on wrapping.
+cxx_flags = ["-O3", "-fopenmp", "-std=c++17", "-fno-math-errno", "-ffp-contract=off", "-fno-wrapv"]
 cxx_flags += [f"-DNEO_HAVE_{v.upper()}" for v in VARIANTS if v != "baseline"]
 if NATIVE:
     cxx_flags += ["-DNEO_NATIVE_BUILD", "-march=native"]

@@ -39,9 +39,12 @@ optimizer update). Each at every thread count (``torch.set_num_threads``): warm-
 ``--iters`` timed iterations with the backends interleaved (iteration i of every backend
 runs before iteration i + 1 of any, in an order that changes every iteration so that each
 backend runs right after each other one equally often: ``bench_common.balanced_orders``), so
-load on a shared machine, and the caches a backend leaves cold or warm for the next (each
-iteration's backends read the same batch), hit all alike; the median is reported. Batches
-rotate over a few pre-generated ones.
+load on a shared machine hits all alike; the median is reported. Every call reads the next of
+``BATCHES`` pre-generated batches (8 on the CPU: about 670 MB of fp16 rows read between two
+reads of one batch), so no call finds its rows left in the last-level cache by the call
+before it. (Until 2026-11-29 every backend of an iteration read the same batch: the probe's
+four settings and ``neo`` / ``neo-noval`` then read rows the previous one had just brought
+into L3, and FBGEMM, with its own table, never did.)
 
 On a CUDA machine a separate section also times the ``triton`` backend against plain
 PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-device copy.
@@ -91,6 +94,7 @@ class Runner:
         self.name, self.fwd, self.fwd_bwd = name, fwd, fwd_bwd
 
 
+BATCHES = 8   # CPU: pre-generated batches, read in turn one per call (see the module doc)
 PROBE_DISTANCES = ((0, 0), (16, 128), (32, 256), (64, 512))
 
 
@@ -200,10 +204,10 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
     k, orders = 0, balanced_orders(len(runners))
     for i in range(warmup + iters):
         # a new order every iteration, each backend right after each other one equally often
-        # (one that thrashes the caches, like the PyTorch baseline, slows the next one; one that
-        # reads the same batch's rows warms them for the next)
+        # (one that thrashes the caches, like the PyTorch baseline, slows the next one)
         for r in (runners[j] for j in orders[i % len(orders)]):
-            b = batches[k % len(batches)]
+            b = batches[k % len(batches)]      # a batch per call: rows not just read by another
+            k += 1
             fn = getattr(r, phase)
             sync()
             t0 = time.perf_counter()
@@ -212,7 +216,6 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
             dt = time.perf_counter() - t0
             if i >= warmup:
                 times[r.name].append(dt)
-        k += 1
     return {name: statistics.median(v) * 1e3 for name, v in times.items()}
 
 
@@ -223,7 +226,7 @@ def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
 
 
 def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
-    batches = make_batches(args, 4)
+    batches = make_batches(args, BATCHES)
     n_ids = statistics.mean(b.values.numel() for b in batches)
     print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "

@@ -81,6 +81,15 @@ class _GroupRunner:
         return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
 
 
+def _pool(runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size: int) -> torch.Tensor:
+    """The group's pooled lookup (B, sum of D), through its backend."""
+    backend = runner.owner.backend
+    prepare = getattr(backend, "prepare", None)   # backends that wrap storage (fbgemm)
+    if prepare is not None:
+        prepare(runner.layout, runner.weights, runner.states)
+    return backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+
+
 class _PooledLookup(torch.autograd.Function):
     """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
 
@@ -89,14 +98,9 @@ class _PooledLookup(torch.autograd.Function):
                 prefetched: Optional[Prefetched] = None, pooled=None):
         """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
         pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
-        owner = runner.owner
         ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
         ctx.save_for_backward(indices, offsets, per_sample_weights)
-        prepare = getattr(owner.backend, "prepare", None)   # backends that wrap storage (fbgemm)
-        if prepare is not None:
-            prepare(runner.layout, runner.weights, runner.states)
-        fi, fo, fw = pooled if pooled is not None else (indices, offsets, per_sample_weights)
-        return owner.backend.forward(runner.layout, runner.weights, fi, fo, fw, batch_size)
+        return _pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)), batch_size)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -278,17 +282,24 @@ class TableBatchedEmbedding(nn.Module):
         if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
         outputs, f0 = [], 0
+        feature_starts = offsets[::B].tolist() if B else [0] * (len(self._group_order) + 1)  # F + 1: each
+        # feature's first id, then the end
         for g in self.groups:
             nf = len(g.layout.features)
-            lo, hi = int(offsets[f0 * B]), int(offsets[(f0 + nf) * B])
-            g_off = offsets[f0 * B : (f0 + nf) * B + 1] - lo
+            lo, hi = feature_starts[f0], feature_starts[f0 + nf]   # the group's ids: values[lo:hi]
+            g_off = offsets[f0 * B : (f0 + nf) * B + 1]   # the kernels want offsets from 0
+            if lo:
+                g_off = g_off - lo
             g_psw = None if psw is None else psw[lo:hi]
             g_pooled = None
             if pooled is not None:
                 pv, po, pw = pooled
                 plo, phi = int(po[f0 * B]), int(po[(f0 + nf) * B])
                 g_pooled = (pv[plo:phi], po[f0 * B : (f0 + nf) * B + 1] - plo, None if pw is None else pw[plo:phi])
-            outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
+            if anchor is None:        # no backward will come: no autograd node
+                outputs.append(_pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B))
+            else:
+                outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")

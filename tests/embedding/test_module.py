@@ -30,6 +30,23 @@ def test_groups_and_table_order():
     torch.testing.assert_close(out[0, 20:32], wc[1])
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_forward_without_grad_pools_as_the_training_forward(backend):
+    """Under no_grad the groups are pooled without an autograd node; the second group's ids
+    start past the first's (its offsets are shifted to 0): the same output as the training path."""
+    emb = TableBatchedEmbedding(mixed_tables(), backend=backend)
+    batch = KeyedJaggedBatch.from_lists({"c": [[1], [2, 3]], "b2": [[0], []], "a": [[5], [1, 1]],
+                                         "b1": [[4, 3], [0]]})
+    trained = emb(batch)                      # grad enabled, training mode: through autograd
+    assert trained.requires_grad
+    with torch.no_grad():
+        pooled = emb(batch)
+    assert not pooled.requires_grad
+    assert torch.equal(pooled, trained.detach())
+    wb = emb.table_weight("b").float()        # b (fp16) is the second group: its ids follow a's and c's
+    torch.testing.assert_close(pooled[0, 4:12], (wb[4] + wb[3]) / 2)
+
+
 def test_errors_name_feature_and_table():
     emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
     good = {"a": [[1]], "b1": [[1]], "b2": [[1]], "c": [[1]]}
