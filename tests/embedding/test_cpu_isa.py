@@ -132,6 +132,32 @@ def test_forward_is_bit_identical_to_the_reference(isa, dtype, weighted):
 
 @pytest.mark.parametrize("isa", VARIANTS)
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_forward_skips_and_counts_bad_ids_in_long_features(isa, dtype, weighted):
+    """Features of about 2000 ids: most bags take the forward's loop without bound tests (every
+    prefetch target inside the feature, the prefetched ids unchecked). Ids out of range there,
+    and in the last bags (the tested loop), add nothing and are counted: the reference's
+    output (validate=False) to the bit, and the count of bad ids."""
+    tables = [TableConfig(f"t{d}", 500, d, feature_names=(f"f{d}", f"g{d}"), dtype=dtype) for d in (16, 64, 36)]
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False)
+    fast = TableBatchedEmbedding(tables, backend="cpu", validate=False)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(11)
+    batch = random_batch(tables, 200, gen, max_len=20, weighted=weighted)
+    values = batch.values.clone()
+    bad = torch.rand(values.numel(), generator=gen) < 0.1
+    junk = torch.tensor([-1, -(2 ** 40), 500, 10 ** 6, 2 ** 62, -(2 ** 63)])
+    values[bad] = junk[torch.randint(0, len(junk), (int(bad.sum()),), generator=gen)]
+    batch = KeyedJaggedBatch(batch.keys, values, batch.lengths, batch.batch_size, weights=batch.weights)
+    assert min(batch.offset_per_key()[f + 1] - batch.offset_per_key()[f] for f in range(6)) > 1000
+    with use_cpu_isa(isa), torch.no_grad():
+        out = fast(batch)
+    assert torch.equal(out, ref(batch)), isa
+    assert fast.backend.last_invalid_count == int(((values < 0) | (values >= 500)).sum()) > 0
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_forward_streaming_stores_match_plain_stores_and_the_reference(isa, dtype):
     """Output rows of whole aligned cache lines are written with streaming stores
     (csrc/kernels/forward.h): a row width of 480 floats with features at aligned (64 at 32, 320
