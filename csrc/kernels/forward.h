@@ -84,13 +84,15 @@ __attribute__((always_inline)) inline int64_t pool_bag(const T* table, const Fea
   const int64_t D = DK ? DK : r.D, row_bytes = D * static_cast<int64_t>(sizeof(T)), fend = r.fend;
   const int64_t near = r.near, far = r.far;
   const int64_t* idx = r.idx;
-  // whole rows of exactly NV vectors: the prefetched length is a constant
+  // whole rows of exactly NV vectors: the prefetched length is a constant. (Deriving it from
+  // row_bytes instead, with prefetch_lines and without `exact`, looks simpler but changed
+  // GCC's inlining: the fp16 loops ran 1.04-1.09x slower with the tables in L2.)
   constexpr int64_t kBytes = FIRST ? NV * kW * static_cast<int64_t>(sizeof(T)) : 0;
   const bool exact = DK != 0 || D == NV * kW;
   vf acc[NV];
   for (int v = 0; v < NV; ++v) acc[v] = vzero();
   int64_t bad = 0;
-  // one id's row into the sums (false: the id is out of range, counted)
+  // one id's row into the sums; an id out of range adds nothing and is counted
   auto add = [&](int64_t i) __attribute__((always_inline)) {
     const int64_t id = idx[i];
     if (__builtin_expect(static_cast<uint64_t>(id) >= rows, 0)) { ++bad; return; }

@@ -282,8 +282,8 @@ class TableBatchedEmbedding(nn.Module):
         if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
         outputs, f0 = [], 0
-        feature_starts = offsets[::B].tolist() if B else [0] * (len(self._group_order) + 1)  # F + 1: each
-        # feature's first id, then the end
+        # (F + 1,): each feature's first id, then the end; one .tolist() for every group's range
+        feature_starts = offsets[::B].tolist() if B else [0] * (len(self._group_order) + 1)
         for g in self.groups:
             nf = len(g.layout.features)
             lo, hi = feature_starts[f0], feature_starts[f0 + nf]   # the group's ids: values[lo:hi]
