@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <pybind11/stl.h>
 
+#include "bias_relu.h"
 #include "bucketize.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
@@ -48,6 +49,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
         py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
         py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
+  m.def("bias_relu_", &neo::bias_relu_, py::call_guard<py::gil_scoped_release>(),
+        "An MLP layer's bias and ReLU in place: y (B, N) = relu(y + bias); returns y", py::arg("y"), py::arg("bias"));
+  m.def("relu_bias_backward", &neo::relu_bias_backward, py::call_guard<py::gil_scoped_release>(),
+        "Backward of bias_relu_ given its output y: (grad masked by y > 0, its column sums (the bias gradient))",
+        py::arg("grad"), py::arg("y"));
   m.def("jagged_take", [](const std::vector<py::buffer>& ids, const std::vector<py::buffer>& offsets,
                           const py::buffer& part, const py::buffer& row) {
         // the buffer protocol, no numpy C API; ids may be read-only (Arrow's buffers): never written

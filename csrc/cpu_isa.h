@@ -51,6 +51,12 @@ struct KernelTable {
   void (*interaction_backward)(const InteractionArgs&, const float* grad_out, float* grad_dense,
                                float* grad_pooled, float scale);
 
+  // An MLP layer's bias + ReLU in place on y (rows, N), and its backward: gp = g masked by
+  // y > 0, gb = column sums of gp (partial: ceil(rows / kBiasReluBlock) * N floats of scratch).
+  void (*bias_relu)(float* y, const float* b, int64_t rows, int64_t N);
+  void (*relu_bias_backward)(const float* g, const float* y, float* gp, float* gb, float* partial, int64_t rows,
+                             int64_t N);
+
   // Row-range bucketization of one feature's ids.
   void (*bucketize_i32)(const BucketizeArgs<int32_t>&);
   void (*bucketize_i64)(const BucketizeArgs<int64_t>&);

@@ -70,6 +70,10 @@ struct InteractionArgs {
   bool l1_burst = false;               // each sample's rows prefetched into L1 as it starts (cpu_isa.h)
 };
 
+// Rows per block of relu_bias_backward's bias-gradient sums (kernels/bias_relu.h): its scratch
+// holds ceil(rows / kBiasReluBlock) rows of N floats.
+constexpr int64_t kBiasReluBlock = 64;
+
 // Row-range bucketization of one feature (see bucketize.h for the meaning of the outputs).
 template <typename T>
 struct BucketizeArgs {

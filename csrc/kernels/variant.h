@@ -4,6 +4,7 @@
 
 #include "../cpu_isa.h"
 #include "backward.h"
+#include "bias_relu.h"
 #include "bucketize.h"
 #include "forward.h"
 #include "interaction.h"
@@ -21,6 +22,7 @@ const KernelTable& kernel_table() {
       &forward<float>, &forward<c10::Half>, &forward<c10::BFloat16>,
       &backward<float>, &backward<c10::Half>, &backward<c10::BFloat16>,
       &interaction_forward, &interaction_backward,
+      &bias_relu, &relu_bias_backward,
       &bucketize<int32_t>, &bucketize<int64_t>,
       &gather_probe,
       &round_rows<c10::Half>, &round_rows<c10::BFloat16>,

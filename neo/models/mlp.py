@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
+
+from neo.cpp import cpu_kernels
 
 
 class _LinearFn(torch.autograd.Function):
@@ -27,11 +29,37 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         x, weight = ctx.saved_tensors
         grad_x = g @ weight if ctx.needs_input_grad[0] else None                  # (B, in)
-        if weight.shape[1] < weight.shape[0]:
-            grad_w = (x.t() @ g).t().contiguous()                                 # (out, in)
-        else:
-            grad_w = g.t() @ x
-        return grad_x, grad_w, g.sum(0)
+        return grad_x, _weight_grad(g, x, weight), g.sum(0)
+
+
+def _weight_grad(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``g^T x`` (out, in), as ``(x^T g)^T`` for a widening layer (:class:`_LinearFn`)."""
+    if weight.shape[1] < weight.shape[0]:
+        return (x.t() @ g).t().contiguous()
+    return g.t() @ x
+
+
+class _LinearReLUFn(torch.autograd.Function):
+    """``relu(x W^T + b)``: the product from ``mm``, then bias and ReLU in one pass over it in
+    place (``neo._C.bias_relu_``); the backward masks the gradient and sums the bias gradient
+    in one pass (``neo._C.relu_bias_backward``), then the two products as :class:`_LinearFn`.
+    torch's addmm + relu and their backward make two more passes over the (B, out) activation
+    each way (the bias copied into the output before the GEMM, a new tensor for the ReLU, a
+    separate column sum): csrc/kernels/bias_relu.h."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        _C = cpu_kernels("bias_relu_")
+        y = _C.bias_relu_(torch.mm(x, weight.t()), bias)                          # (B, out)
+        ctx.save_for_backward(x, weight, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, weight, y = ctx.saved_tensors
+        gp, grad_b = cpu_kernels("bias_relu_").relu_bias_backward(g.contiguous(), y)   # (B, out), (out,)
+        grad_x = gp @ weight if ctx.needs_input_grad[0] else None                 # (B, in)
+        return grad_x, _weight_grad(gp, x, weight), grad_b
 
 
 class Linear(nn.Linear):
@@ -46,10 +74,33 @@ class Linear(nn.Linear):
     split_backward = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (not self.split_backward and self.bias is not None and x.device.type == "cpu" and x.dtype == torch.float32
-                and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+        if self._fast(x):
             return _LinearFn.apply(x, self.weight, self.bias)
         return super().forward(x)
+
+    def _fast(self, x: torch.Tensor) -> bool:
+        """Whether the fp32 CPU autograd functions of this module apply to ``x``."""
+        return (not self.split_backward and self.bias is not None and x.device.type == "cpu"
+                and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu"))
+
+    def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
+        """``relu(self(x))``, with bias and ReLU fused (:class:`_LinearReLUFn`) where the fp32 CPU
+        path applies and ``neo._C`` has the kernels."""
+        if self._fast(x) and cpu_kernels("bias_relu_") is not None:
+            return _LinearReLUFn.apply(x, self.weight, self.bias)
+        return torch.relu(self(x))
+
+
+def linear_activation(linear: nn.Module, activation: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    """``activation(linear(x))`` (no activation: ``linear(x)``); a :class:`Linear` followed by
+    an ``nn.ReLU`` as one step (:meth:`Linear.forward_relu`). The MLP's forward and the pipeline's
+    layers (neo.pipeline.layers) run their layers through this, so both compute alike."""
+    if activation is None:
+        return linear(x)
+    if isinstance(linear, Linear) and type(activation) is nn.ReLU:
+        return linear.forward_relu(x)
+    return activation(linear(x))
 
 
 def split_backward(module: nn.Module, on: bool = True) -> None:
@@ -75,8 +126,19 @@ def splitting_backward(module: nn.Module) -> Iterator[None]:
 class MLP(nn.Sequential):
     """``Linear -> ReLU`` for every layer of ``sizes``; the last layer's ReLU is optional.
 
-    ``MLP(13, [512, 256, 64])`` maps ``(B, 13)`` to ``(B, 64)``.
+    ``MLP(13, [512, 256, 64])`` maps ``(B, 13)`` to ``(B, 64)``. The forward runs each
+    :class:`Linear` followed by an ``nn.ReLU`` as one step (:func:`linear_activation`); the
+    modules, parameters and state dict are those of the plain sequence.
     """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = list(self)
+        i = 0
+        while i < len(layers):
+            act = layers[i + 1] if i + 1 < len(layers) and not isinstance(layers[i + 1], nn.Linear) else None
+            x = linear_activation(layers[i], act, x)
+            i += 2 if act is not None else 1
+        return x
 
     def __init__(self, in_features: int, sizes: Sequence[int], final_activation: bool = True):
         if not sizes:

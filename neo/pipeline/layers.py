@@ -41,6 +41,7 @@ from torch import nn
 
 from neo.models.dlrm import DLRM
 from neo.models.interaction import DotInteraction, LowRankCrossNet, as_tensor
+from neo.models.mlp import linear_activation
 
 __all__ = ["dense_layers", "layers_of", "LayerStack", "split_stages",
            "BottomLayer", "InteractionLayer", "CrossInput", "CrossLayer", "TopLayer"]
@@ -56,8 +57,7 @@ class BottomLayer(nn.Module):
         self.linear, self.activation = linear, activation
 
     def forward(self, x: torch.Tensor, pooled: torch.Tensor) -> Acts:
-        y = self.linear(x)                                  # (B, out)
-        return (self.activation(y) if self.activation is not None else y, pooled)
+        return (linear_activation(self.linear, self.activation, x), pooled)   # (B, out)
 
 
 class InteractionLayer(nn.Module):
@@ -103,9 +103,7 @@ class TopLayer(nn.Module):
         self.linear, self.activation, self.squeeze = linear, activation, squeeze
 
     def forward(self, z: torch.Tensor) -> Acts:
-        y = self.linear(z)                                  # (B, out)
-        if self.activation is not None:
-            y = self.activation(y)
+        y = linear_activation(self.linear, self.activation, z)   # (B, out)
         return (y.squeeze(1),) if self.squeeze else (y,)    # (B,) or (B, out)
 
 

@@ -3,7 +3,8 @@
 Two ranks train the tiny config with a deeper top MLP twice in one spawn: once data-parallel
 (DDP), once with the dense layers pipelined over 2 stages (1F1B, 4 micro-batches). Same
 loaders, same plan, same init: the global losses, the dense weights (every rank's whole model
-after the final evaluation's ``sync_weights``), the tables and the AUC agree within 1e-5.
+after the final evaluation's ``sync_weights``) and the AUC agree within 1e-5, the tables within
+1e-4 (element-wise Adagrad amplifies rounding: see the test).
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ def test_trainer_pipeline_equals_data_parallel(tmp_path):
         torch.testing.assert_close(pipe["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
         for k, v in ddp["dense"].items():
             torch.testing.assert_close(pipe["dense"][k], v, rtol=1e-5, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        # Element-wise Adagrad (lr 0.1) divides a gradient by the root of its own squares, so for
+        # an element with a tiny gradient the rounding of another summation order (4 micro-batches
+        # against one batch) is amplified into its step. Largest difference: 1.0e-5 with torch's
+        # bias + ReLU, 2.0e-5 with the fused one (csrc/kernels/bias_relu.h; one element of 3200);
+        # the dense weights agree within 4e-7 either way.
         for t, w in ddp["tables"].items():
-            torch.testing.assert_close(pipe["tables"][t], w, rtol=1e-5, atol=1e-5, msg=lambda m: f"table {t}: {m}")
+            torch.testing.assert_close(pipe["tables"][t], w, rtol=1e-5, atol=1e-4, msg=lambda m: f"table {t}: {m}")
         assert abs(pipe["auc"] - ddp["auc"]) < 1e-4
 
 
