@@ -255,32 +255,6 @@ def test_dlrm_end_to_end_learns():
         assert losses[-1] < 0.5 * losses[0], (interaction, losses[0], losses[-1])
 
 
-def test_mlp_linear_matches_plain_linear_forward_and_backward():
-    """neo.models.mlp.Linear (its weight-gradient product reoriented for widening layers)
-    against F.linear + ReLU on copies of the same parameters."""
-    import torch.nn.functional as F
-
-    from neo.models import MLP
-
-    torch.manual_seed(4)
-    mlp = MLP(13, [64, 32, 8])
-    x = torch.randn(50, 13, requires_grad=True)
-    ref_params = [p.detach().clone().requires_grad_() for p in mlp.parameters()]
-    h = x
-    for i in range(0, len(ref_params), 2):
-        h = F.relu(F.linear(h, ref_params[i], ref_params[i + 1]))
-    out = mlp(x)
-    torch.testing.assert_close(out, h, rtol=1e-6, atol=1e-6)
-    g = torch.randn(out.shape)
-    got = torch.autograd.grad(out, [x] + list(mlp.parameters()), g)
-    expected = torch.autograd.grad(h, [x] + ref_params, g)
-    for a, e in zip(got, expected):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
-    assert "LinearFn" in type(mlp[0](x).grad_fn).__name__
-    with torch.autocast("cpu", dtype=torch.bfloat16):                 # autocast: plain F.linear
-        assert "LinearFn" not in type(mlp[0](x).grad_fn).__name__
-
-
 def test_split_backward_linear_computes_one_gradient_per_pass():
     """``split_backward`` (zero bubble's stages): the same function through torch's addmm node, whose
     backward asked for the input gradient alone leaves the weights without one, and after it the

@@ -103,6 +103,7 @@ def test_mlp_fused_layers_match_plain_linear_relu(final_activation):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
     last = "LinearReLUFn" if final_activation else "_LinearFn"
     assert last in type(out.grad_fn).__name__
+    assert "_LinearFnBackward" == type(mlp[0](x).grad_fn).__name__   # a Linear alone: _LinearFn
     # the same modules and state dict as the plain sequence
     assert [type(m).__name__ for m in mlp] == (["Linear", "ReLU"] * 3)[: 6 if final_activation else 5]
     assert list(mlp.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
@@ -118,6 +119,7 @@ def test_mlp_fused_layers_fall_back_where_the_fast_path_does_not_apply():
     assert "LinearReLUFn" in type(mlp(x).grad_fn).__name__
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert "LinearReLUFn" not in type(mlp(x).grad_fn).__name__
+        assert "LinearFn" not in type(mlp[0](x).grad_fn).__name__      # autocast: plain F.linear
     with splitting_backward(mlp):
         out = mlp(x)
         assert "LinearReLUFn" not in type(out.grad_fn).__name__
