@@ -65,6 +65,7 @@ class _LinearReLUFn(torch.autograd.Function):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose fp32 CPU backward is
     :class:`_LinearFn`; elsewhere (other devices, dtypes, autocast, no bias) ``F.linear``.
+    :meth:`forward_relu`: the layer and a ReLU after it as one step (:class:`_LinearReLUFn`).
 
     ``split_backward`` (set by :func:`split_backward`): ``F.linear`` always. :class:`_LinearFn`
     is one autograd node that computes the input and the weight gradient together, so a backward
@@ -131,15 +132,6 @@ class MLP(nn.Sequential):
     modules, parameters and state dict are those of the plain sequence.
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layers = list(self)
-        i = 0
-        while i < len(layers):
-            act = layers[i + 1] if i + 1 < len(layers) and not isinstance(layers[i + 1], nn.Linear) else None
-            x = linear_activation(layers[i], act, x)
-            i += 2 if act is not None else 1
-        return x
-
     def __init__(self, in_features: int, sizes: Sequence[int], final_activation: bool = True):
         if not sizes:
             raise ValueError("an MLP needs at least one layer size")
@@ -153,6 +145,15 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         self.out_features = prev
         self.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = list(self)
+        i = 0
+        while i < len(layers):
+            act = layers[i + 1] if i + 1 < len(layers) and not isinstance(layers[i + 1], nn.Linear) else None
+            x = linear_activation(layers[i], act, x)
+            i += 2 if act is not None else 1
+        return x
 
     def reset_parameters(self) -> None:
         """DLRM's initialisation: weights N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out))."""
