@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -146,13 +146,19 @@ class MLP(nn.Sequential):
         self.out_features = prev
         self.reset_parameters()
 
+    def layer_pairs(self) -> List[Tuple[nn.Module, Optional[nn.Module]]]:
+        """(Linear, the activation after it or None) for every layer, in order."""
+        pairs: List[Tuple[nn.Module, Optional[nn.Module]]] = []
+        for m in self:
+            if isinstance(m, nn.Linear):
+                pairs.append((m, None))
+            else:
+                pairs[-1] = (pairs[-1][0], m)
+        return pairs
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layers = list(self)
-        i = 0
-        while i < len(layers):
-            act = layers[i + 1] if i + 1 < len(layers) and not isinstance(layers[i + 1], nn.Linear) else None
-            x = linear_activation(layers[i], act, x)
-            i += 2 if act is not None else 1
+        for linear, activation in self.layer_pairs():
+            x = linear_activation(linear, activation, x)
         return x
 
     def reset_parameters(self) -> None:

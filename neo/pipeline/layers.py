@@ -107,22 +107,10 @@ class TopLayer(nn.Module):
         return (y.squeeze(1),) if self.squeeze else (y,)    # (B,) or (B, out)
 
 
-def _mlp_layers(mlp: nn.Sequential) -> List[Tuple[nn.Module, Optional[nn.Module]]]:
-    """(Linear, its activation or None) pairs of an :class:`~neo.models.mlp.MLP`."""
-    mods = list(mlp)
-    out: List[Tuple[nn.Module, Optional[nn.Module]]] = []
-    for m in mods:
-        if isinstance(m, nn.Linear):
-            out.append((m, None))
-        else:
-            out[-1] = (out[-1][0], m)
-    return out
-
-
 def layers_of(model: DLRM) -> List[Tuple[str, nn.Module]]:
     """The dense layers of ``model`` in forward order, sharing its parameters (module docstring)."""
     out: List[Tuple[str, nn.Module]] = []
-    for k, (lin, act) in enumerate(_mlp_layers(model.bottom)):
+    for k, (lin, act) in enumerate(model.bottom.layer_pairs()):
         out.append((f"bottom.{k}", BottomLayer(lin, act)))
     inter = model.interaction
     if isinstance(inter, DotInteraction):
@@ -134,7 +122,7 @@ def layers_of(model: DLRM) -> List[Tuple[str, nn.Module]]:
             out.append((f"interaction.{l}", CrossLayer(down, up, last=l == n - 1)))
     else:
         raise TypeError(f"layers_of: unknown interaction module {type(inter).__name__}")
-    top = _mlp_layers(model.top)
+    top = model.top.layer_pairs()
     for k, (lin, act) in enumerate(top):
         out.append((f"top.{k}", TopLayer(lin, act, squeeze=k == len(top) - 1)))
     return out
