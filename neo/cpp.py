@@ -18,7 +18,7 @@ import platform
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "use_cpu_isa", "use_interaction_tiles"]
+__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "cpu_id", "cpu_caches", "use_cpu_isa", "use_interaction_tiles"]
 
 # /proc/cpuinfo flags worth recording next to a benchmark figure.
 _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
@@ -61,6 +61,41 @@ def cpu_model() -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
+def cpu_id() -> Optional[str]:
+    """Vendor, family, model and stepping (``/proc/cpuinfo``: "GenuineIntel 6/207/2"), or None
+    where the file lacks them. Shared VMs often report one model name for several generations
+    ("Intel(R) Xeon(R) Processor"); these numbers tell the machines of two records apart."""
+    info = _cpuinfo()
+    fields = [info.get(k) for k in ("vendor_id", "cpu family", "model", "stepping")]
+    if not all(fields):
+        return None
+    return f"{fields[0]} {fields[1]}/{fields[2]}/{fields[3]}"
+
+
+def cpu_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> Dict[str, str]:
+    """The first CPU's caches as sysfs gives them: ``{"L1d": "48K", "L1i": "64K", "L2": "2048K",
+    "L3": "516096K"}`` (a level's size per instance: shared levels are one cache for several
+    cores); {} where sysfs has no cache directory (not Linux)."""
+    out: Dict[str, str] = {}
+    try:
+        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            level, kind, size = (_read(os.path.join(root, e, f)) for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        out[f"L{level}{suffix}"] = size
+    return out
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
 def cpu_flags() -> List[str]:
     """The ISA extensions of this CPU among those that matter to the kernels and their peers."""
     info = _cpuinfo()
@@ -70,7 +105,7 @@ def cpu_flags() -> List[str]:
 
 def cpu_isa_info() -> Dict[str, Any]:
     """What the CPU kernels run on: ``{"neo_cpu_isa", "interaction_tiles", "built", "supported",
-    "forced", "cpu_model", "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is
+    "forced", "cpu_model", "cpu_id", "cpu_caches", "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is
     not built; ``interaction_tiles``: the setting, and at D 128 whether the forward runs wide,
     and the tiles it runs at D 64 and 128)."""
     _C = cpu_kernels("cpu_isa")
@@ -85,6 +120,8 @@ def cpu_isa_info() -> Dict[str, Any]:
         "supported": _C.cpu_isa_supported() if _C else [],
         "forced": os.environ.get("NEO_CPU_ISA") or None,
         "cpu_model": cpu_model(),
+        "cpu_id": cpu_id(),
+        "cpu_caches": cpu_caches(),
         "cpu_flags": cpu_flags(),
         "machine": platform.machine(),
     }

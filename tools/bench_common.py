@@ -136,7 +136,8 @@ def apply_isa(isa: str) -> None:
 
 def machine_info(isa: str = "native") -> Dict[str, Any]:
     """What a figure was measured on, for every benchmark record: the CPU model and its ISA
-    flags, the --isa cap and the variables that apply it, what Neo's kernels and ATen chose,
+    flags (with family / model / stepping and cache sizes: one model name may cover several
+    generations on a shared VM), the --isa cap and the variables that apply it, what Neo's kernels and ATen chose,
     library versions, and the date."""
     import torch
 
@@ -152,7 +153,8 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
     except Exception:  # noqa: BLE001 - not installed
         fbgemm = None
     return {
-        "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"], "cpus": os.cpu_count(),
+        "cpu_model": info["cpu_model"], "cpu_id": info["cpu_id"], "cpu_caches": info["cpu_caches"],
+        "cpu_flags": info["cpu_flags"], "cpus": os.cpu_count(),
         "isa_cap": isa, "isa_env": {k: os.environ[k] for k in _ALL_ISA_VARS if k in os.environ},
         "neo_cpu_isa": info["neo_cpu_isa"], "neo_interaction_tiles": info["interaction_tiles"],
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -166,7 +168,9 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
 def describe_machine(m: Dict[str, Any]) -> str:
     """One line for the console: CPU, flags, the ISA cap and what the kernels chose."""
     flags = " ".join(f for f in m["cpu_flags"] if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve")))
-    return (f"machine: {m['cpu_model']} ({m['cpus']} CPUs; {flags}); --isa {m['isa_cap']}: Neo kernels "
+    ident = ", ".join(x for x in (m.get("cpu_id"), " ".join(f"{k} {v}" for k, v in (m.get("cpu_caches") or {}).items()
+                                                              if k in ("L2", "L3"))) if x)
+    return (f"machine: {m['cpu_model']}{f' [{ident}]' if ident else ''} ({m['cpus']} CPUs; {flags}); --isa {m['isa_cap']}: Neo kernels "
             f"{m['neo_cpu_isa']}, ATen {m['aten_cpu_capability']}; huge pages: THP {m['transparent_hugepage']}, "
             f"torch allocations {'advised' if m['torch_thp_alloc'] == '1' else 'not advised'}; "
             f"load average {m['load_average']}; {m['date']}")

@@ -28,7 +28,7 @@ import torch
 
 import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType
-from neo.cpp import cpu_flags, cpu_isa_info, use_cpu_isa
+from neo.cpp import cpu_caches, cpu_flags, cpu_id, cpu_isa_info, use_cpu_isa
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.backends.reference import round_weights, sr_uniform
 from neo.sparse import KeyedJaggedBatch
@@ -67,6 +67,30 @@ def test_variants_follow_the_cpu_flags():
     info = cpu_isa_info()
     assert info["neo_cpu_isa"] == C.cpu_isa() and info["supported"] == expected
     assert info["cpu_model"] and set(info["cpu_flags"]) <= flags
+
+
+def test_cpu_id_and_caches_name_the_machine(tmp_path):
+    info = Path("/proc/cpuinfo")
+    text = info.read_text().split("\n\n")[0] if info.exists() else ""
+    field = lambda k: re.search(rf"^{k}\s*:\s*(\S+)\s*$", text, re.M)  # noqa: E731
+    if all(field(k) for k in ("vendor_id", "cpu family", "model", "stepping")):
+        want = "{} {}/{}/{}".format(*(field(k).group(1) for k in ("vendor_id", "cpu family", "model", "stepping")))
+        assert cpu_id() == want
+    else:
+        assert cpu_id() is None
+    # the caches, from a sysfs-like tree: a level's type names it, a missing file drops the entry
+    for i, (level, kind, size) in enumerate([("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "2048K"),
+                                             ("3", "Unified", None)]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        if size:
+            (d / "size").write_text(size + "\n")
+    (tmp_path / "uevent").write_text("")
+    assert cpu_caches(str(tmp_path)) == {"L1d": "48K", "L1i": "32K", "L2": "2048K"}
+    assert cpu_caches(str(tmp_path / "absent")) == {}
+    assert cpu_isa_info()["cpu_caches"] == cpu_caches() and cpu_isa_info()["cpu_id"] == cpu_id()
 
 
 def _import_with(isa: str) -> subprocess.CompletedProcess:
