@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -36,22 +35,17 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))   # bench_common
 
 POLICIES = ("lru", "lfu", "lookahead", "belady")
 
 
 def machine() -> Dict[str, Any]:
-    """CPU model and widest vector ISA of this machine (recorded with every figure)."""
-    names, flags = [], set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                names.append(line.split(":", 1)[1].strip())
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "baseline"
-    return {"cpu_model": names[0] if names else platform.processor(), "cpu_isa": isa, "cores": os.cpu_count(),
-            "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
+    """What every figure was measured on (``bench_common.machine_info``: CPU model, id, caches and
+    ISA flags, the kernels' ISA, versions, date) and this machine's RAM."""
+    from bench_common import machine_info
+
+    return {**machine_info(), "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
 
 
 # ----------------------------------------------------------------------------- (a) hit rates

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_common import start_rank, write_json  # noqa: E402
+from bench_common import describe_machine, machine_info, start_rank, write_json  # noqa: E402
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
@@ -86,6 +86,10 @@ def main(argv=None) -> int:
 
     records = run_multiprocess(_rank_main, args.world_size, args, timeout_s=1800, collective_timeout_s=600,
                                threads=1, env={"OMP_NUM_THREADS": "1"})[0]
+    machine = machine_info()
+    print(describe_machine(machine))
+    for r in records:
+        r["machine"] = machine
     by = {(r["collective"], r["transport"], r["bytes_per_peer"]): r for r in records}
     print(f"W={args.world_size}  {'collective':11} {'MB/peer':>8} {'shm ms':>8} {'gloo ms':>8} {'gloo/shm':>9} "
           f"{'shm cpu':>8} {'gloo cpu':>8}")

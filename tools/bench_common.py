@@ -105,7 +105,10 @@ def write_json(path: str, payload: Any) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
-    n = len(payload) if isinstance(payload, list) else len(payload.get("records", []))
+    if isinstance(payload, dict) and "records" not in payload:
+        print(f"wrote {path}")
+        return
+    n = len(payload) if isinstance(payload, list) else len(payload["records"])
     print(f"wrote {n} records to {path}")
 
 

@@ -30,7 +30,7 @@ from typing import Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_common import peer_version, write_json  # noqa: E402
+from bench_common import machine_info, peer_version, write_json  # noqa: E402
 
 from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
                          TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
     trv = None if args.no_torchrec else peer_version("torchrec", "torchrec.distributed.planner")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "numpy": np.__version__, "torchrec": trv}
+            "cpus": os.cpu_count(), "numpy": np.__version__, "torchrec": trv, "machine": machine_info()}
     print(f"# Neo planner benchmark ({meta['date']}, {meta['cpus']} CPUs, python {meta['python']}, "
           f"torchrec {trv or 'not available: column skipped'})\n")
     records = {"meta": meta}
