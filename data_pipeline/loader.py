@@ -25,6 +25,7 @@ no window boundary stalls training. Memory: two windows of decoded samples.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -41,6 +42,25 @@ from neo.sparse import KeyedJaggedBatch
 from .reader import list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
 from .schema import read_meta
 from .writer import Columns
+
+_producers: Dict[threading.Thread, threading.Event] = {}
+"""Producer threads alive (every loader's), with the event that stops each."""
+_producers_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_producers() -> None:
+    """At interpreter exit, stop every producer thread and wait for it. A daemon thread still
+    inside pyarrow or torch when the interpreter finalizes is killed inside C++ code, which aborts
+    the process ("terminate called without an active exception", exit status 134) after a run
+    that stopped early (an error, a command that read a few batches)."""
+    with _producers_lock:
+        running = list(_producers.items())
+    for _, stop in running:
+        stop.set()
+    for th, _ in running:
+        th.join(timeout=60)
+
 
 __all__ = ["LoaderOptions", "Batch", "ParquetLoader", "list_parquet_files"]  # the last re-exported from .reader
 
@@ -110,6 +130,12 @@ class ParquetLoader:
             raise ValueError(f"rank {o.rank} not in [0, {o.world_size})")
         if o.batch_size <= 0:
             raise ValueError("batch_size must be > 0")
+        for name in ("shuffle_window", "read_rows"):           # a window of 0 or less never advances
+            if getattr(o, name) <= 0:
+                raise ValueError(f"LoaderOptions.{name} must be > 0, got {getattr(o, name)}")
+        for name in ("first_window", "prefetch_batches"):
+            if getattr(o, name) < 0:
+                raise ValueError(f"LoaderOptions.{name} must be >= 0, got {getattr(o, name)}")
         self.options = o
         self.files = list_parquet_files(paths)
         self.meta = read_meta(pq.read_schema(self.files[0]), self.files[0])
@@ -437,9 +463,14 @@ class ParquetLoader:
                 put(done)
             except BaseException as e:  # handed to the consumer
                 put(e)
+            finally:
+                with _producers_lock:
+                    _producers.pop(threading.current_thread(), None)
 
         self._settle()
         th = threading.Thread(target=produce, name="neo-data-loader", daemon=True)
+        with _producers_lock:
+            _producers[th] = stop
         th.start()
         try:
             while True:

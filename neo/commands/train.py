@@ -7,8 +7,10 @@
 
 Prints the sharding plan, a progress bar (rank 0, on stderr) and, last on stdout, one line of
 JSON with the final metrics (``samples_per_s``, ``auc``, ``logloss``, ``steps``, ``best_auc``...).
-Exit status: 0; 2 for a config error; 1 when ``train.target_auc_delta`` is set and the final
-AUC is below ``best_auc - target_auc_delta``.
+Exit status: 0; 2 for a config error (found when the config is read, or while the run is set
+up: a plan that does not fit, a missing file the config names); 1 when the training loss
+stops being finite (the run stops there: ``TrainingDiverged``), or when ``train.target_auc_delta``
+is set and the final AUC is below ``best_auc - target_auc_delta``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from typing import List, Optional
 from neo.config import ConfigError, load_config
 
 __all__ = ["main", "run"]
+
+
+def _setup_errors() -> tuple:
+    """What Trainer(cfg) raises for a config this run cannot honour (neo train exits 2 on them)."""
+    from neo.distributed.plan_view import PlanError
+    from neo.planner import PlanningError
+
+    # a file or directory the config names is missing or of the wrong kind
+    paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return (ConfigError, PlanningError, PlanError) + paths
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,8 +52,22 @@ def run(cfg, pg=None) -> int:
         from neo.async_train.wsp import run as run_wsp
 
         return run_wsp(cfg, pg)
-    trainer = Trainer(cfg, pg=pg)
-    final, rank = trainer.fit(), trainer.rank
+    try:
+        trainer = Trainer(cfg, pg=pg)
+    except _setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
+        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
+        if pg is None:
+            end_process_groups()
+        return 2
+    from neo.train.trainer import TrainingDiverged
+
+    try:
+        final, rank = trainer.fit(), trainer.rank
+    except TrainingDiverged as e:
+        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
+        if pg is None:
+            end_process_groups()
+        return 1
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
     delta = cfg.train.target_auc_delta

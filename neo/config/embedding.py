@@ -60,6 +60,11 @@ class WeightDType(str, enum.Enum):
     def itemsize(self) -> int:
         return 4 if self is WeightDType.FP32 else 2
 
+    @property
+    def max_value(self) -> float:
+        """The largest finite value the type holds."""
+        return 65504.0 if self is WeightDType.FP16 else 3.4028234663852886e38
+
 
 class OptimizerType(str, enum.Enum):
     """Sparse optimizers fused into the embedding backward pass.
@@ -146,6 +151,11 @@ DEFAULT_CACHE_LOAD_FACTOR = 0.2
 """Cache size of a cached table that gives neither ``cache_rows`` nor ``cache_load_factor``."""
 
 
+def _is_int(v) -> bool:
+    """An integer, not a bool (``True`` is an int to Python, never a size here)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     """Hyper-parameters of a fused sparse optimizer."""
@@ -169,8 +179,8 @@ class OptimizerConfig:
         object.__setattr__(self, "type", _enum(OptimizerType, self.type, "optimizer.type"))
         for name in ("lr", "eps", "weight_decay", "initial_accumulator_value"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(f"optimizer.{name} must be a number >= 0, got {v!r}")
+            if not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"optimizer.{name} must be a finite number >= 0, got {v!r}")
         for name in ("beta1", "beta2"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
@@ -221,16 +231,28 @@ class TableConfig:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"table.name must be a non-empty string, got {self.name!r}")
         where = f"table '{self.name}'"
-        if not isinstance(self.num_rows, int) or self.num_rows <= 0:
+        if not _is_int(self.num_rows) or self.num_rows <= 0:
             raise ConfigError(f"{where}: num_rows must be a positive integer, got {self.num_rows!r}")
-        if not isinstance(self.dim, int) or self.dim <= 0 or self.dim % 4:
+        if not _is_int(self.dim) or self.dim <= 0 or self.dim % 4:
             raise ConfigError(f"{where}: dim must be a positive multiple of 4, got {self.dim!r}")
+        if isinstance(self.feature_names, str):
+            raise ConfigError(f"{where}: feature_names must be a sequence of names, got the string "
+                              f"{self.feature_names!r} (write ({self.feature_names!r},))")
         feats = tuple(self.feature_names) or (self.name,)
+        if not all(isinstance(f, str) and f for f in feats):
+            raise ConfigError(f"{where}: feature_names must be non-empty strings, got {list(feats)}")
         if len(set(feats)) != len(feats):
             raise ConfigError(f"{where}: feature_names repeat: {list(feats)}")
         object.__setattr__(self, "feature_names", feats)
         object.__setattr__(self, "pooling", _enum(PoolingMode, self.pooling, f"{where}: pooling"))
         object.__setattr__(self, "dtype", _enum(WeightDType, self.dtype, f"{where}: dtype"))
+        if not isinstance(self.stochastic_rounding, bool):
+            raise ConfigError(f"{where}: stochastic_rounding must be true or false, got {self.stochastic_rounding!r}")
+        s = self.init_scale
+        if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool)
+                              or not 0 < s <= self.dtype.max_value):
+            raise ConfigError(f"{where}: init_scale must be null or a number in (0, {self.dtype.max_value:g}] (weights "
+                              f"start uniform in [-init_scale, init_scale] in {self.dtype.value}), got {s!r}")
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ConfigError(f"{where}: optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")
         object.__setattr__(self, "placement", _enum(Placement, self.placement, f"{where}: placement"))

@@ -36,7 +36,26 @@ from neo.config.topology import TopologyConfig
 from neo.config.train import OptimConfig, ShardingConfig, TrainConfig
 from neo.config.typed import build_dataclass
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml's parser where pyyaml has it
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml's parser where pyyaml has it
+
+
+class _YAML_LOADER(_BASE_LOADER):
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently: a second ``train:`` section would replace the first whole)."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue                                   # the base class reports unhashable keys
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first[key] + 1})", key_node.start_mark)
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 __all__ = ["NeoConfig", "load_config", "config_from_dict", "apply_overrides"]
 

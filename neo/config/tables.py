@@ -8,6 +8,7 @@ against the enums; errors name the field (``tables[3].dim``) and the valid value
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -114,10 +115,11 @@ class TableEntry:
             raise ConfigError(f"{where}.dim: must be a positive multiple of 4, got {self.dim!r}")
         choice(self.pooling, [m.value for m in PoolingMode], f"{where}.pooling")
         choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")
-        if not self.pooling_factor > 0:
-            raise ConfigError(f"{where}.pooling_factor: must be > 0, got {self.pooling_factor!r}")
-        if self.access_skew < 0:
-            raise ConfigError(f"{where}.access_skew: must be >= 0 (Zipf exponent), got {self.access_skew!r}")
+        if not (self.pooling_factor > 0 and math.isfinite(self.pooling_factor)):
+            raise ConfigError(f"{where}.pooling_factor: must be a finite number > 0, got {self.pooling_factor!r}")
+        if not (self.access_skew >= 0 and math.isfinite(self.access_skew)):
+            raise ConfigError(f"{where}.access_skew: must be a finite number >= 0 (Zipf exponent), "
+                              f"got {self.access_skew!r}")
         for k, s in enumerate(self.sharding_types):
             choice(s, SHARDING_TYPES, f"{where}.sharding_types[{k}]")
         for k, r in enumerate(self.ranks):
@@ -133,8 +135,10 @@ class TableEntry:
         if self.placement.lower() != "cached" and (self.cache_rows is not None or self.cache_load_factor is not None):
             raise ConfigError(f"{where}.cache_rows / cache_load_factor: set, but placement is "
                               f"{self.placement!r} (set placement: cached)")
-        if self.init_scale is not None and self.init_scale <= 0:
-            raise ConfigError(f"{where}.init_scale: must be > 0 or null, got {self.init_scale!r}")
+        top = WeightDType(choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")).max_value
+        if self.init_scale is not None and not 0 < self.init_scale <= top:
+            raise ConfigError(f"{where}.init_scale: must be null or a number in (0, {top:g}] (weights start uniform "
+                              f"in [-init_scale, init_scale] in the table's dtype), got {self.init_scale!r}")
         self.to_table_config(where)
 
     def to_table_config(self, where: str = "table") -> TableConfig:

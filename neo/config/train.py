@@ -18,6 +18,7 @@ run directory, seed, backends.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -66,9 +67,13 @@ class OptimConfig:
 
     def validate(self, where: str = "optim") -> None:
         self.type = choice(self.type, [m.value for m in DenseOptimizerType], f"{where}.type")
-        for name in ("lr", "eps", "weight_decay", "momentum", "end_ratio"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)!r}")
+        for name in ("lr", "eps", "weight_decay", "momentum", "decay_power"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"{where}.{name}: must be a finite number >= 0, got {v!r}")
+        if not 0 <= self.end_ratio <= 1:
+            raise ConfigError(f"{where}.end_ratio: must be in [0, 1] (the decayed lr's floor as a fraction of lr), "
+                              f"got {self.end_ratio!r}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"{where}.betas: must be two values in [0, 1), got {list(self.betas)}")
         for name in ("warmup_steps", "decay_start", "decay_steps"):
@@ -198,6 +203,8 @@ class TrainConfig:
         for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads", "trace_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"{where}.checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
         if not self.collective_timeout_s > 0:

@@ -29,10 +29,10 @@ run unchanged and train exactly as if every row were in fast memory (fp32: bit f
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
-
 import contextlib
+import math
 import warnings
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -394,7 +394,14 @@ class TableBatchedEmbedding(nn.Module):
                 g.step.fill_(int(step))
 
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
-        """Set the sparse optimizer's learning rate of every group, or of the group holding ``table``."""
+        """Set the sparse optimizer's learning rate of every group, or of the group holding ``table``
+        (ValueError for a table this module does not hold, or an lr that is not a finite number >= 0)."""
+        lr = float(lr)
+        if not (lr >= 0 and math.isfinite(lr)):
+            raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
+        if table is not None and not any(c.name == table for g in self.groups for c in g.layout.tables):
+            raise ValueError(f"set_learning_rate: no table {table!r} here; tables: "
+                             f"{[c.name for g in self.groups for c in g.layout.tables]}")
         for i, g in enumerate(self.groups):
             if table is None or any(c.name == table for c in g.layout.tables):
-                self.learning_rates[i] = float(lr)
+                self.learning_rates[i] = lr

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from neo.planner.types import Placement, Shard, ShardingType
+from neo.planner.types import Placement, Shard, ShardingType, TableSpec, tiling_error
 
 __all__ = ["TablePlan", "RankStats", "Plan"]
 
@@ -127,3 +127,27 @@ class Plan:
     def load(path: str) -> "Plan":
         with open(path) as f:
             return Plan.from_json(f.read())
+
+    def mismatch(self, specs: Sequence[TableSpec], world_size: int, local_world_size: int) -> Optional[str]:
+        """Why this plan cannot run ``specs`` on this world (its size, its tables, their shapes and
+        its shards' ranks), or None."""
+        if (self.world_size, self.local_world_size) != (world_size, local_world_size):
+            return (f"planned for {self.world_size} ranks ({self.local_world_size} per host); this run has "
+                    f"{world_size} ({local_world_size} per host)")
+        want = {s.name: s for s in specs}
+        missing, extra = sorted(set(want) - set(self.tables)), sorted(set(self.tables) - set(want))
+        if missing or extra:
+            return f"its tables differ from the config's: not planned {missing}, not in the config {extra}"
+        for name, tp in self.tables.items():
+            spec = want[name]
+            bad = [s for s in tp.shards if not 0 <= s.rank < world_size]
+            if bad:
+                return f"table {name!r}: shard on rank {bad[0].rank}, outside ranks 0..{world_size - 1}"
+            if tp.sharding_type is ShardingType.DATA_PARALLEL:
+                err = next((f"replica {s} is not the whole {spec.rows} x {spec.dim} table" for s in tp.shards
+                            if (s.row_offset, s.rows, s.col_offset, s.cols) != (0, spec.rows, 0, spec.dim)), None)
+            else:
+                err = tiling_error(spec.rows, spec.dim, tp.shards)
+            if err:
+                return f"table {name!r} ({spec.rows} x {spec.dim} in the config): {err}"
+        return None

@@ -281,48 +281,94 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
 
     Tables the planner may cache (``placement: cached``, or ``auto`` when the tables do not all
     fit in device memory) get miss-ratio curves measured on ``sharding.cache_sample_batches``
-    global batches of ``data`` (:func:`measure_cache_curves`)."""
+    global batches of ``data`` (:func:`measure_cache_curves`). An error on rank 0 (a bad plan
+    file, a world the tables do not fit) is raised on every rank, not left for the others to
+    wait out in the broadcast."""
+    payload: List[Any] = [None]
+    if pg.rank == 0:
+        try:
+            payload = [_plan_rank0(cfg, pg, batch_size, data)]
+        except Exception as e:
+            if pg.world_size > 1:
+                dist.broadcast_object_list([_picklable(e)], src=0, group=pg.world)
+            raise
+    if pg.world_size > 1:
+        dist.broadcast_object_list(payload, src=0, group=pg.world)
+        if isinstance(payload[0], BaseException):
+            raise payload[0]
+    return payload[0]
+
+
+def _picklable(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling (broadcast_object_list), else a RuntimeError with its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to round-trip
+        return RuntimeError(f"{type(e).__name__} on rank 0: {e}")
+
+
+def _plan_rank0(cfg, pg, batch_size: int, data: Optional[DataSpec]):
+    """make_plan's work on rank 0: (the plan's JSON dict, its report)."""
     import torch
 
     from neo.machine import usable_cores
-    from neo.planner import PARTITIONERS, Placement as PlanPlacement, Plan, PlanningError, format_report, plan_tables
+    from neo.planner import PARTITIONERS, Placement as PlanPlacement, PlanningError, format_report, plan_tables
     from neo.planner.step_model import predict_step
 
-    payload = [None]
-    if pg.rank == 0:
-        topo = cfg.topology.to_topology(pg.world_size, pg.local_world_size)
-        topo = replace(topo, batch_size_per_rank=batch_size)
-        consts, what = cfg.cost_constants(pg.world_size)
-        if cfg.sharding.plan_file:
-            plan = Plan.load(cfg.sharding.plan_file)
-        else:
-            parts = PARTITIONERS if cfg.sharding.partitioner == "auto" else (cfg.sharding.partitioner,)
-            specs = cfg.table_specs()
-            plan, cache = None, [s.constraints.placement is PlanPlacement.CACHED for s in specs]
-            if any(s.constraints.placement is PlanPlacement.AUTO for s in specs):
-                device = [replace(s, constraints=replace(s.constraints, placement=PlanPlacement.DEVICE))
-                          if s.constraints.placement is PlanPlacement.AUTO else s for s in specs]
-                try:
-                    plan = plan_tables(device, topo, consts, parts) if not any(cache) else None
-                except PlanningError:
-                    cache = [c or s.constraints.placement is PlanPlacement.AUTO for c, s in zip(cache, specs)]
-            if plan is None:
-                if data is not None and cfg.sharding.cache_sample_batches and any(cache):
-                    specs = measure_cache_curves(cfg, data, specs, cache, batch_size * pg.world_size)
-                plan = plan_tables(specs, topo, consts, parts)
-        # a plan from a file is predicted with this machine's constants, like one planned here
-        plan.summary["cost_constants"] = what
-        dense = dense_spec(cfg, data.num_dense if data is not None else None)
-        # the step model's dense term is data-parallel: a pipelined dense part has its own model
-        # (neo.pipeline.perf_model), so no step is predicted for it here
-        if dense is not None and not cfg.parallel.pipeline.enabled:
-            plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
-                                                inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
-                                                threads_per_rank=torch.get_num_threads()).to_dict()
-        payload = [(plan.to_dict(), format_report(plan))]
-    if pg.world_size > 1:
-        dist.broadcast_object_list(payload, src=0, group=pg.world)
-    return payload[0]
+    topo = cfg.topology.to_topology(pg.world_size, pg.local_world_size)
+    topo = replace(topo, batch_size_per_rank=batch_size)
+    consts, what = cfg.cost_constants(pg.world_size)
+    if cfg.sharding.plan_file:
+        plan = load_plan_file(cfg.sharding.plan_file, cfg.table_specs(), pg.world_size, pg.local_world_size)
+    else:
+        parts = PARTITIONERS if cfg.sharding.partitioner == "auto" else (cfg.sharding.partitioner,)
+        specs = cfg.table_specs()
+        plan, cache = None, [s.constraints.placement is PlanPlacement.CACHED for s in specs]
+        if any(s.constraints.placement is PlanPlacement.AUTO for s in specs):
+            device = [replace(s, constraints=replace(s.constraints, placement=PlanPlacement.DEVICE))
+                      if s.constraints.placement is PlanPlacement.AUTO else s for s in specs]
+            try:
+                plan = plan_tables(device, topo, consts, parts) if not any(cache) else None
+            except PlanningError:
+                cache = [c or s.constraints.placement is PlanPlacement.AUTO for c, s in zip(cache, specs)]
+        if plan is None:
+            if data is not None and cfg.sharding.cache_sample_batches and any(cache):
+                specs = measure_cache_curves(cfg, data, specs, cache, batch_size * pg.world_size)
+            plan = plan_tables(specs, topo, consts, parts)
+    # a plan from a file is predicted with this machine's constants, like one planned here
+    plan.summary["cost_constants"] = what
+    dense = dense_spec(cfg, data.num_dense if data is not None else None)
+    # the step model's dense term is data-parallel: a pipelined dense part has its own model
+    # (neo.pipeline.perf_model), so no step is predicted for it here
+    if dense is not None and not cfg.parallel.pipeline.enabled:
+        plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
+                                            inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
+                                            threads_per_rank=torch.get_num_threads()).to_dict()
+    return plan.to_dict(), format_report(plan)
+
+
+def load_plan_file(path: str, specs, world_size: int, local_world_size: int):
+    """``sharding.plan_file``: the plan, checked against this run's tables and world
+    (ConfigError naming the file and what differs)."""
+    from neo.planner import Plan
+
+    where = f"sharding.plan_file {path!r}"
+    try:
+        plan = Plan.load(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read ({e})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{where}: not a plan written by `neo plan --out` ({type(e).__name__}: {e})") from None
+    why = plan.mismatch(specs, world_size, local_world_size)
+    if why:
+        raise ConfigError(f"{where}: {why}; plan again (`neo plan CONFIG --world-size W --local-world-size L "
+                          f"--out FILE`) or leave plan_file unset")
+    return plan
 
 
 def dense_spec(cfg, num_dense: Optional[int] = None):

@@ -47,7 +47,7 @@ from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
 from neo.train.trace import TraceRecorder, attach, write_trace
 
-__all__ = ["FitHook", "Trainer", "dense_optimizer"]
+__all__ = ["FitHook", "Trainer", "TrainingDiverged", "dense_optimizer"]
 
 
 _PHASES = {
@@ -86,6 +86,11 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused)
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss stopped being finite: the weights and optimizer state are NaN or
+    infinite from there on, so :meth:`Trainer.fit` stops instead of training on."""
 
 
 class FitHook:
@@ -411,6 +416,11 @@ class Trainer:
                     with self.timers("metrics"):
                         dist.all_reduce(avg, group=self.pg.world)
                 elapsed = train_s + (pause - t0)
+                if not math.isfinite(float(avg[0])):   # the same value on every rank: all stop together
+                    raise TrainingDiverged(
+                        f"the training loss is {float(avg[0] / avg[1])} over steps {self.step - window_n + 1}.."
+                        f"{self.step}: the model diverged (weights and optimizer state are no longer finite); "
+                        f"lower optim.lr and the tables' optimizer lr, or add warmup (optim.warmup_steps)")
                 runlog.record("train", self.step, {
                     "loss": float(avg[0] / avg[1]), "lr": self.schedule(self.step - 1),
                     "samples_per_s": (self.step - start_step) * self.B * self.W / max(elapsed, 1e-9)})

@@ -154,6 +154,28 @@ def test_early_stop_releases_thread(data):
     assert L.position == 40 and L.epoch == 0
 
 
+def test_producers_left_running_are_stopped_at_exit(data):
+    """An iteration left open (a run that raised mid-epoch keeps its iterator alive) leaves its
+    producer blocked on a full queue; the exit hook stops and joins it, so that no thread is
+    inside pyarrow or torch while the interpreter finalizes (that aborted the process)."""
+    from data_pipeline import loader
+
+    L = ParquetLoader(data, LoaderOptions(batch_size=10, prefetch_batches=1))
+    it = iter(L)
+    next(it)                                          # not closed: the producer waits for room
+    (th,) = [t for t in loader._producers if t.name == "neo-data-loader"]
+    assert th.is_alive()
+    loader._stop_producers()
+    assert not th.is_alive() and th not in loader._producers
+
+
+@pytest.mark.parametrize("field, value", [("shuffle_window", 0), ("shuffle_window", -5), ("read_rows", -5),
+                                          ("first_window", -1), ("prefetch_batches", -1)])
+def test_window_options_out_of_range_are_refused(data, field, value):
+    with pytest.raises(ValueError, match=rf"LoaderOptions\.{field} must be"):
+        ParquetLoader(data, LoaderOptions(batch_size=10, **{field: value}))
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_state_at_end_of_epoch_starts_next_epoch(data, drop_last):
     opts = LoaderOptions(batch_size=100, shuffle=True, shuffle_window=300, drop_last=drop_last)

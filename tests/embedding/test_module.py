@@ -128,6 +128,42 @@ def test_config_validation_names_fields():
         TableBatchedEmbedding([TableConfig("a", 2, 4, feature_names=("x",)), TableConfig("b", 2, 4, feature_names=("x",))])
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_rows=True), r"num_rows must be a positive integer, got True"),
+    (dict(feature_names="item"), r"feature_names must be a sequence of names, got the string 'item'"),
+    (dict(feature_names=("a", "")), r"feature_names must be non-empty strings"),
+    (dict(stochastic_rounding="no"), r"stochastic_rounding must be true or false, got 'no'"),
+    (dict(init_scale=float("inf")), r"init_scale must be null or a number in \(0, 3\.40282e\+38\]"),
+    (dict(init_scale=float("nan")), r"init_scale must be null"),
+    (dict(init_scale=-1.0), r"init_scale must be null"),
+    (dict(init_scale=1e5, dtype="fp16"), r"init_scale must be null or a number in \(0, 65504\] .* in fp16"),
+])
+def test_table_config_refuses_what_would_fail_later(kwargs, match):
+    """Values that used to pass and then fail inside the module (a uniform_ bound out of range)
+    or mean something else (a string's letters as feature names, any non-empty string as true)."""
+    kw = dict(num_rows=10, dim=4) | kwargs
+    with pytest.raises(ConfigError, match=rf"table 't': {match}"):
+        TableConfig("t", **kw)
+
+
+@pytest.mark.parametrize("name", ["lr", "eps", "weight_decay", "initial_accumulator_value"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_optimizer_config_refuses_values_that_are_not_finite(name, value):
+    with pytest.raises(ConfigError, match=rf"optimizer\.{name} must be a finite number >= 0"):
+        OptimizerConfig("adagrad", **{name: value})
+
+
+def test_set_learning_rate_checks_its_table_and_value():
+    emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
+    with pytest.raises(ValueError, match=r"no table 'nope' here; tables: \['a', 'c', 'b'\]|no table 'nope' here"):
+        emb.set_learning_rate(0.1, table="nope")
+    for bad in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
+            emb.set_learning_rate(bad)
+    emb.set_learning_rate(0.25, table="c")
+    assert [lr for g, lr in zip(emb.groups, emb.learning_rates) if any(t.name == "c" for t in g.layout.tables)] == [0.25]
+
+
 @pytest.mark.parametrize("b_optimizer", ["adagrad", "sgd"])
 def test_pooling_a_subset_of_bags_keeps_the_full_update(b_optimizer):
     """``pooled_bags``: unpooled bags come out as zeros; the fused update still covers every bag

@@ -94,7 +94,7 @@ def test_overrides():
     ("tables[0].optimizer.type=rmsprop", r"tables\[0\]\.optimizer\.type: 'rmsprop' is not one of"),
     ("tables[0].optimizer.beta1=2", r"tables\[0\]\.optimizer.*beta1"),
     ("tables[0].column_shard_width=6", r"tables\[0\]\.column_shard_width"),
-    ("tables[0].pooling_factor=0", r"tables\[0\]\.pooling_factor: must be > 0"),
+    ("tables[0].pooling_factor=0", r"tables\[0\]\.pooling_factor: must be a finite number > 0"),
     ("tables[1].name=user_id", r"tables\[1\]\.name: 'user_id' already used by tables\[0\]"),
     ("tables[0].colour=red", r"tables\[0\]\.colour"),
     ("topology.world_size=7", r"topology\.world_size: 7 is not a multiple of local_world_size 4"),

@@ -1,0 +1,98 @@
+"""A config the run cannot honour stops with a message naming the field or file, before any
+training: values that are not finite or out of range, a key given twice, a plan file for other
+tables or another world; ``neo train`` exits 2 for these and 1 for a run whose loss stops being
+finite (the run stops there instead of training on NaN weights)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neo.config import ConfigError, load_config
+from neo.train.build import load_plan_file
+from tests.train.test_trainer import ROOT, TINY, tiny_config
+
+
+@pytest.mark.parametrize("override, match", [
+    ("optim.lr=.inf", r"optim\.lr: must be a finite number >= 0, got inf"),
+    ("optim.lr=-1", r"optim\.lr: must be a finite number >= 0"),
+    ("optim.decay_power=-3", r"optim\.decay_power: must be a finite number >= 0"),
+    ("optim.end_ratio=5", r"optim\.end_ratio: must be in \[0, 1\]"),
+    ("train.seed=-5", r"train\.seed: must be >= 0, got -5"),
+    ("tables[0].init_scale=.inf", r"tables\[0\]\.init_scale: must be null or a number in \(0, 3\.40282e\+38\]"),
+    ("tables[0].pooling_factor=.inf", r"tables\[0\]\.pooling_factor: must be a finite number > 0"),
+    ("tables[0].access_skew=.inf", r"tables\[0\]\.access_skew: must be a finite number >= 0"),
+    ("tables[0].optimizer.lr=.inf", r"tables\[0\]\.optimizer.*lr must be a finite number >= 0"),
+])
+def test_values_out_of_range_name_the_field(tmp_path, override, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(str(tmp_path), override)
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    with open(TINY) as f:
+        text = f.read()
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text + "train:\n  batch_size: 64\n")        # a second train section would replace the first
+    first = 1 + text.splitlines().index("train:")
+    with pytest.raises(ConfigError, match=rf"duplicate key 'train' \(first given on line {first}\)"):
+        load_config(str(twice))
+    inner = tmp_path / "inner.yaml"
+    inner.write_text(text.replace("train:\n", "train:\n  seed: 1\n  seed: 2\n", 1))
+    with pytest.raises(ConfigError, match=r"duplicate key 'seed'"):
+        load_config(str(inner))
+
+
+def _plan(tmp_path, name: str, *args: str) -> str:
+    out = str(tmp_path / name)
+    p = subprocess.run([sys.executable, "-m", "neo.cli", "plan", TINY, *args, "--out", out], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_a_plan_file_must_fit_the_run(tmp_path):
+    cfg = tiny_config(str(tmp_path))
+    specs = cfg.table_specs()
+    good = _plan(tmp_path, "one.json", "--world-size", "1", "--local-world-size", "1")
+    assert load_plan_file(good, specs, 1, 1).world_size == 1
+    with pytest.raises(ConfigError, match=r"planned for 1 ranks \(1 per host\); this run has 2 \(2 per host\)"):
+        load_plan_file(good, specs, 2, 2)
+    small = _plan(tmp_path, "small.json", "--world-size", "1", "--local-world-size", "1", "tables[0].num_rows=100")
+    with pytest.raises(ConfigError, match=rf"table '{specs[0].name}' \({specs[0].rows} x {specs[0].dim} in the config\)"):
+        load_plan_file(small, specs, 1, 1)
+    with open(good) as f:
+        plan = json.load(f)
+    name = sorted(plan["tables"])[0]
+    plan["tables"]["extra"] = plan["tables"].pop(name)
+    renamed = tmp_path / "renamed.json"
+    renamed.write_text(json.dumps(plan))
+    with pytest.raises(ConfigError, match=rf"not planned \['{name}'\], not in the config \['extra'\]"):
+        load_plan_file(str(renamed), specs, 1, 1)
+    (tmp_path / "bad.json").write_text("{bad")
+    with pytest.raises(ConfigError, match=r"bad\.json'?: not a plan written by `neo plan --out`"):
+        load_plan_file(str(tmp_path / "bad.json"), specs, 1, 1)
+    with pytest.raises(ConfigError, match=r"sharding\.plan_file '.*absent\.json': no such file"):
+        load_plan_file(str(tmp_path / "absent.json"), specs, 1, 1)
+
+
+def _neo_train(tmp_data: str, *overrides: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+           f"train.run_dir={tmp_data}/bad", "train.progress=false", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_path):
+    two = _plan(tmp_path, "two.json", "--world-size", "2", "--local-world-size", "2")
+    p = _neo_train(tmp_data, "train.steps=2", f"sharding.plan_file={two}")
+    assert p.returncode == 2, p.stderr
+    assert "neo train: error: sharding.plan_file" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = _neo_train(tmp_data, "train.steps=12", "train.log_every=4", "optim.lr=1e30")
+    assert p.returncode == 1, p.stderr
+    assert "the model diverged" in p.stderr and "over steps 1..4" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and '{"steps"' not in p.stdout, p.stdout[-500:]   # no final JSON line
