@@ -187,11 +187,15 @@ class TableBatchedEmbedding(nn.Module):
                     weights[off : off + cfg.cache_capacity * cfg.dim].zero_()
                 else:
                     weights[off : off + n].uniform_(-scale, scale, generator=gen)
-            self.register_buffer(f"group{gi}_weights", weights.to(device=device, dtype=layout.dtype.torch_dtype))
+            # the group's flat buffers are not in the state dict: it holds each table by name instead
+            # (_save_to_state_dict), so that a state dict cannot load into tables of another layout
+            self.register_buffer(f"group{gi}_weights", weights.to(device=device, dtype=layout.dtype.torch_dtype),
+                                 persistent=False)
             state_len = layout.num_rows if opt.type.rowwise_state else layout.num_weights
             for name, init in zip(opt.type.state_names(), state_init):
-                self.register_buffer(f"group{gi}_{name}", torch.full((state_len,), init, dtype=torch.float32, device=device))
-            self.register_buffer(f"group{gi}_step", torch.zeros((), dtype=torch.int64))
+                self.register_buffer(f"group{gi}_{name}", torch.full((state_len,), init, dtype=torch.float32, device=device),
+                                     persistent=False)
+            self.register_buffer(f"group{gi}_step", torch.zeros((), dtype=torch.int64), persistent=False)
             runner = _GroupRunner(self, gi, layout)
             self.groups.append(runner)
             self.learning_rates.append(opt.lr)
@@ -381,6 +385,61 @@ class TableBatchedEmbedding(nn.Module):
         g, t, cfg = self._locate(name)
         views = self._store_view(cfg).states if cfg.cached else g.table_state_slots(t)
         return dict(zip(cfg.optimizer.type.state_names(), views))
+
+    # ------------------------------------------------------- state dict, by table
+    def _table_entries(self, cfg: TableConfig) -> Dict[str, torch.Tensor]:
+        """One table's state-dict entries (views): ``weight`` (rows, D) in its storage dtype, its
+        optimizer state by name ((rows, D) per element, (rows,) per row) and ``step`` (its group's
+        update counter)."""
+        g, t, cfg = self._locate(cfg.name)
+        if cfg.cached:              # the whole backing store, the cache's dirty rows written back to it
+            self._cache.flush()
+            store = self._cache.caches[cfg.name].store
+            weight, states = store.weights, store.states
+        else:
+            weight, states = g.table_slots(t), g.table_state_slots(t)
+        return {"weight": weight, **dict(zip(cfg.optimizer.type.state_names(), states)), "step": g.step}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """``TABLE.weight``, ``TABLE.<state>`` (e.g. ``TABLE.sum``, ``TABLE.exp_avg``) and
+        ``TABLE.step`` for every table, like TorchRec's ``embedding_bags.TABLE.weight``: the keys
+        and shapes name the tables, so loading into other tables fails naming them."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for cfg in self.tables:
+            for key, value in self._table_entries(cfg).items():
+                destination[f"{prefix}{cfg.name}.{key}"] = value if keep_vars else value.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if self._cache is not None:
+            if self._cache.in_flight:
+                error_msgs.append(f"{self._cache.in_flight} prefetched batch(es) are in flight: finish their steps "
+                                  "before loading a state dict into cached tables")
+                return
+            self._cache.drop()      # every row back in its store and out of the cache: the store is the table
+        mine = set()
+        for cfg in self.tables:
+            for key, dst in self._table_entries(cfg).items():
+                name = f"{prefix}{cfg.name}.{key}"
+                mine.add(name)
+                if name not in state_dict:
+                    missing_keys.append(name)
+                    continue
+                src = state_dict[name]
+                if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+                    what = (f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else type(src).__name__)
+                    error_msgs.append(f"table '{cfg.name}': {name} is {what} in the state dict, "
+                                      f"{tuple(dst.shape)} {dst.dtype} here ({cfg.num_rows} rows x dim {cfg.dim}, "
+                                      f"{cfg.dtype.value}, {cfg.optimizer.type.value})")
+                    continue
+                with torch.no_grad():
+                    dst.copy_(src)
+        unexpected_keys[:] = [k for k in unexpected_keys if k not in mine]
+        if any(k.startswith(f"{prefix}group") and k.endswith("_weights") for k in state_dict):
+            error_msgs.append("this state dict holds group buffers (group0_weights, ...) from an older Neo; "
+                              "save it again with that version's table_weight / table_optimizer_state per table")
 
     def optimizer_steps(self) -> Dict[str, int]:
         """Updates applied so far, per table (tables of one group share the counter)."""

@@ -102,7 +102,56 @@ def test_state_is_readable_writable_and_checkpointable():
     emb.set_optimizer_steps(5, table="b")
     assert emb.optimizer_steps() == {"a": 2, "b": 5}
     emb.table_optimizer_state("a")["sum"].fill_(7.0)       # views write through
-    assert float(emb.state_dict()[f"group0_sum"][0]) == 7.0
+    assert float(emb.state_dict()["a.sum"][0]) == 7.0
+
+
+def test_state_dict_names_the_tables():
+    """Keys and shapes per table (as TorchRec's ``embedding_bags.TABLE.weight``): a state dict
+    loads only into the same tables, and every mismatch names the table."""
+    opt = OptimizerConfig("rowwise_adagrad", lr=0.1)
+    tables = [TableConfig("a", 10, 4, optimizer=opt), TableConfig("b", 7, 8, feature_names=("b1", "b2"), optimizer=opt)]
+    emb = TableBatchedEmbedding(tables, backend="reference", seed=1)
+    sd = emb.state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == {"a.weight": (10, 4), "a.sum": (10,), "a.step": (),
+                                                          "b.weight": (7, 8), "b.sum": (7,), "b.step": ()}
+    assert torch.equal(sd["b.weight"], emb.table_weight("b"))
+    # the same tables listed in another order: each table gets its own weights back
+    swapped = TableBatchedEmbedding(tables[::-1], backend="reference", seed=2)
+    swapped.load_state_dict(sd)
+    for t in "ab":
+        assert torch.equal(swapped.table_weight(t), emb.table_weight(t))
+    # the same total size in other shapes, or another name: refused, naming the table
+    reshaped = TableBatchedEmbedding([TableConfig("a", 5, 8, optimizer=opt),
+                                      TableConfig("b", 14, 4, feature_names=("b1", "b2"), optimizer=opt)],
+                                     backend="reference")
+    with pytest.raises(RuntimeError, match=r"table 'a': a\.weight is \(10, 4\) torch\.float32 in the state dict, "
+                                           r"\(5, 8\) torch\.float32 here"):
+        reshaped.load_state_dict(sd)
+    renamed = TableBatchedEmbedding([TableConfig("c", 10, 4, optimizer=opt), tables[1]], backend="reference")
+    with pytest.raises(RuntimeError, match=r"(?s)Missing key\(s\) in state_dict: \"c\.weight\".*"
+                                           r"Unexpected key\(s\) in state_dict: \"a\.weight\""):
+        renamed.load_state_dict(sd)
+    fp16 = TableBatchedEmbedding([TableConfig("a", 10, 4, dtype="fp16", optimizer=opt), tables[1]], backend="reference")
+    with pytest.raises(RuntimeError, match=r"table 'a': a\.weight is \(10, 4\) torch\.float32 .* torch\.float16"):
+        fp16.load_state_dict(sd)
+
+
+def test_state_dict_of_cached_tables_holds_every_row():
+    """A cached table's entries are its whole backing store (the cache flushed into it), and
+    loading writes the store and empties the cache, so the next lookups read the loaded rows."""
+    cached = dict(placement="cached", cache_rows=4, cache_store="host", optimizer=OptimizerConfig("adagrad", lr=0.5))
+    tables = [TableConfig("c", 20, 4, **cached), TableConfig("d", 6, 4)]
+    emb = TableBatchedEmbedding(tables, backend="reference", seed=1)
+    batch = KeyedJaggedBatch.from_lists({"c": [[1, 2], [3, 19]], "d": [[0], [5]]})
+    emb(batch).sum().backward()
+    sd = {k: v.clone() for k, v in emb.state_dict().items()}
+    assert sd["c.weight"].shape == (20, 4) and sd["c.sum"].shape == (20, 4)
+    twin = TableBatchedEmbedding(tables, backend="reference", seed=7)
+    twin(batch).sum().backward()                           # its cache now holds other values of rows 1, 2, 3, 19
+    twin.load_state_dict(sd)
+    assert torch.equal(twin(batch), emb(batch))
+    for t in "cd":
+        assert torch.equal(twin.table_weight(t), emb.table_weight(t))
 
 
 def test_learning_rate_can_change():
