@@ -26,10 +26,14 @@ COMMANDS = {
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: neo COMMAND [ARGS]\n\ncommands:")
+        unknown = bool(argv) and argv[0] not in ("-h", "--help")
+        out = sys.stderr if unknown else sys.stdout
+        print("usage: neo COMMAND [ARGS]\n\ncommands:", file=out)
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:13s} {help_text}")
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+            print(f"  {name:14s} {help_text}", file=out)
+        if unknown:
+            print(f"neo: error: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2 if unknown else 0
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
 

@@ -16,6 +16,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0, else argparse's usage error naming the value."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0, else argparse's usage error naming the value."""
     try:

@@ -24,6 +24,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from neo.commands.arg_types import non_negative_int, positive_int
 from neo.embedding.cache.simulate import POLICIES, batch_rows, report
 
 _DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -37,16 +38,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neo cache-report", description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="TRACE.npy (1-D row ids) or a Neo YAML config")
     p.add_argument("overrides", nargs="*", help="config mode: dotted overrides")
-    p.add_argument("--batch-size", type=int, default=None, help="ids per batch (config mode: samples per batch, "
+    p.add_argument("--batch-size", type=positive_int, default=None, help="ids per batch (config mode: samples per batch, "
                    "default train.batch_size)")
-    p.add_argument("--num-rows", type=int, default=None, help="rows of the table (trace mode)")
+    p.add_argument("--num-rows", type=positive_int, default=None, help="rows of the table (trace mode)")
     p.add_argument("--capacity", default=None, help="cache rows, comma-separated (default: 1-50%% of the rows)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
-    p.add_argument("--lookahead", type=int, default=16, help="batches the lookahead policy sees (default 16)")
-    p.add_argument("--ways", type=int, default=None, help="simulate a set-associative cache with this many ways")
+    p.add_argument("--lookahead", type=non_negative_int, default=16, help="batches the lookahead policy sees (default 16)")
+    p.add_argument("--ways", type=positive_int, default=None, help="simulate a set-associative cache with this many ways")
     p.add_argument("--pipelined", action="store_true", help="two batches pinned at a time, as under the pipeline")
     p.add_argument("--table", default=None, help="config mode: the table")
-    p.add_argument("--batches", type=int, default=None, help="config mode: batches of training data to trace")
+    p.add_argument("--batches", type=positive_int, default=None, help="config mode: batches of training data to trace")
     p.add_argument("--json", action="store_true", help="one JSON line per (capacity, policy)")
     return p
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from typing import List, Optional
 
-from neo.commands.arg_types import positive_int
+from neo.commands.arg_types import non_negative_int, positive_int
 from neo.config import ConfigError, load_config
 from neo.planner import PARTITIONERS, Plan, PlanningError, format_report, plan_tables
 
@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the plan as JSON to this file")
     p.add_argument("--partitioner", choices=("auto",) + PARTITIONERS, default="auto",
                    help="restrict the final plan to one partitioner (default: best of all)")
-    p.add_argument("--max-tables", type=int, default=0, help="list at most this many tables in the report (0 = all)")
+    p.add_argument("--max-tables", type=non_negative_int, default=0,
+                   help="list at most this many tables in the report (0 = all)")
     p.add_argument("--simulate", nargs="?", type=_world_sizes, const=[8, 16, 32, 64, 128], default=None,
                    metavar="W,W,...",
                    help="predict the step time, samples/s and per-rank breakdown at these world sizes "
@@ -110,6 +111,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     print(format_report(plan, args.max_tables))
     if args.out:
-        plan.save(args.out)
+        try:
+            plan.save(args.out)
+        except OSError as e:
+            print(f"neo plan: error: --out {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"\nplan written to {args.out}")
     return 0

@@ -158,10 +158,13 @@ class NeoConfig:
 
 
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_PATH = re.compile(r"[^.\[\]]+(?:\[\d+\])*(?:\.[^.\[\]]+(?:\[\d+\])*)*")   # a.b, tables[2].dim, tables.2.dim
 
 
 def _parse_key(key: str) -> List[Any]:
     """``tables.2.dim`` or ``tables[2].dim`` -> ``["tables", 2, "dim"]``."""
+    if key and not _PATH.fullmatch(key):
+        raise ConfigError(f"override key {key!r}: not a dotted path (section.key, tables[2].dim or tables.2.dim)")
     parts: List[Any] = []
     for name, index in _PATH_PART.findall(key):
         parts.append(int(index) if index else (int(name) if name.isdigit() else name))

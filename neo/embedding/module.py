@@ -386,6 +386,18 @@ class TableBatchedEmbedding(nn.Module):
         views = self._store_view(cfg).states if cfg.cached else g.table_state_slots(t)
         return dict(zip(cfg.optimizer.type.state_names(), views))
 
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` moves the tables; a change of dtype (``.half()``, ``.to(torch.bfloat16)``,
+        ``model.double()`` on a model holding this module) is refused: the weights keep the
+        storage type each table was configured with and the optimizer state stays fp32, which
+        the fused kernels rely on. Set ``TableConfig.dtype`` instead."""
+        for name, buf in self._buffers.items():
+            if buf is not None and fn(buf[:0] if buf.dim() else buf.reshape(1)[:0]).dtype != buf.dtype:
+                raise TypeError(f"TableBatchedEmbedding: {name} ({buf.dtype}) would change dtype: a table's weights keep "
+                                "the storage type of its TableConfig.dtype and the optimizer state stays fp32; "
+                                "set TableConfig.dtype (fp32, fp16, bf16) instead of converting the module")
+        return super()._apply(fn, recurse)
+
     # ------------------------------------------------------- state dict, by table
     def _table_entries(self, cfg: TableConfig) -> Dict[str, torch.Tensor]:
         """One table's state-dict entries (views): ``weight`` (rows, D) in its storage dtype, its

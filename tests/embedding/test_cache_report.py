@@ -113,6 +113,12 @@ def test_command_errors_name_the_problem(tmp_path, capsys):
     for args, msg in cases:
         assert main(["cache-report"] + args) == 2
         assert msg in capsys.readouterr().err
+    for flag, value, msg in (("--batch-size", "-5", "must be > 0, got -5"), ("--ways", "0", "must be > 0, got 0"),
+                             ("--lookahead", "-3", "must be >= 0, got -3"), ("--num-rows", "x", "'x' is not an integer")):
+        args = [str(path), "--batch-size", "2", "--num-rows", "60", "--capacity", "4", flag, value]
+        with pytest.raises(SystemExit) as e:
+            main(["cache-report"] + args)
+        assert e.value.code == 2 and f"argument {flag}: {msg}" in capsys.readouterr().err
 
 
 def test_config_mode_traces_the_configs_data(tmp_path, capsys):

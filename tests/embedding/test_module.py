@@ -243,3 +243,15 @@ def test_pooling_a_subset_of_bags_keeps_the_full_update(b_optimizer):
         assert torch.equal(full.table_weight(t.name), part.table_weight(t.name)), t.name
         for name, v in full.table_optimizer_state(t.name).items():
             assert torch.equal(v, part.table_optimizer_state(t.name)[name]), (t.name, name)
+
+
+def test_dtype_conversions_are_refused():
+    """``model.half()`` would turn the optimizer state to fp16 too, and the fused update fails
+    later with a low-level error; ``.to(device)`` and a conversion that changes nothing pass."""
+    emb = TableBatchedEmbedding([TableConfig("a", 10, 4), TableConfig("h", 6, 4, dtype="fp16")], backend="cpu")
+    emb.to("cpu")
+    for convert in (lambda: emb.half(), lambda: emb.to(torch.bfloat16), lambda: emb.float(),
+                    lambda: torch.nn.Sequential(emb).double()):
+        with pytest.raises(TypeError, match=r"would change dtype: .* set TableConfig\.dtype"):
+            convert()
+    assert emb.table_weight("a").dtype == torch.float32 and emb.table_weight("h").dtype == torch.float16

@@ -113,9 +113,31 @@ def test_neo_calibrate_writes_every_constant_and_neo_plan_uses_them(tmp_path, ca
     (["--world-size", "0"], "must be > 0, got 0"),
     (["--local-world-size", "two"], "'two' is not an integer"),
     (["--simulate", "8,-16"], "must be > 0, got -16"),
+    (["--max-tables", "-1"], "must be >= 0, got -1"),
 ])
 def test_neo_plan_rejects_bad_counts_naming_the_value(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", EXAMPLE, *args])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_neo_plan_out_into_a_missing_directory_is_an_error(tmp_path, capsys):
+    rc = main(["plan", EXAMPLE, "--world-size", "8", "--local-world-size", "4", "--out",
+               str(tmp_path / "absent" / "plan.json")])
+    assert rc == 2
+    assert f"neo plan: error: --out {tmp_path / 'absent' / 'plan.json'}: No such file or directory" in \
+        capsys.readouterr().err
+
+
+def test_an_unknown_command_is_named(capsys):
+    assert main(["bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "neo: error: unknown command 'bogus'" in err and "cache-report" in err
+    assert main([]) == 0 and "commands:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", ["train..batch_size", "train.", ".train", "tables[x].dim"])
+def test_a_malformed_override_key_is_an_error(key, capsys):
+    assert main(["plan", EXAMPLE, "--world-size", "8", "--local-world-size", "4", f"{key}=3"]) == 2
+    assert f"override key {key!r}: not a dotted path" in capsys.readouterr().err
