@@ -19,7 +19,8 @@ layout checked (:meth:`~neo.sparse.KeyedJaggedBatch.ensure_checked`, a
 exactly the module's, ids must be int32/int64, and every id must lie in ``[0, rows)`` of its
 table; failures raise :class:`~neo.embedding.checks.EmbeddingInputError` naming feature and
 table. ``validate=False`` skips them for speed: backends then ignore invalid ids (they
-contribute zero and are not updated) rather than touch memory out of bounds.
+contribute zero and are not updated) rather than touch memory out of bounds, and the module
+counts them per table (:attr:`TableBatchedEmbedding.skipped_ids`).
 
 Cached tables (``placement: cached``, :mod:`neo.embedding.cache`): the group buffers hold
 only their cache slots; a batch's rows are made resident before its lookup (``prefetch`` /
@@ -41,7 +42,7 @@ from neo.config.embedding import TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
-from neo.embedding.checks import EmbeddingInputError, check_features, check_ids
+from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.layout import GroupLayout, group_key
 from neo.sparse import KeyedJaggedBatch
 
@@ -221,6 +222,7 @@ class TableBatchedEmbedding(nn.Module):
                 starts[f] = acc
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
+        self._skipped = {t.name: 0 for t in tables}
         self._feature_rows = [next(t.num_rows for t in tables if f in t.feature_names) for f in self._group_order]
         self._feature_table_names = [self.feature_table[f] for f in self._group_order]
 
@@ -286,6 +288,10 @@ class TableBatchedEmbedding(nn.Module):
         if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
         outputs, f0 = [], 0
+        # validate=False: the kernels skip invalid ids; a backend that counts them in its forward
+        # (cpu) says whether there are any, the others are counted here (skipped_ids)
+        kernel_counts = getattr(self.backend, "counts_invalid_ids", False) and pooled is None
+        seen_invalid = 0
         # (F + 1,): each feature's first id, then the end; one .tolist() for every group's range
         feature_starts = offsets[::B].tolist() if B else [0] * (len(self._group_order) + 1)
         for g in self.groups:
@@ -307,7 +313,11 @@ class TableBatchedEmbedding(nn.Module):
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")
+            if not self.validate and kernel_counts:
+                seen_invalid += self.backend.last_invalid_count
             f0 += nf
+        if not self.validate and (seen_invalid or not kernel_counts):
+            self._count_skipped(ids, offsets, B)
         if prefetched is not None and anchor is None:
             self._cache.complete(prefetched)          # no backward will come
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)   # (B, sum D) group order
@@ -385,6 +395,18 @@ class TableBatchedEmbedding(nn.Module):
         g, t, cfg = self._locate(name)
         views = self._store_view(cfg).states if cfg.cached else g.table_state_slots(t)
         return dict(zip(cfg.optimizer.type.state_names(), views))
+
+    def _count_skipped(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
+        per_feature = count_bad_ids(ids, offsets, B, self._feature_rows).tolist()
+        for table, n in zip(self._feature_table_names, per_feature):
+            self._skipped[table] += n
+
+    @property
+    def skipped_ids(self) -> Dict[str, int]:
+        """Ids outside their table's rows that lookups skipped since creation, per table (with
+        ``validate=False``: such ids contribute zero and get no update; with validation on, none
+        is skipped: the batch is refused)."""
+        return dict(self._skipped)
 
     def _apply(self, fn, recurse=True):
         """``.to(device)`` moves the tables; a change of dtype (``.half()``, ``.to(torch.bfloat16)``,

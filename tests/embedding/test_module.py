@@ -255,3 +255,25 @@ def test_dtype_conversions_are_refused():
         with pytest.raises(TypeError, match=r"would change dtype: .* set TableConfig\.dtype"):
             convert()
     assert emb.table_weight("a").dtype == torch.float32 and emb.table_weight("h").dtype == torch.float16
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_validate_off_counts_the_ids_it_skips_per_table(backend):
+    """validate=False: out-of-range ids contribute nothing and are counted per table (over every
+    lookup), like a skip policy's report; the output is the lookup of the batch without them."""
+    gen = torch.Generator().manual_seed(3)
+    tables = [TableConfig("a", 10, 4), TableConfig("b", 7, 8, feature_names=("b1", "b2"))]
+    emb = TableBatchedEmbedding(tables, backend=backend, validate=False, seed=1)
+    rows = {"a": 10, "b1": 7, "b2": 7}
+    table_of = {"a": "a", "b1": "b", "b2": "b"}
+    want = {"a": 0, "b": 0}
+    for _ in range(3):
+        lists = {f: [torch.randint(-3, n + 3, (int(k),), generator=gen).tolist()
+                     for k in torch.randint(0, 5, (6,), generator=gen)] for f, n in rows.items()}
+        for f, bags in lists.items():
+            want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+        got = emb(KeyedJaggedBatch.from_lists(lists))
+        clean = {f: [[i for i in bag if 0 <= i < rows[f]] for bag in bags] for f, bags in lists.items()}
+        assert torch.equal(got, emb(KeyedJaggedBatch.from_lists(clean)))
+        assert emb.skipped_ids == want
+    assert sum(want.values()) > 0
