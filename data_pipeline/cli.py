@@ -22,6 +22,10 @@ from .writer import WriterOptions
 __all__ = ["main", "build_parser"]
 
 
+class OptionError(ValueError):
+    """Options that are each valid but do not fit together (e.g. --tables 3 with 2 --rows values)."""
+
+
 def _ints(text: str, mlperf: Sequence[int]) -> List[int]:
     if text == "mlperf":
         return list(mlperf)
@@ -30,6 +34,52 @@ def _ints(text: str, mlperf: Sequence[int]) -> List[int]:
 
 def _floats(text: str) -> List[float]:
     return [float(x) for x in text.split(",") if x]
+
+
+def _int_at_least(low: int):
+    """argparse type: an integer >= ``low`` (argparse names the option in its message)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _int_list(mlperf: Sequence[int] = (), counts: Sequence[int] = ()):
+    """argparse type: comma-separated integers >= 1 (or 'mlperf' where ``mlperf`` is given), and
+    as many as one of ``counts`` where given."""
+    def parse(text: str) -> List[int]:
+        if text == "mlperf" and mlperf:
+            return list(mlperf)
+        try:
+            vals = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers"
+                                             + (" or 'mlperf'" if mlperf else "")) from None
+        if not vals or min(vals) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: every value must be an integer >= 1")
+        if counts and len(vals) not in counts:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {' or '.join(map(str, counts))} values, "
+                                             f"got {len(vals)}")
+        return vals
+    parse.__name__ = "list of integers"
+    return parse
+
+
+def _float_list(text: str) -> List[float]:
+    """argparse type: comma-separated finite numbers >= 0 (Zipf skews)."""
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if not vals or not all(0 <= v < float("inf") for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be a finite number >= 0")
+    return vals
 
 
 def _positive_float(text: str) -> float:
@@ -60,14 +110,17 @@ def _emit(summary: Dict[str, Any], path: Optional[str], quiet: bool = False) -> 
 
 def _writer_args(p: argparse.ArgumentParser) -> None:
     d = WriterOptions()
-    p.add_argument("--rows-per-file", type=int, default=d.rows_per_file, help="rows per Parquet file")
-    p.add_argument("--row-group-rows", type=int, default=d.row_group_rows, help="rows per row group")
+    p.add_argument("--rows-per-file", type=_int_at_least(1), default=d.rows_per_file, help="rows per Parquet file")
+    p.add_argument("--row-group-rows", type=_int_at_least(1), default=d.row_group_rows, help="rows per row group")
     p.add_argument("--compression", default=d.compression, choices=["lz4", "snappy", "zstd", "none"])
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the Parquet files (and summary) of an earlier run in the output; "
+                        "without it such an output is refused")
 
 
 def _writer(args: argparse.Namespace) -> WriterOptions:
     return WriterOptions(rows_per_file=args.rows_per_file, row_group_rows=args.row_group_rows,
-                         compression=args.compression)
+                         compression=args.compression, overwrite=args.overwrite)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,10 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--split", default="none", choices=["none", "mlperf"],
                    help="none: all to train; mlperf: last file halved into validation and test")
     c.add_argument("--policy", default="skip", choices=["skip", "error"], help="malformed lines")
-    c.add_argument("--max-ids", default=None, help="fold ids modulo: one number, 26 comma-separated, or 'mlperf'")
-    c.add_argument("--vocab-min-count", type=int, default=0,
+    c.add_argument("--max-ids", default=None, type=_int_list(MLPERF_TABLE_SIZES, (1, 26)),
+                   help="fold ids modulo: one number, 26 comma-separated, or 'mlperf'")
+    c.add_argument("--vocab-min-count", type=_int_at_least(0), default=0,
                    help="remap ids to contiguous ids seen at least this often in training files (0: off)")
-    c.add_argument("--workers", type=int, default=2, help="parser threads / processes")
+    c.add_argument("--workers", type=_int_at_least(1), default=2, help="parser threads / processes")
     c.add_argument("--executor", default="thread", choices=["thread", "process"])
     c.add_argument("--block-mb", type=_positive_float, default=8.0, help="MiB of raw text per parsed block")
     _writer_args(c)
@@ -92,30 +146,34 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("multihot", help="MLPerf DLRM-DCNv2 multi-hot Parquet from one-hot Parquet")
     m.add_argument("--input", "-i", required=True, help="directory of one-hot Parquet files")
     m.add_argument("--output", "-o", required=True)
-    m.add_argument("--sizes", default="mlperf", help="ids per bag per feature, comma-separated, or 'mlperf'")
-    m.add_argument("--table-sizes", default="mlperf", help="rows per table, comma-separated, or 'mlperf'")
+    m.add_argument("--sizes", default="mlperf", type=_int_list(MLPERF_MULTI_HOT_SIZES),
+                   help="ids per bag per feature, comma-separated, or 'mlperf'")
+    m.add_argument("--table-sizes", default="mlperf", type=_int_list(MLPERF_TABLE_SIZES),
+                   help="rows per table, comma-separated, or 'mlperf'")
     m.add_argument("--seed", type=int, default=0, help="legacy NumPy seed (MLPerf: 0)")
     m.add_argument("--cache-dir", default=None, help="where large lookup tables are memory-mapped")
-    m.add_argument("--memory-limit-gb", type=float, default=1.0, help="tables above this go to --cache-dir")
+    m.add_argument("--memory-limit-gb", type=_positive_float, default=1.0, help="tables above this go to --cache-dir")
     _writer_args(m)
 
     s = sub.add_parser("synth", help="synthetic data with a planted teacher model")
     s.add_argument("--output", "-o", required=True)
-    s.add_argument("--samples", type=int, required=True)
+    s.add_argument("--samples", type=_int_at_least(0), required=True)
     s.add_argument("--preset", default=None, choices=["criteo", "production-2021", "production-2022"])
     s.add_argument("--locality-stats", default=None,
                    help="stats file of the production presets (default: the one shipped in data_pipeline/samples/)")
-    s.add_argument("--dense", type=int, default=13, help="dense features")
-    s.add_argument("--tables", type=int, default=26, help="sparse features (tables)")
-    s.add_argument("--rows", default="100000", help="rows per table: one value or one per table")
-    s.add_argument("--ids-per-bag", default="1", help="one value or one per table")
+    s.add_argument("--dense", type=_int_at_least(1), default=13, help="dense features")
+    s.add_argument("--tables", type=_int_at_least(1), default=None,
+                   help="sparse features (tables); default: as many as --rows values, or 26")
+    s.add_argument("--rows", default="100000", type=_int_list(),
+                   help="rows per table: one value or one per table")
+    s.add_argument("--ids-per-bag", default="1", type=_int_list(), help="one value or one per table")
     s.add_argument("--variable-bags", action="store_true", help="bag sizes uniform in [0, 2k]")
     s.add_argument("--distribution", default="zipf", choices=["zipf", "uniform"])
-    s.add_argument("--skew", default="1.05", help="Zipf skew: one value or one per table")
+    s.add_argument("--skew", default="1.05", type=_float_list, help="Zipf skew: one value or one per table")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--workers", type=_int_at_least(1), default=2)
     s.add_argument("--executor", default="thread", choices=["thread", "process"])
-    s.add_argument("--auc-samples", type=int, default=1_000_000)
+    s.add_argument("--auc-samples", type=_int_at_least(0), default=1_000_000)
     _writer_args(s)
 
     ml = sub.add_parser("mlperf-layout", help="MLPerf / TorchRec Criteo day files (day_<N>_dense.npy, "
@@ -143,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="schema, row count and feature statistics")
     i.add_argument("paths", nargs="+", help="Parquet files or directories")
-    i.add_argument("--max-rows", type=int, default=1_000_000, help="rows scanned for statistics (0: all)")
+    i.add_argument("--max-rows", type=_int_at_least(0), default=1_000_000, help="rows scanned for statistics (0: all)")
 
     for p in (c, m, s, ml, i):
         p.add_argument("--summary", default=None, help="write the JSON summary to this file (else print it)")
@@ -151,12 +209,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _input_errors() -> tuple:
+    """Errors of bad inputs, outputs or options: one line and exit status 2, not a traceback.
+    (Evaluated only when an exception reaches ``main``, so pyarrow is not imported for --help.)"""
+    from pyarrow import ArrowException
+
+    from .criteo import CorruptInputError
+    from .schema import DataFileError
+    return (OSError, MalformedLineError, CorruptInputError, DataFileError, OptionError, ArrowException)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except (FileNotFoundError, NotADirectoryError, PermissionError, MalformedLineError) as exc:
-        print(f"neo-data {args.command}: error: {exc}", file=sys.stderr)   # MalformedLineError: file:line: ...
+    except _input_errors() as exc:      # MalformedLineError: file:line: ...; the others name the file
+        print(f"neo-data {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 
@@ -164,9 +232,8 @@ def _run(args) -> int:
     prog = _progress(args)
     if args.command == "criteo-preprocess":
         from .criteo import CriteoOptions, preprocess_criteo
-        max_ids = None if args.max_ids is None else _ints(args.max_ids, MLPERF_TABLE_SIZES)
         opts = CriteoOptions(inputs=args.inputs, output=args.output, split=args.split, policy=args.policy,
-                             max_ids=max_ids, vocab_min_count=args.vocab_min_count, workers=args.workers,
+                             max_ids=args.max_ids, vocab_min_count=args.vocab_min_count, workers=args.workers,
                              executor=args.executor,
                              block_bytes=int(args.block_mb * (1 << 20)), writer=_writer(args))
         log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
@@ -174,25 +241,31 @@ def _run(args) -> int:
         _emit(summary, args.summary)
     elif args.command == "multihot":
         from .multihot import MultiHotOptions, convert_to_multihot
-        opts = MultiHotOptions(sizes=_ints(args.sizes, MLPERF_MULTI_HOT_SIZES),
-                               table_sizes=_ints(args.table_sizes, MLPERF_TABLE_SIZES), seed=args.seed,
+        if len(args.sizes) != len(args.table_sizes):
+            raise OptionError(f"--sizes has {len(args.sizes)} values, --table-sizes {len(args.table_sizes)}")
+        opts = MultiHotOptions(sizes=args.sizes, table_sizes=args.table_sizes, seed=args.seed,
                                cache_dir=args.cache_dir, memory_limit_bytes=int(args.memory_limit_gb * 2**30))
-        _emit(convert_to_multihot(args.input, args.output, opts, _writer(args), prog), args.summary)
+        try:
+            summary = convert_to_multihot(args.input, args.output, opts, _writer(args), prog)
+        except ValueError as exc:   # sizes that do not fit the input's features, tables too large, ...
+            print(f"neo-data multihot: error: {exc}", file=sys.stderr)
+            return 2
+        _emit(summary, args.summary)
     elif args.command == "synth":
         from .synthetic import SynthOptions, apply_preset, generate
+        tables = _synth_tables(args)
         o = SynthOptions(num_samples=args.samples, output=args.output, num_dense=args.dense,
-                         table_rows=_ints(args.rows, []), ids_per_bag=_ints(args.ids_per_bag, []),
+                         table_rows=args.rows * tables if len(args.rows) == 1 else args.rows,
+                         ids_per_bag=args.ids_per_bag,
                          variable_bags=args.variable_bags, distribution=args.distribution,
-                         skew=_floats(args.skew), seed=args.seed, workers=args.workers, executor=args.executor,
+                         skew=args.skew, seed=args.seed, workers=args.workers, executor=args.executor,
                          auc_samples=args.auc_samples, writer=_writer(args))
-        if len(o.table_rows) == 1:
-            o.table_rows = o.table_rows * args.tables
         if args.preset:
             stats = args.locality_stats
             if args.preset.startswith("production") and stats is None:
                 from .samples import locality_stats_path
                 stats = locality_stats_path(args.preset.split("-")[1])
-            apply_preset(o, args.preset, stats, num_tables=args.tables)
+            apply_preset(o, args.preset, stats, num_tables=tables)
         _emit(generate(o, prog), args.summary)
     elif args.command == "mlperf-layout":
         try:
@@ -205,6 +278,19 @@ def _run(args) -> int:
         from .stats import inspect_dataset
         _emit(inspect_dataset(args.paths, args.max_rows or None, prog), args.summary)
     return 0
+
+
+def _synth_tables(args: argparse.Namespace) -> int:
+    """The table count of ``synth``: --tables, else the number of --rows values (one value: 26).
+    Per-table lists of another length are refused: they used to be cut or padded silently."""
+    tables = args.tables or (len(args.rows) if len(args.rows) > 1 else 26)
+    if args.preset:                     # the preset sets rows, bags and skews itself
+        return tables
+    for name, vals in (("--rows", args.rows), ("--ids-per-bag", args.ids_per_bag), ("--skew", args.skew)):
+        if len(vals) not in (1, tables):
+            raise OptionError(f"{name} has {len(vals)} values for {tables} tables (--tables): "
+                              f"give one value, or one per table")
+    return tables
 
 
 def _mlperf_layout(args: argparse.Namespace, prog) -> Dict[str, Any]:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -22,9 +23,26 @@ from .parallel import ordered_map
 from .criteo_parse import REASONS, ParsedBlock, parse_block
 from .schema import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, DatasetMeta, sparse_names
 from .vocab import VocabCounter, apply_vocab, load_vocab, save_vocab
-from .writer import Columns, ShardWriter, WriterOptions
+from .writer import (Columns, OutputExistsError, ShardWriter, WriterOptions, check_output_dir, remove_staged,
+                     staging_path)
 
-__all__ = ["CriteoOptions", "preprocess_criteo", "iter_blocks", "count_lines"]
+__all__ = ["CriteoOptions", "preprocess_criteo", "iter_blocks", "count_lines", "CorruptInputError", "SPLITS"]
+
+SPLITS = ("train", "validation", "test")
+"""Every split folder a run may write; a rerun checks (and with overwrite clears) all of them, so
+that no split of an earlier run stays next to this run's."""
+
+
+class CorruptInputError(ValueError):
+    """An input file that cannot be read to its end (a truncated or corrupt gzip stream): names the
+    file and the last line read whole."""
+
+    def __init__(self, path: str, lines_read: int, detail: str) -> None:
+        super().__init__(f"{path}: unreadable after line {lines_read} (truncated or corrupt gzip data: {detail})")
+        self.path, self.lines_read, self.detail = path, lines_read, detail
+
+    def __reduce__(self):  # picklable across worker processes
+        return (CorruptInputError, (self.path, self.lines_read, self.detail))
 
 
 @dataclass
@@ -54,7 +72,7 @@ class CriteoOptions:
     writer: WriterOptions = field(default_factory=WriterOptions)
     """Parquet sharding and codec."""
     max_examples: int = 5
-    """Dropped lines logged per reason."""
+    """Dropped lines logged per reason (over the whole run; see docs/data_pipeline.md for the one limit)."""
 
 
 def _open(path: str):
@@ -73,7 +91,7 @@ def iter_blocks(path: str, block_bytes: int, progress: Optional[Callable[[int], 
     try:
         line, rest, pos = 1, b"", 0
         while True:
-            chunk = f.read(block_bytes)
+            chunk = _read(f, block_bytes, path, line - 1)
             if progress is not None:
                 now = raw.tell()
                 progress(now - pos)
@@ -93,6 +111,15 @@ def iter_blocks(path: str, block_bytes: int, progress: Optional[Callable[[int], 
     finally:
         f.close()
         raw.close()
+
+
+def _read(f, size: int, path: str, lines_done: int) -> bytes:
+    """``f.read(size)``, a gzip stream's EOFError / BadGzipFile / zlib error as a
+    :class:`CorruptInputError` naming the file and the line reached (not a traceback)."""
+    try:
+        return f.read(size)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise CorruptInputError(path, lines_done, str(exc)) from exc
 
 
 def count_lines(path: str, block_bytes: int = 8 << 20) -> int:
@@ -125,7 +152,9 @@ def _init_worker(vocab_dir: Optional[str]) -> None:
 
 def _work(task: Tuple[str, bytes, int, str, str, Optional[List[int]], int]) -> Tuple[ParsedBlock, Any]:
     mode, data, first_line, path, policy, max_ids, max_examples = task
-    blk = parse_block(data, first_line, path, policy, max_examples)
+    # parse_block keeps at most its limit of examples per block in all (per reason, then in total):
+    # room for every reason's share, so that the driver can keep max_examples of each reason
+    blk = parse_block(data, first_line, path, policy, max_examples * len(REASONS))
     if max_ids is not None:
         blk.cats %= np.asarray(max_ids, np.int64)[:, None]
     if mode == "count":
@@ -190,20 +219,106 @@ def _max_ids(opts: CriteoOptions) -> Optional[List[int]]:
     return m
 
 
+def _check_inputs(paths: List[str]) -> None:
+    """Every input is an existing regular file (a clear error before any work, not a traceback)."""
+    if not paths:
+        raise FileNotFoundError("no input files given")
+    for p in paths:
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"input file {p} does not exist")
+        if os.path.isdir(p):
+            raise IsADirectoryError(f"input {p} is a directory; give the raw files (day_0 .. day_23 or train.txt)")
+
+
+def _check_outputs(opts: CriteoOptions) -> None:
+    """Refuse an output that holds an earlier run (any split, or its vocabulary) unless overwrite."""
+    for split in SPLITS:
+        check_output_dir(os.path.join(opts.output, split), opts.writer.overwrite)
+    vocab = os.path.join(opts.output, "vocab")
+    if os.path.exists(vocab) and not opts.writer.overwrite:
+        raise OutputExistsError(f"output directory {opts.output} already holds a vocabulary ({vocab}) of an "
+                                f"earlier run; pass --overwrite to replace it, or choose another --output")
+
+
+def _commit_outputs(opts: CriteoOptions, writers: Dict[str, "ShardWriter"], staged_vocab: Optional[str]) -> None:
+    """Put every split (and the vocabulary) of a successful run in place; with overwrite, the part
+    files of splits this run does not write and an old vocabulary go, so no earlier run is left."""
+    for w in writers.values():
+        w.commit()
+    for split in SPLITS:
+        stale = os.path.join(opts.output, split)
+        if split not in writers and os.path.isdir(stale):
+            check_output_dir(stale, opts.writer.overwrite)
+            for f in os.listdir(stale):
+                if f.startswith("part-") and f.endswith(".parquet"):
+                    os.remove(os.path.join(stale, f))
+            if not os.listdir(stale):
+                os.rmdir(stale)
+    vocab = os.path.join(opts.output, "vocab")
+    if os.path.exists(vocab):       # (refused at the start unless overwrite)
+        remove_staged(vocab)
+    if staged_vocab is not None:
+        os.rename(staged_vocab, vocab)
+
+
+def _abort_outputs(opts: CriteoOptions, writers: Dict[str, "ShardWriter"], staged_vocab: Optional[str],
+                   made_root: bool) -> None:
+    """Remove everything a failed run staged (and the output folder if this run made it and it is empty)."""
+    for w in writers.values():
+        w.abort()
+    if staged_vocab is not None:
+        remove_staged(staged_vocab)
+    if made_root:
+        try:
+            os.rmdir(opts.output)
+        except OSError:
+            pass
+
+
+def _write_summary(path: str, summary: Dict[str, Any]) -> None:
+    """Write ``summary.json`` through a temporary file: it is either the old one or the new one, whole."""
+    tmp = staging_path(path)
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(tmp, path)
+
+
 def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
                       progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
-    """Run the preprocessing; returns the JSON summary (also written to ``<output>/summary.json``)."""
-    t0 = time.time()
+    """Run the preprocessing; returns the JSON summary (also written to ``<output>/summary.json``).
+
+    Outputs appear only when the whole run succeeds: splits (and the vocabulary) are written to
+    hidden staging folders and moved into place at the end; a failure removes them."""
     if opts.policy not in ("skip", "error"):
         raise ValueError(f"unknown malformed-line policy {opts.policy!r} (skip or error)")
     if not opts.block_bytes > 0:          # f.read(0) reads nothing: every file would look empty
         raise ValueError(f"block_bytes must be > 0, got {opts.block_bytes}")
+    _check_inputs(opts.inputs)
+    _check_outputs(opts)
+    made_root = not os.path.isdir(opts.output)
+    os.makedirs(opts.output, exist_ok=True)
+    writers: Dict[str, ShardWriter] = {}
+    staged: Dict[str, Optional[str]] = {"vocab": None}
+    try:
+        summary = _preprocess(opts, log, progress_factory, writers, staged)
+        _commit_outputs(opts, writers, staged["vocab"])
+    except BaseException:
+        _abort_outputs(opts, writers, staged["vocab"], made_root)
+        raise
+    _write_summary(os.path.join(opts.output, "summary.json"), summary)
+    return summary
+
+
+def _preprocess(opts: CriteoOptions, log: Callable[[str], None], progress_factory: Optional[Callable[..., Any]],
+                writers: Dict[str, ShardWriter], staged: Dict[str, Optional[str]]) -> Dict[str, Any]:
+    """The run proper: fills ``writers`` (closed, not committed) and ``staged['vocab']`` as it goes,
+    so that the caller can commit or remove them; returns the summary."""
+    t0 = time.time()
     max_ids = _max_ids(opts)
     plan = _plan(opts)
     total_bytes = sum(os.path.getsize(p) for _, p, _, _ in plan)
     bar = progress_factory(total=total_bytes, unit="B", unit_scale=True, desc="criteo") if progress_factory else None
     tick = bar.update if bar is not None else None
-    os.makedirs(opts.output, exist_ok=True)
 
     vocab_dir = None
     vocab_info: Optional[Dict[str, Any]] = None
@@ -215,16 +330,16 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
         for _, (_, uniq) in _run_tasks(tasks, opts.workers, None, opts.executor):
             counter.add(uniq)
         vocabs = counter.finish(opts.vocab_min_count)
-        vocab_dir = os.path.join(opts.output, "vocab")
+        vocab_dir = staged["vocab"] = staging_path(os.path.join(opts.output, "vocab"))
+        remove_staged(vocab_dir)
         save_vocab(vocab_dir, vocabs)
-        vocab_info = {"min_count": opts.vocab_min_count, "directory": vocab_dir,
+        vocab_info = {"min_count": opts.vocab_min_count, "directory": os.path.join(opts.output, "vocab"),
                       "sizes": [len(v) + 2 for v in vocabs]}
         log(f"vocabulary: {sum(len(v) for v in vocabs)} ids kept (count >= {opts.vocab_min_count})")
 
     table_sizes = vocab_info["sizes"] if vocab_info else max_ids
     meta_extra = {"transform": "dense = log(max(x, 0) + 1), missing = 0; ids = hex value, missing = 0",
                   "max_ids": max_ids, "vocab_min_count": opts.vocab_min_count, "split": opts.split}
-    writers: Dict[str, ShardWriter] = {}
     per_split: Dict[str, Dict[str, Any]] = {}
     per_file: Dict[Tuple[str, str], Dict[str, Any]] = {}
     examples: List[Dict[str, Any]] = []
@@ -263,7 +378,7 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
             writers[split] = ShardWriter(os.path.join(opts.output, split), meta, "onehot", opts.writer)
             rec(per_split.setdefault(split, {}))
     for split, w in writers.items():
-        per_split[split]["files"] = w.close()
+        per_split[split]["files"] = w.close(commit=False)
     if bar is not None:
         bar.close()
 
@@ -281,6 +396,4 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
         "lines_per_second": round(lines / seconds, 1) if seconds > 0 else None,
         "options": {k: v for k, v in asdict(opts).items()},
     }
-    with open(os.path.join(opts.output, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
     return summary

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from neo.sparse import KeyedJaggedBatch
 
 from .reader import list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
-from .schema import read_meta
+from .schema import DataFileError, read_meta
 from .writer import Columns
 
 _producers: Dict[threading.Thread, threading.Event] = {}
@@ -199,10 +200,14 @@ class ParquetLoader:
         if self._cache is not None and self._cache[0] == gi:
             return self._cache[1]
         fi, g, _ = self._groups[gi]
-        if self._handle is None or self._handle[0] != fi:
-            self._handle = (fi, pq.ParquetFile(self.files[fi], memory_map=False))
-        pf = self._handle[1]
-        cols = table_to_columns(pf.read_row_group(g, use_threads=self.options.arrow_threads), self.meta)
+        where = f"{self.files[fi]} row group {g}"
+        try:                    # a file cut or a page corrupted since the loader was built: name it
+            if self._handle is None or self._handle[0] != fi:
+                self._handle = (fi, pq.ParquetFile(self.files[fi], memory_map=False))
+            table = self._handle[1].read_row_group(g, use_threads=self.options.arrow_threads)
+        except (OSError, pa.ArrowException) as e:     # pyarrow's messages have no path
+            raise DataFileError(f"{where}: unreadable ({type(e).__name__}: {e})") from None
+        cols = table_to_columns(table, self.meta, source=where)
         self._cache = (gi, cols)
         return cols
 

@@ -21,8 +21,9 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pyarrow.parquet as pq
 
+from .reader import list_parquet_files, table_to_columns
 from .schema import MLPERF_MULTI_HOT_SIZES, MLPERF_TABLE_SIZES, DatasetMeta, read_meta
-from .writer import Columns, ShardWriter, WriterOptions
+from .writer import Columns, ShardWriter, WriterOptions, check_output_dir
 
 __all__ = ["MultiHotOptions", "MultiHotTables", "convert_to_multihot"]
 
@@ -112,33 +113,43 @@ class MultiHotTables:
 def convert_to_multihot(input_dir: str, output_dir: str, opts: MultiHotOptions,
                         writer: Optional[WriterOptions] = None,
                         progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
-    """Stream one-hot Parquet files of ``input_dir`` (row group by row group) to multi-hot files."""
-    files = sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir) if f.endswith(".parquet"))
-    if not files:
-        raise FileNotFoundError(f"{input_dir}: no .parquet files")
+    """Stream one-hot Parquet files of ``input_dir`` (row group by row group) to multi-hot files.
+
+    ``output_dir`` is refused if it holds an earlier run's files (unless ``writer.overwrite``); the
+    output is staged and appears only when the whole conversion succeeded."""
+    writer = writer or WriterOptions()
+    if not os.path.isdir(input_dir):
+        raise NotADirectoryError(f"input {input_dir} is not a directory of Parquet files")
+    files = list_parquet_files(input_dir)
     meta = read_meta(pq.read_schema(files[0]), files[0])
     if meta.num_sparse != len(opts.sizes):
         raise ValueError(f"{files[0]}: {meta.num_sparse} sparse features, {len(opts.sizes)} multi-hot sizes")
+    if os.path.abspath(input_dir) == os.path.abspath(output_dir):
+        raise ValueError(f"output {output_dir} is the input directory; choose another --output")
+    check_output_dir(output_dir, writer.overwrite)
     tables = MultiHotTables(opts)
     out_meta = DatasetMeta(num_dense=meta.num_dense, sparse_names=meta.sparse_names, source="multihot",
                            table_sizes=list(opts.table_sizes), multi_hot_sizes=list(opts.sizes),
                            extra={"from": input_dir, "method": "mlperf-dcnv2 uniform lookup tables",
                                   "seed": opts.seed, "one_hot_meta": meta.extra})
-    w = ShardWriter(output_dir, out_meta, "fixed", writer or WriterOptions())
-    total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    bar = progress_factory(total=total, unit="rows", desc="multihot") if progress_factory else None
-    for p in files:
-        pf = pq.ParquetFile(p)
-        for g in range(pf.num_row_groups):
-            tb = pf.read_row_group(g)
-            n = tb.num_rows
-            label = tb.column("label").to_numpy()
-            dense = tb.column("dense").combine_chunks().flatten().to_numpy().reshape(n, meta.num_dense)
-            sparse = [tables.expand(f, tb.column(name).to_numpy()) for f, name in enumerate(meta.sparse_names)]
-            w.write(Columns(label, dense, sparse))
-            if bar is not None:
-                bar.update(n)
-    files_out = w.close()
+    w = ShardWriter(output_dir, out_meta, "fixed", writer)
+    try:
+        total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+        bar = progress_factory(total=total, unit="rows", desc="multihot") if progress_factory else None
+        for p in files:
+            pf = pq.ParquetFile(p)
+            for g in range(pf.num_row_groups):
+                cols = table_to_columns(pf.read_row_group(g), meta, source=f"{p} row group {g}")  # checked
+                if any(isinstance(s, tuple) or s.ndim != 1 for s in cols.sparse):
+                    raise ValueError(f"{p}: multihot needs one-hot input (one id per sample and feature)")
+                w.write(Columns(cols.label, cols.dense,
+                                [tables.expand(f, ids) for f, ids in enumerate(cols.sparse)]))
+                if bar is not None:
+                    bar.update(len(cols))
+        files_out = w.close()
+    except BaseException:
+        w.abort()
+        raise
     if bar is not None:
         bar.close()
     return {"rows": w.rows_written, "files": files_out, "sizes": opts.sizes, "table_sizes": opts.table_sizes}

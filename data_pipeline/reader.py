@@ -11,11 +11,14 @@ import pyarrow as pa
 
 from neo.cpp import cpu_kernels
 
-from .schema import DatasetMeta
+from .schema import DataFileError, DatasetMeta
 from .writer import Columns
 
 __all__ = ["take_from_parts", "list_parquet_files", "table_to_columns", "take_rows", "jagged_take",
-           "jagged_take_reference", "fixed_take", "fixed_take_reference", "load_arrow_conversions"]
+           "jagged_take_reference", "fixed_take", "fixed_take_reference", "load_arrow_conversions",
+           "check_parquet_file"]
+
+_MAGIC = b"PAR1"
 
 
 def load_arrow_conversions() -> None:
@@ -43,30 +46,123 @@ def list_parquet_files(paths: Union[str, Sequence[str]]) -> List[str]:
     missing = [p for p in out if not os.path.exists(p)]
     if missing:
         raise FileNotFoundError(f"no such file: {missing[0]}")
+    for p in out:
+        check_parquet_file(p)
     return out
 
 
-def table_to_columns(tb: pa.Table, meta: DatasetMeta) -> Columns:
-    """numpy columns of a row group (views of Arrow buffers where possible)."""
+def check_parquet_file(path: str) -> None:
+    """A clear error naming ``path`` if it cannot be a complete Parquet file: empty, not a regular
+    file, no ``PAR1`` magic at both ends, or a footer longer than the file (cut short). Reads 8
+    bytes at each end (pages the footer read needs next anyway); pyarrow's own error for these is
+    ``Parquet magic bytes not found`` with no file name."""
+    if not os.path.isfile(path):
+        raise DataFileError(f"{path}: not a regular file")
+    size = os.path.getsize(path)
+    if size < 12:
+        raise DataFileError(f"{path}: not a Parquet file ({size} bytes; empty or cut short)")
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(size - 8)
+        tail = f.read(8)
+    if head != _MAGIC or tail[4:] != _MAGIC:
+        raise DataFileError(f"{path}: not a Parquet file, or cut short (no 'PAR1' magic bytes at its "
+                            f"{'start' if head != _MAGIC else 'end'})")
+    footer = int.from_bytes(tail[:4], "little")
+    if footer + 12 > size:
+        raise DataFileError(f"{path}: corrupt Parquet footer (length {footer} in a file of {size} bytes)")
+
+
+def table_to_columns(tb: pa.Table, meta: DatasetMeta, source: str = "") -> Columns:
+    """numpy columns of a row group (views of Arrow buffers where possible), checked: no nulls,
+    labels finite and in [0, 1], dense rows of exactly D finite values, ids integers. A bad value
+    is a :class:`DataFileError` naming ``source`` (e.g. ``<file> row group <g>``), the column and
+    the first bad row, never a silent shift of rows or a NaN in training. The checks are vector
+    reductions over arrays already decoded (about 1 ms a 128k-row Criteo group)."""
+    where = f"{source}: " if source else ""
     n = tb.num_rows
-    label = tb.column("label").to_numpy()
-    dense_col = tb.column("dense").combine_chunks()
-    dense = dense_col.flatten().to_numpy().reshape(n, meta.num_dense)  # (n, D)
+    label = _label(_column(tb, "label", where), where)
+    dense = _dense(_column(tb, "dense", where), n, meta.num_dense, where)
     sparse: List[object] = []
     for name in meta.sparse_names:
-        col = tb.column(name).combine_chunks()
+        col = _column(tb, name, where)
         t = col.type
         if pa.types.is_integer(t):
             sparse.append(col.to_numpy())  # (n,)
-        elif pa.types.is_fixed_size_list(t):
+        elif pa.types.is_fixed_size_list(t) and pa.types.is_integer(t.value_type):
             sparse.append(col.flatten().to_numpy().reshape(n, t.list_size))  # (n, k)
-        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type):
             offs = col.offsets.to_numpy().astype(np.int64)  # (n + 1,)
             vals = col.values.to_numpy()[offs[0]:offs[-1]]
             sparse.append((vals, offs - offs[0]))
         else:
-            raise TypeError(f"column {name}: unsupported type {t}")
+            raise DataFileError(f"{where}column {name!r}: unsupported type {t} (integer ids, or lists of them)")
     return Columns(label, dense, sparse)
+
+
+def _column(tb: pa.Table, name: str, where: str) -> pa.Array:
+    """Column ``name`` as one array, with no nulls in it or (for lists) in its values."""
+    if tb.schema.get_field_index(name) < 0:
+        raise DataFileError(f"{where}column {name!r} is missing (have {tb.column_names})")
+    chunked = tb.column(name)
+    if chunked.null_count:          # known per chunk: no scan
+        row = int(np.flatnonzero(chunked.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataFileError(f"{where}column {name!r}: {chunked.null_count} null value(s), the first in row {row}")
+    col = chunked.combine_chunks()
+    if _is_list(col.type):
+        nulls = col.flatten().null_count
+        if nulls:
+            raise DataFileError(f"{where}column {name!r}: {nulls} null value(s) inside its lists")
+    return col
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _label(col: pa.Array, where: str) -> np.ndarray:
+    """(n,) labels; integers or floats, every one in [0, 1] (NaN fails the range test too)."""
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        raise DataFileError(f"{where}column 'label': type {col.type}, expected integers (0 or 1)")
+    label = col.to_numpy()
+    if len(label) and not (label.min() >= 0 and label.max() <= 1):
+        row = int(np.flatnonzero(~((label >= 0) & (label <= 1)))[0])
+        raise DataFileError(f"{where}column 'label': row {row} holds {label[row]}, labels must be in [0, 1]")
+    return label
+
+
+def _dense(col: pa.Array, n: int, width: int, where: str) -> np.ndarray:
+    """(n, D) dense features: a list column whose rows all hold exactly D finite floats (a variable
+    list column is checked row by row, vectorized, before the values are reshaped)."""
+    t = col.type
+    vt = t.value_type if _is_list(t) else None
+    if vt is None or not pa.types.is_floating(vt):
+        raise DataFileError(f"{where}column 'dense': type {t}, expected a list of {width} floats per row")
+    if pa.types.is_fixed_size_list(t):
+        if t.list_size != width:
+            raise DataFileError(f"{where}column 'dense': {t.list_size} values per row, the metadata says {width}")
+    else:
+        lens = np.diff(col.offsets.to_numpy())
+        bad = np.flatnonzero(lens != width)
+        if len(bad):
+            raise DataFileError(f"{where}column 'dense': row {int(bad[0])} holds {int(lens[bad[0]])} values, "
+                                f"the metadata says {width} per row ({len(bad)} such rows)")
+    dense = col.flatten().to_numpy().reshape(n, width)  # (n, D)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(dense, axis=None) if dense.size else 0.0
+    if not np.isfinite(total):
+        _check_finite(dense, where)
+    return dense
+
+
+def _check_finite(dense: np.ndarray, where: str) -> None:
+    """Raise on the first NaN / inf of ``dense`` (the sum's overflow alone is no error). Called
+    only when the sum is not finite: a NaN or inf anywhere makes it so, finite values rarely."""
+    bad = ~np.isfinite(dense)
+    if bad.any():
+        row, j = (int(x) for x in np.argwhere(bad)[0])
+        raise DataFileError(f"{where}column 'dense': row {row} feature {j} is {dense[row, j]} "
+                            f"({int(bad.sum())} non-finite values); dense features must be finite")
 
 
 def take_from_parts(parts: Sequence[Columns], idx: np.ndarray) -> Columns:

@@ -32,6 +32,8 @@ __all__ = [
     "sparse_names",
     "arrow_schema",
     "read_meta",
+    "check_columns",
+    "DataFileError",
 ]
 
 META_KEY = b"neo.data"
@@ -48,6 +50,11 @@ MLPERF_TABLE_SIZES: List[int] = [
 MLPERF_MULTI_HOT_SIZES: List[int] = [
     3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
 ]
+
+
+class DataFileError(ValueError):
+    """A data file that is not what the layout promises (not Parquet, a column missing or of the
+    wrong type or width, bad values): the message names the file (where known) and the column."""
 
 
 def sparse_names(num_sparse: int) -> List[str]:
@@ -109,8 +116,45 @@ def read_meta(schema: pa.Schema, path: str = "?") -> DatasetMeta:
     """The :class:`DatasetMeta` of a Parquet file's Arrow schema; a clear error if it is not ours."""
     md = schema.metadata or {}
     if META_KEY not in md:
-        raise ValueError(f"{path}: no '{META_KEY.decode()}' metadata; not written by data_pipeline")
-    meta = DatasetMeta.from_json(md[META_KEY])
+        raise DataFileError(f"{path}: no '{META_KEY.decode()}' metadata; not written by data_pipeline")
+    try:
+        meta = DatasetMeta.from_json(md[META_KEY])
+    except (ValueError, TypeError) as exc:
+        raise DataFileError(f"{path}: unreadable '{META_KEY.decode()}' metadata: {exc}") from None
     if meta.format_version != FORMAT_VERSION:
-        raise ValueError(f"{path}: layout version {meta.format_version}, this code reads {FORMAT_VERSION}")
+        raise DataFileError(f"{path}: layout version {meta.format_version}, this code reads {FORMAT_VERSION}")
+    check_columns(schema, meta, path)
     return meta
+
+
+def _value_type(t: pa.DataType) -> Optional[pa.DataType]:
+    """The value type of a list column (fixed-size, variable or large), None for a flat column."""
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        return t.value_type
+    return None
+
+
+def check_columns(schema: pa.Schema, meta: DatasetMeta, path: str = "?") -> None:
+    """Every column the metadata promises is there with a type the reader takes: label (integer or
+    float), dense (a list of floats, of width D where the width is fixed), each sparse column
+    (integer ids, flat or in lists). From the footer only, so that the loader finds a file that
+    does not fit when it is built (it reads every file's schema), not as a KeyError mid-training."""
+    names = set(schema.names)
+    for name in ["label", "dense"] + list(meta.sparse_names):
+        if name not in names:
+            raise DataFileError(f"{path}: column {name!r} is missing (the metadata lists it; "
+                                f"the file has {schema.names})")
+    lt = schema.field("label").type
+    if not (pa.types.is_integer(lt) or pa.types.is_floating(lt)):
+        raise DataFileError(f"{path}: column 'label' has type {lt}, expected integers (0 or 1)")
+    dt = schema.field("dense").type
+    if _value_type(dt) is None or not pa.types.is_floating(_value_type(dt)):
+        raise DataFileError(f"{path}: column 'dense' has type {dt}, expected a list of {meta.num_dense} floats")
+    if pa.types.is_fixed_size_list(dt) and dt.list_size != meta.num_dense:
+        raise DataFileError(f"{path}: column 'dense' holds {dt.list_size} values per row, the metadata "
+                            f"says num_dense = {meta.num_dense}")
+    for name in meta.sparse_names:
+        t = schema.field(name).type
+        ids = _value_type(t) or t
+        if not pa.types.is_integer(ids):
+            raise DataFileError(f"{path}: column {name!r} has type {t}, expected integer ids (or lists of them)")

@@ -43,7 +43,7 @@ def inspect_dataset(paths: Union[str, Sequence[str]], max_rows: Optional[int] = 
         for g in range(pf.num_row_groups):
             if n >= limit:
                 break
-            cols = table_to_columns(pf.read_row_group(g), meta)
+            cols = table_to_columns(pf.read_row_group(g), meta, source=f"{f} row group {g}")
             take = min(len(cols), limit - n)
             cols = cols.slice(0, take)
             d = cols.dense.astype(np.float64)

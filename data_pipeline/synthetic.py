@@ -27,7 +27,7 @@ import numpy as np
 from .locality import fit_mixture, reuse_histogram, target_histogram, total_variation, zipf_ranks
 from .parallel import ordered_map
 from .schema import MLPERF_TABLE_SIZES, DatasetMeta, sparse_names
-from .writer import Columns, ShardWriter, WriterOptions
+from .writer import Columns, ShardWriter, WriterOptions, check_output_dir, staging_path
 
 __all__ = ["GEN_BLOCK", "SynthOptions", "generate_block", "generate", "auc", "apply_preset", "PRESETS"]
 
@@ -226,13 +226,48 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
-def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
-    """Generate ``o.num_samples`` samples into ``o.output``; returns the summary (also in summary.json)."""
-    t0 = time.time()
+def _check_options(o: SynthOptions) -> None:
+    """Bad options as one clear error before any work (not an error deep in a generator thread)."""
     if o.num_samples < 0:
         raise ValueError("num_samples must be >= 0")
+    if not o.table_rows or min(o.table_rows) < 1:
+        raise ValueError(f"table_rows must be >= 1 each (one per table), got {o.table_rows}")
+    if min(o.per_table(o.ids_per_bag, "ids_per_bag")) < 1:
+        raise ValueError(f"ids_per_bag must be >= 1, got {o.ids_per_bag}")
+    if min(o.per_table(o.skew, "skew")) < 0:
+        raise ValueError(f"skew must be >= 0, got {o.skew}")
+
+
+def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
+    """Generate ``o.num_samples`` samples into ``o.output``; returns the summary (also in summary.json).
+
+    ``<output>/train`` is refused if it holds an earlier run's files (unless ``o.writer.overwrite``);
+    the shards are staged and appear, with the summary, only when generation succeeded."""
+    _check_options(o)
+    check_output_dir(os.path.join(o.output, "train"), o.writer.overwrite)
+    made_root = bool(o.output) and not os.path.isdir(o.output)
+    writer: List[ShardWriter] = []      # the one writer, once made (a list: _generate fills it)
+    try:
+        summary = _generate(o, progress_factory, writer)
+        writer[0].commit()
+    except BaseException:
+        if writer:
+            writer[0].abort()
+        if made_root:
+            try:
+                os.rmdir(o.output)
+            except OSError:
+                pass
+        raise
+    _write_json(os.path.join(o.output, "summary.json"), summary)
+    return summary
+
+
+def _generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]], made: List[ShardWriter]
+              ) -> Dict[str, Any]:
+    """The generation proper; appends its writer to ``made`` as soon as it exists (for the caller's abort)."""
+    t0 = time.time()
     ks = o.per_table(o.ids_per_bag, "ids_per_bag")
-    o.per_table(o.skew, "skew")
     kind = "list" if o.variable_bags else ("onehot" if all(k == 1 for k in ks) else "fixed")
     teacher = _teacher(o)
     nblocks = (o.num_samples + GEN_BLOCK - 1) // GEN_BLOCK
@@ -247,6 +282,7 @@ def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = N
     for b, (cols, p) in results:
         if writer is None:
             writer = _make_writer(o, kind, best, kept)
+            made.append(writer)
         writer.write(cols)
         pos_count += int(cols.label.sum())
         if loc_batch and loc_samples < loc_batch:  # the ids of the first batch, for the measured reuse
@@ -259,7 +295,8 @@ def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = N
             bar.update(len(cols))
     if writer is None:
         writer = _make_writer(o, kind, best, kept)
-    files = writer.close()
+        made.append(writer)
+    files = writer.close(commit=False)
     if bar is not None:
         bar.close()
     summary: Dict[str, Any] = {
@@ -276,7 +313,6 @@ def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = N
         summary["locality_measured"] = {"batch_size": loc_batch, "samples_used": loc_samples,
                                         "histogram": [round(float(x), 4) for x in agg],
                                         "tv_distance": round(measured, 4)}
-    _write_json(os.path.join(o.output, "summary.json"), summary)
     return summary
 
 
@@ -308,7 +344,10 @@ def _best_auc_upfront(o: SynthOptions, teacher: _Teacher) -> Tuple[float, int]:
 
 
 def _write_json(path: str, obj: Any) -> None:
+    """Write through a temporary file: the summary is the old one or the new one, whole."""
     import json
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
+    tmp = staging_path(path)
+    with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, default=float)
+    os.replace(tmp, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -12,7 +13,8 @@ import pyarrow.parquet as pq
 
 from .schema import DatasetMeta, arrow_schema
 
-__all__ = ["WriterOptions", "ShardWriter", "Columns", "columns_to_table"]
+__all__ = ["WriterOptions", "ShardWriter", "Columns", "columns_to_table", "OutputExistsError",
+           "check_output_dir", "staging_path", "commit_staged_dir", "remove_staged"]
 
 
 @dataclass
@@ -25,6 +27,10 @@ class WriterOptions:
     """Rows per row group, the unit the loader reads (the last group of a file may hold fewer)."""
     compression: str = "lz4"
     """Parquet codec: lz4, snappy, zstd or none."""
+    overwrite: bool = False
+    """Replace the Parquet files an earlier run left in the output directory. Without it a command
+    refuses such a directory: the loader reads every ``*.parquet`` of a folder, so new shards
+    written next to old ones would silently mix two runs."""
 
 
 @dataclass
@@ -100,14 +106,83 @@ def columns_to_table(cols: Columns, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+class OutputExistsError(FileExistsError):
+    """An output directory already holds Parquet files (of an earlier run) and no overwrite was asked."""
+
+
+def _parquet_files(directory: str) -> List[str]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(f for f in os.listdir(directory) if f.endswith(".parquet"))
+
+
+def check_output_dir(directory: str, overwrite: bool) -> None:
+    """Refuse ``directory`` if it holds Parquet files, unless ``overwrite`` and they are all ours
+    (``part-*.parquet``, replaced on commit). Called before any work so that a rerun fails at once;
+    a foreign ``*.parquet`` is never deleted, and the loader would read it with our shards."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise OutputExistsError(f"output {directory} exists and is not a directory")
+    old = _parquet_files(directory)
+    if not old:
+        return
+    if not overwrite:
+        raise OutputExistsError(f"output directory {directory} already holds {len(old)} Parquet file(s) "
+                                f"({old[0]}, ...) of an earlier run; pass --overwrite to replace them, "
+                                f"or choose another --output")
+    foreign = [f for f in old if not f.startswith("part-")]
+    if foreign:
+        raise OutputExistsError(f"output directory {directory} holds Parquet files not written by neo-data "
+                                f"({foreign[0]}, ...) that the loader would read with the new shards; "
+                                f"move them away or choose another --output")
+
+
+def staging_path(final: str) -> str:
+    """Hidden sibling ``<parent>/.<name>.tmp-<pid>`` where an output is written before it is
+    committed: a run that fails leaves nothing that looks like a data set."""
+    final = os.path.normpath(final)
+    parent, name = os.path.split(final)
+    return os.path.join(parent, f".{name}.tmp-{os.getpid()}")
+
+
+def commit_staged_dir(staged: str, final: str, overwrite: bool) -> None:
+    """Move the staged directory's files to ``final``: one atomic rename where ``final`` does not
+    exist yet; else the old ``part-*.parquet`` go (with ``overwrite``; re-checked) and the new files
+    are moved in, so that the directory never holds two runs' shards."""
+    if not os.path.exists(final):
+        os.rename(staged, final)
+        return
+    check_output_dir(final, overwrite)
+    for old in _parquet_files(final):
+        os.remove(os.path.join(final, old))
+    for name in sorted(os.listdir(staged)):
+        os.replace(os.path.join(staged, name), os.path.join(final, name))
+    os.rmdir(staged)
+
+
+def remove_staged(path: str) -> None:
+    """Remove a staged (uncommitted) file or directory; no error if it is gone."""
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
 class ShardWriter:
-    """Writes blocks of rows to ``<directory>/part-00000.parquet``, ``part-00001`` ..., in order."""
+    """Writes blocks of rows to ``<directory>/part-00000.parquet``, ``part-00001`` ..., in order.
+
+    The files are written to a hidden staging sibling (:func:`staging_path`) and appear in
+    ``directory`` only on :meth:`commit` (done by ``close()`` unless ``close(commit=False)``, which
+    writers of several splits use to commit them together once all succeeded); :meth:`abort`
+    removes the staged files. ``directory`` is checked first (:func:`check_output_dir`)."""
 
     def __init__(self, directory: str, meta: DatasetMeta, sparse_kind: str, options: WriterOptions) -> None:
         self.directory = directory
         self.options = options
         self.schema = arrow_schema(meta, sparse_kind)
-        os.makedirs(directory, exist_ok=True)
+        check_output_dir(directory, options.overwrite)
+        self.staging = staging_path(directory)
+        remove_staged(self.staging)              # a leftover of a killed run with this pid
+        os.makedirs(self.staging)
         self._pending: List[Columns] = []
         self._pending_rows = 0
         self._writer: Optional[pq.ParquetWriter] = None
@@ -133,8 +208,9 @@ class ShardWriter:
         self._pending = [tail] if len(tail) else []
         self._pending_rows = len(tail)
         if self._writer is None:
-            path = os.path.join(self.directory, f"part-{len(self.files):05d}.parquet")
-            self.files.append(path)
+            name = f"part-{len(self.files):05d}.parquet"
+            self.files.append(os.path.join(self.directory, name))
+            path = os.path.join(self.staging, name)
             comp = None if self.options.compression == "none" else self.options.compression
             self._writer = pq.ParquetWriter(path, self.schema, compression=comp, use_dictionary=False,
                                             write_statistics=False)
@@ -146,15 +222,31 @@ class ShardWriter:
             self._writer = None
             self._rows_in_file = 0
 
-    def close(self) -> List[str]:
-        """Flush the last partial row group and close; returns the files written."""
+    def close(self, commit: bool = True) -> List[str]:
+        """Flush the last partial row group and close; returns the files written (their paths in
+        ``directory``, where they are once committed)."""
         if self._pending_rows:
             self._flush_group(self._pending_rows)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         if not self.files:  # an empty split still gets one (empty) file carrying the schema
-            path = os.path.join(self.directory, "part-00000.parquet")
-            pq.write_table(self.schema.empty_table(), path)
-            self.files.append(path)
+            pq.write_table(self.schema.empty_table(), os.path.join(self.staging, "part-00000.parquet"))
+            self.files.append(os.path.join(self.directory, "part-00000.parquet"))
+        if commit:
+            self.commit()
         return self.files
+
+    def commit(self) -> None:
+        """Put the closed, staged files in place (see :func:`commit_staged_dir`)."""
+        commit_staged_dir(self.staging, self.directory, self.options.overwrite)
+
+    def abort(self) -> None:
+        """Close the open file (if any) and remove the staged files: a failed run leaves no output."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:   # noqa: BLE001  (the run already failed; its error is the one to report)
+                pass
+            self._writer = None
+        remove_staged(self.staging)

@@ -203,6 +203,17 @@ def test_reader_error_reaches_the_consumer(tmp_path):
     assert L.epoch == 0
 
 
+def test_a_file_damaged_after_the_loader_was_built_is_named(tmp_path):
+    from data_pipeline.schema import DataFileError
+
+    files = write_indexed(tmp_path / "e")
+    L = ParquetLoader(str(tmp_path / "e"), LoaderOptions(batch_size=100, prefetch_batches=0))
+    with open(files[1], "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(DataFileError, match=rf"{files[1]} row group 0: unreadable"):
+        list(L)
+
+
 @pytest.mark.parametrize("first", [0, 16])
 @pytest.mark.parametrize("prefetch", [0, 3])
 def test_shuffle_order_is_the_documented_one(tmp_path, prefetch, first):
