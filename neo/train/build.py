@@ -41,6 +41,10 @@ def validate_training_config(cfg) -> None:
     dims = [t.dim for t in tables for _ in t.feature_names]
     cfg.model.check_tables(dims)
     cfg.sharding.check_tables([t.name for t in tables])
+    for field in ("run_dir", "checkpoint_dir", "cache_store_dir"):
+        path = getattr(cfg.train, field, None)
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"train.{field}: {path!r} exists and is not a directory")
 
 
 # ----------------------------------------------------------------------------- 1. process groups

@@ -145,7 +145,7 @@ class Trainer:
         self.B = t.batch_size
         self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
         if self.steps_per_epoch == 0:
-            raise ValueError(f"train.batch_size {self.B} x {self.W} ranks exceeds the {self.train_loader.num_samples} "
+            raise ConfigError(f"train.batch_size {self.B} x {self.W} ranks exceeds the {self.train_loader.num_samples} "
                              "training samples")
         self.total_steps = t.steps or t.epochs * self.steps_per_epoch
 

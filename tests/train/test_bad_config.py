@@ -80,6 +80,16 @@ def test_a_plan_file_must_fit_the_run(tmp_path):
         load_plan_file(str(tmp_path / "absent.json"), specs, 1, 1)
 
 
+def test_directories_that_are_files_are_named(tmp_path):
+    from neo.train.build import validate_training_config
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for field in ("run_dir", "checkpoint_dir", "cache_store_dir"):
+        with pytest.raises(ConfigError, match=rf"train\.{field}: '.*afile' exists and is not a directory"):
+            validate_training_config(tiny_config(str(tmp_path), f"train.{field}={afile}"))
+
+
 def _neo_train(tmp_data: str, *overrides: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
@@ -92,6 +102,9 @@ def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_pat
     p = _neo_train(tmp_data, "train.steps=2", f"sharding.plan_file={two}")
     assert p.returncode == 2, p.stderr
     assert "neo train: error: sharding.plan_file" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = _neo_train(tmp_data, "train.steps=2", "train.batch_size=100000")
+    assert p.returncode == 2 and "neo train: error: train.batch_size 100000 x 1 ranks exceeds the" in p.stderr, \
+        p.stderr[-2000:]
     p = _neo_train(tmp_data, "train.steps=12", "train.log_every=4", "optim.lr=1e30")
     assert p.returncode == 1, p.stderr
     assert "the model diverged" in p.stderr and "over steps 1..4" in p.stderr, p.stderr[-2000:]
