@@ -108,13 +108,14 @@ class _PooledLookup(torch.autograd.Function):
         indices, offsets, per_sample_weights = ctx.saved_tensors
         runner = ctx.runner
         owner = runner.owner
-        runner.step.add_(1)
+        step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             owner.backend.backward_update(
                 runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
                 indices, offsets, per_sample_weights, ctx.batch_size,
-                owner.learning_rates[runner.index], int(runner.step), owner.seed,
+                owner.learning_rates[runner.index], step, owner.seed,
             )
+        runner.step.fill_(step)
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
         return None, None, None, None, None, None, None, None

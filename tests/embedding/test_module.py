@@ -277,3 +277,24 @@ def test_validate_off_counts_the_ids_it_skips_per_table(backend):
         assert torch.equal(got, emb(KeyedJaggedBatch.from_lists(clean)))
         assert emb.skipped_ids == want
     assert sum(want.values()) > 0
+
+
+def test_a_failed_update_is_not_counted_as_a_step(monkeypatch):
+    """Adam's and LAMB's bias correction use the update count: an update that raised must not
+    advance it, or a retried step would be corrected as the step after."""
+    emb = TableBatchedEmbedding([TableConfig("a", 10, 4, optimizer=OptimizerConfig("adam", lr=0.1))],
+                                backend="reference")
+    batch = KeyedJaggedBatch.from_lists({"a": [[1, 2], [3]]})
+    emb(batch).sum().backward()
+    assert emb.optimizer_steps() == {"a": 1}
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("update failed")
+
+    monkeypatch.setattr(emb.backend, "backward_update", failing)
+    with pytest.raises(RuntimeError, match="update failed"):
+        emb(batch).sum().backward()
+    assert emb.optimizer_steps() == {"a": 1}
+    monkeypatch.undo()
+    emb(batch).sum().backward()
+    assert emb.optimizer_steps() == {"a": 2}
