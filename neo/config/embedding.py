@@ -37,7 +37,10 @@ def _enum(cls, value, where: str):
 
 
 class PoolingMode(str, enum.Enum):
-    """How the rows of one bag are reduced to one vector."""
+    """How the rows of one bag are reduced to one vector: ``sum``, or ``mean`` (the sum over the
+    bag's id count; an empty bag gives zeros). With per-id weights, ``mean`` is the weighted sum
+    over the id count (not over the weights' sum); torch's ``embedding_bag`` refuses weights with
+    ``mode="mean"``, FBGEMM's and TorchRec's weighted bags are sums."""
 
     SUM = "sum"
     MEAN = "mean"
