@@ -30,10 +30,12 @@ def _setup_errors() -> tuple:
     """What Trainer(cfg) raises for a config this run cannot honour (neo train exits 2 on them)."""
     from neo.distributed.plan_view import PlanError
     from neo.planner import PlanningError
+    from neo.train.checkpoint import CheckpointError
 
     # a file or directory the config names is missing or of the wrong kind
     paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
-    return (ConfigError, PlanningError, PlanError) + paths
+    # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact
+    return (ConfigError, PlanningError, PlanError, CheckpointError) + paths
 
 
 def _parser() -> argparse.ArgumentParser:

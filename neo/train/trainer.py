@@ -39,6 +39,7 @@ from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
 from neo.train.checkpoint import (CheckpointError, Checkpointer, find_resumable, job_state, load_checkpoint,
                                   state_sha256)
+from neo.train.checkpoint.layout import step_of
 from neo.train.metrics import BinaryMetrics
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
 from neo.train.run_log import RunLog
@@ -86,6 +87,19 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused)
+
+
+def _probe_directory(path: str, field: str) -> None:
+    """Create ``path`` and write a file in it, or a ConfigError naming ``field``: found when the
+    run starts, not at its first save after hours of training."""
+    probe = os.path.join(path, f".probe-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"{field}: {path!r} cannot be written ({e.strerror or e})") from None
 
 
 class TrainingDiverged(RuntimeError):
@@ -196,13 +210,18 @@ class Trainer:
         """The checkpoint this run resumed from (None: it started from step 0)."""
         self.checkpointer = None
         if t.checkpoint_dir:
+            _probe_directory(t.checkpoint_dir, "train.checkpoint_dir")   # a save must not fail after the training
             # disk-backed cached tables are written from their stores, not staged in memory
             self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
                                              async_save=t.checkpoint_async and not cached)
-            if t.resume:
-                path = find_resumable(t.checkpoint_dir, self.pg, say=self.say)
-                if path is not None:
-                    self.load(path)
+            path = find_resumable(t.checkpoint_dir, self.pg, say=self.say) if t.resume else None
+            if path is not None:
+                self.load(path)
+            else:
+                earlier = sorted((d for d in os.listdir(t.checkpoint_dir) if step_of(d) >= 0), key=step_of)
+                self.say(f"neo train: starting at step 0; checkpoints go to {t.checkpoint_dir}" +
+                         (f" (its earlier checkpoints {earlier} are replaced from this run's first save: "
+                          "train.resume=false)" if earlier else " (none there to resume from)"))
 
     def _predicted_vs_measured(self) -> Dict[str, Any]:
         """The plan's predicted step next to the steady-state measured one, component by component."""

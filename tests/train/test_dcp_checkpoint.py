@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torch
 from neo.train.checkpoint.dcp_state import parse_band
 from tests.multiprocess import run_multiprocess
 from tests.train.test_checkpoint import _load_into
-from tests.train.test_trainer import MIXED, tiny_config, train_and_collect
+from tests.train.test_trainer import MIXED, ROOT, TINY, tiny_config, train_and_collect
 
 ADAGRAD_ITEM = ["tables.1.optimizer.type=adagrad"]       # item column-wise with per-element state
 
@@ -170,3 +172,50 @@ def test_the_trainer_resumes_from_the_newest_intact_checkpoint(tmp_data, two_che
     (out,) = run_multiprocess(_resume_and_report, 1, tmp_data, [f"train.checkpoint_dir={ck}"])
     assert out["step"] == 4
     assert len(out["said"]) == 1 and "step-8/__0_0.distcp" in out["said"][0], out["said"]
+
+
+def test_a_run_that_left_a_line_of_checkpoints_replaces_it(tmp_data, two_checkpoints, tmp_path):
+    """A directory holds one line of checkpoints: after a resume from step-4 (step-8 damaged), or
+    a fresh start (train.resume=false), the first save removes the later steps of the line left,
+    so retention keeps this run's own and a later resume cannot pick up the other line."""
+    ck = str(tmp_path / "ck")
+    shutil.copytree(two_checkpoints, ck)
+    _truncate(f"{ck}/step-8/__0_0.distcp")
+    run_multiprocess(_train, 1, tmp_data, ["train.steps=6", "train.checkpoint_every=1", "train.checkpoint_keep=2",
+                                           f"train.checkpoint_dir={ck}"])
+    assert sorted(d for d in os.listdir(ck) if d.startswith("step-")) == ["step-5", "step-6"]
+    fresh = str(tmp_path / "fresh")
+    shutil.copytree(two_checkpoints, fresh)
+    (said,) = run_multiprocess(_train_and_say, 1, tmp_data, ["train.steps=3", "train.checkpoint_every=1",
+                                                            f"train.checkpoint_dir={fresh}", "train.resume=false"])
+    assert any("its earlier checkpoints ['step-4', 'step-8'] are replaced" in s for s in said), said
+    assert sorted(d for d in os.listdir(fresh) if d.startswith("step-")) == ["step-2", "step-3"]
+
+
+def _train_and_say(rank, world_size, tmp, overrides):
+    from neo.train.trainer import Trainer
+
+    said = []
+    Trainer(tiny_config(tmp, *overrides), log=said.append).fit()
+    return [s for s in said if isinstance(s, str)]
+
+
+def test_a_checkpoint_of_another_model_is_a_named_error(tmp_data, two_checkpoints, tmp_path):
+    """A dense model or optimizer that differs from the checkpoint's: torch's CheckpointException
+    (a BaseException) becomes a CheckpointError naming the checkpoint; neo train exits 2."""
+    ck = str(tmp_path / "ck")
+    shutil.copytree(two_checkpoints, ck)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+                        f"train.run_dir={tmp_data}/other", "train.progress=false", "train.steps=10",
+                        f"train.checkpoint_dir={ck}", "model.dense_arch=[32,8]"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"neo train: error: {ck}/step-8: torch.distributed.checkpoint could not load it" in p.stderr
+    assert "Traceback (most recent call last):\n" not in p.stderr.split("neo train: error:")[0]
+
+
+def test_an_unwritable_checkpoint_dir_is_found_before_training(tmp_data, tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(Exception, match=r"train\.checkpoint_dir: '.*afile/ck' cannot be written \(Not a directory\)"):
+        run_multiprocess(_train, 1, tmp_data, ["train.steps=2", f"train.checkpoint_dir={tmp_path}/afile/ck"])

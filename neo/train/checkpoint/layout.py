@@ -2,7 +2,8 @@
 
 Layout of ``ROOT`` (``train.checkpoint_dir``)::
 
-    ROOT/step-<N>/     one complete checkpoint per directory (the newest ``keep`` are kept)
+    ROOT/step-<N>/     one complete checkpoint per directory (the newest ``keep`` are kept; a
+                       commit removes those of later steps, from a line the run left)
     ROOT/tmp-<N>/      a checkpoint being written (never read; removed by the next save)
     ROOT/latest        text: the name of the newest complete checkpoint directory
 
@@ -134,7 +135,15 @@ def commit(root: str, step: int, keep: int) -> str:
         os.fsync(f.fileno())
     os.replace(pointer, os.path.join(root, "latest"))
     _fsync_dir(root)
-    olds = sorted((d for d in os.listdir(root) if step_of(d) >= 0 and d != f"step-{step}"), key=step_of)
+    # A directory holds one line of checkpoints whose steps grow. Those of a later step than this
+    # one belong to a line this run left (it resumed from before them: they were damaged; or it
+    # started afresh, train.resume=false): kept, they would outrank this run's own in retention
+    # and in a later resume.
+    names = [d for d in os.listdir(root) if step_of(d) >= 0 and d != f"step-{step}"]
+    for d in names:
+        if step_of(d) > step:
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    olds = sorted((d for d in names if step_of(d) < step), key=step_of)
     for d in olds[: max(0, len(olds) - (keep - 1))]:
         shutil.rmtree(os.path.join(root, d), ignore_errors=True)
     return final

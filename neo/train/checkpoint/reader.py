@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 
 from neo.train.checkpoint import legacy
@@ -88,8 +89,11 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
     try:
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=pg.checkpoint,
                  planner=_LoadPlanner())
-    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException / RuntimeError / KeyError
-        raise CheckpointError(f"{path}: torch.distributed.checkpoint could not load it into this job: {e}") from e
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a
+        # BaseException: a shape or key of the dense model or its optimizer that differs), RuntimeError, KeyError
+        raise CheckpointError(f"{path}: torch.distributed.checkpoint could not load it into this job (the model, "
+                              f"its optimizer or the tables differ from the checkpoint's config?): "
+                              f"{_first_lines(e)}") from None
     with torch.no_grad():
         for fix in after:
             fix()
@@ -100,7 +104,11 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
     if same_world:
         own = mine[pg.rank]
         if loader is not None:
-            loader.load_state_dict(own["loader"])
+            try:
+                loader.load_state_dict(own["loader"])
+            except ValueError as e:      # e.g. another data seed or sample count than the checkpoint's
+                raise CheckpointError(f"{path}: the data loader's position does not fit this run's data: {e} "
+                                      "(train.seed and the data section must be those of the checkpointed run)") from None
         if restore_rng:
             torch.set_rng_state(own["rng"]["torch"])
             np.random.set_state(own["rng"]["numpy"])
@@ -111,6 +119,12 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
         new.update(epoch=int(mine[0]["loader"]["epoch"]), position=min(total // pg.world_size, loader.shard_size))
         loader.load_state_dict(new)
     return meta
+
+
+def _first_lines(e: BaseException, n: int = 6) -> str:
+    """The start of an exception's text (DCP's gathers every rank's traceback into it)."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return " / ".join(lines[:n]) + (" ..." if len(lines) > n else "")
 
 
 class _LoadPlanner(DefaultLoadPlanner):
