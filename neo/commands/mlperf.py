@@ -13,12 +13,14 @@ Check a result with MLPerf's own checker (docs/mlperf.md)::
 
 Exit status: 0 when every run reached the target; 1 when one did not (status ``aborted``);
 2 for a bad config or argument (``--division closed`` with a config the rules do not allow, a
-results dir that is a file, ``--seeds 0``).
+results dir that is a file or holds an earlier run's results without ``--overwrite``,
+``--seeds 0``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -34,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mlperf.target_auc=0.75 train.batch_size=256")
     p.add_argument("--results-dir", required=True, help="result_<seed>.txt per run and summary.json go here")
     p.add_argument("--seeds", type=int, default=1, help="runs, with seeds train.seed + 0 .. N-1 (MLPerf: 10)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results an earlier run left in --results-dir (otherwise refused)")
     p.add_argument("--division", default="open", choices=["open", "closed"],
                    help="closed: refuse a config the rules do not allow (model, optimizer, batch/lr, target, cadence)")
     return p
@@ -48,7 +52,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         check_request(cfg, args.division, args.seeds)
         validate_training_config(cfg)
-        prepare_results_dir(args.results_dir)
+        prepare_results_dir(args.results_dir, overwrite=args.overwrite,
+                            first_rank=int(os.environ.get("RANK", "0")) == 0)
         from neo.mlperf.log import import_mllog
 
         import_mllog()

@@ -28,8 +28,9 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -59,10 +60,31 @@ def check_request(cfg, division: str, seeds: int) -> None:
                           f"(the full benchmark's is {rules.TARGET_AUC})")
 
 
-def prepare_results_dir(path: str) -> str:
-    """Create ``path`` (a directory); a ConfigError naming it when it is a file or cannot be made."""
+def _earlier_results(path: str) -> List[str]:
+    """What an earlier ``neo mlperf`` left in ``path``: result logs, run folders, the summary."""
+    if not os.path.isdir(path):
+        return []
+    return sorted(n for n in os.listdir(path)
+                  if (n.startswith("result_") and n.endswith(".txt")) or n == "summary.json"
+                  or (n.startswith("run_") and os.path.isdir(os.path.join(path, n))))
+
+
+def prepare_results_dir(path: str, overwrite: bool = False, first_rank: bool = True) -> str:
+    """Create ``path`` (a directory); a ConfigError naming it when it is a file, cannot be made,
+    or holds an earlier run's results (their logs would mix with this run's: a run's
+    metrics.jsonl is appended to, and old result_<seed>.txt files would sit beside a summary
+    that does not count them) unless ``overwrite``, which removes those first. Only the first rank
+    (``first_rank``) looks for and removes earlier results: under torchrun the others would race it."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"--results-dir {path!r}: is a file, not a directory")
+    earlier = _earlier_results(path) if first_rank else []
+    if earlier and not overwrite:
+        raise ConfigError(f"--results-dir {path!r}: holds an earlier run's results ({', '.join(earlier[:4])}"
+                          f"{', ...' if len(earlier) > 4 else ''}); pass --overwrite to replace them, or choose "
+                          f"another directory")
+    for name in earlier:
+        full = os.path.join(path, name)
+        shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -193,7 +215,7 @@ def run_benchmark(cfg, results_dir: str, seeds: int = 1, division: str = "open",
 
     check_request(cfg, division, seeds)
     validate_training_config(cfg)
-    prepare_results_dir(results_dir)
+    prepare_results_dir(results_dir, first_rank=(pg.rank if pg is not None else int(os.environ.get("RANK", "0"))) == 0)
     own_pg = pg is None
     pg = pg or init_process_groups(cfg.train)
     say = say or (lambda *a, **k: print(*a, file=sys.stderr, flush=True, **k))

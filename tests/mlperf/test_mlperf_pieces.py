@@ -151,3 +151,27 @@ def test_command_errors(tmp_path, capsys):
                                                                  "model.dcn_rank=256")
     assert "mlperf.max_epochs: must be a finite number > 0" in err(TINY, "--results-dir", d, "mlperf.max_epochs=0")
     assert "mlperf.submission_status: 'x' is not one of" in err(TINY, "--results-dir", d, "mlperf.submission_status=x")
+    # an earlier run's results are never mixed with a new run's: refused, or replaced with --overwrite
+    old = tmp_path / "old"
+    (old / "run_0").mkdir(parents=True)
+    (old / "run_0" / "metrics.jsonl").write_text("{}\n")
+    (old / "result_0.txt").write_text(":::MLLOG {}\n")
+    (old / "summary.json").write_text("{}")
+    (old / "notes.txt").write_text("mine")
+    assert (f"--results-dir {str(old)!r}: holds an earlier run's results (result_0.txt, run_0, summary.json); "
+            "pass --overwrite") in err(TINY, "--results-dir", str(old))
+    assert sorted(os.listdir(old)) == ["notes.txt", "result_0.txt", "run_0", "summary.json"]   # untouched
+
+
+def test_overwrite_replaces_only_an_earlier_runs_results(tmp_path):
+    from neo.mlperf.harness import prepare_results_dir
+
+    old = tmp_path / "old"
+    (old / "run_3").mkdir(parents=True)
+    (old / "result_3.txt").write_text("x")
+    (old / "summary.json").write_text("{}")
+    (old / "notes.txt").write_text("mine")
+    prepare_results_dir(str(old), first_rank=False)                  # another rank: rank 0 checks
+    prepare_results_dir(str(old), overwrite=True)
+    assert os.listdir(old) == ["notes.txt"]
+    prepare_results_dir(str(old))                                    # nothing of a run left: accepted
