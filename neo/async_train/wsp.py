@@ -109,7 +109,7 @@ class WSPTrainer:
         self.B = t.batch_size
         self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
         if self.steps_per_epoch == 0:
-            raise ValueError(f"train.batch_size {self.B} x {self.W} ranks exceeds the "
+            raise ConfigError(f"train.batch_size {self.B} x {self.W} ranks exceeds the "
                              f"{self.train_loader.num_samples} training samples")
         self.total_steps = t.steps or t.epochs * self.steps_per_epoch
         self.plan, report = make_plan(cfg, self.pg, self.B, self.data)
@@ -372,9 +372,16 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
+    from neo.commands.train import setup_errors
     from neo.distributed import end_process_groups
 
-    trainer = WSPTrainer(cfg, pg=pg)
+    try:
+        trainer = WSPTrainer(cfg, pg=pg)
+    except setup_errors() as e:      # the config asks for something this run cannot do: exit 2
+        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
+        if pg is None:
+            end_process_groups()
+        return 2
     final, rank = trainer.fit(), trainer.rank
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     if rank == 0:

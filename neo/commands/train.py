@@ -23,10 +23,10 @@ from typing import List, Optional
 
 from neo.config import ConfigError, load_config
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "setup_errors"]
 
 
-def _setup_errors() -> tuple:
+def setup_errors() -> tuple:
     """What Trainer(cfg) raises for a config this run cannot honour (neo train exits 2 on them)."""
     from neo.distributed.plan_view import PlanError
     from neo.planner import PlanningError
@@ -51,12 +51,17 @@ def run(cfg, pg=None) -> int:
     from neo.train.trainer import Trainer
 
     if cfg.async_train.mode == "wsp":                    # bounded staleness: a trainer of its own
-        from neo.async_train.wsp import run as run_wsp
+        from neo.async_train.wsp import check_wsp_config, run as run_wsp
 
+        try:
+            check_wsp_config(cfg)
+        except ConfigError as e:
+            print(f"neo train: error: {e}", file=sys.stderr, flush=True)
+            return 2
         return run_wsp(cfg, pg)
     try:
         trainer = Trainer(cfg, pg=pg)
-    except _setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
+    except setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
         print(f"neo train: error: {e}", file=sys.stderr, flush=True)
         if pg is None:
             end_process_groups()

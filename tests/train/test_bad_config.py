@@ -109,3 +109,16 @@ def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_pat
     assert p.returncode == 1, p.stderr
     assert "the model diverged" in p.stderr and "over steps 1..4" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr and '{"steps"' not in p.stdout, p.stdout[-500:]   # no final JSON line
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.eval_every=2", "train.eval_every: under async_train.mode: wsp"),
+    ("async_train.virtual_workers=[[0,1]]", "async_train.virtual_workers: must hold every rank"),
+    ("train.batch_size=100000", "train.batch_size 100000 x 1 ranks exceeds the"),
+])
+def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message):
+    """The bounded-staleness trainer's config errors, checked before it starts or while it is
+    set up, are one line and exit 2 as for the synchronous trainer."""
+    p = _neo_train(tmp_data, "async_train.mode=wsp", "train.steps=4", "train.epochs=0", override)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"neo train: error: {message}" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
