@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -66,7 +67,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg.model.check_tables(dims)
         spec = cfg.dense_spec(args.num_dense)
         batch = args.batch_size or cfg.train.batch_size
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        except RuntimeError as e:
+            raise ConfigError(f"--device {args.device!r}: not a device torch knows (cpu or cuda): {e}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {args.device}: this torch has no CUDA device (built without CUDA, or "
+                              "none visible): use --device cpu")
+        if args.out:              # found now, not after the profiling
+            parent = os.path.dirname(os.path.abspath(args.out))
+            if not os.path.isdir(parent) or os.path.isdir(args.out):
+                raise ConfigError(f"--out {args.out}: {'is a directory' if os.path.isdir(args.out) else 'its directory does not exist'}")
         if args.bandwidth_gbps is not None:
             bw, source = args.bandwidth_gbps, "--bandwidth-gbps"
         elif args.bandwidth == "constants":

@@ -80,6 +80,16 @@ def test_profile_to_stdout_and_bad_config(tmp_path, capsys):
     _check(d, _expected("dot"))
     assert main(["profile-layers", TINY, *FAST, "model.dense_arch=[16,4]"]) == 2
     assert "model.dense_arch: must end in the tables' dim 8" in capsys.readouterr().err
+    import torch
+
+    bad = [(["--out", str(tmp_path / "absent" / "p.json")], "its directory does not exist"),
+           (["--out", str(tmp_path)], "is a directory"),
+           (["--device", "tpu"], "--device 'tpu': not a device torch knows")]
+    if not torch.cuda.is_available():
+        bad.append((["--device", "cuda"], "--device cuda: this torch has no CUDA device"))
+    for args, message in bad:       # refused before any layer is profiled
+        assert main(["profile-layers", TINY, *FAST, *args]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("overrides", [[], ["model.interaction=dcn", "model.dcn_layers=3", "model.dcn_rank=5"]])
