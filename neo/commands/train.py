@@ -109,8 +109,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     stages = cfg.parallel.pipeline.stages if hasattr(cfg, "parallel") else 1
     if stages > 1 and "WORLD_SIZE" not in os.environ:
+        try:
+            _check_before_launch(cfg, stages)
+        except ConfigError as e:
+            print(f"neo train: error: {e}", file=sys.stderr)
+            return 2
         return _torchrun(stages, [args.config, *args.overrides])
     return run(cfg)
+
+
+def _check_before_launch(cfg, ranks: int) -> None:
+    """What the pipeline's ranks would each find at start (layers to cut, micro-batches, the
+    split, a WSP config), checked once here instead of by ``ranks`` processes after the launch."""
+    from neo.pipeline.layers import dense_layers
+
+    if cfg.async_train.mode == "wsp":
+        from neo.async_train.wsp import check_wsp_config
+
+        check_wsp_config(cfg)
+    spec = cfg.dense_spec()
+    if spec is None:
+        return                              # tables of several dims: validate_training_config said so
+    layers = dense_layers(cfg.model, spec.num_dense, spec.num_features, spec.dim)
+    cfg.parallel.pipeline.check(len(layers), cfg.train.batch_size, ranks)
 
 
 def _torchrun(ranks: int, argv: List[str]) -> int:

@@ -122,3 +122,19 @@ def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message):
     p = _neo_train(tmp_data, "async_train.mode=wsp", "train.steps=4", "train.epochs=0", override)
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"neo train: error: {message}" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("parallel.pipeline.stages=20", "parallel.pipeline.stages: 20 model chunks, but the dense model has only 16 layers"),
+    ("parallel.pipeline.micro_batches=7", "parallel.pipeline.micro_batches: 7 does not divide"),
+    ("parallel.pipeline.split=[[0,3],[4,40]]", "parallel.pipeline.split: must cover layers 0 .. 15"),
+])
+def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, override, message):
+    """neo train relaunches a pipelined config under torchrun, one rank a stage: what each rank
+    would find (20 processes on 2 cores for stages=20) is one message and exit 2 before that."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cfg = os.path.join(ROOT, "configs", "pipeline_deep_mlp.yaml")
+    p = subprocess.run([sys.executable, "-m", "neo.cli", "train", cfg, f"data.synthetic.cache_dir={tmp_data}/cache",
+                        "train.steps=2", override], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"neo train: error: {message}" in p.stderr and "torch.distributed.run" not in p.stderr, p.stderr[-2000:]
