@@ -241,19 +241,40 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
+    def _table_inputs(self) -> Dict[str, List[str]]:
+        """Each table's data columns (the sparse features of the data that it looks up)."""
+        by_feature = {f: d for d, f in self.mapping.items()} if self.mapping else {}
+        return {t.name: [by_feature.get(f, f) for f in t.feature_names] for t in self.tables}
+
     def load(self, path: str) -> None:
         meta = load_checkpoint(path, sharded=self.sharded, dense_model=self.model, optimizer=self.optimizer,
                                loader=self.train_loader, pg=self.pg)
+        saved, now = meta.get("table_inputs"), self._table_inputs()
+        if saved is not None and saved != now:
+            moved = sorted(t for t in now if saved.get(t) != now[t])
+            raise CheckpointError(f"{path}: tables {moved} read other data columns than when the checkpoint was "
+                                  f"written ({ {t: saved.get(t) for t in moved} } then, { {t: now[t] for t in moved} } "
+                                  "now: the tables' order or features changed); resuming would train each on "
+                                  "another feature's ids")
         self.step = int(meta["step"])
         self.resumed_from = path
         self.say(f"neo train: resumed from {path} at step {self.step}")
+        batch = meta.get("global_batch")
+        if batch is not None and int(batch) != self.B * self.W:
+            self.say(f"neo train: the checkpoint was trained at a global batch of {batch}, this run's is "
+                     f"{self.B * self.W}: its step {self.step} counts batches of the old size (the schedule "
+                     "and train.steps count steps)")
+        if self.step >= self.total_steps:
+            self.say(f"neo train: the checkpoint is at step {self.step}, this run ends at step {self.total_steps}: "
+                     "nothing left to train (raise train.steps or train.epochs)")
 
     def save(self) -> None:
         """Start a checkpoint of the current step (written in the background unless configured not to)."""
         lookup = self.sharded.lookup
         steps = max(lookup.optimizer_steps().values(), default=0) if lookup is not None else 0
         meta = {"step": self.step, "world_size": self.W, "local_world_size": self.pg.local_world_size,
-                "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan}
+                "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan,
+                "table_inputs": self._table_inputs()}
         state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
         self.checkpointer.save(self.step, state, meta)
 

@@ -219,3 +219,41 @@ def test_an_unwritable_checkpoint_dir_is_found_before_training(tmp_data, tmp_pat
     (tmp_path / "afile").write_text("")
     with pytest.raises(Exception, match=r"train\.checkpoint_dir: '.*afile/ck' cannot be written \(Not a directory\)"):
         run_multiprocess(_train, 1, tmp_data, ["train.steps=2", f"train.checkpoint_dir={tmp_path}/afile/ck"])
+
+
+def _resume_reordered(rank, world_size, tmp, ck):
+    """Resume ``ck`` with the tiny config's tables listed in reverse (the synthetic data's
+    columns follow the table order: each table would read another column)."""
+    import yaml
+
+    from neo.config import config_from_dict
+    from neo.train.checkpoint import CheckpointError
+    from neo.train.trainer import Trainer
+
+    with open(TINY) as f:
+        data = yaml.safe_load(f)
+    data["tables"] = data["tables"][::-1]
+    cfg = config_from_dict(data, [f"data.synthetic.cache_dir={tmp}/cache", f"train.run_dir={tmp}/rev",
+                                  "train.progress=false", "train.batch_size=64", f"train.checkpoint_dir={ck}"])
+    try:
+        Trainer(cfg, log=lambda *a, **k: None)
+    except CheckpointError as e:
+        return str(e)
+    return None
+
+
+def test_resuming_with_tables_that_read_other_columns_is_refused(tmp_data, two_checkpoints, tmp_path):
+    ck = str(tmp_path / "ck")
+    shutil.copytree(two_checkpoints, ck)
+    (err,) = run_multiprocess(_resume_reordered, 1, tmp_data, ck)
+    assert err is not None and f"{ck}/step-8: tables [" in err and "read other data columns" in err, err
+
+
+def test_resuming_past_the_end_or_at_another_batch_is_said(tmp_data, two_checkpoints, tmp_path):
+    ck = str(tmp_path / "ck")
+    shutil.copytree(two_checkpoints, ck)
+    (said,) = run_multiprocess(_train_and_say, 1, tmp_data, [f"train.checkpoint_dir={ck}", "train.steps=4"])
+    assert any("the checkpoint is at step 8, this run ends at step 4: nothing left to train" in s for s in said), said
+    (said,) = run_multiprocess(_train_and_say, 1, tmp_data, [f"train.checkpoint_dir={ck}", "train.steps=10",
+                                                            "train.batch_size=32"])
+    assert any("trained at a global batch of 64, this run's is 32" in s for s in said), said
