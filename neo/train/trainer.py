@@ -241,6 +241,17 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
+    def _data_identity(self) -> Optional[Dict[str, Any]]:
+        """What the training data is, cheaply: its sample count and its files (the last two folders
+        of each path, e.g. ``synth-<hash>/train/part-00000.parquet``, and the size), None for a
+        loader without files."""
+        files = getattr(self.train_loader, "files", None)
+        if files is None:
+            return None
+        tail = lambda f: "/".join(os.path.normpath(f).split(os.sep)[-3:])  # noqa: E731
+        return {"samples": int(self.train_loader.num_samples),
+                "files": [[tail(f), os.path.getsize(f)] for f in files]}
+
     def _table_inputs(self) -> Dict[str, List[str]]:
         """Each table's data columns (the sparse features of the data that it looks up)."""
         by_feature = {f: d for d, f in self.mapping.items()} if self.mapping else {}
@@ -259,6 +270,13 @@ class Trainer:
         self.step = int(meta["step"])
         self.resumed_from = path
         self.say(f"neo train: resumed from {path} at step {self.step}")
+        data = meta.get("train_data")
+        if data is not None and data != self._data_identity():
+            now = self._data_identity() or {}
+            self.say(f"neo train: the checkpoint was trained on other data ({data.get('samples')} samples in "
+                     f"{len(data.get('files', []))} files, e.g. {(data.get('files') or [['?']])[0][0]}); this run reads "
+                     f"{now.get('samples')} samples in {len(now.get('files', []))} files, e.g. "
+                     f"{(now.get('files') or [['?']])[0][0]}: it continues at the checkpoint's position in this data")
         batch = meta.get("global_batch")
         if batch is not None and int(batch) != self.B * self.W:
             self.say(f"neo train: the checkpoint was trained at a global batch of {batch}, this run's is "
@@ -274,7 +292,7 @@ class Trainer:
         steps = max(lookup.optimizer_steps().values(), default=0) if lookup is not None else 0
         meta = {"step": self.step, "world_size": self.W, "local_world_size": self.pg.local_world_size,
                 "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan,
-                "table_inputs": self._table_inputs()}
+                "table_inputs": self._table_inputs(), "train_data": self._data_identity()}
         state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
         self.checkpointer.save(self.step, state, meta)
 

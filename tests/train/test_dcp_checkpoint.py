@@ -257,3 +257,7 @@ def test_resuming_past_the_end_or_at_another_batch_is_said(tmp_data, two_checkpo
     (said,) = run_multiprocess(_train_and_say, 1, tmp_data, [f"train.checkpoint_dir={ck}", "train.steps=10",
                                                             "train.batch_size=32"])
     assert any("trained at a global batch of 64, this run's is 32" in s for s in said), said
+    assert not any("other data" in s for s in said), said             # the same data: nothing said
+    (said,) = run_multiprocess(_train_and_say, 1, tmp_data, [f"train.checkpoint_dir={ck}", "train.steps=12",
+                                                            "data.synthetic.seed=5"])
+    assert any("the checkpoint was trained on other data" in s and "synth-" in s for s in said), said
