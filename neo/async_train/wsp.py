@@ -143,7 +143,7 @@ class WSPTrainer:
         topo = cfg.topology.to_topology(self.W, self.pg.local_world_size)
         self.speeds = [d.speed for d in topo.devices]
         self.groups = a.worker_groups(self.W, self.speeds)
-        self.slowdown = a.slowdown_of(self.rank, self.speeds)
+        self.slowdown = a.slowdown_of(self.rank, self.speeds, world_size=self.W)
         self.staleness, self.wave_steps = a.staleness, a.wave_steps
         self.waves = math.ceil(self.total_steps / self.wave_steps)
         self.say(report)

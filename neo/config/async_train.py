@@ -97,10 +97,14 @@ class AsyncTrainConfig:
                 if r in seen:
                     raise ConfigError(f"{where}.virtual_workers[{k}]: rank {r} is already in virtual_workers[{seen[r]}]")
                 seen[r] = k
+        first: dict = {}
         for k, s in enumerate(self.slowdown):
             w = f"{where}.slowdown[{k}]"
             if s.rank < 0:
                 raise ConfigError(f"{w}.rank: must be >= 0, got {s.rank}")
+            if s.rank in first:
+                raise ConfigError(f"{w}.rank: rank {s.rank} already has slowdown[{first[s.rank]}] (one entry a rank)")
+            first[s.rank] = k
             if not (math.isfinite(s.factor) and s.factor >= 1):
                 raise ConfigError(f"{w}.factor: must be a finite number >= 1, got {s.factor!r}")
             if not 0 <= s.probability <= 1:
@@ -128,8 +132,16 @@ class AsyncTrainConfig:
                               f"{f'; missing: {missing}' if missing else ''}")
         return [list(g) for g in self.virtual_workers]
 
-    def slowdown_of(self, rank: int, speeds: Optional[List[float]] = None) -> SlowdownEntry:
-        """This rank's slowdown: its ``slowdown`` entry, or its emulated device speed, or none."""
+    def slowdown_of(self, rank: int, speeds: Optional[List[float]] = None,
+                    world_size: Optional[int] = None) -> SlowdownEntry:
+        """This rank's slowdown: its ``slowdown`` entry, or its emulated device speed, or none.
+        With ``world_size``, an entry for a rank outside the world is a ConfigError (it would
+        emulate nothing)."""
+        if world_size is not None:
+            for k, s in enumerate(self.slowdown):
+                if s.rank >= world_size:
+                    raise ConfigError(f"async_train.slowdown[{k}].rank: {s.rank} is outside the {world_size} "
+                                      f"rank(s) of this run: it would slow nothing down")
         for s in self.slowdown:
             if s.rank == rank:
                 return s

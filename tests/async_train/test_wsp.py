@@ -125,6 +125,8 @@ def test_a_virtual_worker_of_two_ranks_moves_in_lock_step(tmp_data):
     ("async_train.virtual_workers=[[0,1],[1]]", r"async_train\.virtual_workers\[1\]: rank 1 is already"),
     ("async_train.slowdown=[{rank: 0, factor: 0.5}]", r"async_train\.slowdown\[0\]\.factor: must be"),
     ("async_train.slowdown=[{rank: 0, factor: 2, probability: 2}]", r"async_train\.slowdown\[0\]\.probability"),
+    ("async_train.slowdown=[{rank: 1, factor: 2},{rank: 1, factor: 3}]",
+     r"async_train\.slowdown\[1\]\.rank: rank 1 already has slowdown\[0\]"),
 ])
 def test_bad_input_names_the_field(tmp_data, override, match):
     with pytest.raises(ConfigError, match=match):
@@ -141,6 +143,10 @@ def test_worker_groups_check_the_world(tmp_data):
     with pytest.raises(ConfigError, match=r"async_train\.virtual_workers: .*out of range: \[2\]; missing: \[1\]"):
         cfg.async_train.worker_groups(2)
     assert tiny_config(tmp_data).async_train.worker_groups(3) == [[0], [1], [2]]
+    slow = tiny_config(tmp_data, "async_train.slowdown=[{rank: 5, factor: 3}]").async_train
+    with pytest.raises(ConfigError, match=r"async_train\.slowdown\[0\]\.rank: 5 is outside the 2 rank\(s\)"):
+        slow.slowdown_of(0, world_size=2)
+    assert slow.slowdown_of(5, world_size=6).factor == 3 and slow.slowdown_of(0, world_size=6).factor == 1
     from neo.async_train.wsp import check_wsp_config
 
     with pytest.raises(ConfigError, match=r"train\.checkpoint_dir"):
