@@ -57,7 +57,7 @@ def _message(e: Exception) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from neo.pipeline.perf_model import SCHEDULES, best_schedule, predict, stage_times
+    from neo.pipeline.perf_model import PIPELINE_SCHEDULES, SCHEDULES, best_schedule, predict, stage_times
 
     args = _parser().parse_args(argv)
     try:
@@ -74,12 +74,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.micro_batches is not None:
             if args.micro_batches < 1:
                 raise PartitionError("micro_batches", f"must be >= 1, got {args.micro_batches}")
+            L, v = len(profile.layers), args.virtual_stages
+            if v < 1:
+                raise PartitionError("virtual_stages", f"must be >= 1, got {v}")
+            if args.stages * v > L:      # what parallel.pipeline refuses: more model chunks than layers
+                raise PartitionError("virtual_stages", f"{v} x {args.stages} stages = {args.stages * v} model chunks, "
+                                                       f"but the profile has only {L} layers")
             st = stage_times(profile, part, args.bandwidth_gbps, args.speeds)
             bw = args.bandwidth_gbps or profile.bandwidth_gbps
             kw = dict(comm_ms=st.comm_ms, virtual_stages=args.virtual_stages, stage_param_bytes=st.param_bytes,
                       bandwidth_gbps=bw)
             preds = {}
             for name in SCHEDULES:
+                if name == "interleaved_1f1b" and args.virtual_stages < 2:
+                    continue                 # one chunk a rank is plain 1f1b (the config refuses it)
                 try:
                     pr = predict(name, st.fwd_ms, st.bwd_ms, args.micro_batches, **kw)
                 except ValueError as e:
@@ -88,9 +96,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     continue
                 preds[name] = {"step_ms": pr.step_ms, "bubble_fraction": pr.bubble_fraction}
             out["schedules"] = preds
-            out["best_schedule"] = best_schedule(st.fwd_ms, st.bwd_ms, args.micro_batches, **kw)[0]
+            fits = tuple(n for n in PIPELINE_SCHEDULES if n != "interleaved_1f1b" or args.virtual_stages >= 2)
+            out["best_schedule"] = best_schedule(st.fwd_ms, st.bwd_ms, args.micro_batches, candidates=fits, **kw)[0]
     except ValueError as e:
         print(f"neo partition: error: {_message(e)}", file=sys.stderr)
         return 2
-    print(json.dumps(out))
+    try:
+        text = json.dumps(out, allow_nan=False)
+    except ValueError:                 # a profile's times so large that the sums overflow
+        print(f"neo partition: error: profile {args.profile!r}: its layer times overflow the predictions "
+              "(not finite); profile again", file=sys.stderr)
+        return 2
+    print(text)
     return 0

@@ -192,3 +192,18 @@ def test_cli_errors(tmp_path, capsys):
     assert "--speeds[1] must be a finite number > 0, got 0.0" in capsys.readouterr().err
     assert main(["partition", str(tmp_path / "missing.json"), "--stages", "1"]) == 2
     assert "No such file" in capsys.readouterr().err
+    # interleaved 1F1B: v chunks a rank need v x S layers, and v = 1 is plain 1F1B
+    assert main(["partition", path, "--stages", "2", "--micro-batches", "8", "--virtual-stages", "0"]) == 2
+    assert "--virtual-stages must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["partition", path, "--stages", "2", "--micro-batches", "8", "--virtual-stages", "500"]) == 2
+    assert "--virtual-stages 500 x 2 stages = 1000 model chunks, but the profile has only 9 layers" in \
+        capsys.readouterr().err
+    assert main(["partition", path, "--stages", "2", "--micro-batches", "8", "--virtual-stages", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "interleaved_1f1b" not in out["schedules"] and out["best_schedule"] != "interleaved_1f1b"
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({"layers": [{"name": f"l{i}", "fwd_ms": 1e308 if i == 0 else 1.0, "bwd_ms": 1.0,
+                                            "activation_bytes": 1, "param_bytes": 1} for i in range(4)],
+                                "bandwidth_gbps": 1}))
+    assert main(["partition", str(huge), "--stages", "2", "--micro-batches", "8"]) == 2
+    assert "huge.json': its layer times overflow the predictions (not finite)" in capsys.readouterr().err
