@@ -193,6 +193,11 @@ def _run_one(cfg, seed: int, division: str, results_dir: str, pg, say: Callable[
         hook.run_start()
         final = trainer.fit(hook)
         hook.stop_unfinished(trainer.step)
+    except ConfigError:
+        log.close()
+        if pg.rank == 0 and os.path.exists(path):
+            os.remove(path)          # a run refused while it was set up leaves no partial result file
+        raise
     finally:
         log.close()
     last = hook.curve[-1] if hook.curve else None

@@ -161,6 +161,11 @@ def test_command_errors(tmp_path, capsys):
     assert (f"--results-dir {str(old)!r}: holds an earlier run's results (result_0.txt, run_0, summary.json); "
             "pass --overwrite") in err(TINY, "--results-dir", str(old))
     assert sorted(os.listdir(old)) == ["notes.txt", "result_0.txt", "run_0", "summary.json"]   # untouched
+    # a run refused while it is set up (after its result file was opened) leaves no partial result
+    piped = str(tmp_path / "piped")
+    assert "parallel.pipeline.stages: the world size 1 is not a multiple of 2 stages" in err(
+        TINY, "--results-dir", piped, "parallel.pipeline.stages=2", f"data.synthetic.cache_dir={tmp_path}/cache")
+    assert not [n for n in os.listdir(piped) if n.startswith("result_")]
 
 
 def test_overwrite_replaces_only_an_earlier_runs_results(tmp_path):
