@@ -9,7 +9,6 @@ are written in input order. See :mod:`data_pipeline.criteo_parse` for the per-li
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 import time
@@ -24,7 +23,7 @@ from .criteo_parse import REASONS, ParsedBlock, parse_block
 from .schema import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, DatasetMeta, sparse_names
 from .vocab import VocabCounter, apply_vocab, load_vocab, save_vocab
 from .writer import (Columns, OutputExistsError, ShardWriter, WriterOptions, check_output_dir, remove_staged,
-                     staging_path)
+                     staging_path, write_json_replacing)
 
 __all__ = ["CriteoOptions", "preprocess_criteo", "iter_blocks", "count_lines", "CorruptInputError", "SPLITS"]
 
@@ -275,14 +274,6 @@ def _abort_outputs(opts: CriteoOptions, writers: Dict[str, "ShardWriter"], stage
             pass
 
 
-def _write_summary(path: str, summary: Dict[str, Any]) -> None:
-    """Write ``summary.json`` through a temporary file: it is either the old one or the new one, whole."""
-    tmp = staging_path(path)
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, path)
-
-
 def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
                       progress_factory: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
     """Run the preprocessing; returns the JSON summary (also written to ``<output>/summary.json``).
@@ -305,7 +296,7 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
     except BaseException:
         _abort_outputs(opts, writers, staged["vocab"], made_root)
         raise
-    _write_summary(os.path.join(opts.output, "summary.json"), summary)
+    write_json_replacing(os.path.join(opts.output, "summary.json"), summary)
     return summary
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from .locality import fit_mixture, reuse_histogram, target_histogram, total_variation, zipf_ranks
 from .parallel import ordered_map
 from .schema import MLPERF_TABLE_SIZES, DatasetMeta, sparse_names
-from .writer import Columns, ShardWriter, WriterOptions, check_output_dir, staging_path
+from .writer import Columns, ShardWriter, WriterOptions, check_output_dir, write_json_replacing
 
 __all__ = ["GEN_BLOCK", "SynthOptions", "generate_block", "generate", "auc", "apply_preset", "PRESETS"]
 
@@ -259,7 +259,7 @@ def generate(o: SynthOptions, progress_factory: Optional[Callable[..., Any]] = N
             except OSError:
                 pass
         raise
-    _write_json(os.path.join(o.output, "summary.json"), summary)
+    write_json_replacing(os.path.join(o.output, "summary.json"), summary)
     return summary
 
 
@@ -341,13 +341,3 @@ def _best_auc_upfront(o: SynthOptions, teacher: _Teacher) -> Tuple[float, int]:
         kept += take
         b += 1
     return (auc(np.concatenate(labels), np.concatenate(probs)) if labels else float("nan")), kept
-
-
-def _write_json(path: str, obj: Any) -> None:
-    """Write through a temporary file: the summary is the old one or the new one, whole."""
-    import json
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = staging_path(path)
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=float)
-    os.replace(tmp, path)

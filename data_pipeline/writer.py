@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from .schema import DatasetMeta, arrow_schema
 
 __all__ = ["WriterOptions", "ShardWriter", "Columns", "columns_to_table", "OutputExistsError",
-           "check_output_dir", "staging_path", "commit_staged_dir", "remove_staged"]
+           "check_output_dir", "staging_path", "commit_staged_dir", "remove_staged", "write_json_replacing"]
 
 
 @dataclass
@@ -157,6 +157,18 @@ def commit_staged_dir(staged: str, final: str, overwrite: bool) -> None:
     for name in sorted(os.listdir(staged)):
         os.replace(os.path.join(staged, name), os.path.join(final, name))
     os.rmdir(staged)
+
+
+def write_json_replacing(path: str, obj) -> None:
+    """Write ``obj`` as JSON through a staged file renamed over ``path``: a reader sees the old
+    file or the new one, whole (a run's ``summary.json``)."""
+    import json
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = staging_path(path)
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=float)
+    os.replace(tmp, path)
 
 
 def remove_staged(path: str) -> None:

@@ -372,16 +372,13 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
-    from neo.commands.train import setup_errors
+    from neo.commands.train import report_error, setup_errors
     from neo.distributed import end_process_groups
 
     try:
         trainer = WSPTrainer(cfg, pg=pg)
     except setup_errors() as e:      # the config asks for something this run cannot do: exit 2
-        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
-        if pg is None:
-            end_process_groups()
-        return 2
+        return report_error(e, pg, 2)
     final, rank = trainer.fit(), trainer.rank
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     if rank == 0:

@@ -23,7 +23,7 @@ from typing import List, Optional
 
 from neo.config import ConfigError, load_config
 
-__all__ = ["main", "run", "setup_errors"]
+__all__ = ["main", "run", "setup_errors", "report_error"]
 
 
 def setup_errors() -> tuple:
@@ -36,6 +36,17 @@ def setup_errors() -> tuple:
     paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
     # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact
     return (ConfigError, PlanningError, PlanError, CheckpointError) + paths
+
+
+def report_error(e: BaseException, pg, status: int) -> int:
+    """``status`` after a one-line ``neo train: error:`` (no traceback); the process groups this
+    command made (``pg`` None) are ended first."""
+    from neo.distributed import end_process_groups
+
+    print(f"neo train: error: {e}", file=sys.stderr, flush=True)
+    if pg is None:
+        end_process_groups()
+    return status
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,19 +73,13 @@ def run(cfg, pg=None) -> int:
     try:
         trainer = Trainer(cfg, pg=pg)
     except setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
-        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
-        if pg is None:
-            end_process_groups()
-        return 2
+        return report_error(e, pg, 2)
     from neo.train.trainer import TrainingDiverged
 
     try:
         final, rank = trainer.fit(), trainer.rank
     except TrainingDiverged as e:
-        print(f"neo train: error: {e}", file=sys.stderr, flush=True)
-        if pg is None:
-            end_process_groups()
-        return 1
+        return report_error(e, pg, 1)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
     delta = cfg.train.target_auc_delta

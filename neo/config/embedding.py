@@ -66,7 +66,9 @@ class WeightDType(str, enum.Enum):
     @property
     def max_value(self) -> float:
         """The largest finite value the type holds."""
-        return 65504.0 if self is WeightDType.FP16 else 3.4028234663852886e38
+        import torch
+
+        return float(torch.finfo(self.torch_dtype).max)
 
 
 class OptimizerType(str, enum.Enum):

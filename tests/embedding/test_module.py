@@ -186,6 +186,7 @@ def test_config_validation_names_fields():
     (dict(init_scale=float("nan")), r"init_scale must be null"),
     (dict(init_scale=-1.0), r"init_scale must be null"),
     (dict(init_scale=1e5, dtype="fp16"), r"init_scale must be null or a number in \(0, 65504\] .* in fp16"),
+    (dict(init_scale=3.4e38, dtype="bf16"), r"init_scale must be null or a number in \(0, 3\.38953e\+38\] .* in bf16"),
 ])
 def test_table_config_refuses_what_would_fail_later(kwargs, match):
     """Values that used to pass and then fail inside the module (a uniform_ bound out of range)
