@@ -34,7 +34,8 @@ def setup_errors() -> tuple:
 
     # a file or directory the config names is missing or of the wrong kind
     paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
-    # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact
+    # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact,
+    # or another run holds the lease on train.checkpoint_dir (neo/train/checkpoint/lease.py)
     return (ConfigError, PlanningError, PlanError, CheckpointError) + paths
 
 
@@ -51,7 +52,8 @@ def report_error(e: BaseException, pg, status: int) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neo train", description="Train DLRM / DCNv2 from a config file.")
-    p.add_argument("config", help="Neo YAML config (sections tables, topology, model, data, optim, sharding, train)")
+    p.add_argument("config", help="Neo YAML config (sections tables, topology, model, data, optim, sharding, train; optional mlperf, "
+                                     "parallel, async_train)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=0.01 model.dense_arch=[512,256,64]")
     return p
 

@@ -154,6 +154,10 @@ class TrainConfig:
     checkpoint_async: bool = True
     """Write checkpoints in the background (``torch.distributed.checkpoint.async_save``: the
     state is copied, training goes on while the copy is written); false writes in the step."""
+    checkpoint_lease_s: float = 60.0
+    """Seconds of the lease a run holds on ``checkpoint_dir`` (``DIR/lease.json``, renewed every
+    quarter of it): another run on the directory is refused while the lease is live, and takes
+    over one not renewed for this long (or whose process is gone); see docs/reliability.md."""
     state_digest: bool = True
     """Put ``state_sha256`` (a digest of every parameter and optimizer state) in the final JSON line."""
     run_dir: str = "runs/neo"
@@ -209,6 +213,9 @@ class TrainConfig:
             raise ConfigError(f"{where}.checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
         if not self.collective_timeout_s > 0:
             raise ConfigError(f"{where}.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
+        if not (self.checkpoint_lease_s > 0 and math.isfinite(self.checkpoint_lease_s)):
+            raise ConfigError(f"{where}.checkpoint_lease_s: must be a finite number > 0, "
+                              f"got {self.checkpoint_lease_s!r}")
         if self.log_every <= 0:
             raise ConfigError(f"{where}.log_every: must be > 0, got {self.log_every}")
         if self.steps == 0 and self.epochs <= 0:

@@ -9,9 +9,12 @@
    the loaders of this rank;
 4. :func:`make_plan`: the planner's plan for this world (``sharding.types`` as constraints),
    computed on rank 0 and broadcast;
-5. :func:`build_model`: ``DLRM`` on a :class:`ShardedEmbeddingCollection`, the dense part in
-   ``DistributedDataParallel`` (see :class:`neo.train.step.DenseStep` for why DDP wraps a step
-   module rather than the DLRM itself), the dense optimizer and the LR schedule.
+5. :func:`apply_placements`: the plan's placements (device or cached) written into the tables.
+
+The trainer (:class:`neo.train.trainer.Trainer`) then builds ``DLRM`` on a
+:class:`ShardedEmbeddingCollection`, the dense part in ``DistributedDataParallel`` (see
+:class:`neo.train.step.DenseStep` for why DDP wraps a step module rather than the DLRM
+itself), the dense optimizer and the LR schedule.
 """
 
 from __future__ import annotations
@@ -294,7 +297,7 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
             payload = [_plan_rank0(cfg, pg, batch_size, data)]
         except Exception as e:
             if pg.world_size > 1:
-                dist.broadcast_object_list([_picklable(e)], src=0, group=pg.world)
+                dist.broadcast_object_list([picklable_error(e)], src=0, group=pg.world)
             raise
     if pg.world_size > 1:
         dist.broadcast_object_list(payload, src=0, group=pg.world)
@@ -303,7 +306,7 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
     return payload[0]
 
 
-def _picklable(e: BaseException) -> BaseException:
+def picklable_error(e: BaseException) -> BaseException:
     """``e`` if it survives pickling (broadcast_object_list), else a RuntimeError with its text."""
     import pickle
 

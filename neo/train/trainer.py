@@ -32,13 +32,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
-from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan, prepare_data,
-                             rename_features, resolve_tables, restart_attempt, validate_training_config)
+from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
+                             picklable_error, prepare_data, rename_features, resolve_tables, restart_attempt,
+                             validate_training_config)
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
-from neo.train.checkpoint import (CheckpointError, Checkpointer, find_resumable, job_state, load_checkpoint,
-                                  state_sha256)
+from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer, find_resumable, job_state,
+                                  load_checkpoint, state_sha256)
 from neo.train.checkpoint.layout import step_of
 from neo.train.metrics import BinaryMetrics
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
@@ -127,7 +128,8 @@ class Trainer:
     """Builds the job of a validated :class:`neo.config.NeoConfig` (see module doc).
 
     Args:
-        cfg: the config (sections tables, topology, model, data, optim, sharding, train).
+        cfg: the config (sections tables, topology, model, data, optim, sharding, train, and the
+            optional mlperf, parallel and async_train).
         pg: process groups (default: from torchrun's environment, or one local rank).
         log: where the plan report and notices go (rank 0).
     """
@@ -209,19 +211,62 @@ class Trainer:
         self.resumed_from = None
         """The checkpoint this run resumed from (None: it started from step 0)."""
         self.checkpointer = None
+        self.lease: Optional[CheckpointLease] = None
+        """Rank 0's lease on ``train.checkpoint_dir`` (see neo/train/checkpoint/lease.py)."""
+        self._lease_held = False                 # every rank: whether the run holds it (fit takes it again)
         if t.checkpoint_dir:
             _probe_directory(t.checkpoint_dir, "train.checkpoint_dir")   # a save must not fail after the training
-            # disk-backed cached tables are written from their stores, not staged in memory
-            self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
-                                             async_save=t.checkpoint_async and not cached)
-            path = find_resumable(t.checkpoint_dir, self.pg, say=self.say) if t.resume else None
-            if path is not None:
-                self.load(path)
+            self._take_lease()                  # before reading or clearing anything in the directory
+            try:
+                self._open_checkpoints(cached)
+            except BaseException:
+                self.release_checkpoint_dir()
+                raise
+
+    def _open_checkpoints(self, cached) -> None:
+        """The checkpointer, and the checkpoint resumed from (if any) loaded."""
+        t = self.cfg.train
+        # disk-backed cached tables are written from their stores, not staged in memory
+        self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
+                                         async_save=t.checkpoint_async and not cached)
+        path = find_resumable(t.checkpoint_dir, self.pg, say=self.say) if t.resume else None
+        if path is not None:
+            self.load(path)
+        else:
+            earlier = sorted((d for d in os.listdir(t.checkpoint_dir) if step_of(d) >= 0), key=step_of)
+            self.say(f"neo train: starting at step 0; checkpoints go to {t.checkpoint_dir}" +
+                     (f" (its earlier checkpoints {earlier} are replaced from this run's first save: "
+                      "train.resume=false)" if earlier else " (none there to resume from)"))
+
+    def _take_lease(self) -> None:
+        """Rank 0 takes the lease on ``train.checkpoint_dir`` (saying so when it takes over a stale
+        one); a refusal (:class:`CheckpointError`: another run writes there) is raised on every
+        rank, not left for the others to wait out in the next collective."""
+        t = self.cfg.train
+        error: List[Optional[BaseException]] = [None]
+        if self.rank == 0:
+            lease = self.lease or CheckpointLease(t.checkpoint_dir, t.checkpoint_lease_s, on_lost=self.say)
+            try:
+                note = lease.acquire()
+            except Exception as e:  # noqa: BLE001 - every rank raises it
+                error = [picklable_error(e)]
             else:
-                earlier = sorted((d for d in os.listdir(t.checkpoint_dir) if step_of(d) >= 0), key=step_of)
-                self.say(f"neo train: starting at step 0; checkpoints go to {t.checkpoint_dir}" +
-                         (f" (its earlier checkpoints {earlier} are replaced from this run's first save: "
-                          "train.resume=false)" if earlier else " (none there to resume from)"))
+                self.lease = lease
+                if note:
+                    self.say(note)
+        if self.W > 1:
+            dist.broadcast_object_list(error, src=0, group=self.pg.world)
+        if error[0] is not None:
+            raise error[0]
+        self._lease_held = True
+
+    def release_checkpoint_dir(self) -> None:
+        """Give up the lease on ``train.checkpoint_dir`` (every rank may call it; idempotent). fit()
+        calls it when it ends, however it ends; a later fit() takes the lease again. A Trainer that
+        is never fit should call it when done (else the lease goes at the process's exit)."""
+        self._lease_held = False
+        if self.lease is not None:
+            self.lease.release()
 
     def _predicted_vs_measured(self) -> Dict[str, Any]:
         """The plan's predicted step next to the steady-state measured one, component by component."""
@@ -407,6 +452,8 @@ class Trainer:
         A collective that fails or times out (another rank died, stopped or went elsewhere)
         raises :class:`neo.distributed.comms.CollectiveError` naming the step, the operation
         and, from the heartbeats, the ranks at fault."""
+        if self.cfg.train.checkpoint_dir and not self._lease_held:
+            self._take_lease()                          # released by an earlier fit()
         try:
             return self._fit(hook or FitHook())
         except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
@@ -415,6 +462,7 @@ class Trainer:
             raise self._named_failure(e) from e
         finally:
             self.heartbeat.close()
+            self.release_checkpoint_dir()
 
     def _named_failure(self, e: BaseException) -> CollectiveError:
         phase = self.timers.failed_in or "a collective"

@@ -6,7 +6,8 @@
 - :mod:`.reader`: the newest intact checkpoint, loading into any plan or world size;
 - :mod:`.integrity`: ``manifest.json`` checksums and their verification;
 - :mod:`.digest`: ``state_sha256`` of a job's whole state;
-- :mod:`.legacy`: the earlier ``neo1`` format (read; written only by tests).
+- :mod:`.legacy`: the earlier ``neo1`` format (read; written only by tests);
+- :mod:`.lease`: :class:`CheckpointLease`, one run at a time writing a directory (``lease.json``).
 
 See docs/reliability.md for the guarantees and how they are tested.
 """
@@ -18,11 +19,12 @@ from typing import Any, Callable, Dict, Optional
 from neo.train.checkpoint.dcp_state import dense_state, embedding_state, meta_text, rank_state
 from neo.train.checkpoint.digest import state_sha256
 from neo.train.checkpoint.layout import CheckpointError, latest_checkpoint, step_dir
+from neo.train.checkpoint.lease import CheckpointLease
 from neo.train.checkpoint.reader import find_resumable, load_checkpoint
 from neo.train.checkpoint.writer import Checkpointer
 
-__all__ = ["Checkpointer", "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
-           "find_resumable", "job_state", "state_sha256"]
+__all__ = ["Checkpointer", "CheckpointError", "CheckpointLease", "save_checkpoint", "load_checkpoint",
+           "latest_checkpoint", "find_resumable", "job_state", "state_sha256"]
 
 
 def job_state(sharded, dense_model, optimizer, loader_state: Dict[str, Any], optimizer_steps: int,
