@@ -21,11 +21,12 @@ synchronous trainer with gradients accumulated over ``wave_steps`` steps (with `
 from __future__ import annotations
 
 import enum
+import json
 import math
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, List, Optional
 
-from neo.config.embedding import ConfigError, choice
+from neo.config.embedding import ConfigError, choice, field_default
 
 __all__ = ["AsyncMode", "AsyncTrainConfig", "SlowdownEntry"]
 
@@ -49,7 +50,14 @@ class SlowdownEntry:
     """A slowed step lasts ``factor`` x its measured compute (a sleep of ``(factor - 1) x`` it); >= 1."""
     probability: float = 1.0
     """Chance that a given step is slowed (seeded per rank): 1.0 = every step (a persistently
-    slower device), below 1 = a transient straggler."""
+    slower device), below 1 = a transient straggler. Drawn only when ``factor`` > 1: set with
+    ``factor`` 1 it is a ConfigError."""
+
+
+WSP_ONLY = ("staleness", "wave_steps", "virtual_workers", "num_virtual_workers", "slowdown", "emulate_speeds")
+"""The fields of :class:`AsyncTrainConfig` that only ``mode: wsp`` reads (neo/async_train/wsp.py,
+``WSPTrainer``); the synchronous trainer reads ``mode`` alone. Set away from its default under
+``bsp``, each is a ConfigError."""
 
 
 @dataclass
@@ -109,6 +117,24 @@ class AsyncTrainConfig:
                 raise ConfigError(f"{w}.factor: must be a finite number >= 1, got {s.factor!r}")
             if not 0 <= s.probability <= 1:
                 raise ConfigError(f"{w}.probability: must be in [0, 1], got {s.probability!r}")
+        self._check_acting(where)
+
+    def _check_acting(self, where: str) -> None:
+        """A field set (away from its default) where the mode never reads it is a ConfigError:
+        the user would believe it acts."""
+        if self.mode != AsyncMode.WSP.value:
+            for name in WSP_ONLY:
+                value = getattr(self, name)
+                if value != field_default(AsyncTrainConfig, name):
+                    raise ConfigError(f"{where}.{name}: {_show(value)} has no effect with mode {self.mode} (the "
+                                      f"synchronous trainer reads only {where}.mode; {name} acts under mode wsp): "
+                                      f"remove it, or set {where}.mode: wsp")
+        for k, s in enumerate(self.slowdown):
+            if not s.factor > 1 and s.probability != field_default(SlowdownEntry, "probability"):
+                w = f"{where}.slowdown[{k}]"
+                raise ConfigError(f"{w}.probability: {_show(s.probability)} has no effect with factor "
+                                  f"{_show(s.factor)} (only a slowed step, factor > 1, is drawn with it): remove it, "
+                                  f"or set {w}.factor above 1")
 
     def worker_groups(self, world_size: int, speeds: Optional[List[float]] = None) -> List[List[int]]:
         """The ranks of every virtual worker for ``world_size`` ranks (``speeds``: per rank, for
@@ -148,3 +174,9 @@ class AsyncTrainConfig:
         if self.emulate_speeds and speeds:
             return SlowdownEntry(rank, max(speeds) / speeds[rank], 1.0)
         return SlowdownEntry(rank, 1.0, 1.0)
+
+
+def _show(value: Any) -> str:
+    """``value`` as YAML (flow style) would write it: ``true``, ``[[0, 1], [2]]``, ``[{"rank": 1, ...}]``."""
+    return json.dumps([asdict(v) if is_dataclass(v) else v for v in value] if isinstance(value, list) else value,
+                      default=str)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:                      # torch is imported where a dtype is needed: `neo plan` never loads it
     import torch
 
-__all__ = ["choice", "PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError",
+__all__ = ["choice", "field_default", "PoolingMode", "WeightDType", "OptimizerType", "OptimizerConfig", "TableConfig", "ConfigError",
            "Placement", "CachePolicy", "CacheStore", "DEFAULT_CACHE_LOAD_FACTOR"]
 
 
@@ -28,6 +28,13 @@ def choice(value, valid: Sequence[str], where: str) -> str:
     if v not in valid:
         raise ConfigError(f"{where}: {value!r} is not one of {list(valid)}")
     return v
+
+
+def field_default(cls, name: str) -> Any:
+    """The default of dataclass ``cls``'s field ``name`` (a fresh value from its factory for a list
+    or a mapping): what "left unset" means when a check asks whether a field was set."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default is MISSING else f.default
 
 
 def _enum(cls, value, where: str):

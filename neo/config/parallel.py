@@ -22,7 +22,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from neo.config.embedding import ConfigError, choice
+from neo.config.embedding import ConfigError, choice, field_default
 
 __all__ = ["PipelineSchedule", "PipelineConfig", "ParallelConfig"]
 
@@ -87,7 +87,8 @@ class PipelineConfig:
     """``pipedream_async`` only: weight versions a stage may keep stashed for micro-batches in
     flight (the staleness bound is ``max_versions - 1``); None: ``stages`` (1F1B's in-flight
     bound, so no extra constraint). 1: every backward before the next forward (no staleness).
-    ``pipedream_2bw`` always keeps two."""
+    ``pipedream_2bw`` always keeps two. Set with any other schedule (``auto`` included, which
+    never chooses an asynchronous one) it would do nothing: a ConfigError."""
 
     @property
     def enabled(self) -> bool:
@@ -133,6 +134,26 @@ class PipelineConfig:
             if len(self.split) != self.chunks:
                 raise ConfigError(f"{where}.split: give one [first, last] pair per model chunk "
                                   f"(stages x virtual_stages = {self.chunks}), got {len(self.split)}")
+        self._check_acting(where)
+
+    def _check_acting(self, where: str) -> None:
+        """A field set (away from its default) where the chosen schedule never reads it is a
+        ConfigError: the user would believe it acts. Only ``max_versions`` has such a mode: it is
+        read by pipedream_async alone (neo/pipeline/async_schedules.py, ``AsyncPipeline``).
+
+        With ``stages: 1`` no pipeline runs and ``schedule``, ``micro_batches``, ``split`` and
+        ``virtual_stages`` are not read either; they are left free on purpose: ``stages: 1`` is
+        how a pipelined config (configs/pipeline_*.yaml) is turned off, as the pipeline's own
+        errors advise (neo/pipeline/trainer.py)."""
+        s, mv = self.schedule, self.max_versions
+        if s != PipelineSchedule.PIPEDREAM_ASYNC.value and mv != field_default(PipelineConfig, "max_versions"):
+            why = {PipelineSchedule.PIPEDREAM_2BW.value: "pipedream_2bw always keeps two weight versions",
+                   PipelineSchedule.AUTO.value: "auto never chooses an asynchronous schedule"}.get(
+                       s, f"{s} is synchronous: one weight version")
+            raise ConfigError(f"{where}.max_versions: {mv} has no effect with schedule {s} ({why}; only "
+                              f"pipedream_async bounds its stashed weight versions with it): remove it, or set "
+                              f"{where}.schedule: pipedream_async"
+                              f"{'' if self.enabled else f' (with {where}.stages 2 or more)'}")
 
     def check(self, num_layers: int, batch_size: int, world_size: int, where: str = "parallel.pipeline") -> None:
         """Rules across sections: layers to cut, the replica's batch, the world size."""

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
 
-from neo.config import ConfigError
+from neo.config import ConfigError, config_from_dict
 from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import tiny_config
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["train.steps=12", "train.eval_batches=4", "train.log_every=4"]
 
 
@@ -133,17 +135,76 @@ def test_bad_input_names_the_field(tmp_data, override, match):
         tiny_config(tmp_data, override)
 
 
+
+WSP_FIELDS = [
+    ("async_train.staleness=2", "2"),
+    ("async_train.wave_steps=4", "4"),
+    ("async_train.virtual_workers=[[0,1],[2]]", r"\[\[0, 1\], \[2\]\]"),
+    ("async_train.num_virtual_workers=2", "2"),
+    ("async_train.slowdown=[{rank: 1, factor: 3}]", r'\[\{"rank": 1, "factor": 3\.0, "probability": 1\.0\}\]'),
+    ("async_train.emulate_speeds=true", "true"),
+]
+
+
+@pytest.mark.parametrize("override, shown", WSP_FIELDS)
+def test_config_wsp_fields_under_bsp_are_errors(override, shown):
+    """Only the WSP trainer reads these fields (neo/async_train/wsp.py; neo.train.Trainer reads
+    ``async_train.mode`` alone): set under ``mode: bsp`` they are an error naming the field, its
+    value and the mode; under ``mode: wsp`` they are accepted."""
+    field = override.split("=")[0]
+    for mode in ([], ["async_train.mode=bsp"]):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: {shown} has no effect with mode bsp \(the "
+                                              r"synchronous trainer reads only async_train\.mode; .*\): remove it, "
+                                              r"or set async_train\.mode: wsp$"):
+            config_from_dict({}, [*mode, override])
+    config_from_dict({}, ["async_train.mode=wsp", override])
+
+
+def test_config_wsp_fields_at_their_defaults_are_accepted_under_bsp():
+    cfg = config_from_dict({}, ["async_train.mode=bsp", "async_train.staleness=0", "async_train.wave_steps=1",
+                                "async_train.virtual_workers=[]", "async_train.num_virtual_workers=0",
+                                "async_train.slowdown=[]", "async_train.emulate_speeds=false"])
+    assert cfg.async_train.mode == "bsp"
+
+
+def test_config_neo_train_refuses_a_wsp_field_under_bsp(capsys):
+    """``neo train`` says it in one line and exits 2 before anything runs."""
+    from neo.commands.train import main
+
+    assert main([os.path.join(ROOT, "configs", "train_tiny.yaml"), "async_train.staleness=2"]) == 2
+    err = capsys.readouterr().err
+    assert "neo train: error: async_train.staleness: 2 has no effect with mode bsp" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("slowdown, k", [
+    ("[{rank: 1, probability: 0.5}]", 0),
+    ("[{rank: 0, factor: 2}, {rank: 1, factor: 1, probability: 0}]", 1),
+])
+def test_config_slowdown_probability_without_a_slowdown_is_an_error(slowdown, k):
+    """A step is drawn against ``probability`` only when ``factor`` > 1 (WSPTrainer.fit)."""
+    w = rf"async_train\.slowdown\[{k}\]"
+    with pytest.raises(ConfigError, match=rf"^{w}\.probability: [0-9.]+ has no effect with factor 1\.0 \(.*\): "
+                                          rf"remove it, or set {w}\.factor above 1$"):
+        config_from_dict({}, ["async_train.mode=wsp", f"async_train.slowdown={slowdown}"])
+
+
+@pytest.mark.parametrize("slowdown", ["[{rank: 1, factor: 2, probability: 0.5}]", "[{rank: 1, factor: 1}]",
+                                      "[{rank: 1, factor: 1, probability: 1.0}]",
+                                      "[{rank: 1, factor: 4, probability: 0}]"])
+def test_config_slowdown_probability_is_accepted_where_it_acts(slowdown):
+    config_from_dict({}, ["async_train.mode=wsp", f"async_train.slowdown={slowdown}"])
+
 def test_worker_groups_check_the_world(tmp_data):
-    cfg = tiny_config(tmp_data, "async_train.num_virtual_workers=3")
+    cfg = tiny_config(tmp_data, "async_train.mode=wsp", "async_train.num_virtual_workers=3")
     with pytest.raises(ConfigError, match=r"async_train\.num_virtual_workers: 3 virtual workers for 2 ranks: "
                                           r"a virtual worker with no device"):
         cfg.async_train.worker_groups(2)
     assert cfg.async_train.worker_groups(4, [1, 1, 1, 0.25]) == [[0, 3], [1], [2]]
-    cfg = tiny_config(tmp_data, "async_train.virtual_workers=[[0],[2]]")
+    cfg = tiny_config(tmp_data, "async_train.mode=wsp", "async_train.virtual_workers=[[0],[2]]")
     with pytest.raises(ConfigError, match=r"async_train\.virtual_workers: .*out of range: \[2\]; missing: \[1\]"):
         cfg.async_train.worker_groups(2)
     assert tiny_config(tmp_data).async_train.worker_groups(3) == [[0], [1], [2]]
-    slow = tiny_config(tmp_data, "async_train.slowdown=[{rank: 5, factor: 3}]").async_train
+    slow = tiny_config(tmp_data, "async_train.mode=wsp", "async_train.slowdown=[{rank: 5, factor: 3}]").async_train
     with pytest.raises(ConfigError, match=r"async_train\.slowdown\[0\]\.rank: 5 is outside the 2 rank\(s\)"):
         slow.slowdown_of(0, world_size=2)
     assert slow.slowdown_of(5, world_size=6).factor == 3 and slow.slowdown_of(0, world_size=6).factor == 1

@@ -116,10 +116,12 @@ def _get(d: Any, path: Tuple) -> Any:
 
 
 def _set(d: dict, path: Tuple, value: Any) -> None:
+    """``d[path] = value``, making the missing containers on the way: a list where the next
+    step is an index (``slowdown[0].rank`` on a config without ``slowdown``), else a mapping."""
     node = d
-    for p in path[:-1]:
+    for p, nxt in zip(path[:-1], path[1:]):
         if isinstance(node, dict) and node.get(p) is None:
-            node[p] = {}
+            node[p] = [{} for _ in range(nxt + 1)] if isinstance(nxt, int) else {}
         node = node[p]
     node[path[-1]] = value
 

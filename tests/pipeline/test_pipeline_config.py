@@ -6,12 +6,16 @@ and :func:`chimera_order` (a list schedule checked against its dependencies).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from neo.config import ConfigError, config_from_dict
+from neo.config import ConfigError, config_from_dict, load_config
 from neo.config.parallel import PipelineConfig
 from neo.pipeline.chimera import Op, chimera_order
 from neo.pipeline.mesh import DOWN, UP, PipelineMesh
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cfg(**kw) -> PipelineConfig:
@@ -125,3 +129,63 @@ def test_chimera_order_two_stages_is_the_papers():
     assert [(op.kind, op.direction) for op in order[0]] == [("F", DOWN), ("F", UP), ("B", UP), ("B", DOWN)]
     with pytest.raises(ValueError, match="even number"):
         chimera_order(3, 2)
+
+
+# ------------------------------------------------------------ fields set where they do not act
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"stages": 2, "schedule": "gpipe"}, "gpipe is synchronous: one weight version"),
+    ({"stages": 2, "schedule": "1f1b"}, "1f1b is synchronous: one weight version"),
+    ({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2}, "interleaved_1f1b is synchronous"),
+    ({"stages": 2, "schedule": "zero_bubble", "virtual_stages": 2}, "zero_bubble is synchronous"),
+    ({"stages": 2, "schedule": "chimera"}, "chimera is synchronous"),
+    ({"stages": 2, "schedule": "auto"}, "auto never chooses an asynchronous schedule"),
+    ({"stages": 2, "schedule": "pipedream_2bw"}, "pipedream_2bw always keeps two weight versions"),
+    ({}, "1f1b is synchronous: one weight version"),                     # stages 1
+])
+def test_config_max_versions_outside_pipedream_async_is_an_error(kw, why):
+    """``max_versions`` is read by pipedream_async alone (neo/pipeline/async_schedules.py): set
+    with any other schedule it is an error naming the field, its value and the schedule."""
+    schedule = kw.get("schedule", "1f1b")
+    for mv in (1, 3):
+        with pytest.raises(ConfigError, match=rf"^parallel\.pipeline\.max_versions: {mv} has no effect with schedule "
+                                              rf"{schedule} \(.*{why}.*\): remove it, or set "
+                                              r"parallel\.pipeline\.schedule: pipedream_async"
+                                              + ("$" if kw else r" \(with parallel\.pipeline\.stages 2 or more\)$")):
+            config_from_dict({"parallel": {"pipeline": {**kw, "max_versions": mv}}})
+    _cfg(**kw)                                                             # the same without it is valid
+    _cfg(**kw, max_versions=None)                                          # and so is its default, given
+
+
+@pytest.mark.parametrize("mv", [None, 1, 2, 4, 8])
+def test_config_max_versions_is_accepted_under_pipedream_async(mv):
+    p = config_from_dict({"parallel": {"pipeline": {"stages": 4, "schedule": "pipedream_async",
+                                                    "max_versions": mv}}}).parallel.pipeline
+    assert (p.schedule, p.max_versions) == ("pipedream_async", mv)
+
+
+def test_config_stages_1_leaves_the_pipeline_shape_free():
+    """With ``stages: 1`` no pipeline runs, and ``schedule``, ``micro_batches``, ``split`` and
+    ``virtual_stages`` are not read; they stay accepted because ``stages: 1`` is how a pipelined
+    config is turned off (neo/pipeline/trainer.py's errors advise it)."""
+    for name in ("pipeline_dcn.yaml", "pipeline_deep_mlp.yaml"):
+        p = load_config(os.path.join(ROOT, "configs", name), ["parallel.pipeline.stages=1"]).parallel.pipeline
+        assert not p.enabled and p.micro_batches == 8
+    assert not _cfg(stages=1, schedule="zero_bubble", virtual_stages=2, micro_batches=8, split=[[0, 3], [4, 9]]).enabled
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs"))))
+def test_config_every_shipped_config_validates(name):
+    if name.endswith((".yaml", ".yml")):
+        load_config(os.path.join(ROOT, "configs", name))
+
+
+def test_config_neo_train_refuses_max_versions_outside_pipedream_async(capsys):
+    """``neo train`` says it in one line and exits 2 before relaunching under torchrun."""
+    from neo.commands.train import main
+
+    assert main([os.path.join(ROOT, "configs", "pipeline_deep_mlp.yaml"), "parallel.pipeline.max_versions=2"]) == 2
+    err = capsys.readouterr().err
+    assert "neo train: error: parallel.pipeline.max_versions: 2 has no effect with schedule 1f1b" in err
+    assert "Traceback" not in err
