@@ -4,8 +4,8 @@
 
 ``--no-build-isolation`` builds against the torch already installed (an isolated build
 environment would download a different torch). The C++ extension ``neo._C`` is built from
-``csrc/*.cpp`` with OpenMP; ``csrc/cuda/*.cu`` are added only where torch has CUDA and
-nvcc is found.
+``csrc/*.cpp`` with OpenMP; CUDA sources, if a ``csrc/cuda/`` folder holds any (none today:
+the GPU kernels are Triton's), are added only where torch has CUDA and nvcc is found.
 
 The build is portable: the hot kernels (``csrc/kernels/``) are compiled once per ISA
 variant, by the wrappers in ``csrc/isa/``, each with its own flags (below), and

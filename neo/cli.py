@@ -1,9 +1,14 @@
-"""``neo``: the command line. Each subcommand lives in ``neo/commands/<name>.py`` as ``main(argv)``.
+"""``neo``: the command line. Each subcommand is a module with ``main(argv)`` (COMMANDS below:
+``neo/commands/<name>.py``, and ``neo.calibrate`` for ``calibrate``); ``neo <command> --help``
+gives its flags. For example::
 
     neo plan CONFIG --world-size W --local-world-size L [--out plan.json]
     neo train CONFIG [key=value ...]
     neo mlperf CONFIG --results-dir DIR [--seeds N] [--division open|closed] [key=value ...]
     neo cache-report TRACE.npy --batch-size B --num-rows N --capacity K[,K...] --json
+    neo calibrate [--out FILE]
+    neo profile-layers CONFIG --out PROFILE.json
+    neo partition PROFILE.json --stages S
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 # Two-node run on one host: two torchrun agents (node 0 and node 1, 2 ranks each) meeting
 # at a c10d rendezvous on 127.0.0.1; trains table_row_wise + table_column_wise tables and
 # checks them against single-process training (tools/two_node_check.py).
-#   bash tools/run_two_node_local.sh            # PORT=29611 by default; PYTHON=python
+#   bash tools/run_two_node_local.sh            # PORT: a free one; PYTHON: .venv/bin/python (tools/setup.sh's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-$PWD/.venv/bin/python}
 PORT=${PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export OMP_NUM_THREADS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -10,7 +10,7 @@ Pipelined (:class:`TrainPipeline`), at step i::
 so the read and copy of i+2 and the input redistribution of i+1 overlap the compute of i, and
 the pooled-embedding AlltoAll of i overlaps the bottom MLP (:class:`neo.train.step.DenseStep`).
 Every collective is issued in the same order on every rank, so the arithmetic is exactly the
-plain loop's (:class:`PlainLoop`): the test ``tests/train/test_trainer_pipeline.py`` checks that
+plain loop's (:class:`PlainLoop`): ``tests/train/test_trainer.py::test_pipelined_equals_plain`` checks that
 losses and weights are bit-identical.
 
 Each batch travels with the loader state recorded when it was handed out, so a checkpoint after

@@ -1,4 +1,4 @@
-"""Output distribution, one file per sharding type (Neo paper, Sec. 4, "4D parallelism").
+"""Output distribution per sharding type (Neo paper, Sec. 4, "4D parallelism").
 
 Each output distribution takes the local pooled embeddings of a rank's slots for all
 ``W * B`` samples of the global batch (source-major) and returns an awaitable of this
@@ -9,8 +9,9 @@ every piece into table order in one copy. Their backward is the reverse communic
 
 - :mod:`.table_wise`: AlltoAll (table_wise; column_wise shares it);
 - :mod:`.column_wise`: AlltoAll of column slices, concatenated back;
-- :mod:`.row_wise`: ReduceScatter of partial sums;
-- :mod:`.hierarchical`: table_row_wise (intra-node ReduceScatter, then cross-node AlltoAll)
+- :mod:`.row_wise`: a reduce-scatter of partial sums (NCCL's ReduceScatter; on gloo an
+  AlltoAll of the partial sums and a local fp32 sum, neo/distributed/comms.py);
+- :mod:`.hierarchical`: table_row_wise (intra-node reduce-scatter, then cross-node AlltoAll)
   and table_column_wise (intra-node AlltoAll, then cross-node AlltoAll);
 - :mod:`.data_parallel`: each rank keeps its rows; backward AllGathers the gradient.
 """
