@@ -228,7 +228,7 @@ class Trainer:
         t = self.cfg.train
         # disk-backed cached tables are written from their stores, not staged in memory
         self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
-                                         async_save=t.checkpoint_async and not cached)
+                                         async_save=t.checkpoint_async and not cached, guard=self._lease_check)
         path = find_resumable(t.checkpoint_dir, self.pg, say=self.say) if t.resume else None
         if path is not None:
             self.load(path)
@@ -259,6 +259,10 @@ class Trainer:
         if error[0] is not None:
             raise error[0]
         self._lease_held = True
+
+    def _lease_check(self) -> Optional[str]:
+        """Rank 0, before a save clears or commits: None while the run holds its lease."""
+        return self.lease.check() if self.lease is not None else None
 
     def release_checkpoint_dir(self) -> None:
         """Give up the lease on ``train.checkpoint_dir`` (every rank may call it; idempotent). fit()

@@ -309,3 +309,50 @@ def test_a_run_holds_the_lease_while_it_trains_and_leaves_none(tmp_data, dead_pi
     for held in out["seen"]:
         assert held["run_id"] == f"{HOST}:{out['pid']}" and held["pid"] == out["pid"] and held["host"] == HOST
     assert out["left"] == ["latest", "step-3"]             # the lease is gone once the run is over
+
+
+class _TakenOverAt:
+    """A FitHook that, after step ``at``, writes another run's live lease over this run's (as a run
+    that took over while this one was paused would)."""
+
+    def __init__(self, root: str, at: int):
+        self.root, self.at = root, at
+
+    def after_step(self, step: int) -> bool:
+        if step == self.at:
+            _write_lease(self.root, "the-new-holder", renewed_ago=0)
+        return False
+
+    def evaluate(self, step, run_eval):
+        return run_eval(), False
+
+
+def _train_losing_the_lease(rank, world_size, tmp, overrides, ck):
+    from neo.train.trainer import Trainer
+
+    said = []
+    tr = Trainer(tiny_config(tmp, *overrides), log=said.append)
+    try:
+        tr.fit(_TakenOverAt(ck, 3))
+        error = None
+    except CheckpointError as e:
+        error = str(e)
+    return {"error": error, "said": [s for s in said if isinstance(s, str)], "left": sorted(os.listdir(ck))}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_run_whose_lease_was_taken_over_commits_nothing_more(tmp_data, async_save):
+    ck = f"{tmp_data}/lost-{async_save}"
+    (out,) = run_multiprocess(_train_losing_the_lease, 1, tmp_data,
+                              ["train.steps=6", "train.checkpoint_every=2", f"train.checkpoint_async={async_save}",
+                               f"train.checkpoint_dir={ck}", f"train.run_dir={tmp_data}/lost-run-{async_save}"], ck)
+    # the first save to commit after the takeover at step 3 fails on its guard (step 4's; in the
+    # background, step 2's own commit may come after the takeover too): nothing more is committed,
+    # the new holder's lease is untouched, and the run stops with the reason
+    assert out["error"] is not None and "taken over by run the-new-holder" in out["error"], out
+    assert "step-4" not in out["left"] and "step-6" not in out["left"]
+    if not async_save:                                     # step 2 was committed while the run held it
+        assert "checkpoint of step 4 failed" in out["error"] and "step-2 is still the latest" in out["error"]
+        assert "step-2" in out["left"]
+    assert _read_lease(ck)["run_id"] == "the-new-holder"
+    assert any("commits no more checkpoints there" in s for s in out["said"])

@@ -219,6 +219,7 @@ class CheckpointLease:
         self.host, self.pid, self.pid_ns = socket.gethostname(), os.getpid(), _pid_namespace()
         self.on_lost = on_lost
         self._record: Optional[LeaseRecord] = None
+        self._lost: Optional[str] = None              # why the lease was lost, once it was
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -326,7 +327,7 @@ class CheckpointLease:
 
     # ------------------------------------------------------------------ hold, renew, release
     def _hold(self, record: LeaseRecord) -> None:
-        self._record = record
+        self._record, self._lost = record, None
         self._stop.clear()
         self._thread = threading.Thread(target=self._renew_loop, name="neo-checkpoint-lease", daemon=True)
         self._thread.start()
@@ -340,6 +341,31 @@ class CheckpointLease:
             except OSError:
                 pass                                  # a passing file-system error: the next renewal retries
 
+    def check(self) -> Optional[str]:
+        """None while this run holds the lease (the file still carries its token), else why not:
+        what a checkpoint save asks before it clears or commits anything in the directory."""
+        with self._lock:
+            record = self._record
+            if record is None:
+                return self._lost or f"this run does not hold the lease on {self.root}"
+            text = _read_settled(self.path)
+            if text is None:
+                return None                           # moved aside by a contender: still ours until replaced
+            current = LeaseRecord.from_text(text)
+            if current is None or current.token != record.token:
+                self._lose(current)
+                return self._lost
+            return None
+
+    def _lose(self, current: Optional[LeaseRecord]) -> None:
+        """Another run holds the lease now (``current``; None: unreadable): stop holding it, say so."""
+        self._record = None
+        holder = current.describe() if current is not None else "an unreadable lease file"
+        self._lost = (f"the lease on {self.root} was taken over by {holder} while this run held it (were its "
+                      f"renewals stopped for longer than train.checkpoint_lease_s = {self.timeout_s:g} s?)")
+        if self.on_lost is not None:
+            self.on_lost(f"neo train: warning: {self._lost}: this run commits no more checkpoints there")
+
     def renew(self) -> bool:
         """Write a new renewal time into the lease if it is still this run's; False (and
         ``on_lost`` told) when another run holds it now."""
@@ -350,13 +376,7 @@ class CheckpointLease:
             text = _read_settled(self.path)
             current = LeaseRecord.from_text(text) if text is not None else record
             if current is None or current.token != record.token:
-                self._record = None
-                lost = current.describe() if current is not None else "an unreadable lease file"
-                if self.on_lost is not None:
-                    self.on_lost(f"neo train: warning: the lease on {self.root} was taken over by {lost} while "
-                                 "this run held it (were its renewals stopped for longer than "
-                                 f"train.checkpoint_lease_s = {self.timeout_s:g} s?): the two runs may now remove "
-                                 "each other's checkpoints")
+                self._lose(current)
                 return False
             record.renewed = time.time()
             if text is None:        # moved aside by a contender and not yet put back: it is still ours

@@ -47,12 +47,18 @@ class Checkpointer:
         async_save: write in the background (``dcp.async_save``) or in the calling thread.
         storage_writer: ``fn(path) -> StorageWriter`` (default: DCP's ``FileSystemWriter``;
             tests inject failing writers here).
+        guard: asked on rank 0 before a save clears unfinished saves and before it commits:
+            None while this run may write ``root``, else why not (the run's lease on it was taken
+            over, :meth:`neo.train.checkpoint.lease.CheckpointLease.check`): then nothing is
+            cleared or committed, and the save fails on every rank.
     """
 
     def __init__(self, root: str, pg, keep: int = 2, async_save: bool = True,
-                 storage_writer: Optional[Callable[[str], Any]] = None):
+                 storage_writer: Optional[Callable[[str], Any]] = None,
+                 guard: Optional[Callable[[], Optional[str]]] = None):
         self.root, self.pg, self.keep, self.async_save = root, pg, keep, async_save
         self._writer = storage_writer
+        self._guard = guard
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[str] = None
         self.committed: Optional[str] = None
@@ -65,7 +71,7 @@ class Checkpointer:
 
         self.wait()
         tmp = tmp_dir(self.root, step)
-        if self.pg.rank == 0:
+        if self.pg.rank == 0 and self._may_write() is None:
             clear_stale(self.root)
         if self.pg.world_size > 1:
             dist.barrier(group=self.pg.world)
@@ -117,11 +123,18 @@ class Checkpointer:
             error, self._error = self._error, None
             raise CheckpointError(error)
 
+    def _may_write(self) -> Optional[str]:
+        """Rank 0: None while this run may clear and commit in ``root`` (see ``guard``)."""
+        return self._guard() if self._guard is not None else None
+
     # ------------------------------------------------------------------ the agreement
     def _finish(self, step: int, tmp: str, meta: Dict[str, Any], error: Optional[str]) -> None:
         """Every rank: hash own files, agree, rank 0 commits. Never raises (records the error)."""
         pg = self.pg
         try:
+            denied = self._may_write() if pg.rank == 0 else None
+            if denied is not None:
+                error = f"rank 0: {denied}"
             digests: Dict[str, Tuple[int, str]] = {}
             if error is None:
                 try:
@@ -137,7 +150,7 @@ class Checkpointer:
                 dist.all_gather_object(reports, (error, digests), group=pg.checkpoint)
             errors = [e for e, _ in reports if e is not None]
             if errors:
-                if pg.rank == 0:
+                if pg.rank == 0 and denied is None:          # a directory this run lost is not touched
                     import shutil
 
                     shutil.rmtree(tmp, ignore_errors=True)
