@@ -47,8 +47,9 @@ Output: a table, and with ``--json`` records with ``schedule``, ``world_size``, 
 ``predicted_bubble_fraction``, ``ratio`` (predicted / measured), ``full_step_ms``, ``formula_ms``,
 the CPU accounts (``cpu_ms``: every rank's process CPU in the pipelined part, summed; ``busy_cpu_ms``:
 of which in the chunks' compute; ``chunk_ms``: what the chunk profile says that compute costs;
-``null_cpu_ms``: the null model's ``cpu_ms``), and ``machine`` (CPU model, ISA flags, load average;
-tools/bench_common.py).
+``null_cpu_ms``: the null model's ``cpu_ms``; ``null_busy_cpu_ms``, ``null_chunk_ms``: its
+``busy_cpu_ms`` and ``chunk_ms``), and ``machine`` (CPU model, ISA flags, load average;
+tools/bench_common.py). ``--schedules`` runs some of the pipeline schedules only.
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ class _Hollow:
     """A Linear's forward with its output's shape and no product: ``(B, in) -> (B, out)`` as one
     broadcast multiply by a (1, out) slice of the weight (autograd through it, a gradient for the
     weight). The null model's layers: the runtime's own work at the real activation sizes (the
-    transfers, copies and buffers of every action), next to no arithmetic."""
+    transfers, copies and buffers of every action), next to no arithmetic. It replaces both ways a
+    :class:`neo.models.mlp.Linear` runs: ``forward`` and, for a Linear followed by a ReLU,
+    ``forward_relu`` (:meth:`relu`; the pipeline's layers call it, except under zero bubble's
+    ``split_backward``, which goes through ``forward``), so the null model computes the same under
+    every schedule and in its chunk profile."""
 
     def __init__(self, linear) -> None:
         self.linear = linear
@@ -87,6 +92,12 @@ class _Hollow:
     def __call__(self, x):
         w = self.linear.weight                          # (out, in)
         return x[:, :1] * w[:, 0].unsqueeze(0) + self.linear.bias
+
+    def relu(self, x):
+        """``forward_relu``'s stand-in: the hollow layer, then the ReLU."""
+        import torch
+
+        return torch.relu(self(x))
 
 
 def _model(args, embedding, hollow: bool = False):
@@ -101,6 +112,8 @@ def _model(args, embedding, hollow: bool = False):
         for m in model.modules():
             if isinstance(m, (Linear, torch.nn.Linear)):
                 m.forward = _Hollow(m)
+                if isinstance(m, Linear):     # its Linear + ReLU step too (linear_activation), else
+                    m.forward_relu = m.forward.relu     # only zero bubble's (split_backward) would be hollow
     return model
 
 
@@ -306,6 +319,8 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
 
     out["chunks_at"] = {}
     for schedule, v in SCHEDULES:
+        if schedule not in args.schedules:
+            continue
         if schedule == "chimera" and (W % 2 or args.micro_batches % 2):
             continue
         # the chunks timed again just before and after the run, on this shared machine whose speed
@@ -490,6 +505,11 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             round(1e3 * _median([sum(o["null_runs"][schedule]["cpu_s"][i] for o in out) for i in range(steps)]), 3),
             "chunk_ms": None if schedule == "data_parallel" else
             round(compute_ms(out[0]["chunks_at"][schedule], schedule, v, W, args.micro_batches)[0], 3),
+            "null_busy_cpu_ms": None if schedule == "data_parallel" else
+            round(1e3 * _median([sum(o["null_runs"][schedule]["busy_cpu_s"][i] for o in out)
+                                 for i in range(steps)]), 3),
+            "null_chunk_ms": None if schedule == "data_parallel" else
+            round(compute_ms(out[0]["null_chunks"][str(v)], schedule, v, W, args.micro_batches)[0], 3),
             "null_pipeline_ms": None if null_ms is None else round(null_ms, 3), "cores": cores,
             "bandwidth_gbps": round(bandwidth, 3),
             "allreduce_gbps": round(bw, 3) if schedule in ("chimera", "data_parallel") else None,
@@ -540,6 +560,9 @@ def main(argv=None) -> int:
     p.add_argument("--worlds", nargs="+", type=int, default=[2, 4])
     p.add_argument("--batch", type=int, default=256, help="samples per rank")
     p.add_argument("--micro-batches", type=int, default=8, help="per step and pipeline (a multiple of every world size)")
+    names = [s for s, _ in SCHEDULES]
+    p.add_argument("--schedules", nargs="+", default=names, choices=names,
+                   help="the pipeline schedules to run (the data-parallel baseline always runs)")
     p.add_argument("--top-layers", type=int, default=12)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--warmup", type=int, default=3)
