@@ -136,10 +136,11 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
             f, quality[op] = fit_linear(rows, ["one", "bytes"], floor={"one": 1e-7, "bytes": 1e-13})
             upd[lat], upd[bw] = f["one"], 1 / f["bytes"]
     rows = [r for r in meas["dense"] if r["kind"] in ("mlp", "interaction")]
-    d, quality["dense"] = fit_linear([dict(r, layers=r["layers"] or 1) for r in rows],
-                                     ["layers", "flops", "interaction_flops"],
-                                     floor={"layers": 1e-7, "flops": 1e-14, "interaction_flops": 1e-14})
+    d, quality["dense"] = fit_linear([dict(r, layers=r["layers"] or 1, elems=r.get("elems", 0.0)) for r in rows],
+                                     ["layers", "flops", "interaction_flops", "elems"],
+                                     floor={"layers": 1e-7, "flops": 1e-14, "interaction_flops": 1e-14, "elems": 0.0})
     upd.update(dense_layer_s=d["layers"], dense_flops=1 / d["flops"], interaction_flops=1 / d["interaction_flops"],
+               dense_elem_s=d["elems"],
                dense_optimizer_bw=float(np.median([r["bytes"] / r["seconds"] for r in meas["dense"]
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)

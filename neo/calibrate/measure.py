@@ -205,14 +205,17 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
     shapes = [(13, 64), (64, 16), (512, 256), (256, 64), (64, 512), (1024, 1024), (100, 64), (64, 1)]
     if quick:
         shapes = shapes[:4]
-    for i, o in shapes:
-        m = MLP(i, [o])
-        x = torch.randn(B, i, generator=gen, requires_grad=True)
+    # each at two batch sizes: a layer's fixed cost (dense_layer_s) apart from its work per
+    # activation element (dense_elem_s), which a small layer's time follows
+    for b in (B, B // 8):
+        for i, o in shapes:
+            m = MLP(i, [o])
+            x = torch.randn(b, i, generator=gen, requires_grad=True)
 
-        def step():
-            m(x).sum().backward()
-        out.append({"kind": "mlp", "layers": 1, "flops": 6.0 * B * i * o, "interaction_flops": 0.0,
-                    "seconds": timed(step, reps, group)})
+            def step():
+                m(x).sum().backward()
+            out.append({"kind": "mlp", "layers": 1, "flops": 6.0 * b * i * o, "interaction_flops": 0.0,
+                        "elems": float(b * (i + o)), "seconds": timed(step, reps, group)})
     for F, D in ((8, 16), (26, 64)) if quick else ((8, 16), (26, 64), (26, 128)):
         inter = DotInteraction(F, D)
         d = torch.randn(B, D, generator=gen, requires_grad=True)
@@ -221,7 +224,7 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
         def step():
             inter(d, p).sum().backward()
         n = F + 1
-        out.append({"kind": "interaction", "layers": 0, "flops": 0.0,
+        out.append({"kind": "interaction", "layers": 0, "flops": 0.0, "elems": 0.0,
                     "interaction_flops": 3.0 * B * n * (n - 1) * D, "seconds": timed(step, reps, group)})
     for n in (1 << 20, 8 << 20):
         params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]

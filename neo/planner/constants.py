@@ -37,7 +37,7 @@ KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_o
                   "data_parallel": "data_parallel_overhead", "table_row_wise": "table_row_wise_overhead",
                   "table_column_wise": "table_column_wise_overhead"}
 _SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
-             "pooled_elem_s", "data_batch_s", "data_bag_s", "data_id_s", *KIND_OVERHEADS.values()}
+             "pooled_elem_s", "dense_elem_s", "data_batch_s", "data_bag_s", "data_id_s", *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,11 @@ class CostConstants:
     """Flop/s of the MLPs (forward and backward)."""
     dense_layer_s: float = 30e-6
     """Per MLP layer per step (forward + backward launches)."""
+    dense_elem_s: float = 0.0
+    """Per activation element of an MLP layer (B x (in + out)) per step, forward + backward: the
+    bias, ReLU, copies and their gradients, which grow with the batch and not with the flops
+    (on a CPU a small layer's time at B 1024 is about half its time at B 2048). ``neo calibrate``
+    fits it from the same layers timed at two batch sizes; 0 in files from before it did."""
     interaction_flops: float = 60e12
     """Flop/s of the interaction (dot products, cross layers' elementwise work)."""
     dense_optimizer_bw: float = 1.5e12

@@ -10,7 +10,8 @@ plus the dense part every rank runs alike:
 
 with the components of the busiest rank. Dense part (:class:`DenseSpec`, per rank, B samples):
 the MLPs (6 B in out flops per layer: forward, input and weight gradients) at ``dense_flops``
-plus ``dense_layer_s`` per layer; the interaction (dot: pairs of the F + 1 vectors; DCNv2: the
+plus ``dense_layer_s`` per layer and ``dense_elem_s`` per activation element (B (in + out) a
+layer: bias, ReLU, copies); the interaction (dot: pairs of the F + 1 vectors; DCNv2: the
 low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over parameters and
 state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their
 gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks,
@@ -91,6 +92,11 @@ class DenseSpec:
     def params(self) -> int:
         return sum(i * o + o for i, o in self.layers())
 
+    def activation_elems(self, batch: int) -> float:
+        """Elements the MLP layers read and write besides their products: ``batch x (in + out)``
+        a layer (its input and output activations; their gradients follow them)."""
+        return float(batch) * sum(i + o for i, o in self.layers())
+
     def flops(self, batch: int) -> Tuple[float, float]:
         """(matmul flops, interaction flops) of forward + backward for ``batch`` samples."""
         mm = 6.0 * batch * sum(i * o for i, o in self.layers())
@@ -124,6 +130,7 @@ def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants
     """Seconds of the dense part of a step on one rank (see the module docstring)."""
     mm, inter = spec.flops(batch)
     t = mm / c.dense_flops + inter / c.interaction_flops + (len(spec.layers()) + 1) * c.dense_layer_s
+    t += spec.activation_elems(batch) * c.dense_elem_s
     t += spec.params * 4.0 * (2 + 2 * spec.optimizer_state_floats) / c.dense_optimizer_bw
     t += batch * spec.num_features * spec.dim * c.pooled_elem_s
     if world_size > 1:

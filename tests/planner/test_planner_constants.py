@@ -269,3 +269,34 @@ def test_cold_bytes_is_the_largest_table_measured():
     machine = {"device_kind": "cpu", "l2_bytes": 1 << 20, "l3_bytes": 32 << 20}
     assert fit_constants(meas(0), machine, 1)[0].cold_bytes == 384 << 20
     assert fit_constants(meas(2 << 30), machine, 1)[0].cold_bytes == 2 << 30
+
+
+def test_the_dense_fit_tells_a_layers_fixed_cost_from_its_work_per_activation_element():
+    """Layers timed at two batch sizes as t = 40 us + flops / 50 GF/s + elems x 2 ns: the fit
+    recovers each constant, and the step model charges a layer's activations B (in + out) of them."""
+    from neo.calibrate import fit_constants
+    from neo.planner.step_model import DenseSpec, dense_seconds
+
+    layer_s, flops_rate, elem_s = 40e-6, 50e9, 2e-9
+    dense = []
+    for B in (2048, 256):
+        for i, o in ((13, 64), (64, 16), (512, 256), (64, 1), (1024, 1024)):
+            f, e = 6.0 * B * i * o, float(B * (i + o))
+            dense.append({"kind": "mlp", "layers": 1, "flops": f, "interaction_flops": 0.0, "elems": e,
+                          "seconds": layer_s + f / flops_rate + e * elem_s})
+    dense += [{"kind": "interaction", "layers": 0, "flops": 0.0, "interaction_flops": 1e7 * k, "elems": 0.0,
+               "seconds": layer_s + 1e7 * k / 20e9} for k in (1, 2, 4)]
+    dense += [{"kind": "optimizer", "bytes": 1e8, "seconds": 1e-2}]
+    lookups = [{"bags": 2048, "ids": ids, "distinct": ids, "row_bytes": 256, "state_bytes": 256, "footprint": foot,
+                "phase": ph, "seconds": 1e-4 + ids * 1e-8}
+               for foot in (256 << 10, 384 << 20) for ids in (2048, 32768) for ph in ("fwd", "bwd")]
+    c, quality = fit_constants({"lookups": lookups, "collectives": [], "dense": dense},
+                               {"device_kind": "cpu", "l2_bytes": 1 << 20, "l3_bytes": 32 << 20}, 1)
+    assert c.dense_layer_s == pytest.approx(layer_s, rel=1e-3)
+    assert c.dense_flops == pytest.approx(flops_rate, rel=1e-3)
+    assert c.dense_elem_s == pytest.approx(elem_s, rel=1e-3)
+    assert c.interaction_flops == pytest.approx(20e9, rel=1e-3)
+    spec = DenseSpec(num_dense=13, bottom=(64, 16), top=(64, 32, 1), num_features=8, dim=16, optimizer_state_floats=0)
+    without = dense_seconds(spec, 1024, 1, replace_(c, dense_elem_s=0.0))
+    elems = 1024 * ((13 + 64) + (64 + 16) + (52 + 64) + (64 + 32) + (32 + 1))
+    assert dense_seconds(spec, 1024, 1, c) - without == pytest.approx(elems * elem_s, rel=1e-9)
