@@ -144,16 +144,23 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                dense_optimizer_bw=float(np.median([r["bytes"] / r["seconds"] for r in meas["dense"]
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)
-    c = replace(c, **machinery_overheads(meas, c, world_size), **loading_constants(meas))
+    c = replace(c, **machinery_overheads(meas, c, world_size, int(machine.get("cores") or 0)),
+                **loading_constants(meas))
     c = replace(c, **kind_overheads(meas, c, world_size, int(machine.get("cores") or 0)))
     return c, quality
 
 
-def machinery_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, float]:
+def machinery_overheads(meas: Dict[str, Any], c, world_size: int, cores: int = 0) -> Dict[str, float]:
     """The per-step costs no kernel shows: the small models' measured components (``machinery``,
     and ``machinery_wide`` if measured) minus what the model with ``c`` explains. The dense part's
     residual grows from the narrow model to the wide one with the pooled elements the dense part
-    takes in: that growth per element is ``pooled_elem_s``; the rest is ``step_overhead``."""
+    takes in: that growth per element is ``pooled_elem_s``; the rest is ``step_overhead``.
+
+    With more rank threads than ``cores`` the ranks took turns on the cores, and the trainer's
+    computing components (lookups, dense, the rest of the step) hold that sharing, which the step
+    model adds itself (``cpu_bound_step``'s stretch): they are scaled by cores / threads first, so
+    the constants are a rank's on cores of its own, as the kernels' are (``timed(cpu=True)``).
+    The collectives' components are kept as measured (the model does not stretch them)."""
     from neo.calibrate.measure import WIDE_BATCH, WIDE_DIM, WIDE_TABLES_PER_RANK
     from neo.planner.cost import seconds_per_byte
     from neo.planner.step_model import DenseSpec, dense_seconds
@@ -162,6 +169,14 @@ def machinery_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, f
     if not m:
         return {}
     c = replace(c, pooled_elem_s=0.0)
+    busy_threads = world_size * int(meas.get("threads") or 1)
+    share = min(1.0, cores / busy_threads) if cores > 0 else 1.0
+
+    def own_cores(comps: Dict[str, float]) -> Dict[str, float]:
+        computing = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
+        return {k: v * share if k in computing else v for k, v in comps.items()}
+
+    m = own_cores(m)
 
     def residual(comps: Dict[str, float], per_rank: int, dim: int, batch: int) -> Tuple[float, float]:
         """(seconds of the trainer's dense part the dense model does not explain, pooled elements)."""
@@ -172,6 +187,7 @@ def machinery_overheads(meas: Dict[str, Any], c, world_size: int) -> Dict[str, f
     per_elem = 0.0
     wide = ((meas.get("machinery_wide") or {}).get("measured") or {}).get("components_ms")
     if wide:
+        wide = own_cores(wide)
         res_w, pooled_w = residual(wide, WIDE_TABLES_PER_RANK, WIDE_DIM, WIDE_BATCH)
         per_elem = max(0.0, (res_w - res) / (pooled_w - pooled))
     lat = c.intra_latency if world_size > 1 else 0.0

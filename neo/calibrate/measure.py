@@ -31,20 +31,31 @@ __all__ = ["CacheEvictor", "timed", "largest_footprint", "lookup_cases", "lookup
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
-          setup: Optional[Callable[[], Any]] = None) -> float:
+          setup: Optional[Callable[[], Any]] = None, cpu: bool = False) -> float:
     """Median seconds of ``fn(setup())`` (or ``fn()``) over ``reps`` runs after ``warmup``; ``setup``
-    runs untimed before each (barrier first when ``group``)."""
+    runs untimed before each (barrier first when ``group``).
+
+    ``cpu``: the process's CPU seconds instead of the wall clock's, for compute (a kernel, a
+    layer) on one rank. The cost model wants compute as it costs a rank on cores of its own and
+    adds the sharing of a node's cores itself (``neo.planner.step_model.cpu_bound_step``); with
+    more ranks than cores a call of a few milliseconds is almost always descheduled for part of
+    its run, so even the median wall time holds the sharing (on a 2-core Xeon at 4 ranks the
+    wall-clock constants came out 1.5-2x slower than at 2: dense flops 0.60x, hot update
+    bandwidth 0.65x, and the 4-rank steps were predicted at 1.3-1.7x their measured time). Only
+    with one torch thread: with more, the process's CPU seconds are several threads' and the
+    wall clock is kept."""
     call = (lambda: fn(setup())) if setup is not None else fn
     for _ in range(warmup):
         call()
     if group is not None and dist.get_world_size(group) > 1:
         dist.barrier(group=group)
+    clock = time.process_time if cpu and torch.get_num_threads() == 1 else time.perf_counter
     ts = []
     for _ in range(reps):
         arg = setup() if setup is not None else None
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(arg) if setup is not None else fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     ts.sort()
     return ts[len(ts) // 2]
 
@@ -155,8 +166,8 @@ def lookups(group, quick: bool = False, evict_bytes: int = 0, largest: int = 0) 
             warmup = 10 if warm else 2                   # the first kernel calls of the process
             warm = False
             with torch.no_grad():
-                fwd = timed(lambda b: emb(b), reps, group, warmup, setup=fresh_cold)
-            bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=forward_cold)
+                fwd = timed(lambda b: emb(b), reps, group, warmup, setup=fresh_cold, cpu=True)
+            bwd = timed(lambda out: out.backward(grad), reps, group, warmup, setup=forward_cold, cpu=True)
             common = {"bags": B, "ids": B * P, "distinct": distinct, "row_bytes": 4 * D, "state_bytes": 4 * D,
                       "footprint": rows * 8 * D}
             out.append(dict(common, phase="fwd", seconds=fwd))
@@ -215,7 +226,7 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
             def step():
                 m(x).sum().backward()
             out.append({"kind": "mlp", "layers": 1, "flops": 6.0 * b * i * o, "interaction_flops": 0.0,
-                        "elems": float(b * (i + o)), "seconds": timed(step, reps, group)})
+                        "elems": float(b * (i + o)), "seconds": timed(step, reps, group, cpu=True)})
     for F, D in ((8, 16), (26, 64)) if quick else ((8, 16), (26, 64), (26, 128)):
         inter = DotInteraction(F, D)
         d = torch.randn(B, D, generator=gen, requires_grad=True)
@@ -225,13 +236,13 @@ def dense(group, quick: bool = False) -> List[Dict[str, float]]:
             inter(d, p).sum().backward()
         n = F + 1
         out.append({"kind": "interaction", "layers": 0, "flops": 0.0, "elems": 0.0,
-                    "interaction_flops": 3.0 * B * n * (n - 1) * D, "seconds": timed(step, reps, group)})
+                    "interaction_flops": 3.0 * B * n * (n - 1) * D, "seconds": timed(step, reps, group, cpu=True)})
     for n in (1 << 20, 8 << 20):
         params = [torch.nn.Parameter(torch.randn(n // 4)) for _ in range(4)]
         for q in params:
             q.grad = torch.randn_like(q)
         opt = torch.optim.Adagrad(params, lr=0.01, fused=True)
-        out.append({"kind": "optimizer", "bytes": n * 4.0 * 4, "seconds": timed(opt.step, reps, group)})
+        out.append({"kind": "optimizer", "bytes": n * 4.0 * 4, "seconds": timed(opt.step, reps, group, cpu=True)})
     return out
 
 

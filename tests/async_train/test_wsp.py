@@ -135,7 +135,6 @@ def test_bad_input_names_the_field(tmp_data, override, match):
         tiny_config(tmp_data, override)
 
 
-
 WSP_FIELDS = [
     ("async_train.staleness=2", "2"),
     ("async_train.wave_steps=4", "4"),

@@ -300,3 +300,50 @@ def test_the_dense_fit_tells_a_layers_fixed_cost_from_its_work_per_activation_el
     without = dense_seconds(spec, 1024, 1, replace_(c, dense_elem_s=0.0))
     elems = 1024 * ((13 + 64) + (64 + 16) + (52 + 64) + (64 + 32) + (32 + 1))
     assert dense_seconds(spec, 1024, 1, c) - without == pytest.approx(elems * elem_s, rel=1e-9)
+
+
+def test_calibration_takes_the_sharing_of_cores_out_of_the_small_models_components():
+    """At 4 ranks of 1 thread on 2 cores the trainer's computing components (lookups, dense, the
+    rest of the step) held each rank's half share of a core: the constants fitted from them are a
+    rank's on cores of its own (the step model stretches them itself), and the collectives'
+    components are kept as measured. Checked against the same components at half, unshared."""
+    from dataclasses import replace
+
+    from neo.calibrate import machinery_overheads
+
+    W, c = 4, replace(builtin_constants("cpu"), pooled_elem_s=0.0)
+    own = {"dense": 3.0, "input_dist": 0.5, "output_dist": 0.6, "embedding_fwd": 0.2, "embedding_bwd": 0.3,
+           "other": 0.1, "data": 0.05}
+    shared = {k: v * (2.0 if k not in ("input_dist", "output_dist") else 1.0) for k, v in own.items()}
+    meas = lambda comps, threads: {"machinery": {"measured": {"components_ms": comps}}, "threads": threads}  # noqa: E731
+    on_two_cores = machinery_overheads(meas(shared, 1), c, W, cores=2)
+    unshared = machinery_overheads(meas(own, 1), c, W, cores=0)
+    for k in ("step_overhead", "lookup_call_s", "output_dist_overhead", "input_dist_overhead"):
+        assert on_two_cores[k] == pytest.approx(unshared[k], rel=1e-9), k
+    # with enough cores (or two threads a rank on eight) nothing is scaled
+    assert machinery_overheads(meas(shared, 1), c, W, cores=4) == machinery_overheads(meas(shared, 1), c, W)
+    assert machinery_overheads(meas(shared, 2), c, W, cores=8) == machinery_overheads(meas(shared, 1), c, W)
+
+
+def test_timed_counts_cpu_seconds_for_compute_and_the_wall_clock_otherwise():
+    """``timed(cpu=True)``: a call that waits (a sleep: descheduled) costs nothing; a computing one
+    costs about its wall time."""
+    import time
+
+    import torch
+
+    from neo.calibrate.measure import timed
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert timed(lambda: time.sleep(0.03), 3, warmup=0) >= 0.03
+        assert timed(lambda: time.sleep(0.03), 3, warmup=0, cpu=True) < 0.01
+
+        def spin():
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.03:
+                pass
+        assert timed(spin, 3, warmup=0, cpu=True) == pytest.approx(0.03, rel=0.5)
+    finally:
+        torch.set_num_threads(prev)
