@@ -163,7 +163,7 @@ def machinery_overheads(meas: Dict[str, Any], c, world_size: int, cores: int = 0
     The collectives' components are kept as measured (the model does not stretch them)."""
     from neo.calibrate.measure import WIDE_BATCH, WIDE_DIM, WIDE_TABLES_PER_RANK
     from neo.planner.cost import seconds_per_byte
-    from neo.planner.step_model import DenseSpec, dense_seconds
+    from neo.planner.step_model import COMPUTING, DenseSpec, dense_seconds
 
     m = ((meas.get("machinery") or {}).get("measured") or {}).get("components_ms")
     if not m:
@@ -173,8 +173,7 @@ def machinery_overheads(meas: Dict[str, Any], c, world_size: int, cores: int = 0
     share = min(1.0, cores / busy_threads) if cores > 0 else 1.0
 
     def own_cores(comps: Dict[str, float]) -> Dict[str, float]:
-        computing = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
-        return {k: v * share if k in computing else v for k, v in comps.items()}
+        return {k: v * share if k in COMPUTING else v for k, v in comps.items()}
 
     m = own_cores(m)
 

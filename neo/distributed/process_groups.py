@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import datetime
 import gc
+import pickle
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch.distributed as dist
 
 from neo.distributed.shm import ShmExchange
 
-__all__ = ["ProcessGroups", "CommGroup", "end_process_groups"]
+__all__ = ["ProcessGroups", "CommGroup", "end_process_groups", "on_rank0"]
 
 
 @dataclass(eq=False)
@@ -156,6 +157,35 @@ class ProcessGroups:
                    checkpoint=checkpoint, timeout=timeout, world_comm=CommGroup.build(world, shm, timeout),
                    intra_comm=CommGroup.build(intra, shm, timeout), cross_comm=CommGroup.build(cross, shm, timeout),
                    dense_comm=CommGroup.build(dense, shm, timeout))
+
+
+def on_rank0(fn: Callable[[], Any], pg) -> Any:
+    """``fn()`` run on rank 0 alone; its result on every rank, or its exception raised on every
+    rank (the others would otherwise wait for a result in the broadcast, or in the next
+    collective, that never comes)."""
+    payload: List[Any] = [None]
+    if pg.rank == 0:
+        try:
+            payload = [(True, fn())]
+        except Exception as e:
+            if pg.world_size > 1:
+                dist.broadcast_object_list([(False, _picklable_error(e))], src=0, group=pg.world)
+            raise
+    if pg.world_size > 1:
+        dist.broadcast_object_list(payload, src=0, group=pg.world)
+    ok, value = payload[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _picklable_error(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling (broadcast_object_list), else a RuntimeError with its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to round-trip
+        return RuntimeError(f"{type(e).__name__} on rank 0: {e}")
 
 
 def _default_timeout() -> datetime.timedelta:

@@ -43,6 +43,7 @@ from torch import nn
 
 from neo.config.embedding import ConfigError
 from neo.config.parallel import PipelineConfig
+from neo.distributed.process_groups import on_rank0
 from neo.machine import usable_cores
 from neo.pipeline.async_schedules import ASYNC_SCHEDULES, AsyncPipeline
 from neo.pipeline.chimera import ChimeraPipeline
@@ -152,15 +153,14 @@ class PipelinedDense:
         cfg.check(len(self.layers), batch_size, W)
         S, M = int(cfg.stages), int(cfg.micro_batches)
         self.micro_batch = S * batch_size // M
-        box: List[Any] = [None, None]
-        if dist.get_rank() == 0:              # measured on rank 0, the same choice everywhere
+
+        def plan() -> Tuple[List[Tuple[int, int]], str]:    # measured on rank 0, the same choice everywhere
             on_cpu = all(p.device.type == "cpu" for p in model.parameters())
             cores = usable_cores() * (W // max(1, pg.local_world_size)) if on_cpu else 0
-            box = list(plan_pipeline(cfg, self.layers, self.micro_batch, num_dense, pooled_width, bandwidth_gbps,
-                                     cores, torch.get_num_threads(), max(1, W // int(cfg.stages))))
-        if W > 1:
-            dist.broadcast_object_list(box, src=0, group=pg.world)
-        self.split, self.schedule_name = [tuple(x) for x in box[0]], box[1]
+            return plan_pipeline(cfg, self.layers, self.micro_batch, num_dense, pooled_width, bandwidth_gbps,
+                                 cores, torch.get_num_threads(), max(1, W // int(cfg.stages)))
+        split, self.schedule_name = on_rank0(plan, pg)       # an error there raised on every rank
+        self.split = [tuple(x) for x in split]
         if self.schedule_name == "chimera" and (S % 2 or M % 2 or int(cfg.virtual_stages) != 1):
             raise ConfigError("parallel.pipeline.schedule: chimera needs an even number of stages and micro-batches "
                               "and virtual_stages 1")

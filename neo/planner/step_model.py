@@ -47,9 +47,12 @@ from neo.planner.plan import Plan
 from neo.planner.types import Placement, TableSpec, Topology
 
 __all__ = ["DenseSpec", "StepPrediction", "dense_seconds", "data_seconds", "predict_step",
-           "rank_footprints", "cpu_bound_step", "COMPONENTS"]
+           "rank_footprints", "cpu_bound_step", "COMPONENTS", "COMPUTING"]
 
 COMPONENTS = ("embedding_fwd", "embedding_bwd", "input_dist", "output_dist", "dense", "data")
+COMPUTING = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
+"""The components a rank spends on the cores (the rest is collectives): where ranks outnumber a
+node's cores, these stretch (:func:`predict_step`)."""
 _BUCKET = 25 * 2**20                    # DDP's default bucket (bytes)
 
 
@@ -222,11 +225,10 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     if c.device_kind == "cpu" and cores > 0:
         own = comp["fwd"] + comp["bwd"] + d + c.step_overhead
         shared = cpu_bound_step(own, data_s, topo.local_world_size, cores, threads_per_rank)
-        computing = ("embedding_fwd", "embedding_bwd", "dense", "data", "other")
-        busy = sum(parts[k] for k in computing)
+        busy = sum(parts[k] for k in COMPUTING)
         if shared > step and busy > 0:
             stretch = (shared - (step - busy)) / busy
-            parts.update({k: parts[k] * stretch for k in computing})
+            parts.update({k: parts[k] * stretch for k in COMPUTING})
             step = sum(parts.values())
     return StepPrediction(step * 1e3, {k: v * 1e3 for k, v in parts.items()}, r,
                           topo.batch_size_per_rank * W / step, tuple(float(x) * 1e3 for x in per_rank))

@@ -291,30 +291,9 @@ def make_plan(cfg, pg, batch_size: int, data: Optional[DataSpec] = None) -> Dict
     global batches of ``data`` (:func:`measure_cache_curves`). An error on rank 0 (a bad plan
     file, a world the tables do not fit) is raised on every rank, not left for the others to
     wait out in the broadcast."""
-    payload: List[Any] = [None]
-    if pg.rank == 0:
-        try:
-            payload = [_plan_rank0(cfg, pg, batch_size, data)]
-        except Exception as e:
-            if pg.world_size > 1:
-                dist.broadcast_object_list([picklable_error(e)], src=0, group=pg.world)
-            raise
-    if pg.world_size > 1:
-        dist.broadcast_object_list(payload, src=0, group=pg.world)
-        if isinstance(payload[0], BaseException):
-            raise payload[0]
-    return payload[0]
+    from neo.distributed.process_groups import on_rank0
 
-
-def picklable_error(e: BaseException) -> BaseException:
-    """``e`` if it survives pickling (broadcast_object_list), else a RuntimeError with its text."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:  # noqa: BLE001 - any failure to round-trip
-        return RuntimeError(f"{type(e).__name__} on rank 0: {e}")
+    return on_rank0(lambda: _plan_rank0(cfg, pg, batch_size, data), pg)
 
 
 def _plan_rank0(cfg, pg, batch_size: int, data: Optional[DataSpec]):

@@ -33,11 +33,11 @@ import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
-                             picklable_error, prepare_data, rename_features, resolve_tables, restart_attempt,
-                             validate_training_config)
+                             prepare_data, rename_features, resolve_tables, restart_attempt, validate_training_config)
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
+from neo.distributed.process_groups import on_rank0
 from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer, find_resumable, job_state,
                                   load_checkpoint, state_sha256)
 from neo.train.checkpoint.layout import step_of
@@ -243,21 +243,16 @@ class Trainer:
         one); a refusal (:class:`CheckpointError`: another run writes there) is raised on every
         rank, not left for the others to wait out in the next collective."""
         t = self.cfg.train
-        error: List[Optional[BaseException]] = [None]
-        if self.rank == 0:
+
+        def acquire() -> Optional[str]:
             lease = self.lease or CheckpointLease(t.checkpoint_dir, t.checkpoint_lease_s, on_lost=self.say)
-            try:
-                note = lease.acquire()
-            except Exception as e:  # noqa: BLE001 - every rank raises it
-                error = [picklable_error(e)]
-            else:
-                self.lease = lease
-                if note:
-                    self.say(note)
-        if self.W > 1:
-            dist.broadcast_object_list(error, src=0, group=self.pg.world)
-        if error[0] is not None:
-            raise error[0]
+            note = lease.acquire()
+            self.lease = lease
+            return note
+
+        note = on_rank0(acquire, self.pg)
+        if note:
+            self.say(note)
         self._lease_held = True
 
     def _lease_check(self) -> Optional[str]:

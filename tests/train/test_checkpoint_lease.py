@@ -27,6 +27,7 @@ from neo.config import ConfigError
 from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.checkpoint.layout import candidates, clear_stale
 from neo.train.checkpoint.lease import LEASE_FILE, run_identity
+from neo.train.trainer import FitHook
 from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import tiny_config
 
@@ -272,8 +273,8 @@ def test_a_run_on_a_directory_another_run_holds_is_refused_before_training(tmp_d
     assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
 
 
-class _LeaseSeen:
-    """A FitHook reading the lease file after every step."""
+class _LeaseSeen(FitHook):
+    """Reads the lease file after every step."""
 
     def __init__(self, root: str):
         self.root, self.seen = root, []
@@ -281,9 +282,6 @@ class _LeaseSeen:
     def after_step(self, step: int) -> bool:
         self.seen.append(_read_lease(self.root))
         return False
-
-    def evaluate(self, step, run_eval):
-        return run_eval(), False
 
 
 def _train_watching_the_lease(rank, world_size, tmp, overrides, ck):
@@ -311,9 +309,9 @@ def test_a_run_holds_the_lease_while_it_trains_and_leaves_none(tmp_data, dead_pi
     assert out["left"] == ["latest", "step-3"]             # the lease is gone once the run is over
 
 
-class _TakenOverAt:
-    """A FitHook that, after step ``at``, writes another run's live lease over this run's (as a run
-    that took over while this one was paused would)."""
+class _TakenOverAt(FitHook):
+    """After step ``at``, writes another run's live lease over this run's (as a run that took over
+    while this one was paused would)."""
 
     def __init__(self, root: str, at: int):
         self.root, self.at = root, at
@@ -322,9 +320,6 @@ class _TakenOverAt:
         if step == self.at:
             _write_lease(self.root, "the-new-holder", renewed_ago=0)
         return False
-
-    def evaluate(self, step, run_eval):
-        return run_eval(), False
 
 
 def _train_losing_the_lease(rank, world_size, tmp, overrides, ck):

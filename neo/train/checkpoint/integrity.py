@@ -17,6 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
+from neo.train.checkpoint.layout import write_atomic
+
 __all__ = ["MANIFEST", "file_digest", "write_manifest", "verify_files", "verify_checkpoint"]
 
 MANIFEST = "manifest.json"
@@ -40,12 +42,7 @@ def file_digest(path: str) -> Tuple[int, str]:
 def write_manifest(path: str, files: Dict[str, Tuple[int, str]]) -> None:
     """Write ``path/manifest.json`` (fsynced) for ``files``: name -> (bytes, sha256)."""
     body = {"files": {k: {"bytes": int(n), "sha256": h} for k, (n, h) in sorted(files.items())}}
-    tmp = os.path.join(path, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(body, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(path, MANIFEST))
+    write_atomic(os.path.join(path, MANIFEST), json.dumps(body, indent=1))
 
 
 def _manifest(path: str) -> Dict[str, Dict[str, object]]:

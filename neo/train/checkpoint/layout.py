@@ -102,6 +102,18 @@ def clear_stale(root: str) -> None:
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
+def write_atomic(path: str, text: str, tmp: Optional[str] = None) -> None:
+    """Replace ``path`` by ``text`` at once: written and fsynced under ``tmp`` (default
+    ``path.tmp``; a writer racing others names its own), then ``os.replace``: a reader finds the
+    old text or the new one, never part of it."""
+    tmp = tmp or f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -128,12 +140,7 @@ def commit(root: str, step: int, keep: int) -> str:
     _fsync_dir(root)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    pointer = os.path.join(root, "latest.tmp")
-    with open(pointer, "w") as f:
-        f.write(f"step-{step}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(pointer, os.path.join(root, "latest"))
+    write_atomic(os.path.join(root, "latest"), f"step-{step}\n")
     _fsync_dir(root)
     # A directory holds one line of checkpoints whose steps grow. Those of a later step than this
     # one belong to a line this run left (it resumed from before them: they were damaged; or it

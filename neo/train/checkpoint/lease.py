@@ -47,7 +47,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from neo.train.checkpoint.layout import CheckpointError
+from neo.train.checkpoint.layout import CheckpointError, write_atomic
 
 __all__ = ["CheckpointLease", "LEASE_FILE", "LeaseRecord", "lease_path", "run_identity"]
 
@@ -186,16 +186,6 @@ def _create_exclusive(path: str, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _replace(path: str, text: str, token: str) -> None:
-    """Replace ``path`` with ``text`` atomically (a temporary file of this holder, ``os.replace``)."""
-    tmp = f"{path}.{token}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class CheckpointLease:
@@ -345,17 +335,22 @@ class CheckpointLease:
         """None while this run holds the lease (the file still carries its token), else why not:
         what a checkpoint save asks before it clears or commits anything in the directory."""
         with self._lock:
-            record = self._record
-            if record is None:
+            if self._record is None:
                 return self._lost or f"this run does not hold the lease on {self.root}"
-            text = _read_settled(self.path)
-            if text is None:
-                return None                           # moved aside by a contender: still ours until replaced
-            current = LeaseRecord.from_text(text)
-            if current is None or current.token != record.token:
-                self._lose(current)
-                return self._lost
+            return None if self._read_own() is not False else self._lost
+
+    def _read_own(self):
+        """(Under the lock, while held.) The lease file's text if it still carries this run's
+        token; None if it is absent (moved aside by a contender and not yet put back: still ours
+        until replaced); False, the loss recorded and said, if another run's lease is there."""
+        text = _read_settled(self.path)
+        if text is None:
             return None
+        current = LeaseRecord.from_text(text)
+        if current is None or current.token != self._record.token:
+            self._lose(current)
+            return False
+        return text
 
     def _lose(self, current: Optional[LeaseRecord]) -> None:
         """Another run holds the lease now (``current``; None: unreadable): stop holding it, say so."""
@@ -373,10 +368,8 @@ class CheckpointLease:
             record = self._record
             if record is None or self._stop.is_set():
                 return False
-            text = _read_settled(self.path)
-            current = LeaseRecord.from_text(text) if text is not None else record
-            if current is None or current.token != record.token:
-                self._lose(current)
+            text = self._read_own()
+            if text is False:
                 return False
             record.renewed = time.time()
             if text is None:        # moved aside by a contender and not yet put back: it is still ours
@@ -385,7 +378,7 @@ class CheckpointLease:
                 except FileExistsError:
                     pass                              # put back, or taken: judged at the next renewal
             else:
-                _replace(self.path, record.to_text(), record.token)
+                write_atomic(self.path, record.to_text(), tmp=f"{self.path}.{record.token}.tmp")
             return True
 
     def release(self) -> None:
