@@ -31,8 +31,9 @@ The runtime's cost per action (the schedule's bookkeeping, the copies, buffers a
 its activations) comes from each schedule run once more on a null model: the same layers, split
 and activation shapes, each Linear hollowed out to a broadcast multiply (:class:`_Hollow`). With a
 core per rank it is the ``op_ms`` under which the replay gives the null model's measured step
-(:func:`fit_op_ms`); with more ranks than cores it is CPU the ranks compete for: the null run's
-CPU (process time of every rank) less its chunks' compute, per action (:func:`runtime_cpu_ms`).
+(``fit_op_ms``); with more ranks than cores it is CPU the ranks compete for: the null run's
+CPU (process time of every rank) less its chunks' compute, per action (``runtime_cpu_ms``). The
+model side, pure functions of these measurements, is tools/pipeline_prediction.py.
 The data-parallel baseline's prediction times the whole model on a rank's batch at once.
 
 Measured: per step (a barrier before each), the wall time of the pipelined part (the schedule's
@@ -70,6 +71,8 @@ sys.path.insert(0, str(ROOT))
 from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, start_rank,  # noqa: E402
                           write_json)
 from neo.pipeline.simulate import COST_FIELDS  # noqa: E402
+from pipeline_prediction import (allreduce_gbps, compute_ms, fit_op_ms, predict_pipeline,  # noqa: E402
+                                 runtime_cpu_ms)
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("chimera", 1)]
 """(schedule, virtual_stages) measured at every world size."""
@@ -366,84 +369,6 @@ def _rank_main(rank: int, W: int, args) -> Dict[str, Any]:
     return out
 
 
-def _comm_ms(one_way: Dict[int, float], nbytes: float) -> float:
-    """One-way transfer of ``nbytes``, interpolated between the measured tiny and large messages
-    (latency + bytes / bandwidth; on a loaded machine the latency is mostly waking the receiver)."""
-    (small, t_small), (big, t_big) = sorted(one_way.items())
-    return t_small + max(0.0, t_big - t_small) * (nbytes - small) / max(big - small, 1)
-
-
-def _predict(chunk_rows, layer_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
-             op_ms: float = 0.0, cores: int = 0, threads: int = 1, replayed: bool = True):
-    """The model's step for ``split`` (chunk k on rank k mod W): the chunks' own times
-    (``chunk_rows``, profile_chunks), the layers' bytes (``layer_rows``). ``replayed``: each
-    schedule's order replayed (neo.pipeline.simulate), else the closed form (perf_model.predict)."""
-    from neo.pipeline.perf_model import per_rank, predict
-    from neo.pipeline.simulate import predict_replayed
-
-    S, C = W, len(split)
-    chunk_params = [sum(r["param_bytes"] for r in layer_rows[a:z + 1]) for a, z in split]
-    boundary = [_comm_ms(one_way, layer_rows[split[k][1]]["activation_bytes"]) for k in range(C - 1)]
-    if replayed:
-        return predict_replayed(schedule, _costs(chunk_rows), M, S, v, comm_ms=boundary, op_ms=op_ms, cores=cores,
-                                threads_per_rank=threads, chunk_param_bytes=chunk_params, bandwidth_gbps=bandwidth)
-    ranks = {key: per_rank([c[key] for c in chunk_rows], S) for key in COST_FIELDS}
-    comm = boundary if v == 1 else [sum(boundary) / len(boundary)] * (S - 1)
-    return predict(schedule, ranks["fwd_ms"], ranks["bwd_ms"], M, comm_ms=comm, virtual_stages=max(v, 2),
-                   replicas=1, stage_wgrad_ms=ranks["weight_grad_ms"], stage_input_grad_ms=ranks["input_grad_ms"],
-                   stage_param_bytes=per_rank(chunk_params, S), bandwidth_gbps=bandwidth, op_ms=op_ms, cores=cores,
-                   threads_per_rank=threads)
-
-
-def _allreduce_gbps(probe) -> float:
-    """The ring AllReduce bandwidth (perf_model.allreduce_ms) under which a probe's (bytes, ranks, ms) holds."""
-    nbytes, n, ms = probe
-    return 2 * (n - 1) / n * nbytes / (ms * 1e6)
-
-
-def fit_op_ms(null_chunks, null_rows, schedule: str, v: int, split, W: int, M: int, bandwidth: float, one_way,
-              null_ms: float, cores: int = 0, threads: int = 1) -> float:
-    """The cost of one schedule action (``op_ms`` of :func:`neo.pipeline.perf_model.predict`) under
-    which the model gives the null model's measured pipelined time ``null_ms`` (bisection: the
-    prediction grows with it); 0 where the null model's own arithmetic already explains it."""
-    def pipe(op: float) -> float:
-        return _predict(null_chunks, null_rows, schedule, v, split, W, M, bandwidth, one_way, op, cores,
-                        threads).pipeline_ms
-
-    lo, hi = 0.0, max(null_ms, 1e-6)
-    if pipe(lo) >= null_ms:
-        return 0.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if pipe(mid) < null_ms else (lo, mid)
-    return (lo + hi) / 2
-
-
-def _costs(rows):
-    """The simulator's costs of chunk profile rows (dicts of ChunkProfile's fields)."""
-    from neo.pipeline.profile import ChunkProfile
-    from neo.pipeline.simulate import chunk_costs
-
-    return chunk_costs([ChunkProfile(**r) for r in rows])
-
-
-def compute_ms(chunks, schedule: str, v: int, W: int, M: int) -> Tuple[float, int]:
-    """(The chunks' compute in one step of ``schedule``, its number of actions): every rank's
-    actions (neo.pipeline.simulate.orders) at the chunk profile's costs, summed."""
-    from neo.pipeline.simulate import orders
-
-    costs = _costs(chunks)
-    acts = [a for rank in orders(schedule, W, M, v) for a in rank]
-    return sum(costs.of(a.kind, a.chunk) for a in acts), len(acts)
-
-
-def runtime_cpu_ms(null_chunks, schedule: str, v: int, W: int, M: int, null_cpu_ms: float) -> float:
-    """The runtime's CPU per schedule action: the null model's pipelined part's CPU (every rank's
-    process time, summed) less its chunks' compute, over the actions of a step (0 at least)."""
-    compute, actions = compute_ms(null_chunks, schedule, v, W, M)
-    return max(0.0, (null_cpu_ms - compute) / actions)
-
-
 def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[Dict[str, Any]]:
     from neo.machine import usable_cores
 
@@ -463,7 +388,7 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             from neo.pipeline.perf_model import predict
 
             whole = out[0]["whole"][0]
-            bw = _allreduce_gbps(out[0]["allreduce"]["world"])
+            bw = allreduce_gbps(out[0]["allreduce"]["world"])
             pred = predict("data_parallel", [whole["fwd_ms"]], [whole["bwd_ms"]], 1, replicas=W,
                            stage_param_bytes=[sum(r["param_bytes"] for r in rows)], bandwidth_gbps=bw, cores=cores,
                            threads_per_rank=threads)
@@ -471,7 +396,7 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
             v, split = 1, None
         else:
             v, split = run["virtual_stages"], run["split"]
-            bw = _allreduce_gbps(out[0]["allreduce"]["pairs"]) if schedule == "chimera" else bandwidth
+            bw = allreduce_gbps(out[0]["allreduce"]["pairs"]) if schedule == "chimera" else bandwidth
             null_ms = 1e3 * _median([max(o["null_runs"][schedule]["pipeline_s"][i] for o in out)
                                      for i in range(len(out[0]["null_runs"][schedule]["pipeline_s"]))])
             null_cpu = 1e3 * _median([sum(o["null_runs"][schedule]["cpu_s"][i] for o in out)
@@ -482,7 +407,7 @@ def _records(W: int, out: List[Dict[str, Any]], args, bandwidth: float) -> List[
                 op_ms = fit_op_ms(out[0]["null_chunks"][str(v)], out[0]["null_profile"], schedule, v, split, W,
                                   args.micro_batches, bw, out[0]["one_way_ms"], null_ms, cores, threads)
             chunks = out[0]["chunks_at"][schedule]
-            pred, formula = (_predict(chunks, rows, schedule, v, split, W, args.micro_batches, bw,
+            pred, formula = (predict_pipeline(chunks, rows, schedule, v, split, W, args.micro_batches, bw,
                                       out[0]["one_way_ms"], op_ms, cores, threads, replayed)
                              for replayed in (True, False))
             bubble = _median([1 - b / (W * p) for b, p in zip(busy, pipe)])

@@ -1,5 +1,5 @@
-"""tools/bench_pipeline.py: the runtime's cost per schedule action is recovered from a null
-model's measured time (pure functions, no training)."""
+"""tools/pipeline_prediction.py, the model side of tools/bench_pipeline.py: the runtime's cost per
+schedule action is recovered from a null model's measured time (pure functions, no training)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from tests.tools import load_tool
 
-bench = load_tool("bench_pipeline.py")
+bench = load_tool("pipeline_prediction.py")
 
 
 def _rows(n: int, fwd: float, bwd: float):
@@ -35,11 +35,11 @@ def test_fit_op_ms_recovers_the_cost_of_an_action(schedule, v, W, cores):
     one_way = {4: 0.05, 4096: 0.06}
     truth = 0.3
     ch = _chunks(split, 0.01, 0.02)
-    null_ms = bench._predict(ch, rows, schedule, v, split, W, 8, 1.0, one_way, truth, cores, 1).pipeline_ms
+    null_ms = bench.predict_pipeline(ch, rows, schedule, v, split, W, 8, 1.0, one_way, truth, cores, 1).pipeline_ms
     got = bench.fit_op_ms(ch, rows, schedule, v, split, W, 8, 1.0, one_way, null_ms, cores, 1)
     assert got == pytest.approx(truth, rel=1e-6)
     # a null model whose own arithmetic explains its time: no runtime cost
-    floor = bench._predict(ch, rows, schedule, v, split, W, 8, 1.0, one_way, 0.0, cores, 1).pipeline_ms
+    floor = bench.predict_pipeline(ch, rows, schedule, v, split, W, 8, 1.0, one_way, 0.0, cores, 1).pipeline_ms
     assert bench.fit_op_ms(ch, rows, schedule, v, split, W, 8, 1.0, one_way, floor * 0.9, cores, 1) == 0.0
 
 
@@ -49,7 +49,7 @@ def test_allreduce_probe_gives_back_its_own_time():
     from neo.pipeline.perf_model import allreduce_ms
 
     for probe in [(12_000_000, 2, 11.5), (3_000_000, 4, 7.25)]:
-        assert allreduce_ms(probe[0], probe[1], bench._allreduce_gbps(probe)) == pytest.approx(probe[2])
+        assert allreduce_ms(probe[0], probe[1], bench.allreduce_gbps(probe)) == pytest.approx(probe[2])
 
 
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("chimera", 1)])
