@@ -59,6 +59,16 @@
 // already issue the minimum of 8-float multiply-adds (their reductions use port 5, beside the
 // FMA ports); under AVX-512 the transposes' 512-bit shuffles take the ports the multiply-adds
 // need (at best a fifth faster than the 16-float tiles, in theory).
+// Not done either: AMX tiles (Intel Sapphire Rapids and later) with fp32 accuracy from bf16
+// ("bf16x3": each float split exactly into three bf16 parts, six of the nine part products
+// summed by TDPBF16PS). Prototyped on the Intel Xeon with AMX (family 6 model 167,
+// 2026-11-29; a C++ harness over these headers, one thread, B 2048): D 64 forward 2.70 ms
+// and backward 3.42 ms against these tiles' 1.09 and 1.66 (D 128: 4.51 / 7.20 against 2.21
+// / 3.42), accurate (max error against float64 2.9e-6 to 7.1e-6, these tiles' 3.0e-6 to
+// 1.1e-5). The tile products are cheap (36 TDPBF16PS a sample at D 64, 440 reference cycles
+// alone); the conversions are not: splitting a sample's rows into parts alone took 940
+// reference cycles, the 32-bit transposes the B operand needs 520, together more than this
+// whole forward (about 1,170), and the splits ran slower still beside the tile loads.
 //
 // FMA is used (vfmadd); the result differs from torch's bmm path by summation order and
 // rounding only (tested against the formula in float64). D not a multiple of kW: the last
