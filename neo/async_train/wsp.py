@@ -78,6 +78,9 @@ def check_wsp_config(cfg) -> None:
                           "only the end is evaluated (set it to 0)")
     if cfg.parallel.pipeline.enabled:
         raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
+    if t.stop_signals:
+        raise ConfigError(f"train.stop_signals: {t.stop_signals}: stopping on a signal is not supported under "
+                          "async_train.mode: wsp yet (nor are its checkpoints); leave it empty")
 
 
 class WSPTrainer:

@@ -10,7 +10,10 @@ JSON with the final metrics (``samples_per_s``, ``auc``, ``logloss``, ``steps``,
 Exit status: 0; 2 for a config error (found when the config is read, or while the run is set
 up: a plan that does not fit, a missing file the config names); 1 when the training loss
 stops being finite (the run stops there: ``TrainingDiverged``), or when ``train.target_auc_delta``
-is set and the final AUC is below ``best_auc - target_auc_delta``.
+is set and the final AUC is below ``best_auc - target_auc_delta``; 128 + the signal's number
+(143 for SIGTERM) when a signal of ``train.stop_signals`` stopped the run (after a checkpoint
+of its last step when ``train.checkpoint_dir`` is set; the JSON line then has ``stopped``,
+``checkpoint`` and no evaluation).
 """
 
 from __future__ import annotations
@@ -85,7 +88,14 @@ def run(cfg, pg=None) -> int:
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
     delta = cfg.train.target_auc_delta
-    if delta is not None and final.get("best_auc") is not None:
+    if final.get("stopped"):                     # a signal of train.stop_signals ended it (neo/train/stop.py)
+        status = final["exit_status"]
+        if rank == 0:
+            where = f"checkpoint {final['checkpoint']}: the same command resumes there (train.resume)" \
+                if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
+            print(f"neo train: stopped by {final['stopped']} after step {final['steps']}; {where}",
+                  file=sys.stderr, flush=True)
+    elif delta is not None and final.get("best_auc") is not None:
         target = final["best_auc"] - delta
         final["target_auc"] = round(target, 6)
         final["target_met"] = bool(final["auc"] is not None and final["auc"] >= target)
@@ -149,4 +159,34 @@ def _torchrun(ranks: int, argv: List[str]) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "-m", "neo.train", *argv]
     print(f"neo train: parallel.pipeline.stages = {ranks}: running {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    return subprocess.run(cmd).returncode
+    child = subprocess.Popen(cmd)
+    return _wait_forwarding_signals(child)
+
+
+# Signals passed on to a relaunched torchrun (which passes SIGTERM and SIGHUP on to its workers:
+# train.stop_signals then stops them cleanly). SIGINT is not: Ctrl-C reaches the child through
+# the terminal's process group already.
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def _wait_forwarding_signals(child) -> int:
+    """Wait for ``child``, passing it the signals of _FORWARDED this process gets (else this
+    process would die of them and leave its torchrun running); its exit status, 128 + N when a
+    signal N ended it."""
+    import signal
+
+    previous = {}
+    for name in _FORWARDED:
+        num = getattr(signal, name)
+        previous[num] = signal.signal(num, lambda n, frame: child.send_signal(n))
+    try:
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except KeyboardInterrupt:          # Ctrl-C: the child has it too; wait for its shutdown
+                continue
+    finally:
+        for num, handler in previous.items():
+            signal.signal(num, handler)
+    return 128 - rc if rc < 0 else rc

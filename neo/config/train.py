@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from neo.config.embedding import ConfigError, choice
+from neo.config.signals import stop_signal_names
 from neo.config.tables import SHARDING_TYPES, OptimizerEntry
 
 __all__ = ["DenseOptimizerType", "OptimConfig", "ShardingConfig", "TrainConfig"]
@@ -158,6 +159,13 @@ class TrainConfig:
     """Seconds of the lease a run holds on ``checkpoint_dir`` (``DIR/lease.json``, renewed every
     quarter of it): another run on the directory is refused while the lease is live, and takes
     over one not renewed for this long (or whose process is gone); see docs/reliability.md."""
+    stop_signals: List[str] = field(default_factory=list)
+    """Signals that stop the run cleanly instead of killing it, e.g. ``[SIGTERM]`` (what torchrun,
+    Kubernetes and schedulers send before they kill) or ``[SIGUSR1]`` (SLURM's ``--signal``): the
+    ranks agree on a step (the next one with one rank, the next ``log_every`` step with several),
+    write a checkpoint there when ``checkpoint_dir`` is set, give up the lease and exit with 128 +
+    the signal's number; a second such signal kills at once. Empty (the default): every signal
+    keeps its default action. See docs/reliability.md."""
     state_digest: bool = True
     """Put ``state_sha256`` (a digest of every parameter and optimizer state) in the final JSON line."""
     run_dir: str = "runs/neo"
@@ -218,6 +226,7 @@ class TrainConfig:
                               f"got {self.checkpoint_lease_s!r}")
         if self.log_every <= 0:
             raise ConfigError(f"{where}.log_every: must be > 0, got {self.log_every}")
+        self.stop_signals = stop_signal_names(self.stop_signals, f"{where}.stop_signals")
         if self.steps == 0 and self.epochs <= 0:
             raise ConfigError(f"{where}.epochs: must be > 0 when steps is 0, got {self.epochs}")
         self.embedding_backend = choice(self.embedding_backend, ["auto", "reference", "cpu", "triton", "fbgemm"],

@@ -53,6 +53,9 @@ def check_request(cfg, division: str, seeds: int) -> None:
         raise ConfigError(f"--division: {division!r} is not one of {list(DIVISIONS)}")
     if seeds < 1:
         raise ConfigError(f"--seeds: must be >= 1 (runs, one per seed), got {seeds}")
+    if cfg.train.stop_signals:
+        raise ConfigError(f"train.stop_signals: {cfg.train.stop_signals}: a timed MLPerf run stopped part way is no "
+                          "result, and neo mlperf keeps no checkpoints to resume it from; leave it empty")
     if division == "closed":
         rules.check_closed_config(cfg)
     elif cfg.mlperf.target_auc is None:

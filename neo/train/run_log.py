@@ -1,6 +1,6 @@
 """Where a run's numbers go: ``RUN_DIR/metrics.jsonl``, TensorBoard, a progress bar (rank 0 only).
 
-Every record is one JSON object per line: ``{"kind": "train" | "eval" | "cache" | "restart" | "final", "step": N, ...}``
+Every record is one JSON object per line: ``{"kind": "train" | "eval" | "cache" | "restart" | "stopped" | "final", "step": N, ...}``
 A run that resumes from a checkpoint (a restart under torchrun included) first drops the records
 of the steps after that checkpoint, which it is about to redo, then writes a ``restart`` record
 (``from_step``, ``attempt``, ``checkpoint``, ``dropped_records``): no step appears twice.

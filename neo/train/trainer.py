@@ -10,7 +10,8 @@ Launch::
 :class:`Trainer` builds the job (:mod:`neo.train.build`), then :meth:`Trainer.fit` runs the
 pipelined (or plain) loop with evaluation and checkpoints at their cadence and returns the final
 metrics (``fit(hook=...)``: a :class:`FitHook` may add evaluation points and stop the run after
-one, as the MLPerf harness does, neo/mlperf/). Loss = BCE-with-logits, mean over the rank's
+one, as the MLPerf harness does, neo/mlperf/; a signal of ``train.stop_signals`` stops it after a
+step the ranks agree on, with that step's checkpoint, neo/train/stop.py). Loss = BCE-with-logits, mean over the rank's
 batch; DDP averages dense gradients and the sharded collection divides embedding gradients by W,
 so W ranks of B samples train like one process on the global batch of W x B (see
 neo/distributed/sharded_embedding.py).
@@ -47,6 +48,7 @@ from neo.train.run_log import RunLog
 from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
+from neo.train.stop import StopSignals, agreed_signal, signal_name
 from neo.train.trace import TraceRecorder, attach, write_trace
 
 __all__ = ["FitHook", "Trainer", "TrainingDiverged", "dense_optimizer"]
@@ -214,6 +216,7 @@ class Trainer:
         self.lease: Optional[CheckpointLease] = None
         """Rank 0's lease on ``train.checkpoint_dir`` (see neo/train/checkpoint/lease.py)."""
         self._lease_held = False                 # every rank: whether the run holds it (fit takes it again)
+        self._saved_step: Optional[int] = None   # the step of the last save() (a stop saves its step once)
         if t.checkpoint_dir:
             _probe_directory(t.checkpoint_dir, "train.checkpoint_dir")   # a save must not fail after the training
             self._take_lease()                  # before reading or clearing anything in the directory
@@ -339,6 +342,7 @@ class Trainer:
                 "table_inputs": self._table_inputs(), "train_data": self._data_identity()}
         state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
         self.checkpointer.save(self.step, state, meta)
+        self._saved_step = self.step
 
     def state_sha256(self) -> str:
         """Digest of every parameter and optimizer state (collective; see neo/train/checkpoint/digest.py)."""
@@ -454,7 +458,8 @@ class Trainer:
         if self.cfg.train.checkpoint_dir and not self._lease_held:
             self._take_lease()                          # released by an earlier fit()
         try:
-            return self._fit(hook or FitHook())
+            with StopSignals(self.cfg.train.stop_signals) as stop:
+                return self._fit(hook or FitHook(), stop)
         except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
             if isinstance(e, CheckpointError) or not (isinstance(e, CollectiveError) or is_comm_error(e)):
                 raise
@@ -462,6 +467,32 @@ class Trainer:
         finally:
             self.heartbeat.close()
             self.release_checkpoint_dir()
+
+    def _stopped(self, num: int, runlog: RunLog, steps_run: int, train_s: float) -> Dict[str, Any]:
+        """The end of a run stopped by a signal of train.stop_signals after step ``self.step``: the
+        checkpoint of this step (none without train.checkpoint_dir), no evaluation and no digest
+        (a stop must fit in the time before the kill), a ``stopped`` record."""
+        t = self.cfg.train
+        checkpoint = None
+        with self.timers("checkpoint"):
+            if t.checkpoint_dir:
+                if self._saved_step != self.step:
+                    self.save()
+                self.checkpointer.wait()                          # committed before the process ends
+                checkpoint = os.path.join(t.checkpoint_dir, f"step-{self.step}")
+        final = {
+            "steps": self.step, "stopped": signal_name(num), "exit_status": 128 + num, "checkpoint": checkpoint,
+            "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
+            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+            "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2),
+        }
+        if self.trace is not None:
+            final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world)
+        runlog.record("stopped", self.step, final)
+        runlog.message(f"stopped by {final['stopped']} after step {self.step}: "
+                       + (f"checkpoint {checkpoint}" if checkpoint else "no train.checkpoint_dir, nothing saved"))
+        runlog.close()
+        return final
 
     def _named_failure(self, e: BaseException) -> CollectiveError:
         phase = self.timers.failed_in or "a collective"
@@ -471,7 +502,7 @@ class Trainer:
             f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: {self.heartbeat.diagnose()}. "
             f"Cause: {cause}")
 
-    def _fit(self, hook: FitHook) -> Dict[str, Any]:
+    def _fit(self, hook: FitHook, stop: StopSignals) -> Dict[str, Any]:
         t = self.cfg.train
         restarted = self.resumed_from is not None or self.attempt > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
@@ -493,7 +524,7 @@ class Trainer:
         start_step, window_loss, window_n = self.step, 0.0, 0
         train_s, eval_s, t0 = 0.0, 0.0, time.perf_counter()
         last_eval: Dict[str, Any] = {}
-        last_eval_step, stop = -1, False
+        last_eval_step, hook_stop, stopped = -1, False, None
         self.timers.reset()
         while self.step < self.total_steps:
             self.heartbeat.step = self.step
@@ -542,7 +573,7 @@ class Trainer:
                 if eval_now or hook_eval:
                     with self.timers("evaluate"):
                         if hook_eval:
-                            last_eval, stop = hook.evaluate(self.step, self.evaluate)
+                            last_eval, hook_stop = hook.evaluate(self.step, self.evaluate)
                         else:
                             last_eval = self.evaluate()
                     last_eval_step = self.step
@@ -554,12 +585,22 @@ class Trainer:
                         self.save()
                 t0 = time.perf_counter()
                 eval_s += t0 - pause
-                if stop:
+                if hook_stop:
+                    break
+            if stop.names and self.step < self.total_steps and (self.W == 1 or self.step % t.log_every == 0):
+                # a stop signal (train.stop_signals): every rank stops after this step
+                stopped = agreed_signal(stop.received, self.pg.world if self.W > 1 else None)
+                if stopped is not None:
+                    train_s += time.perf_counter() - t0
+                    loop.drain()
+                    t0 = time.perf_counter()
                     break
         train_s += time.perf_counter() - t0
         if self.trace is not None:
             self.trace.end_step()
         steps_run = self.step - start_step
+        if stopped is not None:
+            return self._stopped(stopped, runlog, steps_run, train_s)
         with self.timers("evaluate"):
             if (steps_run or not last_eval) and last_eval_step != self.step:
                 last_eval = self.evaluate()
