@@ -322,7 +322,7 @@ class WSPTrainer:
         if loader is None:
             return {}
         loader.set_epoch(0)
-        n = math.ceil(loader.shard_size / self.B)
+        n = math.ceil(loader.shard_size / self.cfg.train.eval_batch)
         if self.cfg.train.eval_batches:
             n = min(n, self.cfg.train.eval_batches)
         metrics = BinaryMetrics()

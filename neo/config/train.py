@@ -140,8 +140,12 @@ class TrainConfig:
     """Epochs over the training data when ``steps`` is 0."""
     eval_every: int = 0
     """Evaluate every this many steps (0 = only at the end; the end is always evaluated)."""
+    eval_batch_size: int = 0
+    """Samples per rank per evaluation batch (0 = ``batch_size``): evaluation keeps no activations
+    for a backward pass, so it can take larger batches, as TorchRec's DLRM example does
+    (``--test_batch_size``). The metrics do not depend on it (every sample is evaluated once)."""
     eval_batches: int = 0
-    """Validation batches per rank per evaluation (0 = the whole validation set)."""
+    """Validation batches (of ``eval_batch_size``) per rank per evaluation (0 = the whole validation set)."""
     log_every: int = 50
     """Write training loss and throughput to the metrics file every this many steps."""
     checkpoint_dir: Optional[str] = None
@@ -209,10 +213,16 @@ class TrainConfig:
     """Steps traced (the first ones; evaluations and checkpoints after them are still traced), so
     that a long run's trace stays bounded."""
 
+    @property
+    def eval_batch(self) -> int:
+        """Samples per rank per evaluation batch (``eval_batch_size``, else ``batch_size``)."""
+        return self.eval_batch_size or self.batch_size
+
     def validate(self, where: str = "train") -> None:
         if self.batch_size <= 0:
             raise ConfigError(f"{where}.batch_size: must be > 0, got {self.batch_size}")
-        for name in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads", "trace_steps"):
+        for name in ("steps", "eval_every", "eval_batch_size", "eval_batches", "checkpoint_every", "threads",
+                     "trace_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
         if self.seed < 0:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
+from neo.embedding.cache import CacheCapacityError
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
                              prepare_data, rename_features, resolve_tables, restart_attempt, validate_training_config)
 from neo.train.cache_log import CacheMonitor
@@ -392,10 +393,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def _padded(self, batch, keys, num_dense: int):
-        """(dense, sparse, labels, real count) padded to B samples with empty bags (equal sizes on every rank)."""
+        """(dense, sparse, labels, real count) padded to train.eval_batch samples with empty bags
+        (equal sizes on every rank)."""
         from neo.sparse import KeyedJaggedBatch
 
-        B = self.B
+        B = self.cfg.train.eval_batch
         if batch is None:
             sparse = KeyedJaggedBatch(keys, torch.zeros(0, dtype=torch.int64), torch.zeros(len(keys) * B, dtype=torch.int64),
                                       B, validate=False)
@@ -420,7 +422,7 @@ class Trainer:
         if loader is None:
             return {}
         loader.set_epoch(0)
-        n_local = math.ceil(loader.shard_size / self.B)
+        n_local = math.ceil(loader.shard_size / self.cfg.train.eval_batch)
         if self.cfg.train.eval_batches:
             n_local = min(n_local, self.cfg.train.eval_batches)
         n = torch.tensor([n_local])
@@ -442,6 +444,10 @@ class Trainer:
                 dist_batch = self.sharded.input_dist(sparse.to(self.device)).wait()
                 logits = self.step_module(dense.to(self.device), dist_batch)
                 metrics.update(logits[:count], labels[:count])
+        except CacheCapacityError as e:
+            raise CacheCapacityError(f"{e}. This was an evaluation batch of train.eval_batch_size = "
+                                     f"{self.cfg.train.eval_batch} samples (train.batch_size {self.B}): a smaller "
+                                     "eval_batch_size needs fewer rows at once") from e
         finally:
             it.close()
             self.model.train()
