@@ -47,7 +47,12 @@ unlink the files of collectives never waited).
 Waiting: spin briefly, then ``sched_yield`` for up to 1 ms (not when the ranks outnumber the
 cores), then sleep in 50 us steps. A wait longer than the group's timeout raises
 :class:`ShmTimeout`, naming the rank waited for (the runtime turns it into a
-``CollectiveError``).
+``CollectiveError``). A wait also looks every ``PEER_CHECK_S`` whether the peers' processes
+still exist (their pids, exchanged at setup, where every rank sees the same pid namespace): a
+peer that exited (gone, or a zombie) raises :class:`ShmPeerGone` at once, naming it, instead
+of the timeout later. Before, the other ranks waited out ``train.collective_timeout_s`` (600 s
+by default) unless a launcher killed them; a run stopping on a signal (``train.stop_signals``)
+does not die of torchrun's SIGTERM, so it relies on this.
 """
 
 from __future__ import annotations
@@ -68,9 +73,10 @@ import torch.distributed as dist
 
 from neo.machine import usable_cores
 
-__all__ = ["ShmExchange", "ShmTimeout", "ShmError", "shm_supported"]
+__all__ = ["ShmExchange", "ShmTimeout", "ShmPeerGone", "ShmError", "shm_supported"]
 
 SLOTS = 4
+PEER_CHECK_S = 0.1              # how often a waiting rank looks whether its peers' processes exist
 SEGMENT_BYTES = 256 << 20       # virtual size of a slot segment (sparse: pages are reserved as used)
 MIN_FREE_BYTES = 256 << 20      # free /dev/shm below which a rank does not offer shared memory
 _BLOCK = 32                     # int64 words of control per rank (256 bytes: own cache lines)
@@ -84,6 +90,31 @@ class ShmError(RuntimeError):
 
 class ShmTimeout(ShmError):
     """A rank waited longer than the group's timeout for a peer (which has probably failed)."""
+
+
+class ShmPeerGone(ShmTimeout):
+    """A peer's process exited while this rank waited for it: no need to wait out the timeout."""
+
+
+def _pid_namespace() -> Optional[str]:
+    """This process's pid namespace (``pid:[...]``), None where it cannot be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether ``pid`` (of this pid namespace) is a process that has not exited: a zombie (exited,
+    not yet reaped by its parent) counts as exited."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True                               # unreadable: assume it is there
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"   # the state follows "(comm) "
 
 
 def shm_supported() -> bool:
@@ -192,12 +223,13 @@ class ShmExchange:
     """
 
     def __init__(self, group, base: str, ctrl: mmap.mmap, own: List[_Segment], peer: List[List[Optional[_Segment]]],
-                 timeout_s: float):
+                 timeout_s: float, pids: Optional[List[Optional[int]]] = None):
         self.group = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.global_rank = dist.get_rank()
         self.peers = [r for r in range(self.size) if r != self.rank]
         self.timeout_s = timeout_s
+        self._pids = pids or [None] * self.size   # each rank's pid where this rank can see it
         # yield for up to 1 ms before sleeping, unless the ranks outnumber the cores (then a
         # yielding rank keeps stealing the core a working rank needs)
         self._yield_s = 1e-3 if self.size <= usable_cores() else 0.0
@@ -262,15 +294,17 @@ class ShmExchange:
                         peer[r] = [_Segment.open(path(r, slot), 1) for slot in range(SLOTS)]
             except OSError:
                 ok = False
-        oks: List[Optional[bool]] = [None] * W
-        dist.all_gather_object(oks, ok, group=group)
+        me = (ok, os.getpid(), _pid_namespace())
+        infos: List[Optional[tuple]] = [None] * W
+        dist.all_gather_object(infos, me, group=group)
         _unlink_all([(0, p) for p in mine])         # every rank that could map them has
-        if not all(oks):
+        if not all(i[0] for i in infos):
             for seg in own:
                 seg.release()
             return None
         timeout_s = (timeout or datetime.timedelta(minutes=30)).total_seconds()
-        return cls(group, base, ctrl.mm, own, peer, timeout_s)
+        pids = [pid if ns is not None and ns == me[2] else None for _, pid, ns in infos]
+        return cls(group, base, ctrl.mm, own, peer, timeout_s, pids)
 
     # ------------------------------------------------------------------ collectives
     def all_to_all_single(self, out: torch.Tensor, send: torch.Tensor, out_splits: Sequence[int],
@@ -376,8 +410,9 @@ class ShmExchange:
             self._ctrl[self.rank * _BLOCK + _CONSUMED] = rx.q
 
     def _block(self, done: Callable[[], bool], what: Callable[[], str]) -> None:
-        """Progress receives until ``done()``; spin, then yield, then sleep; raise on timeout."""
-        spins, t0 = 0, 0.0
+        """Progress receives until ``done()``; spin, then yield, then sleep; raise on timeout or
+        when a peer's process is gone."""
+        spins, t0, check = 0, 0.0, 0.0
         while True:
             self._progress()
             if done():
@@ -387,11 +422,18 @@ class ShmExchange:
                 continue
             now = time.monotonic()
             if spins == 50:
-                t0 = now
+                t0, check = now, now + PEER_CHECK_S
             waited = now - t0
             if waited > self.timeout_s:
                 raise ShmTimeout(f"rank {self.global_rank}: shared-memory collective timed out after {waited:.0f} s "
                                  f"waiting for {what()}: that rank has probably failed or stalled")
+            if now >= check:
+                check = now + PEER_CHECK_S
+                gone = [f"{self._global(r)} (pid {self._pids[r]})" for r in self.peers
+                        if self._pids[r] is not None and not _process_exists(self._pids[r])]
+                if gone:
+                    raise ShmPeerGone(f"rank {self.global_rank}: shared-memory collective waiting for {what()}: "
+                                      f"rank(s) {', '.join(gone)} exited")
             if waited < self._yield_s:
                 os.sched_yield()
             else:

@@ -162,6 +162,38 @@ def test_stalled_peer_times_out_naming_it():
     assert "waiting for rank(s) [1] to send message 1" in msg, msg
 
 
+def _exit_body(rank: int, W: int, out_path: str):
+    import json
+
+    pg = ProcessGroups.build()
+    assert pg.uses_shm
+    if rank == 1:
+        os._exit(3)                   # gone, as a crashed rank is: rank 0 must not wait out the timeout
+    t0 = time.monotonic()
+    try:
+        all_to_all(torch.ones(2), [1, 1], [1, 1], pg.world_comm, name="orphaned_a2a").wait()
+        got = ["no error", ""]
+    except Exception as e:  # noqa: BLE001 - the test looks at what it is
+        got = [type(e).__name__, str(e)]
+    with open(out_path, "w") as f:
+        json.dump(got + [time.monotonic() - t0], f)
+
+
+def test_a_peer_that_exited_is_named_at_once(tmp_path):
+    """A peer whose process is gone: the wait fails within a fraction of a second (it looks at the
+    peers' pids every PEER_CHECK_S), naming it, where the collective timeout is 120 s."""
+    import json
+
+    out = str(tmp_path / "rank0.json")
+    with pytest.raises(MultiProcessError) as info:
+        run_multiprocess(_exit_body, 2, out, collective_timeout_s=120, grace_s=20, timeout_s=60)
+    assert list(info.value.failures) == [1], info.value            # rank 1 exited; rank 0 returned
+    kind, msg, waited = json.load(open(out))
+    assert kind == "CollectiveError", (kind, msg)
+    assert "rank(s) 1 (pid " in msg and "exited" in msg and "waiting for rank(s) [1] to send message 1" in msg, msg
+    assert waited < 5, waited
+
+
 def _fallback_body(rank: int, W: int):
     import neo.distributed.shm as shm
 

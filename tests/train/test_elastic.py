@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import MIXED, ROOT, TINY, train_and_collect
 
@@ -52,22 +54,26 @@ def _last_step(path: str) -> int:
     return max(steps, default=0)
 
 
-def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data):
+@pytest.mark.parametrize("stop_signals", ["[]", "[SIGTERM]"], ids=["default signals", "stop_signals SIGTERM"])
+def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data, stop_signals):
+    """With ``train.stop_signals=[SIGTERM]`` the surviving rank does not die of torchrun's SIGTERM:
+    it must still end at once (its next collective fails on the dead peer), not at torchrun's
+    shutdown timeout, and the restart must lose nothing either."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     kill_at, victim = rng.randrange(2, STEPS - 4), rng.randrange(2)
     why = f"(seed {seed}: rank {victim} killed at step {kill_at})"
-    ck = f"{tmp_data}/elastic-ck"
+    ck = f"{tmp_data}/elastic-ck-{len(stop_signals)}"
     ref = run_multiprocess(train_and_collect, 2, tmp_data, [x.replace(f"{tmp_data}/", "") if x.startswith("data.")
-                                                            else x for x in []] + _overrides(tmp_data, "ref")[1:])
+                                                            else x for x in []] + _overrides(tmp_data, f"ref-{len(stop_signals)}")[1:])
     # (the cache override is the session's; tiny_config in train_and_collect sets it already)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-           "-m", "neo.train", TINY] + _overrides(tmp_data, "elastic") + [
-           f"train.checkpoint_dir={ck}", f"train.checkpoint_every={EVERY}"]
-    log = open(f"{tmp_data}/elastic.log", "w")
+           "-m", "neo.train", TINY] + _overrides(tmp_data, f"elastic-{len(stop_signals)}") + [
+           f"train.stop_signals={stop_signals}", f"train.checkpoint_dir={ck}", f"train.checkpoint_every={EVERY}"]
+    log = open(f"{tmp_data}/elastic-{len(stop_signals)}.log", "w")
     agent = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    metrics = f"{tmp_data}/elastic/metrics.jsonl"
+    metrics = f"{tmp_data}/elastic-{len(stop_signals)}/metrics.jsonl"
     deadline = time.monotonic() + 240
     try:
         while _last_step(metrics) < kill_at and agent.poll() is None and time.monotonic() < deadline:
@@ -75,13 +81,17 @@ def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data):
         pids = _rank_pids(agent.pid)
         assert victim in pids, f"worker of rank {victim} not found {why}"
         os.kill(pids[victim], signal.SIGKILL)
+        killed = time.monotonic()
         rc = agent.wait(timeout=max(10, deadline - time.monotonic()))
+        after_kill = time.monotonic() - killed
     finally:
         if agent.poll() is None:
             agent.kill()
         log.close()
-    output = open(f"{tmp_data}/elastic.log").read()
+    output = open(f"{tmp_data}/elastic-{len(stop_signals)}.log").read()
     assert rc == 0, f"torchrun exited with {rc} {why}:\n{output[-4000:]}"
+    # the survivor ended at once: a survivor left waiting would cost torchrun's 30 s shutdown timeout
+    assert after_kill < 25, f"{after_kill:.1f} s from the kill to the end of the restarted run {why}"
     records = [json.loads(x) for x in open(metrics) if x.strip()]
     restarts = [r for r in records if r["kind"] == "restart"]
     assert len(restarts) == 1 and restarts[0]["attempt"] == 1, (restarts, why)
