@@ -5,16 +5,18 @@ A signal's default action kills the process wherever it is: no checkpoint of the
 the last one, the checkpoint lease left to time out. Under :class:`StopSignals` the listed
 signals only record themselves; the trainer looks at the record between steps. With one rank
 it stops after the step in progress. With several, each rank may get the signal at another
-step (or only some ranks get it), so the ranks exchange it where they already exchange the
-loss, every ``train.log_every`` steps (:func:`agreed_signal`): all stop after the same step,
+step (or only some ranks get it), so the ranks exchange it at the steps where they already
+exchange the loss, every ``train.log_every`` steps (:func:`agreed_signal`, one more small
+AllReduce there, only when the setting lists signals): all stop after the same step,
 write one checkpoint there and exit with 128 + the signal's number, the status the signal would
 have given. A second signal while stopping kills at once (the default action), as a second
 Ctrl-C does.
 
-Handlers run in the main thread between Python operations: a rank inside a long C++ call (a
-collective waiting for a rank that died) reacts when the call returns or fails
-(``train.collective_timeout_s``). torchrun waits ``--shutdown-timeout`` seconds (30 by default)
-after its SIGTERM before it kills the workers.
+Handlers run in the main thread between Python operations: a rank inside a long call reacts
+when it returns. A collective with a rank that died fails at once (gloo's sockets close; the
+shared-memory exchange checks its peers' pids, neo/distributed/shm.py), so when torchrun
+restarts a job after a worker died, the others end without waiting for its kill. torchrun waits
+``--shutdown-timeout`` seconds (30 by default) after its SIGTERM before it kills the workers.
 """
 
 from __future__ import annotations

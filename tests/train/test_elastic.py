@@ -64,8 +64,9 @@ def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data, 
     kill_at, victim = rng.randrange(2, STEPS - 4), rng.randrange(2)
     why = f"(seed {seed}: rank {victim} killed at step {kill_at})"
     ck = f"{tmp_data}/elastic-ck-{len(stop_signals)}"
+    ref_run = f"ref-{len(stop_signals)}"
     ref = run_multiprocess(train_and_collect, 2, tmp_data, [x.replace(f"{tmp_data}/", "") if x.startswith("data.")
-                                                            else x for x in []] + _overrides(tmp_data, f"ref-{len(stop_signals)}")[1:])
+                                                            else x for x in []] + _overrides(tmp_data, ref_run)[1:])
     # (the cache override is the session's; tiny_config in train_and_collect sets it already)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",

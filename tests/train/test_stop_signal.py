@@ -206,8 +206,8 @@ def _cli_overrides(tmp: str, run: str, ck: str):
 def test_neo_train_stops_on_sigterm_with_a_checkpoint_and_exit_status_143(tmp_data):
     ck = f"{tmp_data}/cli-ck"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    rc, out, err = _signal_once_training([sys.executable, "-m", "neo.train", TINY] + _cli_overrides(tmp_data, "cli", ck),
-                                         env, f"{tmp_data}/cli/metrics.jsonl")
+    cmd = [sys.executable, "-m", "neo.train", TINY] + _cli_overrides(tmp_data, "cli", ck)
+    rc, out, err = _signal_once_training(cmd, env, f"{tmp_data}/cli/metrics.jsonl")
     assert rc == 143, (rc, err[-3000:])
     final = json.loads(out.strip().splitlines()[-1])
     step = final["steps"]
