@@ -21,6 +21,7 @@ from neo.config import ConfigError
 from neo.train.checkpoint.lease import LEASE_FILE
 from neo.train.trainer import FitHook
 from tests.multiprocess import run_multiprocess
+from tests.train.test_cache_training import BIGGER, CACHED
 from tests.train.test_trainer import MIXED, ROOT, TINY, tiny_config, train_and_collect
 
 # tiny_config logs (and so lets several ranks agree on a stop) every 4 steps
@@ -113,10 +114,10 @@ def _train_until_signalled(rank, world_size, tmp, overrides, at):
     return {"final": final, "losses": tr.losses, "handler_back": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_a_stop_signal_checkpoints_its_step_and_resuming_equals_uninterrupted(tmp_data, world):
-    ck, run_dir = f"{tmp_data}/stop-{world}", f"{tmp_data}/stop-run-{world}"
-    plan = MIXED if world == 2 else []
+@pytest.mark.parametrize("world, cached", [(1, False), (2, False), (2, True)], ids=["1", "2", "2 cached"])
+def test_a_stop_signal_checkpoints_its_step_and_resuming_equals_uninterrupted(tmp_data, world, cached):
+    ck, run_dir = f"{tmp_data}/stop-{world}-{cached}", f"{tmp_data}/stop-run-{world}-{cached}"
+    plan = (MIXED if world == 2 else []) + (BIGGER + CACHED if cached else [])
     base = SCHEDULE + plan + [f"train.steps={STEPS}"]
     full = run_multiprocess(train_and_collect, world, tmp_data, base)
     # rank W - 1 alone gets the signal after step 6: one rank stops after step 6 (its next step);
