@@ -2,3 +2,4 @@
 
 from neo.embedding.checks import EmbeddingInputError  # noqa: F401
 from neo.embedding.module import TableBatchedEmbedding  # noqa: F401
+from neo.embedding.sequence import SequenceEmbedding  # noqa: F401

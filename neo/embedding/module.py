@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -45,6 +45,9 @@ from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.layout import GroupLayout, group_key
 from neo.sparse import KeyedJaggedBatch
+
+if TYPE_CHECKING:
+    from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
 
@@ -224,6 +227,7 @@ class TableBatchedEmbedding(nn.Module):
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
         self._skipped = {t.name: 0 for t in tables}
+        self._sequence_runners: Dict[tuple, _GroupRunner] = {}   # one-feature views for sequence()
         self._feature_rows = [next(t.num_rows for t in tables if f in t.feature_names) for f in self._group_order]
         self._feature_table_names = [self.feature_table[f] for f in self._group_order]
 
@@ -325,6 +329,14 @@ class TableBatchedEmbedding(nn.Module):
         if self._out_perm is not None:
             out = out.index_select(1, self._out_perm)                           # (B, sum D) table order
         return out
+
+    def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
+        """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
+        (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
+        update; see :mod:`neo.embedding.sequence`."""
+        from neo.embedding.sequence import sequence_lookup
+
+        return sequence_lookup(self, batch)
 
     def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:
         p = batch.permute(self._group_order)

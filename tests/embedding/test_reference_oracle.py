@@ -82,50 +82,72 @@ CASES = [
 ]
 
 
+class DenseOracle:
+    """The equivalent dense problem: a ``torch.nn.Parameter`` per table (the module's initial
+    weights) and ``torch.optim`` (SGD, Adagrad, Adam), or the dense re-statements of row-wise
+    Adagrad and LAMB above."""
+
+    def __init__(self, tables, opt: OptimizerConfig, emb: TableBatchedEmbedding):
+        self.tables, self.opt, self.kind = tables, opt, opt.type.value
+        self.params = {t.name: torch.nn.Parameter(emb.table_weight(t.name).clone()) for t in tables}
+        values = self.params.values()
+        self.torch_opt = None
+        if self.kind == "sgd":
+            self.torch_opt = torch.optim.SGD(values, lr=opt.lr, weight_decay=opt.weight_decay)
+        elif self.kind == "adagrad":
+            self.torch_opt = torch.optim.Adagrad(values, lr=opt.lr, eps=opt.eps, weight_decay=opt.weight_decay,
+                                                 initial_accumulator_value=opt.initial_accumulator_value)
+        elif self.kind == "adam":
+            self.torch_opt = torch.optim.Adam(values, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                                              weight_decay=opt.weight_decay)
+        self.state = {t.name: torch.zeros(t.num_rows) for t in tables} if self.kind == "rowwise_adagrad" else \
+            {t.name: (torch.zeros(t.num_rows, t.dim), torch.zeros(t.num_rows, t.dim)) for t in tables}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def step(self, step: int) -> None:
+        if self.kind == "rowwise_adagrad":
+            dense_rowwise_adagrad(self.params, self.state, self.opt)
+        elif self.kind == "lamb":
+            dense_lamb(self.params, self.state, self.opt, step)
+        else:
+            self.torch_opt.step()
+
+    def assert_matches(self, emb: TableBatchedEmbedding, what: str) -> None:
+        for t in self.tables:
+            torch.testing.assert_close(emb.table_weight(t.name), self.params[t.name].detach(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"{what} table {t.name}: {m}")
+
+
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("opt", CASES, ids=lambda o: f"{o.type.value}-wd{o.weight_decay}")
 def test_fused_update_matches_dense_torch_optim(opt, weighted, pooling):
     tables = tables_for(opt, pooling)
     emb = TableBatchedEmbedding(tables, backend="reference", seed=3)
-    params = {t.name: torch.nn.Parameter(emb.table_weight(t.name).clone()) for t in tables}
+    oracle = DenseOracle(tables, opt, emb)
     kind = opt.type.value
-    if kind == "sgd":
-        dense_opt = torch.optim.SGD(params.values(), lr=opt.lr, weight_decay=opt.weight_decay)
-    elif kind == "adagrad":
-        dense_opt = torch.optim.Adagrad(params.values(), lr=opt.lr, eps=opt.eps, weight_decay=opt.weight_decay,
-                                        initial_accumulator_value=opt.initial_accumulator_value)
-    elif kind == "adam":
-        dense_opt = torch.optim.Adam(params.values(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                                     weight_decay=opt.weight_decay)
-    state = {t.name: torch.zeros(t.num_rows) for t in tables} if kind == "rowwise_adagrad" else \
-        {t.name: (torch.zeros(t.num_rows, t.dim), torch.zeros(t.num_rows, t.dim)) for t in tables}
     gen = torch.Generator().manual_seed(11)
     for step in range(1, 4):
         batch = covering_batch(tables, 6, gen, weighted)
         out = emb(batch)
-        expected = dense_forward(tables, params, batch, pooling)
+        expected = dense_forward(tables, oracle.params, batch, pooling)
         torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-6)
         grad = torch.randn(out.shape, generator=gen)
         out.backward(grad)
-        for p in params.values():
-            p.grad = None
+        oracle.zero_grad()
         expected.backward(grad)
-        if kind == "rowwise_adagrad":
-            dense_rowwise_adagrad(params, state, opt)
-        elif kind == "lamb":
-            dense_lamb(params, state, opt, step)
-        else:
-            dense_opt.step()
-        for t in tables:
-            torch.testing.assert_close(emb.table_weight(t.name), params[t.name].detach(), rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{kind} step {step} table {t.name}: {m}")
+        oracle.step(step)
+        oracle.assert_matches(emb, f"{kind} step {step}")
     if kind == "adagrad":
         for t in tables:
-            torch.testing.assert_close(emb.table_optimizer_state(t.name)["sum"], dense_opt.state[params[t.name]]["sum"])
+            torch.testing.assert_close(emb.table_optimizer_state(t.name)["sum"],
+                                       oracle.torch_opt.state[oracle.params[t.name]]["sum"])
     if kind == "adam":
         for t in tables:
-            st = dense_opt.state[params[t.name]]
+            st = oracle.torch_opt.state[oracle.params[t.name]]
             torch.testing.assert_close(emb.table_optimizer_state(t.name)["exp_avg_sq"], st["exp_avg_sq"])
 
 

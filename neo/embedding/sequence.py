@@ -1,0 +1,156 @@
+"""Unpooled ("sequence") lookups of a :class:`~neo.embedding.TableBatchedEmbedding`: one
+embedding per id, as TorchRec's ``EmbeddingCollection`` and FBGEMM's ``PoolingMode.NONE``
+give, for models that attend over a sample's ids (histories, sessions) instead of pooling them.
+
+Example::
+
+    emb = TableBatchedEmbedding([TableConfig("item", 1000, 16, feature_names=("item", "item_hist"))])
+    seq = emb.sequence(batch)      # {"item": SequenceEmbedding, "item_hist": SequenceEmbedding}
+    seq["item_hist"].values        # (ids of item_hist in the batch, 16), in the batch's order
+    seq["item_hist"].lengths       # (B,): ids per sample
+    loss(seq).backward()           # the fused update, as for pooled lookups: no .grad
+
+The same kernels serve it: each table's ids (all its features' ids, concatenated) are looked up
+as bags of one id, through a one-feature view of the table's group layout (the same weight and
+optimizer-state buffers), so the output row of a bag is its id's row. The backward is the
+group's fused update on those per-id gradients: a row that several ids (of one feature or of
+several features of its table) touch gets their summed gradient and one optimizer step, as in
+the pooled lookup, and all the tables of a group share the step count of this lookup (Adam's
+and LAMB's bias correction), as they do pooled.
+
+Not supported (each a clear error): per-sample weights (an unpooled id has nothing to weigh),
+cached tables (``placement: cached``), and backends other than ``reference`` and ``cpu``;
+sharded tables (:class:`neo.distributed.ShardedEmbeddingCollection`) do not offer it yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import torch
+
+from neo.embedding.checks import EmbeddingInputError, check_features
+
+if TYPE_CHECKING:
+    from neo.embedding.module import TableBatchedEmbedding, _GroupRunner
+    from neo.sparse import KeyedJaggedBatch
+
+__all__ = ["SequenceEmbedding", "sequence_lookup"]
+
+SEQUENCE_BACKENDS = ("reference", "cpu")
+
+
+@dataclass
+class SequenceEmbedding:
+    """A feature's unpooled embeddings, jagged by sample (TorchRec's ``JaggedTensor``)."""
+
+    values: torch.Tensor      # (N, D): row i = the embedding of the feature's i-th id in the batch
+    lengths: torch.Tensor     # (B,) int: ids per sample
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """(B + 1,): sample b's rows are ``values[offsets[b]:offsets[b + 1]]``."""
+        out = torch.zeros(self.lengths.numel() + 1, dtype=torch.int64, device=self.lengths.device)
+        torch.cumsum(self.lengths.to(torch.int64), 0, out=out[1:])
+        return out
+
+    def to_padded(self, max_len: Optional[int] = None) -> torch.Tensor:
+        """(B, max_len, D), zeros past each sample's ids (``max_len`` default: the longest)."""
+        B, D = self.lengths.numel(), self.values.shape[1]
+        L = int(self.lengths.max()) if max_len is None and B else (max_len or 0)
+        pos = torch.arange(self.values.shape[0], device=self.values.device) - \
+            torch.repeat_interleave(self.offsets[:-1], self.lengths.to(torch.int64))
+        keep = pos < L
+        out = self.values.new_zeros(B, L, D)
+        sample = torch.repeat_interleave(torch.arange(B, device=self.values.device), self.lengths.to(torch.int64))
+        out[sample[keep], pos[keep]] = self.values[keep]
+        return out
+
+
+class _SequenceLookup(torch.autograd.Function):
+    """Forward: one table's ids as bags of one (N, D). Backward: the group's fused update with
+    the step count shared by this lookup's tables; returns no gradients."""
+
+    @staticmethod
+    def forward(ctx, anchor, runner: "_GroupRunner", ids, offsets, step: int):
+        ctx.runner, ctx.step = runner, step
+        ctx.save_for_backward(ids, offsets)
+        return _lookup(runner, ids, offsets)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ids, offsets = ctx.saved_tensors
+        runner, owner = ctx.runner, ctx.runner.owner
+        with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
+            owner.backend.backward_update(
+                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
+                ids, offsets, None, ids.numel(), owner.learning_rates[runner.index], ctx.step, owner.seed,
+            )
+        runner.step.fill_(ctx.step)
+        return None, None, None, None, None
+
+
+def _lookup(runner: "_GroupRunner", ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return runner.owner.backend.forward(runner.layout, runner.weights, ids, offsets, None, ids.numel())
+
+
+def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_GroupRunner":
+    """A runner over group ``g``'s buffers whose layout has one feature reading its table ``t``
+    unpooled (made once per table and kept: backends may key state on the layout)."""
+    from neo.embedding.module import _GroupRunner
+
+    key = (g.index, t)
+    runner = emb._sequence_runners.get(key)
+    if runner is None:
+        L, dev = g.layout, g.layout.feature_table.device
+        view = dataclasses.replace(
+            L, features=[L.tables[t].name],
+            feature_table=torch.tensor([t], dtype=torch.int64, device=dev),
+            output_offsets=torch.tensor([0, int(L.table_dims[t])], dtype=torch.int64, device=dev),
+            feature_mean=torch.zeros(1, dtype=torch.int64, device=dev))
+        runner = emb._sequence_runners[key] = _GroupRunner(emb, g.index, view)
+    return runner
+
+
+def _check(emb: "TableBatchedEmbedding", batch: "KeyedJaggedBatch") -> None:
+    if emb.backend_name not in SEQUENCE_BACKENDS:
+        raise EmbeddingInputError(f"unpooled lookups (sequence) run on the {list(SEQUENCE_BACKENDS)} backends, "
+                                  f"not '{emb.backend_name}'")
+    if emb.has_cache:
+        cached = [t.name for t in emb.tables if t.cached]
+        raise EmbeddingInputError(f"unpooled lookups (sequence) of cached tables are not supported: {cached}")
+    if batch.weights is not None:
+        raise EmbeddingInputError("unpooled lookups (sequence) take no per-sample weights: the batch has weights")
+    if emb.validate:
+        batch.ensure_checked()
+        check_features(batch, emb.feature_names, emb.feature_table)
+        emb._check_batch_ids(batch)
+
+
+def sequence_lookup(emb: "TableBatchedEmbedding", batch: "KeyedJaggedBatch") -> Dict[str, SequenceEmbedding]:
+    """Every feature's embeddings, one row per id (module doc). The batch must hold exactly the
+    module's features (as for the pooled lookup); ids are checked unless ``validate=False``,
+    where invalid ids come out as zero rows and update nothing."""
+    _check(emb, batch)
+    train = torch.is_grad_enabled() and emb.training
+    anchor = torch.empty(0, requires_grad=True) if train else None   # makes autograd call the fused update
+    by_feature: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+    for f in batch.keys:
+        values, lengths, _ = batch.feature(f)
+        by_feature[f] = (values.to(torch.int64), lengths)
+    out: Dict[str, SequenceEmbedding] = {}
+    for g in emb.groups:
+        step = int(g.step) + 1
+        for t, cfg in enumerate(g.layout.tables):
+            feats: List[str] = [f for f in cfg.feature_names if f in by_feature]
+            ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
+            offsets = torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
+            runner = _table_runner(emb, g, t)
+            rows = _SequenceLookup.apply(anchor, runner, ids, offsets, step) if anchor is not None \
+                else _lookup(runner, ids, offsets)                                       # (N_t, D_t)
+            for f, part in zip(feats, torch.split(rows, [by_feature[f][0].numel() for f in feats])):
+                out[f] = SequenceEmbedding(part, by_feature[f][1])
+    return {f: out[f] for f in batch.keys}

@@ -1,0 +1,129 @@
+"""Unpooled (sequence) lookups, neo/embedding/sequence.py, against independent oracles: the rows
+``weight[ids]`` (``torch.nn.functional.embedding``) forward, and ``torch.optim`` (or the dense
+re-statements of row-wise Adagrad and LAMB) on the equivalent dense problem for the fused
+update, on the reference and cpu backends; a table read by two features (its rows get their
+summed gradient and one step); the shared step count; the errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.embedding import EmbeddingInputError, SequenceEmbedding, TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+from harness import random_batch
+from test_reference_oracle import CASES, DenseOracle, covering_batch, tables_for
+
+BACKENDS = ["reference", "cpu"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_id_gets_its_row(backend):
+    tables = tables_for(OptimizerConfig("sgd", lr=0.1))
+    emb = TableBatchedEmbedding(tables, backend=backend, seed=5)
+    gen = torch.Generator().manual_seed(2)
+    batch = random_batch(tables, 9, gen)
+    with torch.no_grad():
+        got = emb.sequence(batch)
+    assert list(got) == list(batch.keys)
+    for f, seq in got.items():
+        ids, lengths, _ = batch.feature(f)
+        table = emb.feature_table[f]
+        assert torch.equal(seq.lengths, lengths)
+        assert torch.equal(seq.values, F.embedding(ids.to(torch.int64), emb.table_weight(table))), f
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opt", CASES, ids=lambda o: f"{o.type.value}-wd{o.weight_decay}")
+def test_fused_update_matches_dense_torch_optim(backend, opt):
+    """Three steps; every batch touches every row (dense optimizers move rows without gradient
+    under weight decay); table t0 is read by features f0 and f1, with ids repeated."""
+    tables = tables_for(opt)
+    emb = TableBatchedEmbedding(tables, backend=backend, seed=3)
+    oracle = DenseOracle(tables, opt, emb)
+    gen = torch.Generator().manual_seed(11)
+    for step in range(1, 4):
+        batch = covering_batch(tables, 6, gen, weighted=False)
+        got = emb.sequence(batch)
+        loss, dense_loss = 0.0, 0.0
+        for f, seq in got.items():
+            ids = batch.feature(f)[0].to(torch.int64)
+            expected = F.embedding(ids, oracle.params[emb.feature_table[f]])
+            torch.testing.assert_close(seq.values, expected.detach(), rtol=1e-5, atol=1e-6)   # earlier steps' rounding
+            coeff = torch.randn(seq.values.shape, generator=gen)
+            loss = loss + (seq.values * coeff).sum()
+            dense_loss = dense_loss + (expected * coeff).sum()
+        loss.backward()
+        oracle.zero_grad()
+        dense_loss.backward()
+        oracle.step(step)
+        oracle.assert_matches(emb, f"{backend} {opt.type.value} step {step}")
+    assert emb.optimizer_steps() == {t.name: 3 for t in tables}      # one step a lookup, not one a table
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pooled_and_unpooled_updates_agree_on_bags_of_one(backend):
+    """A batch whose every bag holds one id: the sequence lookup is the pooled one (sum), and the
+    same gradients give the same update."""
+    tables = tables_for(OptimizerConfig("adam", lr=0.01))
+    a = TableBatchedEmbedding(tables, backend=backend, seed=1)
+    b = TableBatchedEmbedding(tables, backend=backend, seed=1)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        bags = {f: [[int(torch.randint(0, t.num_rows, (1,), generator=gen))] for _ in range(5)]
+                for t in tables for f in t.feature_names}
+        batch = KeyedJaggedBatch.from_lists(bags)
+        pooled = a(batch)
+        seq = b.sequence(batch)
+        torch.testing.assert_close(torch.cat([seq[f].values for f in batch.keys], dim=1), pooled.detach(),
+                                   rtol=0, atol=0)
+        grad = torch.randn(pooled.shape, generator=gen)
+        pooled.backward(grad)
+        cols = torch.split(grad, [s.values.shape[1] for s in seq.values()], dim=1)
+        sum((s.values * g).sum() for s, g in zip(seq.values(), cols)).backward()
+        for t in tables:
+            assert torch.equal(a.table_weight(t.name), b.table_weight(t.name)), t.name
+
+
+def test_padded_view_and_offsets():
+    values = torch.arange(12, dtype=torch.float32).view(6, 2)
+    seq = SequenceEmbedding(values, torch.tensor([2, 0, 3, 1]))
+    assert seq.offsets.tolist() == [0, 2, 2, 5, 6]
+    padded = seq.to_padded()
+    assert padded.shape == (4, 3, 2)
+    assert torch.equal(padded[0, :2], values[0:2]) and not padded[0, 2].any()
+    assert not padded[1].any()
+    assert torch.equal(padded[2], values[2:5]) and torch.equal(padded[3, 0], values[5])
+    assert torch.equal(seq.to_padded(2)[2], values[2:4])                  # truncated to 2
+
+
+def test_errors_name_what_is_wrong(tmp_path):
+    tables = [TableConfig("t", num_rows=4, dim=4, feature_names=("a",))]
+    emb = TableBatchedEmbedding(tables, backend="reference")
+    with pytest.raises(EmbeddingInputError, match=r"feature 'a'.*table 't'|table 't'.*feature 'a'"):
+        emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1, 4]]}))                   # id 4 of 4 rows
+    with pytest.raises(EmbeddingInputError, match="take no per-sample weights"):
+        emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]]}, weights={"a": [[2.0]]}))
+    with pytest.raises(EmbeddingInputError, match=r"read by no table"):
+        emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]], "b": [[0]]}))
+    emb.backend_name = "triton"                                           # as on a GPU
+    with pytest.raises(EmbeddingInputError, match=r"run on the \['reference', 'cpu'\] backends, not 'triton'"):
+        emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]]}))
+    cached = TableBatchedEmbedding([TableConfig("c", num_rows=40, dim=4, placement="cached", cache_rows=8)],
+                                   backend="reference", store_dir=str(tmp_path))
+    with pytest.raises(EmbeddingInputError, match=r"cached tables are not supported: \['c'\]"):
+        cached.sequence(KeyedJaggedBatch.from_lists({"c": [[1]]}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_invalid_ids_are_zero_rows_and_update_nothing(backend):
+    tables = [TableConfig("t", num_rows=4, dim=4, optimizer=OptimizerConfig("sgd", lr=1.0))]
+    emb = TableBatchedEmbedding(tables, backend=backend, validate=False)
+    before = emb.table_weight("t").clone()
+    batch = KeyedJaggedBatch(("t",), torch.tensor([1, 7, -1]), torch.tensor([2, 1]), 2, validate=False)
+    seq = emb.sequence(batch)["t"]
+    assert torch.equal(seq.values[0], before[1]) and not seq.values[1:].any()
+    seq.values.sum().backward()
+    after = emb.table_weight("t")
+    assert torch.equal(after[[0, 2, 3]], before[[0, 2, 3]]) and not torch.equal(after[1], before[1])
