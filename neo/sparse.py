@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["KeyedJaggedBatch", "JaggedValidationError", "concat_features"]
+__all__ = ["KeyedJaggedBatch", "JaggedValidationError", "concat_features", "offsets_from_lengths"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -79,7 +79,7 @@ class KeyedJaggedBatch:
         if self.offsets is None:
             if self.validate:
                 self._check_lengths()
-            self.offsets = _offsets_from_lengths(self.lengths)
+            self.offsets = offsets_from_lengths(self.lengths)
         if self.validate:
             self.check()
 
@@ -299,7 +299,8 @@ class KeyedJaggedBatch:
         )
 
 
-def _offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """(n + 1,) int64 offsets, 0 first, of ``n`` segment lengths."""
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return offsets

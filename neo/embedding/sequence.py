@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import torch
 
 from neo.embedding.checks import EmbeddingInputError, check_features
+from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
     from neo.embedding.module import TableBatchedEmbedding, _GroupRunner
-    from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["SequenceEmbedding", "sequence_lookup"]
 
@@ -53,9 +53,7 @@ class SequenceEmbedding:
     @property
     def offsets(self) -> torch.Tensor:
         """(B + 1,): sample b's rows are ``values[offsets[b]:offsets[b + 1]]``."""
-        out = torch.zeros(self.lengths.numel() + 1, dtype=torch.int64, device=self.lengths.device)
-        torch.cumsum(self.lengths.to(torch.int64), 0, out=out[1:])
-        return out
+        return offsets_from_lengths(self.lengths)
 
     def to_padded(self, max_len: Optional[int] = None) -> torch.Tensor:
         """(B, max_len, D), zeros past each sample's ids (``max_len`` default: the longest)."""
@@ -115,7 +113,7 @@ def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_
     return runner
 
 
-def _check(emb: "TableBatchedEmbedding", batch: "KeyedJaggedBatch") -> None:
+def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
     if emb.backend_name not in SEQUENCE_BACKENDS:
         raise EmbeddingInputError(f"unpooled lookups (sequence) run on the {list(SEQUENCE_BACKENDS)} backends, "
                                   f"not '{emb.backend_name}'")
@@ -130,7 +128,7 @@ def _check(emb: "TableBatchedEmbedding", batch: "KeyedJaggedBatch") -> None:
         emb._check_batch_ids(batch)
 
 
-def sequence_lookup(emb: "TableBatchedEmbedding", batch: "KeyedJaggedBatch") -> Dict[str, SequenceEmbedding]:
+def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
     """Every feature's embeddings, one row per id (module doc). The batch must hold exactly the
     module's features (as for the pooled lookup); ids are checked unless ``validate=False``,
     where invalid ids come out as zero rows and update nothing."""

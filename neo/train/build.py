@@ -247,8 +247,7 @@ def make_loaders(cfg, data: DataSpec, pg):
                                shuffle_window=cfg.data.shuffle_window, first_window=cfg.data.first_window,
                                seed=cfg.train.seed, drop_last=True, prefetch_batches=cfg.data.prefetch_batches)
     val_opts = LoaderOptions(batch_size=cfg.train.eval_batch, rank=pg.rank, world_size=pg.world_size, shuffle=False,
-                             drop_last=False,
-                             prefetch_batches=cfg.data.prefetch_batches)
+                             drop_last=False, prefetch_batches=cfg.data.prefetch_batches)
     if data.mlperf is not None:
         from data_pipeline.mlperf_layout import MlperfLoader
 

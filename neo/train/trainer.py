@@ -33,7 +33,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
-from neo.embedding.cache import CacheCapacityError
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
                              prepare_data, rename_features, resolve_tables, restart_attempt, validate_training_config)
 from neo.train.cache_log import CacheMonitor
@@ -43,7 +42,7 @@ from neo.distributed.process_groups import on_rank0
 from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer, find_resumable, job_state,
                                   load_checkpoint, state_sha256)
 from neo.train.checkpoint.layout import step_of
-from neo.train.metrics import BinaryMetrics
+from neo.train.evaluation import Evaluator
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
 from neo.train.run_log import RunLog
 from neo.train.schedule import LRSchedule
@@ -198,6 +197,8 @@ class Trainer:
             from neo.pipeline.trainer import pipelined_dense
             self.pipeline = pipelined_dense(cfg, self.model, self.pg, self.data.num_dense, log=self.say)
         self.ddp = wrap_ddp(self.step_module, self.pg) if self.pipeline is None else None
+        self.evaluator = Evaluator(self.val_loader, t, self.mapping, self.sharded, self.step_module, self.model,
+                                   self.pipeline, self.pg, self.data.num_dense, self.device)
         self.trace = TraceRecorder(self.rank, t.trace_steps) if t.trace else None    # train.trace: the timeline
         if self.trace is not None:
             attach(self.trace, self.timers, [self.train_loader, self.val_loader], self.sharded, self.ddp)
@@ -392,66 +393,10 @@ class Trainer:
                 it.close()
 
     # ------------------------------------------------------------------ evaluation
-    def _padded(self, batch, keys, num_dense: int):
-        """(dense, sparse, labels, real count) padded to train.eval_batch samples with empty bags
-        (equal sizes on every rank)."""
-        from neo.sparse import KeyedJaggedBatch
-
-        B = self.cfg.train.eval_batch
-        if batch is None:
-            sparse = KeyedJaggedBatch(keys, torch.zeros(0, dtype=torch.int64), torch.zeros(len(keys) * B, dtype=torch.int64),
-                                      B, validate=False)
-            return torch.zeros(B, num_dense), sparse, torch.zeros(B), 0
-        n = batch.batch_size
-        if n == B:
-            return batch.dense, batch.sparse, batch.labels, n
-        s = batch.sparse
-        lengths = torch.zeros(len(s.keys), B, dtype=s.lengths.dtype)
-        lengths[:, :n] = s.lengths.view(len(s.keys), n)
-        sparse = KeyedJaggedBatch(s.keys, s.values, lengths.reshape(-1), B, weights=s.weights, validate=False)
-        dense = torch.zeros(B, batch.dense.shape[1])
-        dense[:n] = batch.dense
-        labels = torch.zeros(B)
-        labels[:n] = batch.labels
-        return dense, sparse, labels, n
-
-    @torch.no_grad()
     def evaluate(self) -> Dict[str, Any]:
-        """Exact AUC, log loss, accuracy over the validation set (every rank's samples)."""
-        loader = self.val_loader
-        if loader is None:
-            return {}
-        loader.set_epoch(0)
-        n_local = math.ceil(loader.shard_size / self.cfg.train.eval_batch)
-        if self.cfg.train.eval_batches:
-            n_local = min(n_local, self.cfg.train.eval_batches)
-        n = torch.tensor([n_local])
-        if self.W > 1:
-            dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.pg.world)
-        keys = tuple(self.mapping.get(k, k) for k in loader.meta.sparse_names) if self.mapping else \
-            tuple(loader.meta.sparse_names)
-        metrics = BinaryMetrics()
-        if self.pipeline is not None:
-            self.pipeline.sync_weights()                               # the whole trained dense model here
-        self.model.eval()
-        it = iter(loader)
-        try:
-            for i in range(int(n)):
-                batch = next(it, None) if i < n_local else None
-                if batch is not None:
-                    batch = rename_features(batch, self.mapping)
-                dense, sparse, labels, count = self._padded(batch, keys, self.data.num_dense)
-                dist_batch = self.sharded.input_dist(sparse.to(self.device)).wait()
-                logits = self.step_module(dense.to(self.device), dist_batch)
-                metrics.update(logits[:count], labels[:count])
-        except CacheCapacityError as e:
-            raise CacheCapacityError(f"{e}. This was an evaluation batch of train.eval_batch_size = "
-                                     f"{self.cfg.train.eval_batch} samples (train.batch_size {self.B}): a smaller "
-                                     "eval_batch_size needs fewer rows at once") from e
-        finally:
-            it.close()
-            self.model.train()
-        return metrics.compute(self.pg.world if self.W > 1 else None)
+        """Exact AUC, log loss, accuracy over the validation set (every rank's samples; collective;
+        see neo/train/evaluation.py)."""
+        return self.evaluator()
 
     # ------------------------------------------------------------------ the loop
     def fit(self, hook: Optional[FitHook] = None) -> Dict[str, Any]:
@@ -474,6 +419,13 @@ class Trainer:
             self.heartbeat.close()
             self.release_checkpoint_dir()
 
+    def _run_figures(self, steps_run: int, train_s: float) -> Dict[str, Any]:
+        """What the final JSON line says of any run, finished or stopped: steps, throughput, the
+        recent training loss, the world."""
+        return {"steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
+                "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+                "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2)}
+
     def _stopped(self, num: int, runlog: RunLog, steps_run: int, train_s: float) -> Dict[str, Any]:
         """The end of a run stopped by a signal of train.stop_signals after step ``self.step``: the
         checkpoint of this step (none without train.checkpoint_dir), no evaluation and no digest
@@ -486,12 +438,8 @@ class Trainer:
                     self.save()
                 self.checkpointer.wait()                          # committed before the process ends
                 checkpoint = os.path.join(t.checkpoint_dir, f"step-{self.step}")
-        final = {
-            "steps": self.step, "stopped": signal_name(num), "exit_status": 128 + num, "checkpoint": checkpoint,
-            "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
-            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
-            "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2),
-        }
+        final = dict(self._run_figures(steps_run, train_s), stopped=signal_name(num), exit_status=128 + num,
+                     checkpoint=checkpoint)
         if self.trace is not None:
             final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world)
         runlog.record("stopped", self.step, final)
@@ -617,14 +565,9 @@ class Trainer:
                 self.checkpointer.wait()                             # the last checkpoint is committed
         phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()
                   if k not in _PHASES_OUTSIDE_STEPS}
-        final = {
-            "steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
-            "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"), "accuracy": last_eval.get("accuracy"),
-            "eval_samples": last_eval.get("count"), "best_auc": self.data.best_auc,
-            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
-            "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2),
-            "phase_ms_per_step": phases,
-        }
+        final = dict(self._run_figures(steps_run, train_s),
+                     auc=last_eval.get("auc"), logloss=last_eval.get("logloss"), accuracy=last_eval.get("accuracy"),
+                     eval_samples=last_eval.get("count"), best_auc=self.data.best_auc, phase_ms_per_step=phases)
         if self.cache_monitor.active:
             final["cache"] = self.cache_monitor.summary()
         final.update(self._predicted_vs_measured())
