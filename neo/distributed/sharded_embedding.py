@@ -27,7 +27,7 @@ global batch, with DDP gradients scaled to match).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,9 @@ from neo.distributed.slots import SlotLayout
 from neo.embedding import TableBatchedEmbedding
 from neo.models.interaction import PooledPieces
 from neo.sparse import KeyedJaggedBatch
+
+if TYPE_CHECKING:
+    from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["ShardedEmbeddingCollection"]
 
@@ -311,6 +314,15 @@ class ShardedEmbeddingCollection(nn.Module):
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order."""
         dist_batch = self.input_dist(batch).wait()
         return self.output_dist(self.compute(dist_batch), dist_batch).wait()
+
+    def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
+        """Unpooled lookup of this rank's samples: ``{feature: SequenceEmbedding(values (N, D),
+        lengths (B,))}``, one row per id, under the same plan and fused updates as the pooled
+        lookup (TorchRec's sharded ``EmbeddingCollection``); see :mod:`neo.distributed.sequence`.
+        Collective: every rank calls it with a batch of the same size."""
+        from neo.distributed.sequence import sharded_sequence_lookup
+
+        return sharded_sequence_lookup(self, batch)
 
     @property
     def output_dim(self) -> int:

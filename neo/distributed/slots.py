@@ -114,6 +114,10 @@ class SlotLayout:
             cache_rows=cache_rows,
         )
 
+    def slots_of_feature(self, feature: str) -> List[Slot]:
+        """Every rank's slots of ``feature`` (one per shard of its table), in rank then slot order."""
+        return [s for slots in self.slots_on for s in slots if s.feature == feature]
+
     def local_columns(self, rank: int) -> List[int]:
         """Start column of each of ``rank``'s slots in its local pooled output (plus the end)."""
         out, acc = [], 0

@@ -19,8 +19,9 @@ the pooled lookup, and all the tables of a group share the step count of this lo
 and LAMB's bias correction), as they do pooled.
 
 Not supported (each a clear error): per-sample weights (an unpooled id has nothing to weigh),
-cached tables (``placement: cached``), and backends other than ``reference`` and ``cpu``;
-sharded tables (:class:`neo.distributed.ShardedEmbeddingCollection`) do not offer it yet.
+cached tables (``placement: cached``), and backends other than ``reference`` and ``cpu``.
+Sharded tables: :meth:`neo.distributed.ShardedEmbeddingCollection.sequence`
+(:mod:`neo.distributed.sequence`) runs this lookup on every rank's shards.
 """
 
 from __future__ import annotations

@@ -1,0 +1,35 @@
+"""tools/bench_sequence_sharded.py on a tiny workload: Neo runs every sharding type it offers,
+TorchRec (where installed) table_wise and column_wise, and after the same steps both hold the
+same tables (the same SGD on the same ids and gradients)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.tools import TOOLS, load_tool
+
+bench = load_tool("bench_sequence_sharded.py")
+
+
+def test_a_tiny_run_records_both_systems(tmp_path):
+    out = tmp_path / "seq_sharded.json"
+    # as a script: its ranks are spawned processes, which import it by its own name
+    run = subprocess.run([sys.executable, os.path.join(TOOLS, "bench_sequence_sharded.py"), "--quick", "--tables", "3",
+                          "--seq-len", "4", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = json.load(open(out))
+    neo = {r["sharding_type"] for r in records if r["system"] == "neo"}
+    assert neo == set(bench.NEO_TYPES)
+    for r in records:
+        if r["step_ms"] is None:                              # TorchRec not installed: a note, not a figure
+            assert r["system"] == "torchrec" and "skipped" in r["note"]
+            continue
+        assert r["step_ms"] > 0 and r["forward_ms"] > 0 and r["backward_ms"] > 0
+        assert r["machine"]["cpu_model"] and r["world_size"] == 2
+        if r["system"] == "torchrec":
+            assert r["sharding_type"] in bench.TORCHREC_TYPES
+            assert r["max_abs_diff_vs_neo"] < 1e-5
+    assert "step_ms" in run.stdout
