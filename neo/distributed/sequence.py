@@ -26,8 +26,9 @@ Equivalence: with ``average_gradients`` the update equals one unsharded module's
 global batch (rank r's samples r*B .. (r+1)*B-1) under the loss (1 / W) sum_r loss_r, the same
 contract as pooled lookups (tested for every sharding type against the unsharded module).
 
-Not supported (each a clear error on every rank, before any collective): per-id weights,
-cached tables, and backends other than those of :mod:`neo.embedding.sequence`.
+Cached shards work as in :mod:`neo.embedding.sequence` (``prefetch`` of the distributed batch
+first, or a prefetch at the lookup). Not supported (each a clear error on every rank, before any
+collective): per-id weights, and backends other than those of :mod:`neo.embedding.sequence`.
 """
 
 from __future__ import annotations
@@ -77,9 +78,6 @@ def _check(sec: "ShardedEmbeddingCollection", batch: KeyedJaggedBatch) -> None:
     """What every rank can decide alone from the plan and its batch, before any collective."""
     if batch.weights is not None:
         raise EmbeddingInputError("unpooled lookups (sequence) take no per-sample weights: the batch has weights")
-    cached = [t.name for t in sec.tables if t.cached]
-    if cached:
-        raise EmbeddingInputError(f"unpooled lookups (sequence) of cached tables are not supported: {cached}")
     if sec.lookup is not None and sec.lookup.backend_name not in SEQUENCE_BACKENDS:
         raise EmbeddingInputError(f"unpooled lookups (sequence) run on the {list(SEQUENCE_BACKENDS)} backends, "
                                   f"not '{sec.lookup.backend_name}'")

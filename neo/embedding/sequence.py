@@ -18,8 +18,12 @@ several features of its table) touch gets their summed gradient and one optimize
 the pooled lookup, and all the tables of a group share the step count of this lookup (Adam's
 and LAMB's bias correction), as they do pooled.
 
-Not supported (each a clear error): per-sample weights (an unpooled id has nothing to weigh),
-cached tables (``placement: cached``), and backends other than ``reference`` and ``cpu``.
+Cached tables (``placement: cached``): the batch's rows are made resident first (or taken from
+``emb.prefetch(batch)``), the ids become cache slots, and the batch leaves the cache's flight
+after the update (or at once without autograd), as for pooled lookups.
+
+Not supported (each a clear error): per-sample weights (an unpooled id has nothing to weigh)
+and the ``fbgemm`` backend (``reference``, ``cpu`` and ``triton`` serve it).
 Sharded tables: :meth:`neo.distributed.ShardedEmbeddingCollection.sequence`
 (:mod:`neo.distributed.sequence`) runs this lookup on every rank's shards.
 """
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
+from neo.embedding.cache import Prefetched
 from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SequenceEmbedding", "sequence_lookup"]
 
-SEQUENCE_BACKENDS = ("reference", "cpu")
+SEQUENCE_BACKENDS = ("reference", "cpu", "triton")
 
 
 @dataclass
@@ -70,26 +75,39 @@ class SequenceEmbedding:
 
 
 class _SequenceLookup(torch.autograd.Function):
-    """Forward: one table's ids as bags of one (N, D). Backward: the group's fused update with
-    the step count shared by this lookup's tables; returns no gradients."""
+    """Forward: every table's ids as bags of one, ``(N_t, D_t)`` each. Backward: each group's
+    fused update with the step count its tables share; then the cached tables' rows of this
+    batch may be evicted again. One node for the whole lookup, so that the update runs (and the
+    batch leaves the cache's flight) even where the loss reads only some features."""
 
     @staticmethod
-    def forward(ctx, anchor, runner: "_GroupRunner", ids, offsets, step: int):
-        ctx.runner, ctx.step = runner, step
-        ctx.save_for_backward(ids, offsets)
-        return _lookup(runner, ids, offsets)
+    def forward(ctx, anchor, lookups: List["_Lookup"], prefetched: Optional[Prefetched], *ids_offsets):
+        ctx.lookups, ctx.prefetched = lookups, prefetched
+        ctx.save_for_backward(*ids_offsets)
+        return tuple(_lookup(lk.runner, ids_offsets[2 * i], ids_offsets[2 * i + 1]) for i, lk in enumerate(lookups))
 
     @staticmethod
-    def backward(ctx, grad_output):
-        ids, offsets = ctx.saved_tensors
-        runner, owner = ctx.runner, ctx.runner.owner
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        owner = ctx.lookups[0].runner.owner
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
-            owner.backend.backward_update(
-                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
-                ids, offsets, None, ids.numel(), owner.learning_rates[runner.index], ctx.step, owner.seed,
-            )
-        runner.step.fill_(ctx.step)
-        return None, None, None, None, None
+            for i, (lk, grad) in enumerate(zip(ctx.lookups, grads)):
+                ids, offsets = saved[2 * i], saved[2 * i + 1]
+                owner.backend.backward_update(
+                    lk.runner.layout, lk.runner.weights, lk.runner.states, grad.contiguous().to(torch.float32),
+                    ids, offsets, None, ids.numel(), owner.learning_rates[lk.runner.index], lk.step, owner.seed,
+                )
+        for lk in ctx.lookups:
+            lk.runner.step.fill_(lk.step)
+        if ctx.prefetched is not None:
+            owner._cache.complete(ctx.prefetched)
+        return (None, None, None) + (None,) * len(saved)
+
+
+@dataclass
+class _Lookup:
+    runner: "_GroupRunner"      # one table of a group, as one feature (see _table_runner)
+    step: int                   # the group's step count after this lookup's update
 
 
 def _lookup(runner: "_GroupRunner", ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -118,15 +136,12 @@ def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
     if emb.backend_name not in SEQUENCE_BACKENDS:
         raise EmbeddingInputError(f"unpooled lookups (sequence) run on the {list(SEQUENCE_BACKENDS)} backends, "
                                   f"not '{emb.backend_name}'")
-    if emb.has_cache:
-        cached = [t.name for t in emb.tables if t.cached]
-        raise EmbeddingInputError(f"unpooled lookups (sequence) of cached tables are not supported: {cached}")
     if batch.weights is not None:
         raise EmbeddingInputError("unpooled lookups (sequence) take no per-sample weights: the batch has weights")
     if emb.validate:
         batch.ensure_checked()
         check_features(batch, emb.feature_names, emb.feature_table)
-        emb._check_batch_ids(batch)
+        emb._check_batch_ids(batch)     # before a cache moves anything
 
 
 def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
@@ -135,21 +150,35 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     where invalid ids come out as zero rows and update nothing."""
     _check(emb, batch)
     train = torch.is_grad_enabled() and emb.training
-    anchor = torch.empty(0, requires_grad=True) if train else None   # makes autograd call the fused update
+    # cached tables: this batch's rows made resident (or taken from a prefetch); ids become slots
+    prefetched = emb._cache.take(batch, train) if emb.has_cache else None
     by_feature: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
     for f in batch.keys:
         values, lengths, _ = batch.feature(f)
-        by_feature[f] = (values.to(torch.int64), lengths)
-    out: Dict[str, SequenceEmbedding] = {}
+        ids = values.to(torch.int64)
+        if prefetched is not None and f in prefetched.slots:
+            ids = prefetched.slots[f].to(torch.int64)
+        by_feature[f] = (ids, lengths)
+    lookups: List[_Lookup] = []
+    tensors: List[torch.Tensor] = []
+    features: List[List[str]] = []
     for g in emb.groups:
         step = int(g.step) + 1
         for t, cfg in enumerate(g.layout.tables):
-            feats: List[str] = [f for f in cfg.feature_names if f in by_feature]
+            feats = [f for f in cfg.feature_names if f in by_feature]
             ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
-            offsets = torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
-            runner = _table_runner(emb, g, t)
-            rows = _SequenceLookup.apply(anchor, runner, ids, offsets, step) if anchor is not None \
-                else _lookup(runner, ids, offsets)                                       # (N_t, D_t)
-            for f, part in zip(feats, torch.split(rows, [by_feature[f][0].numel() for f in feats])):
-                out[f] = SequenceEmbedding(part, by_feature[f][1])
+            lookups.append(_Lookup(_table_runner(emb, g, t), step))
+            tensors += [ids, torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)]
+            features.append(feats)
+    if train:
+        anchor = torch.empty(0, requires_grad=True)     # makes autograd call the fused update
+        rows = _SequenceLookup.apply(anchor, lookups, prefetched, *tensors)
+    else:
+        rows = [_lookup(lk.runner, tensors[2 * i], tensors[2 * i + 1]) for i, lk in enumerate(lookups)]
+        if prefetched is not None:
+            emb._cache.complete(prefetched)              # no backward will come
+    out: Dict[str, SequenceEmbedding] = {}
+    for feats, r in zip(features, rows):                                                 # r: (N_t, D_t)
+        for f, part in zip(feats, torch.split(r, [by_feature[f][0].numel() for f in feats])):
+            out[f] = SequenceEmbedding(part, by_feature[f][1])
     return {f: out[f] for f in batch.keys}

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from distributed_cases import ALL_TYPES, Case, global_batches, initial_tables, local_slice, tables
-from neo.config.embedding import OptimizerConfig
+from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.distributed import CommConfig, ProcessGroups, ShardedEmbeddingCollection
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.checks import EmbeddingInputError
@@ -109,6 +109,12 @@ def _cases(W: int, L: int) -> List[Case]:
     types = ("row_wise", "table_row_wise", "data_parallel")
     cases.append(Case(f"W{W} row-split + dp rowwise_adagrad", rw, {t.name: types[i] for i, t in enumerate(rw)},
                       W, L, seed=5))
+    # cached shards (caches of 200 of 400 rows a table, scaled to each shard): the lookup prefetches
+    cached = [TableConfig(f"c{i}", num_rows=400, dim=8, feature_names=(f"c{i}",), placement="cached", cache_rows=200,
+                          cache_store="host", optimizer=OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=0.1))
+              for i in range(3)]
+    cases.append(Case(f"W{W} cached table/row/column-wise", cached,
+                      {"c0": "table_wise", "c1": "row_wise", "c2": "column_wise"}, W, L, seed=7))
     if W == 2:
         cases.append(Case("W2 mixed adam fp16 comm", adam, {t.name: ALL_TYPES[i % 6] for i, t in enumerate(adam)},
                           W, L, seed=3, comm=CommConfig(forward="fp16", backward="bf16")))

@@ -13,6 +13,7 @@ from neo.embedding import EmbeddingInputError, SequenceEmbedding, TableBatchedEm
 from neo.sparse import KeyedJaggedBatch
 
 from harness import random_batch
+from test_cache import assert_same_tables, make_batch as cache_batch, make_tables as cache_tables
 from test_reference_oracle import CASES, DenseOracle, covering_batch, tables_for
 
 BACKENDS = ["reference", "cpu"]
@@ -107,13 +108,14 @@ def test_errors_name_what_is_wrong(tmp_path):
         emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]]}, weights={"a": [[2.0]]}))
     with pytest.raises(EmbeddingInputError, match=r"read by no table"):
         emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]], "b": [[0]]}))
-    emb.backend_name = "triton"                                           # as on a GPU
-    with pytest.raises(EmbeddingInputError, match=r"run on the \['reference', 'cpu'\] backends, not 'triton'"):
+    emb.backend_name = "fbgemm"                                           # as with fbgemm_gpu installed
+    with pytest.raises(EmbeddingInputError, match=r"run on the \['reference', 'cpu', 'triton'\] backends, not 'fbgemm'"):
         emb.sequence(KeyedJaggedBatch.from_lists({"a": [[1]]}))
     cached = TableBatchedEmbedding([TableConfig("c", num_rows=40, dim=4, placement="cached", cache_rows=8)],
                                    backend="reference", store_dir=str(tmp_path))
-    with pytest.raises(EmbeddingInputError, match=r"cached tables are not supported: \['c'\]"):
-        cached.sequence(KeyedJaggedBatch.from_lists({"c": [[1]]}))
+    with pytest.raises(EmbeddingInputError, match=r"feature 'c'.*id 40"):       # named before anything moves
+        cached.sequence(KeyedJaggedBatch.from_lists({"c": [[1, 40]]}))
+    assert cached.cache_stats()["c"].misses == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -127,3 +129,36 @@ def test_unchecked_invalid_ids_are_zero_rows_and_update_nothing(backend):
     seq.values.sum().backward()
     after = emb.table_weight("t")
     assert torch.equal(after[[0, 2, 3]], before[[0, 2, 3]]) and not torch.equal(after[1], before[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opt", ["adagrad", "adam"])
+def test_cached_tables_train_as_tables_in_memory(backend, opt):
+    """Caches smaller than the tables' touched rows (evictions and write-backs every few steps),
+    prefetched every other step: the same rows, and after ten steps the same tables and state
+    (bit for bit) as the module that holds every row; steps whose loss reads only the uncached
+    feature still release the batch from the cache's flight."""
+    dev = TableBatchedEmbedding(cache_tables(opt, False), backend=backend, seed=3)
+    cached = TableBatchedEmbedding(cache_tables(opt, True), backend=backend, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    batches = [cache_batch(gen) for _ in range(12)]
+    for i, b in enumerate(batches[:10]):
+        if i % 2 == 0:
+            cached.prefetch(b, future=batches[i + 1:i + 3])
+        seq_dev, seq_cached = dev.sequence(b), cached.sequence(b)
+        used = ["dev"] if i == 3 else list(b.keys)
+        loss = {}
+        for name, seq in (("dev", seq_dev), ("cached", seq_cached)):
+            g = torch.Generator().manual_seed(100 + i)
+            loss[name] = sum((seq[f].values * torch.randn(seq[f].values.shape, generator=g)).sum() for f in used)
+        for f in b.keys:
+            assert torch.equal(seq_dev[f].values, seq_cached[f].values), f"step {i} feature {f}"
+        loss["dev"].backward()
+        loss["cached"].backward()
+        assert cached._cache.in_flight == 0, f"step {i}: the batch is still in the cache's flight"
+    with torch.no_grad():
+        assert torch.equal(dev.sequence(batches[10])["big1"].values, cached.sequence(batches[10])["big1"].values)
+    assert cached._cache.in_flight == 0
+    assert_same_tables(dev, cached)
+    stats = cached.cache_stats()["big"]
+    assert stats.misses > 0 and stats.evictions > 0 and stats.writebacks > 0

@@ -84,7 +84,9 @@ class _Static:
         self.layout_ref = layout
         tables = layout.tables
         self.num_features = len(layout.features)
-        self.total_dim = sum(t.dim * len(t.feature_names) for t in tables)
+        # the output's columns from the layout's own offsets, read once per layout: a one-feature
+        # view of a group (unpooled lookups, neo/embedding/sequence.py) has fewer than its tables
+        self.total_dim = int(layout.output_offsets[-1])
         self.total_rows = sum(t.num_rows for t in tables)
         self.max_dim = max(t.dim for t in tables)
         self.block_d = max(4, _next_pow2(self.max_dim))
