@@ -65,13 +65,14 @@ class WaveClock:
     ``wsp/clock/<rank>``: waves rank has pushed (its clock); ``wsp/applied/<c>``: set once wave c
     is aggregated; ``wsp/version``: waves aggregated so far. Worker k may start its wave c (having
     pushed c waves) once ``version >= c - staleness``: at most ``staleness`` waves ahead of the
-    slowest worker, whose clock is the version."""
+    slowest worker, whose clock is the version. ``base``: the version a resumed run starts at
+    (waves before it were aggregated by the run that wrote its checkpoint)."""
 
-    def __init__(self, store, timeout: datetime.timedelta):
-        self.store, self.timeout = store, timeout
+    def __init__(self, store, timeout: datetime.timedelta, base: int = 0):
+        self.store, self.timeout, self.base = store, timeout, base
 
     def init(self) -> None:
-        self.store.set("wsp/version", "0")
+        self.store.set("wsp/version", str(self.base))
 
     def set_clock(self, rank: int, clock: int) -> None:
         self.store.set(f"wsp/clock/{rank}", str(clock))
@@ -85,7 +86,7 @@ class WaveClock:
 
     def wait_version(self, version: int) -> None:
         """Block until ``version`` waves are aggregated (the store's wait, bounded by the timeout)."""
-        if version > 0:
+        if version > self.base:
             self.store.wait([f"wsp/applied/{version - 1}"], self.timeout)
 
 
@@ -140,9 +141,9 @@ class ParameterServer:
 
     def __init__(self, world_size: int, clock: WaveClock, group=None, trace=None):
         self.W, self.clock, self.group, self.trace = world_size, clock, group, trace
-        self.clocks = [0] * world_size
-        self.pulled = [0] * world_size                      # next version each worker needs
-        self.version = 0
+        self.clocks = [clock.base] * world_size              # a resumed run starts every worker at its base
+        self.pulled = [clock.base] * world_size              # next version each worker needs
+        self.version = clock.base
         self.events: List[tuple] = []
         self.error: Optional[BaseException] = None
         self._pending: Dict[int, Dict[int, Dict[str, Any]]] = {}

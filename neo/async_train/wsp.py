@@ -37,7 +37,9 @@ collection's 1/W embedding gradient scale, the same optimizers, the same learnin
 A virtual worker of several ranks runs its waves in lock-step (a barrier of its ranks at each
 wave); each rank still pushes its own gradients. ``async_train.slowdown`` (or ``emulate_speeds``)
 stretches a rank's steps by a sleep, to emulate slower devices on one host. Evaluation runs once,
-at the end, on the final state (every version applied); checkpoints are not supported yet.
+at the end, on the final state (every version applied). Checkpoints (``train.checkpoint_dir``,
+every ``train.checkpoint_every`` steps, a multiple of ``wave_steps``): rank 0 writes its replica
+at a version, every rank resumes from it (:mod:`neo.async_train.checkpoint`).
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from neo.async_train.checkpoint import WSPCheckpoints, latest_version
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, make_stores
 from neo.config.embedding import ConfigError
+from neo.distributed.process_groups import on_rank0
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
                              prepare_data, rename_features, resolve_tables, validate_training_config)
 from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog
+from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.schedule import LRSchedule
 from neo.train.step import Timers
 from neo.train.trace import TraceRecorder, attach, write_trace
@@ -70,9 +75,10 @@ __all__ = ["WSPTrainer", "check_wsp_config", "run", "main"]
 
 def check_wsp_config(cfg) -> None:
     """What WSP does not support yet, as ConfigErrors naming the field."""
-    t = cfg.train
-    if t.checkpoint_dir:
-        raise ConfigError("train.checkpoint_dir: checkpoints are not supported under async_train.mode: wsp yet")
+    t, a = cfg.train, cfg.async_train
+    if t.checkpoint_every % a.wave_steps:
+        raise ConfigError(f"train.checkpoint_every: {t.checkpoint_every}: under async_train.mode: wsp a checkpoint is "
+                          f"a version, taken at a wave's end: a multiple of async_train.wave_steps ({a.wave_steps})")
     if t.eval_every:
         raise ConfigError("train.eval_every: under async_train.mode: wsp the workers are at different waves; "
                           "only the end is evaluated (set it to 0)")
@@ -80,7 +86,7 @@ def check_wsp_config(cfg) -> None:
         raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
     if t.stop_signals:
         raise ConfigError(f"train.stop_signals: {t.stop_signals}: stopping on a signal is not supported under "
-                          "async_train.mode: wsp yet (nor are its checkpoints); leave it empty")
+                          "async_train.mode: wsp yet (its checkpoints are; resume from the last one); leave it empty")
 
 
 class WSPTrainer:
@@ -149,6 +155,12 @@ class WSPTrainer:
         self.slowdown = a.slowdown_of(self.rank, self.speeds, world_size=self.W)
         self.staleness, self.wave_steps = a.staleness, a.wave_steps
         self.waves = math.ceil(self.total_steps / self.wave_steps)
+        self.ckpt: Optional[WSPCheckpoints] = None
+        self.lease: Optional[CheckpointLease] = None
+        self.start_version = 0
+        """The version this run starts at (a resumed run: its checkpoint's)."""
+        if t.checkpoint_dir:
+            self._open_checkpoints()
         self.say(report)
         self.say(f"neo wsp: {len(self.groups)} virtual workers {self.groups}, staleness {self.staleness}, "
                  f"{self.wave_steps} steps per wave, {self.waves} waves")
@@ -164,25 +176,74 @@ class WSPTrainer:
             if self.rank in g and len(g) > 1:
                 self.vw_group = grp
         store, server_store = make_stores(self.rank, self.W, self.pg.world, timeout)
-        self.clock = WaveClock(store, timeout)
+        self.clock = WaveClock(store, timeout, base=self.start_version)
         self.server = None
         if self.rank == 0:
-            server_clock = WaveClock(server_store, timeout)
+            server_clock = WaveClock(server_store, timeout, base=self.start_version)
             server_clock.init()
             self.server = ParameterServer(self.W, server_clock, self.ps_group, self.trace)
             self.link = ServerLink(self.server)
         else:
             self.link = RemoteLink(self.ps_group)
-        self.step = 0
-        self.version = 0
+        self.step = self.start_version * self.wave_steps
+        self.version = self.start_version
         """Versions (aggregated waves) applied to this worker's replica."""
         self.losses: List[float] = []
         self.waves_log: List[Dict[str, Any]] = []
         """Per wave this worker ran: when it started, the version it computed on, its staleness."""
 
+    # ------------------------------------------------------------------ checkpoints
+    def _open_checkpoints(self) -> None:
+        """Rank 0 takes the lease on ``train.checkpoint_dir`` (a refusal raised on every rank); with
+        ``train.resume`` every rank loads the newest checkpoint rank 0 finds there."""
+        t = self.cfg.train
+        self.ckpt = WSPCheckpoints(t.checkpoint_dir, t.checkpoint_keep, t.checkpoint_every // self.wave_steps,
+                                   self.waves)
+
+        def acquire() -> Optional[str]:
+            self.lease = CheckpointLease(t.checkpoint_dir, t.checkpoint_lease_s, on_lost=self.say)
+            return self.lease.acquire()
+
+        note = on_rank0(acquire, self.pg)
+        if note:
+            self.say(note)
+        version = on_rank0(lambda: latest_version(self.ckpt) if t.resume else None, self.pg)
+        if version is None:
+            self.say(f"neo wsp: starting at version 0; checkpoints go to {t.checkpoint_dir}")
+            return
+        state = self.ckpt.load(version, self._identity())
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.start_version = version
+        self.say(f"neo wsp: resuming at version {version} (step {version * self.wave_steps}) from "
+                 f"{self.ckpt.path(version)}")
+
+    def _identity(self) -> Dict[str, Any]:
+        """What a checkpoint must share with the run that resumes it."""
+        return {"world_size": self.W, "wave_steps": self.wave_steps, "batch_size": self.B,
+                "tables": [tb.name for tb in self.embedding.tables]}
+
+    def _save(self, version: int) -> None:
+        """Rank 0, as it applies ``version``: its replica (module doc of neo.async_train.checkpoint)."""
+        lost = self.lease.check() if self.lease is not None else None
+        if lost:
+            raise CheckpointError(f"neo wsp: not writing the checkpoint of version {version}: {lost}")
+        with self.timers("checkpoint"):
+            self.ckpt.save(version, {**self._identity(), "step": version * self.wave_steps,
+                                     "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
     # ------------------------------------------------------------------ data
-    def _batches(self) -> Iterator[Any]:
-        loader, produced = self.train_loader, 0
+    def _batches(self, start: int) -> Iterator[Any]:
+        """This rank's batches from step ``start`` on (a resumed run: where that step left its loader)."""
+        loader, produced = self.train_loader, start
+        if produced:
+            state = loader.state_dict()
+            state.update(epoch=produced // self.steps_per_epoch, position=(produced % self.steps_per_epoch) * self.B)
+            loader.load_state_dict(state)
         while produced < self.total_steps:
             if loader.position // self.B >= self.steps_per_epoch:
                 loader.set_epoch(loader.epoch + 1)
@@ -220,6 +281,9 @@ class WSPTrainer:
         nothing = torch.zeros(len(batch.keys) * batch.batch_size, dtype=torch.bool, device=self.device)
         pooled = self.embedding(batch, pooled_bags=nothing)    # pools no bag; its backward updates from all
         pooled.backward(update["grads"])                          # the fused sparse optimizers, global batch
+        version = update["wave"] + 1
+        if self.rank == 0 and self.ckpt is not None and self.ckpt.due(version):
+            self._save(version)
 
     def _catch_up(self, need: int) -> None:
         """Wait for ``need`` versions, then pull and apply every version there is."""
@@ -250,22 +314,30 @@ class WSPTrainer:
         return float(loss.detach())
 
     def fit(self) -> Dict[str, Any]:
+        try:
+            return self._fit()
+        finally:
+            self._release()
+
+    def _fit(self) -> Dict[str, Any]:
         t = self.cfg.train
-        runlog = RunLog(t.run_dir, self.rank, self.total_steps, 0, progress=t.progress)
+        resumed = self.start_version > 0
+        runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
+                        rewind_to=self.step if resumed else None)
         if self.rank == 0:
             os.makedirs(t.run_dir, exist_ok=True)
             with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
                 json.dump(self.plan, f, indent=1)
         rng = random.Random(t.seed * 7919 + self.rank)
         slow = self.slowdown
-        batches = self._batches()
+        batches = self._batches(self.step)
         if self.W > 1:
             dist.barrier(group=self.pg.world)
         if self.server is not None:
             self.server.start()
         start = time.time()
         window, window_n = 0.0, 0
-        for c in range(self.waves):
+        for c in range(self.start_version, self.waves):
             if self.vw_group is not None:
                 dist.barrier(group=self.vw_group)                  # a virtual worker's ranks in lock-step
             self._catch_up(max(0, c - self.staleness))
@@ -357,9 +429,12 @@ class WSPTrainer:
         seconds = max(i["end"] for i in infos) - t0
         return {
             "mode": "wsp", "staleness_bound": self.staleness, "wave_steps": self.wave_steps, "waves": self.waves,
+            "start_version": self.start_version,
+            "checkpoint": self.ckpt.path(self.waves) if self.ckpt is not None else None,
             "virtual_workers": self.groups, "steps": self.step, "world_size": self.W,
             "global_batch": self.B * self.W,
-            "samples_per_s": round(self.total_steps * self.B * self.W / max(seconds, 1e-9), 1),
+            "samples_per_s": round((self.total_steps - self.start_version * self.wave_steps) * self.B * self.W
+                                   / max(seconds, 1e-9), 1),
             "train_seconds": round(seconds, 3),
             "max_staleness_observed": max(i["max_staleness"] for i in infos),
             "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"),
