@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -81,10 +81,12 @@ class _SequenceLookup(torch.autograd.Function):
     batch leaves the cache's flight) even where the loss reads only some features."""
 
     @staticmethod
-    def forward(ctx, anchor, lookups: List["_Lookup"], prefetched: Optional[Prefetched], *ids_offsets):
+    def forward(ctx, anchor, lookups: List["_Lookup"], prefetched: Optional[Prefetched],
+                on_invalid: Optional[Callable[[], None]], *ids_offsets):
         ctx.lookups, ctx.prefetched = lookups, prefetched
         ctx.save_for_backward(*ids_offsets)
-        return tuple(_lookup(lk.runner, ids_offsets[2 * i], ids_offsets[2 * i + 1]) for i, lk in enumerate(lookups))
+        return tuple(_lookup(lk.runner, ids_offsets[2 * i], ids_offsets[2 * i + 1], on_invalid)
+                     for i, lk in enumerate(lookups))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -101,7 +103,7 @@ class _SequenceLookup(torch.autograd.Function):
             lk.runner.step.fill_(lk.step)
         if ctx.prefetched is not None:
             owner._cache.complete(ctx.prefetched)
-        return (None, None, None) + (None,) * len(saved)
+        return (None, None, None, None) + (None,) * len(saved)
 
 
 @dataclass
@@ -110,8 +112,14 @@ class _Lookup:
     step: int                   # the group's step count after this lookup's update
 
 
-def _lookup(runner: "_GroupRunner", ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return runner.owner.backend.forward(runner.layout, runner.weights, ids, offsets, None, ids.numel())
+def _lookup(runner: "_GroupRunner", ids: torch.Tensor, offsets: torch.Tensor,
+            on_invalid: Optional[Callable[[], None]] = None) -> torch.Tensor:
+    """``on_invalid``: called (to raise, naming the id) when the backend counted invalid ids."""
+    backend = runner.owner.backend
+    rows = backend.forward(runner.layout, runner.weights, ids, offsets, None, ids.numel())
+    if on_invalid is not None and backend.last_invalid_count:
+        on_invalid()
+    return rows
 
 
 def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_GroupRunner":
@@ -132,7 +140,7 @@ def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_
     return runner
 
 
-def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
+def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch, counted: bool) -> None:
     if emb.backend_name not in SEQUENCE_BACKENDS:
         raise EmbeddingInputError(f"unpooled lookups (sequence) run on the {list(SEQUENCE_BACKENDS)} backends, "
                                   f"not '{emb.backend_name}'")
@@ -141,14 +149,26 @@ def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
     if emb.validate:
         batch.ensure_checked()
         check_features(batch, emb.feature_names, emb.feature_table)
-        emb._check_batch_ids(batch)     # before a cache moves anything
+        if not counted:                 # before a cache moves anything
+            emb._check_batch_ids(batch)
+
+
+def _raiser(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Callable[[], None]:
+    def on_invalid() -> None:
+        emb._check_batch_ids(batch)     # raises, naming feature, table and id
+        raise AssertionError("the kernel counted invalid ids that the id check did not find")
+    return on_invalid
 
 
 def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
     """Every feature's embeddings, one row per id (module doc). The batch must hold exactly the
     module's features (as for the pooled lookup); ids are checked unless ``validate=False``,
     where invalid ids come out as zero rows and update nothing."""
-    _check(emb, batch)
+    # Backends that count invalid ids as they look up (cpu) make the separate pass over the ids
+    # unnecessary on good input: it runs only to name the culprit once one is seen (as pooled)
+    counted = emb.validate and getattr(emb.backend, "counts_invalid_ids", False) and not emb.has_cache
+    _check(emb, batch, counted)
+    on_invalid = _raiser(emb, batch) if counted else None
     train = torch.is_grad_enabled() and emb.training
     # cached tables: this batch's rows made resident (or taken from a prefetch); ids become slots
     prefetched = emb._cache.take(batch, train) if emb.has_cache else None
@@ -172,9 +192,9 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
             features.append(feats)
     if train:
         anchor = torch.empty(0, requires_grad=True)     # makes autograd call the fused update
-        rows = _SequenceLookup.apply(anchor, lookups, prefetched, *tensors)
+        rows = _SequenceLookup.apply(anchor, lookups, prefetched, on_invalid, *tensors)
     else:
-        rows = [_lookup(lk.runner, tensors[2 * i], tensors[2 * i + 1]) for i, lk in enumerate(lookups)]
+        rows = [_lookup(lk.runner, tensors[2 * i], tensors[2 * i + 1], on_invalid) for i, lk in enumerate(lookups)]
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
     out: Dict[str, SequenceEmbedding] = {}

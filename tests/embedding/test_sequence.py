@@ -162,3 +162,22 @@ def test_cached_tables_train_as_tables_in_memory(backend, opt):
     assert_same_tables(dev, cached)
     stats = cached.cache_stats()["big"]
     assert stats.misses > 0 and stats.evictions > 0 and stats.writebacks > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_invalid_id_is_named_and_nothing_moves(backend):
+    """On the cpu backend the kernel counts invalid ids as it looks up (no separate pass over the
+    ids); either way the error names feature, table and id, and no table changes."""
+    tables = [TableConfig("t", num_rows=6, dim=4, feature_names=("a", "b")), TableConfig("u", num_rows=5, dim=4)]
+    emb = TableBatchedEmbedding(tables, backend=backend, seed=1)
+    before = {t.name: emb.table_weight(t.name).clone() for t in tables}
+    bad = KeyedJaggedBatch.from_lists({"a": [[1, 2]], "b": [[0]], "u": [[4, 5]]})
+    with pytest.raises(EmbeddingInputError, match=r"feature 'u' \(table 'u'\): id 5 at sample 0 is out of range"):
+        emb.sequence(bad)
+    with torch.no_grad(), pytest.raises(EmbeddingInputError, match=r"feature 'u'.*id 5"):
+        emb.sequence(bad)
+    for t in tables:
+        assert torch.equal(emb.table_weight(t.name), before[t.name]), t.name
+    good = KeyedJaggedBatch.from_lists({"a": [[1, 2]], "b": [[0]], "u": [[4, 0]]})
+    sum(s.values.sum() for s in emb.sequence(good).values()).backward()     # still trains
+    assert not torch.equal(emb.table_weight("u"), before["u"])
