@@ -177,3 +177,24 @@ def describe_machine(m: Dict[str, Any]) -> str:
             f"{m['neo_cpu_isa']}, ATen {m['aten_cpu_capability']}; huge pages: THP {m['transparent_hugepage']}, "
             f"torch allocations {'advised' if m['torch_thp_alloc'] == '1' else 'not advised'}; "
             f"load average {m['load_average']}; {m['date']}")
+
+
+def run_world_sizes(rank_main, args, world_sizes) -> List[Dict[str, Any]]:
+    """``rank_main(rank, W, args)`` in one gloo group per world size (tests/multiprocess.py, one
+    torch thread a rank unless ``args.threads``); rank 0's records of every size, with the time
+    each took and the machine printed."""
+    import time
+
+    from tests.multiprocess import run_multiprocess
+
+    records: List[Dict[str, Any]] = []
+    for W in world_sizes:
+        t0 = time.time()
+        out = run_multiprocess(rank_main, W, args, timeout_s=3600, collective_timeout_s=600, threads=args.threads,
+                               env={"OMP_NUM_THREADS": str(args.threads)})
+        records.extend(out[0])
+        print(f"[world size {W}: {time.time() - t0:.0f} s]")
+    machines = [r["machine"] for r in records if "machine" in r]
+    if machines:
+        print(describe_machine(machines[0]))
+    return records

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, quiet_peer_logs,  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
                           start_rank, write_json)
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
@@ -226,20 +226,9 @@ def main(argv=None) -> int:
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 32, 2, 1
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    from tests.multiprocess import run_multiprocess
-
     print(f"{args.tables} tables x {args.rows} rows, D={args.dim}, {args.batch} samples/rank x {args.seq_len} ids "
           f"a feature, fused SGD; {args.steps} timed steps (median)")
-    records: List[Dict[str, Any]] = []
-    for W in args.world_sizes:
-        t0 = time.time()
-        out = run_multiprocess(_rank_main, W, args, timeout_s=3600, collective_timeout_s=600, threads=args.threads,
-                               env={"OMP_NUM_THREADS": str(args.threads)})
-        records.extend(out[0])
-        print(f"[world size {W}: {time.time() - t0:.0f} s]")
-    machines = [r["machine"] for r in records if "machine" in r]
-    if machines:
-        print(describe_machine(machines[0]))
+    records = run_world_sizes(_rank_main, args, args.world_sizes)
     print(f"{'system':9} {'sharding_type':14} {'W':>2} {'step_ms':>8} {'forward':>8} {'backward':>8}  max |w - neo|")
     for r in records:
         if r["step_ms"] is None:

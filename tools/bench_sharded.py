@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, run_world_sizes,  # noqa: E402
                           machine_info, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
@@ -243,23 +243,12 @@ def main(argv=None) -> int:
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    from tests.multiprocess import run_multiprocess
-
     from neo.embedding.backends import resolve_backend_name
 
     print(f"Neo embedding backend: {resolve_backend_name(args.backend, torch.device('cpu'))}; "
           f"{args.tables} tables x {args.rows} rows, D={args.dim}, batch {args.batch}/rank, ~{args.mean_ids} ids/bag; "
           f"{args.steps} timed steps (median){'; glibc malloc defaults' if args.system_malloc else ''}")
-    records: List[Dict[str, Any]] = []
-    for W in args.world_sizes:
-        t0 = time.time()
-        out = run_multiprocess(_rank_main, W, args, timeout_s=3600, collective_timeout_s=600, threads=args.threads,
-                               env={"OMP_NUM_THREADS": str(args.threads)})
-        records.extend(out[0])
-        print(f"[world size {W}: {time.time() - t0:.0f} s]")
-    machines = [r["machine"] for r in records if "machine" in r]
-    if machines:
-        print(describe_machine(machines[0]))
+    records = run_world_sizes(_rank_main, args, args.world_sizes)
     _print(records)
     if args.json:
         write_json(args.json, records)

@@ -41,6 +41,16 @@ def _wsp(rank, world_size, tmp, overrides):
             "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}}
 
 
+def assert_same_state(a, b):
+    """Two runs' results (as _bsp / _wsp return them): dense model, tables, optimizer states bit for bit."""
+    for k in a["dense"]:
+        assert torch.equal(a["dense"][k], b["dense"][k]), k
+    for name in a["weights"]:
+        assert torch.equal(a["weights"][name], b["weights"][name]), name
+        for s in a["states"][name]:
+            assert torch.equal(a["states"][name][s], b["states"][name][s]), (name, s)
+
+
 def _records(run_dir, kind):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]
@@ -54,12 +64,7 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
                                                                f"train.run_dir={tmp_data}/wsp0"])
     for r, (a, b) in enumerate(zip(bsp, wsp)):
         assert a["losses"] == b["losses"], r                   # every step of every rank
-        for k in a["dense"]:
-            assert torch.equal(a["dense"][k], b["dense"][k]), k
-        for name in a["weights"]:
-            assert torch.equal(a["weights"][name], b["weights"][name]), name
-            for s in a["states"][name]:
-                assert torch.equal(a["states"][name][s], b["states"][name][s]), (name, s)
+        assert_same_state(a, b)
     assert wsp[0]["final"]["auc"] == pytest.approx(bsp[0]["final"]["auc"], abs=1e-12)
     assert wsp[0]["final"]["max_staleness_observed"] == 0
     waves = _records(f"{tmp_data}/wsp0", "wsp_wave")

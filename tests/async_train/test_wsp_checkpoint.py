@@ -8,24 +8,14 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from neo.config import ConfigError
-from tests.async_train.test_wsp import _wsp
+from tests.async_train.test_wsp import _wsp, assert_same_state
 from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import tiny_config
 
 COMMON = ["train.eval_batches=4", "train.log_every=4", "async_train.wave_steps=2", "train.checkpoint_every=4",
           "train.checkpoint_keep=2"]
-
-
-def _same(a, b):
-    for k in a["dense"]:
-        assert torch.equal(a["dense"][k], b["dense"][k]), k
-    for name in a["weights"]:
-        assert torch.equal(a["weights"][name], b["weights"][name]), name
-        for s in a["states"][name]:
-            assert torch.equal(a["states"][name][s], b["states"][name][s]), (name, s)
 
 
 def test_a_resumed_run_ends_where_the_uninterrupted_one_ends(tmp_data):
@@ -41,14 +31,14 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_ends(tmp_data):
     assert rest[0]["final"]["start_version"] == 4 and rest[0]["final"]["steps"] == 12
     for r in range(2):
         assert first[r]["losses"] + rest[r]["losses"] == whole[r]["losses"], r        # every step of every rank
-        _same(rest[r], whole[r])
+        assert_same_state(rest[r], whole[r])
     assert rest[0]["final"]["auc"] == whole[0]["final"]["auc"]
     # staleness 1: the resumed run computes its waves on whatever versions exist; it ends with every
     # version applied, replicas equal, at the final step
     stale = run_multiprocess(_wsp, 2, tmp_data, args("stale", 8, 1))
     resumed = run_multiprocess(_wsp, 2, tmp_data, args("stale", 12, 1))
     assert resumed[0]["final"]["start_version"] == 4 and len(stale[0]["losses"]) + len(resumed[0]["losses"]) == 12
-    _same(resumed[0], resumed[1])
+    assert_same_state(resumed[0], resumed[1])
 
 
 def test_a_checkpoint_of_another_run_shape_is_refused(tmp_data):
