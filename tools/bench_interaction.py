@@ -26,6 +26,16 @@ tensors and a second concatenation, with autograd's backward of each (the gather
 scatter into a zeroed (B, n, n) tensor, then two ``bmm``). Same output layout as Neo's (dense
 first, then the pairs in row-major upper-triangle order); checked to agree before timing.
 
+``--bounds``: also this machine's two floors for each shape, measured in the same run: the
+arithmetic (the kernels' multiply-adds, B P D forward and 2 B P D backward, at the fp32 FMA peak
+of the ISA Neo's kernels run, ``tools/bench_fma_peak.py``'s loop, times the threads) and the
+memory traffic (forward: n D floats read and D + P written a sample; backward: n D + D + P read
+and n D written; at the copy bandwidth of ``tools/bench_stream.py`` for a working set of that
+size, with that many threads). ``floor`` is the larger (compute and memory fully overlapped),
+``serial`` their sum; ``torch / floor`` is the most any kernel could be faster than the torch
+path here (records: ``bound_fma_ms``, ``bound_memory_ms``, ``bound_floor_ms``,
+``bound_serial_ms``, ``torch_over_floor``).
+
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
 Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json`` records
 (``speedup_vs_torch``, ``speedup_vs_torchrec``: the peer's time over Neo's, per phase) with
@@ -168,6 +178,47 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     return records
 
 
+def add_bounds(records: List[dict], isa: str) -> None:
+    """The arithmetic and memory floors of each Neo record's shape (module doc), in place."""
+    import tempfile
+
+    import bench_fma_peak
+    import bench_stream
+
+    with tempfile.TemporaryDirectory(prefix="neo_fma_") as tmp:
+        fma_per_s = bench_fma_peak.measure(isa, 30_000_000, 3, tmp)["fma_per_s"]
+    bandwidth: Dict[tuple, float] = {}
+    for r in records:
+        if r["system"] in PEERS:
+            continue
+        B, n, D, T = r["batch"], r["n"], r["dim"], r["threads"]
+        P = n * (n - 1) // 2
+        fwd_bytes, bwd_bytes = 4 * B * (n * D + D + P), 4 * B * (2 * n * D + D + P)
+        mb = max(4, 1 << (fwd_bytes >> 20).bit_length())          # the working set, a power of two MiB
+        if (mb, T) not in bandwidth:
+            torch.set_num_threads(T)
+            bandwidth[(mb, T)] = bench_stream.measure(mb)["copy"] * 1e9
+        fma_ms = 1e3 * 3 * B * P * D / (fma_per_s * T)
+        mem_ms = 1e3 * (fwd_bytes + bwd_bytes) / bandwidth[(mb, T)]
+        torch_ms = next(x["fwd_bwd_ms"] for x in records if x["system"] == "torch" and x["dim"] == D
+                        and x["threads"] == T)
+        r.update(bound_fma_ms=fma_ms, bound_memory_ms=mem_ms, bound_floor_ms=max(fma_ms, mem_ms),
+                 bound_serial_ms=fma_ms + mem_ms, bound_isa=isa, bound_fma_per_s=fma_per_s * T,
+                 bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, torch_over_floor=torch_ms / max(fma_ms, mem_ms))
+
+
+def print_bounds(records: List[dict]) -> None:
+    print("\nfloors (fwd+bwd, ms): arithmetic at the FMA peak, memory at the copy bandwidth")
+    for r in records:
+        if "bound_floor_ms" not in r:
+            continue
+        print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: FMA {r['bound_fma_ms']:5.2f} "
+              f"({r['bound_fma_per_s'] / 1e9:.0f} G/s {r['bound_isa']}), memory {r['bound_memory_ms']:5.2f} "
+              f"({r['bound_copy_gb_s']:.1f} GB/s); floor {r['bound_floor_ms']:5.2f}, serial {r['bound_serial_ms']:5.2f}; "
+              f"Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor; "
+              f"torch / floor {r['torch_over_floor']:.2f}x")
+
+
 def print_records(records: List[dict]) -> None:
     print(f"\n{'system':<19} {'n':>3} {'D':>4} {'B':>5} {'threads':>7} {'tiles':>6} {'fwd ms':>8} {'bwd ms':>8} "
           f"{'fwd+bwd':>8}")
@@ -198,6 +249,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10,
                    help="untimed iterations first: on the VM the first touches of freshly allocated memory are slow")
     p.add_argument("--all-variants", action="store_true", help="also time the fused kernel's lower ISA variants")
+    p.add_argument("--bounds", action="store_true", help="also measure this machine's arithmetic and memory floors")
     p.add_argument("--no-torchrec", dest="torchrec", action="store_false",
                    help="leave out TorchRec's InteractionArch (it is left out with a note where not importable)")
     add_isa_arg(p)
@@ -215,6 +267,9 @@ def main(argv=None) -> int:
         for D in args.dims:
             records += run_shape(args, D, threads, machine)
     print_records(records)
+    if args.bounds:
+        add_bounds(records, machine["neo_cpu_isa"])
+        print_bounds(records)
     if args.json:
         write_json(args.json, records)
     return 0

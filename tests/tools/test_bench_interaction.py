@@ -79,3 +79,20 @@ def test_all_variants_times_the_avx512_forwards_other_tilings_and_the_lower_isas
             others = {"narrow", "grouped"} | ({"wide"} if D >= 96 else set())
             expected.update({f"neo-avx512-{t}": t for t in others - {chosen}})
         assert ran == expected
+
+
+def test_bounds_are_the_larger_of_the_arithmetic_and_the_traffic(capsys):
+    """--bounds: the floors follow from the shape (3 B P D multiply-adds; forward n D + D + P and
+    backward 2 n D + D + P floats a sample) at the measured FMA rate and copy bandwidth."""
+    records = bench.run_shape(small_args(torchrec=False), 8, 1, machine={})
+    bench.add_bounds(records, "avx2")
+    bench.print_bounds(records)
+    neo = records[0]
+    B, n, D, P = 16, 6, 8, 15
+    assert neo["bound_fma_ms"] == pytest.approx(1e3 * 3 * B * P * D / neo["bound_fma_per_s"])
+    traffic = 4 * B * (n * D + D + P) + 4 * B * (2 * n * D + D + P)
+    assert neo["bound_memory_ms"] == pytest.approx(1e3 * traffic / (neo["bound_copy_gb_s"] * 1e9))
+    assert neo["bound_floor_ms"] == max(neo["bound_fma_ms"], neo["bound_memory_ms"])
+    assert neo["torch_over_floor"] == pytest.approx(records[-1]["fwd_bwd_ms"] / neo["bound_floor_ms"])
+    assert "bound_floor_ms" not in records[-1]                            # the torch path is the reference
+    assert "torch / floor" in capsys.readouterr().out
