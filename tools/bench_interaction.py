@@ -34,7 +34,10 @@ and n D written; at the copy bandwidth of ``tools/bench_stream.py`` for a workin
 size, with that many threads). ``floor`` is the larger (compute and memory fully overlapped),
 ``serial`` their sum; ``torch / floor`` is the most any kernel could be faster than the torch
 path here (records: ``bound_fma_ms``, ``bound_memory_ms``, ``bound_floor_ms``,
-``bound_serial_ms``, ``torch_over_floor``).
+``bound_serial_ms``, ``torch_over_floor``). At one thread, Neo's kernels are also timed alone
+(``neo._C``, no autograd) on 128 samples used again and again, whose data stay in L2 (the
+arithmetic alone, ``kernel_in_l2_ms``), and on the B samples (``kernel_from_memory_ms``), both
+per B samples.
 
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
 Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json`` records
@@ -205,6 +208,32 @@ def add_bounds(records: List[dict], isa: str) -> None:
         r.update(bound_fma_ms=fma_ms, bound_memory_ms=mem_ms, bound_floor_ms=max(fma_ms, mem_ms),
                  bound_serial_ms=fma_ms + mem_ms, bound_isa=isa, bound_fma_per_s=fma_per_s * T,
                  bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, torch_over_floor=torch_ms / max(fma_ms, mem_ms))
+        if T == 1 and r["system"] == f"neo-{isa}":
+            r["kernel_in_l2_ms"], r["kernel_from_memory_ms"] = kernel_in_and_out_of_cache(r["features"], D, B)
+
+
+def kernel_in_and_out_of_cache(F: int, D: int, B: int, small: int = 128) -> tuple:
+    """Neo's fused forward + backward kernels alone (neo._C, no autograd), ms per B samples, one
+    thread: on ``small`` samples used again and again (their inputs and outputs stay in L2: the
+    arithmetic alone) and on B samples (from L3 / memory, as the benchmark runs them)."""
+    from neo.cpp import cpu_kernels
+
+    C = cpu_kernels("dot_interaction_forward")
+    torch.set_num_threads(1)
+    n = F + 1
+    out = []
+    for b, reps in ((small, 400), (B, 30)):
+        g = torch.Generator().manual_seed(1)
+        dense, pooled = torch.randn(b, D, generator=g), torch.randn(b, F * D, generator=g)
+        grad = torch.randn(b, D + n * (n - 1) // 2, generator=g)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            C.dot_interaction_forward(dense, pooled, F)
+            C.dot_interaction_backward(grad, dense, pooled, F)
+            best = min(best, time.perf_counter() - t0)
+        out.append(1e3 * best * B / b)
+    return tuple(out)
 
 
 def print_bounds(records: List[dict]) -> None:
@@ -217,6 +246,10 @@ def print_bounds(records: List[dict]) -> None:
               f"({r['bound_copy_gb_s']:.1f} GB/s); floor {r['bound_floor_ms']:5.2f}, serial {r['bound_serial_ms']:5.2f}; "
               f"Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor; "
               f"torch / floor {r['torch_over_floor']:.2f}x")
+        if "kernel_in_l2_ms" in r:
+            print(f"    its kernels alone: {r['kernel_in_l2_ms']:5.2f} with the data in L2 "
+                  f"({r['bound_fma_ms'] / r['kernel_in_l2_ms']:.0%} of the FMA peak), "
+                  f"{r['kernel_from_memory_ms']:5.2f} from memory")
 
 
 def print_records(records: List[dict]) -> None:
