@@ -20,7 +20,10 @@
 // streaming writes) if the kernels overlap the memory traffic with the arithmetic
 // (NextSample) instead of following it. Measured with the data in L2: the forward at 66% of
 // the FMA peak at D 64 (short dot products: the tiles' reductions and stores weigh) and 80%
-// at D 128 on AVX-512, the backward at 90% (AVX2: 66/72% and 78%).
+// at D 128 on AVX-512, the backward at 90% (AVX2: 66/72% and 78%). On the Intel Xeon of
+// 2026-11-29 (family 6 model 167; tools/bench_interaction.py --bounds): forward + backward at
+// 49-50% of its AVX-512 FMA peak with the data in L2, 71-75% with AVX2, and only 2-11% slower
+// on a batch from memory: there the arithmetic, not the traffic, is what is left.
 //
 // Forward: pair dots in tiles of kFwdR rows x kFwdC columns of the upper triangle (2 x 4 on
 // AVX2 and the baseline, 4 x 4 on AVX-512: the sums plus one 8-float vector of each operand
