@@ -170,3 +170,70 @@ def test_sharded_sequence_errors_raise_on_every_rank():
         assert len(msgs) == 2, (rank, msgs)
         assert "weights" in msgs[0]
         assert "rank 1" in msgs[1] and "10000" in msgs[1] and "out of range" in msgs[1], msgs[1]
+
+
+class _SequenceModel(torch.nn.Module):
+    """A model over unpooled lookups: each feature's rows weighed by their position in the sample
+    (a learned dense parameter), summed per sample, then a linear layer (no distributed code)."""
+
+    def __init__(self, tables, seed: int):
+        super().__init__()
+        self.embedding = TableBatchedEmbedding(tables, backend="reference", seed=seed)
+        torch.manual_seed(seed)
+        self.position = torch.nn.Parameter(torch.linspace(1.0, 0.25, 4))
+        self.head = torch.nn.Linear(sum(t.dim * len(t.feature_names) for t in tables), 1)
+
+    def forward(self, batch) -> torch.Tensor:
+        seq = self.embedding.sequence(batch)
+        feats = [(s.to_padded(4) * self.position[None, :, None]).sum(1) for s in seq.values()]   # (B, D) each
+        return self.head(torch.cat(feats, dim=1)).squeeze(1)                                        # (B,)
+
+
+def _train_model(model, batches, labels) -> List[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for batch, y in zip(batches, labels):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _parallelized(rank: int, world_size: int, case: Case) -> Dict:
+    from neo.distributed.parallelize import parallelize
+
+    pg = ProcessGroups.build(case.local_world_size, timeout=datetime.timedelta(seconds=60))
+    model = _SequenceModel(case.tables, case.seed)
+    sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", seed=case.seed)
+    sec.load_full_weights({t.name: model.embedding.table_weight(t.name) for t in case.tables})
+    ddp = parallelize(model, "embedding", sec, pg)
+    B = case.batch_size
+    gen = torch.Generator().manual_seed(9)
+    labels = [torch.randint(0, 2, (B * world_size,), generator=gen).float()[rank * B:(rank + 1) * B] for _ in range(3)]
+    batches = [local_slice(b, rank, B) for b in global_batches(case)]
+    losses = _train_model(ddp, batches, labels)
+    return {"losses": losses, "weights": sec.full_weights(), "dense": {k: v.detach().clone() for k, v in
+                                                                         model.named_parameters() if "embedding" not in k}}
+
+
+def test_a_model_over_sequences_trains_the_same_parallelized():
+    """parallelize(model, "embedding", sharded, pg) on a model that calls embedding.sequence:
+    mean losses, tables and dense parameters equal single-process training on the global batch."""
+    ts = tables(4, OptimizerConfig("adagrad", lr=0.2, initial_accumulator_value=0.1))
+    case = Case("parallelized sequence model", ts, {t.name: ALL_TYPES[i % 6] for i, t in enumerate(ts)}, 2, 2, seed=4)
+    got = run_multiprocess(_parallelized, 2, case)
+    ref = _SequenceModel(case.tables, case.seed)
+    gen = torch.Generator().manual_seed(9)
+    labels = [torch.randint(0, 2, (case.batch_size * 2,), generator=gen).float() for _ in range(3)]
+    ref_losses = _train_model(ref, global_batches(case), labels)
+    mean_losses = [(a + b) / 2 for a, b in zip(got[0]["losses"], got[1]["losses"])]
+    torch.testing.assert_close(torch.tensor(mean_losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    for t in case.tables:
+        torch.testing.assert_close(got[0]["weights"][t.name], ref.embedding.table_weight(t.name), rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"table {t.name}: {m}")
+    for k, v in ref.named_parameters():
+        if "embedding" not in k:
+            for r in range(2):
+                torch.testing.assert_close(got[r]["dense"][k], v.detach(), rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
