@@ -6,7 +6,8 @@
 - :mod:`.input_dist`: routing ids to shards in two AlltoAlls;
 - :mod:`.sharding`: one output distribution per sharding type;
 - :mod:`.sharded_embedding`: :class:`ShardedEmbeddingCollection`;
-- :mod:`.parallelize`: apply the sharded collection and DDP to a model.
+- :mod:`.parallelize`: apply the sharded collection and DDP to a model (the function
+  :func:`parallelize` is exported here: ``from neo.distributed import parallelize``).
 
 See docs/distributed.md.
 """
@@ -15,3 +16,4 @@ from neo.distributed.comms import Awaitable, CommConfig, CommPrecision  # noqa: 
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType, even_plan  # noqa: F401
 from neo.distributed.process_groups import ProcessGroups, end_process_groups  # noqa: F401
 from neo.distributed.sharded_embedding import ShardedEmbeddingCollection  # noqa: F401
+from neo.distributed.parallelize import parallelize  # noqa: F401  (the function, as torch.distributed exports its own)
