@@ -16,4 +16,4 @@ from neo.distributed.comms import Awaitable, CommConfig, CommPrecision  # noqa: 
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType, even_plan  # noqa: F401
 from neo.distributed.process_groups import ProcessGroups, end_process_groups  # noqa: F401
 from neo.distributed.sharded_embedding import ShardedEmbeddingCollection  # noqa: F401
-from neo.distributed.parallelize import parallelize  # noqa: F401  (the function, as torch.distributed exports its own)
+from neo.distributed.parallelize import parallelize  # noqa: F401  (the function; its name shadows the submodule)
