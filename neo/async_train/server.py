@@ -32,12 +32,12 @@ import io
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["WaveClock", "ParameterServer", "ServerLink", "RemoteLink", "make_stores", "aggregate"]
+__all__ = ["WaveClock", "WaveStop", "ParameterServer", "ServerLink", "RemoteLink", "make_stores", "aggregate"]
 
 PUSH, PULL, DONE = 1, 2, 3
 _HDR, _PUSH_DATA, _REPLY_HDR, _REPLY_DATA = 1, 2, 3, 4
@@ -84,10 +84,51 @@ class WaveClock:
     def version(self) -> int:
         return int(self.store.get("wsp/version"))
 
-    def wait_version(self, version: int) -> None:
-        """Block until ``version`` waves are aggregated (the store's wait, bounded by the timeout)."""
-        if version > self.base:
-            self.store.wait([f"wsp/applied/{version - 1}"], self.timeout)
+    def wait_version(self, version: int, stop: Optional[Callable[[], bool]] = None) -> None:
+        """Block until ``version`` waves are aggregated (the store's wait, bounded by the timeout).
+
+        ``stop``: while waiting, asked every millisecond (the key polled instead of waited on);
+        when it says yes, :class:`WaveStop` is raised: a worker signalled while it waits for the
+        others stops at once, not after their next wave and one more of its own. (No worker waits
+        for a wave that a stopping one never pushes: a worker stops at a wave's start, after
+        pushing the wave in progress, and a waiter needs at most that one.)"""
+        if version <= self.base:
+            return
+        key = f"wsp/applied/{version - 1}"
+        if stop is None:
+            self.store.wait([key], self.timeout)
+            return
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not self.store.check([key]):
+            if stop():
+                raise WaveStop()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"wsp: version {version} was not aggregated within {self.timeout}: a worker "
+                                   "stalled or died")
+            time.sleep(0.001)
+
+    # ------------------------------------------------------------------ stopping (train.stop_signals)
+    def request_stop(self, signum: int) -> None:
+        """Every worker stops at its next wave (or wait): a signal of train.stop_signals came."""
+        if not self.store.check(["wsp/stop"]):
+            self.store.set("wsp/stop", str(signum))
+
+    def stop_requested(self) -> Optional[int]:
+        return int(self.store.get("wsp/stop")) if self.store.check(["wsp/stop"]) else None
+
+    def set_stopped(self, rank: int, clock: int) -> None:
+        """``rank`` stopped after pushing ``clock`` waves."""
+        self.store.set(f"wsp/stopped/{rank}", str(clock))
+
+    def stopped_clocks(self, world_size: int) -> List[int]:
+        """Every worker's clock once all have stopped (the store's wait, bounded by the timeout)."""
+        keys = [f"wsp/stopped/{r}" for r in range(world_size)]
+        self.store.wait(keys, self.timeout)
+        return [int(self.store.get(k)) for k in keys]
+
+
+class WaveStop(Exception):
+    """Raised in a worker's wait when the run is stopping (train.stop_signals)."""
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:

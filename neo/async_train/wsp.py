@@ -58,7 +58,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.async_train.checkpoint import WSPCheckpoints, latest_version
-from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, make_stores
+from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
 from neo.config.embedding import ConfigError
 from neo.distributed.process_groups import on_rank0
 from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
@@ -68,9 +68,14 @@ from neo.train.run_log import RunLog
 from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.schedule import LRSchedule
 from neo.train.step import Timers
+from neo.train.stop import StopSignals, signal_name
 from neo.train.trace import TraceRecorder, attach, write_trace
 
 __all__ = ["WSPTrainer", "check_wsp_config", "run", "main"]
+
+
+_STOP_WITH_GROUPS = ("train.stop_signals: {}: stopping on a signal is not supported with virtual workers of several "
+                     "ranks (async_train.virtual_workers / num_virtual_workers) yet; leave one of the two empty")
 
 
 def check_wsp_config(cfg) -> None:
@@ -84,9 +89,8 @@ def check_wsp_config(cfg) -> None:
                           "only the end is evaluated (set it to 0)")
     if cfg.parallel.pipeline.enabled:
         raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
-    if t.stop_signals:
-        raise ConfigError(f"train.stop_signals: {t.stop_signals}: stopping on a signal is not supported under "
-                          "async_train.mode: wsp yet (its checkpoints are; resume from the last one); leave it empty")
+    if t.stop_signals and any(len(g) > 1 for g in a.virtual_workers):
+        raise ConfigError(_STOP_WITH_GROUPS.format(t.stop_signals))
 
 
 class WSPTrainer:
@@ -152,6 +156,8 @@ class WSPTrainer:
         topo = cfg.topology.to_topology(self.W, self.pg.local_world_size)
         self.speeds = [d.speed for d in topo.devices]
         self.groups = a.worker_groups(self.W, self.speeds)
+        if t.stop_signals and any(len(g) > 1 for g in self.groups):
+            raise ConfigError(_STOP_WITH_GROUPS.format(t.stop_signals))
         self.slowdown = a.slowdown_of(self.rank, self.speeds, world_size=self.W)
         self.staleness, self.wave_steps = a.staleness, a.wave_steps
         self.waves = math.ceil(self.total_steps / self.wave_steps)
@@ -285,10 +291,12 @@ class WSPTrainer:
         if self.rank == 0 and self.ckpt is not None and self.ckpt.due(version):
             self._save(version)
 
-    def _catch_up(self, need: int) -> None:
-        """Wait for ``need`` versions, then pull and apply every version there is."""
+    def _catch_up(self, need: int, stop: Optional[StopSignals] = None) -> None:
+        """Wait for ``need`` versions, then pull and apply every version there is. ``stop``: the
+        wait ends in :class:`WaveStop` once a signal of train.stop_signals came, here or elsewhere."""
+        asked = None if stop is None else (lambda: self._stop_signal(stop) is not None)
         with self.timers("wsp_wait"):
-            self.clock.wait_version(need)
+            self.clock.wait_version(need, asked)
         latest = max(need, self.clock.version())
         if latest > self.version:
             with self.timers("wsp_pull"):
@@ -315,11 +323,52 @@ class WSPTrainer:
 
     def fit(self) -> Dict[str, Any]:
         try:
-            return self._fit()
+            with StopSignals(self.cfg.train.stop_signals) as stop:
+                return self._fit(stop)
         finally:
             self._release()
 
-    def _fit(self) -> Dict[str, Any]:
+    # ------------------------------------------------------------------ stopping (train.stop_signals)
+    def _stop_signal(self, stop: StopSignals) -> Optional[int]:
+        """The signal the run stops for: this worker's (told to the others through the store), or
+        one another worker received; None while none came."""
+        if stop.received is not None:
+            self.clock.request_stop(stop.received)
+        return self.clock.stop_requested()
+
+    def _stopped(self, num: int, pushed: int, runlog: RunLog, start: float) -> Dict[str, Any]:
+        """Every worker stops at its next wave (this one after pushing ``pushed`` waves); the
+        version all of them completed is v = the smallest clock; rank 0 applies every version up
+        to v and writes its checkpoint (train.checkpoint_dir), which a resumed run starts from."""
+        if self.trace is not None:
+            self.trace.end_step()
+        self.clock.set_stopped(self.rank, pushed)
+        version, checkpoint = None, None
+        if self.rank == 0:
+            version = min(self.clock.stopped_clocks(self.W))
+            self._catch_up(version)
+            if self.ckpt is not None and version > self.start_version:
+                if not os.path.exists(self.ckpt.path(version)):
+                    self._save(version)
+                checkpoint = self.ckpt.path(version)
+            elif self.ckpt is not None and self.start_version:
+                checkpoint = self.ckpt.path(self.start_version)     # nothing new: where this run started
+        self.link.done()
+        if self.server is not None:
+            self.server.join()
+        t = self.cfg.train
+        final = {"mode": "wsp", "stopped": signal_name(num), "exit_status": 128 + num, "checkpoint": checkpoint,
+                 "version": version, "steps": None if version is None else version * self.wave_steps,
+                 "world_size": self.W, "train_seconds": round(time.time() - start, 3)}
+        if self.trace is not None:
+            final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world if self.W > 1 else None)
+        runlog.record("stopped", final["steps"] or 0, final)
+        runlog.message(f"stopped by {final['stopped']} at version {version}: "
+                       + (f"checkpoint {checkpoint}" if checkpoint else "no train.checkpoint_dir, nothing saved"))
+        runlog.close()
+        return final
+
+    def _fit(self, stop: StopSignals) -> Dict[str, Any]:
         t = self.cfg.train
         resumed = self.start_version > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
@@ -337,10 +386,16 @@ class WSPTrainer:
             self.server.start()
         start = time.time()
         window, window_n = 0.0, 0
+        stoppable = stop if t.stop_signals else None
         for c in range(self.start_version, self.waves):
             if self.vw_group is not None:
                 dist.barrier(group=self.vw_group)                  # a virtual worker's ranks in lock-step
-            self._catch_up(max(0, c - self.staleness))
+            try:
+                if stoppable is not None and self._stop_signal(stop) is not None:
+                    raise WaveStop()
+                self._catch_up(max(0, c - self.staleness), stoppable)
+            except WaveStop:
+                return self._stopped(self._stop_signal(stop), c, runlog, start)
             self.waves_log.append({"wave": c, "t": time.time(), "version": self.version,
                                    "staleness": c - self.version})
             n = min(self.wave_steps, self.total_steps - c * self.wave_steps)
@@ -459,11 +514,17 @@ def run(cfg, pg=None) -> int:
         return report_error(e, pg, 2)
     final, rank = trainer.fit(), trainer.rank
     del trainer                      # its process groups are freed by end_process_groups, not at exit
+    status = final.get("exit_status", 0)           # 128 + N: a signal of train.stop_signals stopped it
     if rank == 0:
+        if final.get("stopped"):
+            where = f"checkpoint {final['checkpoint']}: the same command resumes there (train.resume)" \
+                if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
+            print(f"neo wsp: stopped by {final['stopped']} at version {final['version']}; {where}",
+                  file=sys.stderr, flush=True)
         print(json.dumps(final), flush=True)
     if pg is None:
         end_process_groups()
-    return 0
+    return status
 
 
 def main(argv: Optional[List[str]] = None) -> int:

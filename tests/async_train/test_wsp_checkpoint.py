@@ -6,6 +6,7 @@ shape of run and a cadence that is not a wave's end are errors naming the field.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -56,3 +57,88 @@ def test_the_cadence_must_be_a_wave_end(tmp_data):
         from neo.async_train.wsp import check_wsp_config
         check_wsp_config(tiny_config(tmp_data, "async_train.mode=wsp", "async_train.wave_steps=4",
                                      "train.checkpoint_every=6", f"train.checkpoint_dir={tmp_data}/x"))
+
+
+def _wsp_signalled(rank, world_size, tmp, overrides, at_step):
+    """As _wsp; rank 1 sends itself SIGTERM (from a thread, as a launcher would) once it has run
+    ``at_step`` steps."""
+    import signal
+    import threading
+    import time
+
+    from neo.async_train import WSPTrainer
+
+    tr = WSPTrainer(tiny_config(tmp, "async_train.mode=wsp", *overrides), log=lambda *a, **k: None)
+    if rank == 1:
+        def watch():
+            while tr.step < at_step:
+                time.sleep(0.0005)
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=watch, daemon=True).start()
+    return {"final": tr.fit(), "losses": tr.losses}
+
+
+def test_a_signal_stops_every_worker_at_a_checkpoint_the_run_resumes_from(tmp_data):
+    """train.stop_signals under WSP: rank 1 is signalled mid-run; both workers stop at their next
+    wave, rank 0 writes the version both completed, both report 143; the same command resumes
+    there and (staleness 0) ends with the uninterrupted run's state."""
+    def args(name):
+        return COMMON + ["train.steps=24", "async_train.staleness=0", "train.stop_signals=[SIGTERM]",
+                         f"train.run_dir={tmp_data}/{name}", f"train.checkpoint_dir={tmp_data}/{name}-ck"]
+
+    whole = run_multiprocess(_wsp, 2, tmp_data, args("sig-whole"))
+    stopped = run_multiprocess(_wsp_signalled, 2, tmp_data, args("sig"), 6)
+    final = stopped[0]["final"]
+    assert [s["final"]["stopped"] for s in stopped] == ["SIGTERM", "SIGTERM"]
+    assert [s["final"]["exit_status"] for s in stopped] == [143, 143]
+    v = final["version"]
+    assert 3 <= v < 12 and final["checkpoint"] == f"{tmp_data}/sig-ck/wsp-{v:08d}.pt"
+    assert os.path.exists(final["checkpoint"]) and final["steps"] == 2 * v
+    resumed = run_multiprocess(_wsp, 2, tmp_data, args("sig"))
+    assert resumed[0]["final"]["start_version"] == v and "stopped" not in resumed[0]["final"]
+    for r in range(2):
+        assert resumed[r]["losses"] == whole[r]["losses"][2 * v:], r
+        assert_same_state(resumed[r], whole[r])
+
+
+def test_workers_at_different_waves_stop_at_the_version_both_completed(tmp_data):
+    """Staleness 2, rank 1 slowed 3x: rank 0 runs up to two waves ahead (and waits for rank 1);
+    rank 1 is signalled: both stop, well inside the collective timeout, at the version both
+    completed (rank 0's waves past it are dropped), and the run resumes from there to the end."""
+    args = COMMON + ["train.steps=24", "async_train.staleness=2", "async_train.slowdown=[{rank: 1, factor: 3}]",
+                     "train.stop_signals=[SIGTERM]", "train.collective_timeout_s=60",
+                     f"train.run_dir={tmp_data}/slow", f"train.checkpoint_dir={tmp_data}/slow-ck"]
+    t0 = time.time()
+    stopped = run_multiprocess(_wsp_signalled, 2, tmp_data, args, 6)
+    assert time.time() - t0 < 45                                      # nobody waited out the 60 s timeout
+    final = stopped[0]["final"]
+    assert [s["final"]["exit_status"] for s in stopped] == [143, 143] and final["version"] >= 3
+    assert len(stopped[0]["losses"]) > 2 * final["version"]          # rank 0 had run ahead of the version
+    resumed = run_multiprocess(_wsp, 2, tmp_data, args)                     # the same command again
+    assert resumed[0]["final"]["start_version"] == final["version"] and resumed[0]["final"]["steps"] == 24
+    assert_same_state(resumed[0], resumed[1])
+
+
+def test_a_waiting_worker_stops_when_asked():
+    """WaveClock.wait_version with a stop question: WaveStop as soon as it says yes; returns as
+    soon as the version is there; resumed clocks (base) do not wait for versions before the base."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from neo.async_train.server import WaveClock, WaveStop
+
+    clock = WaveClock(dist.HashStore(), datetime.timedelta(seconds=30), base=4)
+    clock.init()
+    clock.wait_version(4)                                   # the base: nothing to wait for
+    asked = []
+    t0 = time.time()
+    with pytest.raises(WaveStop):
+        clock.wait_version(5, lambda: asked.append(1) or len(asked) > 3)
+    assert len(asked) == 4 and time.time() - t0 < 5
+    clock.applied(4)
+    clock.wait_version(5, lambda: True)                     # there: no question asked
+    assert clock.stop_requested() is None
+    clock.request_stop(15)
+    clock.request_stop(10)                                  # the first request stands
+    assert clock.stop_requested() == 15

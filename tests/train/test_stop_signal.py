@@ -40,11 +40,13 @@ def test_stop_signal_names_are_checked(tmp_path):
             tiny_config(tmp, f"train.stop_signals={bad}")
 
 
-def test_wsp_refuses_stop_signals(tmp_path):
+def test_wsp_refuses_stop_signals_with_virtual_workers_of_several_ranks(tmp_path):
     from neo.async_train.wsp import check_wsp_config
 
-    cfg = tiny_config(str(tmp_path), "train.stop_signals=[SIGTERM]", "async_train.mode=wsp")
-    with pytest.raises(ConfigError, match=r"train\.stop_signals: \['SIGTERM'\]: .* wsp"):
+    check_wsp_config(tiny_config(str(tmp_path), "train.stop_signals=[SIGTERM]", "async_train.mode=wsp"))   # supported
+    cfg = tiny_config(str(tmp_path), "train.stop_signals=[SIGTERM]", "async_train.mode=wsp",
+                      "async_train.virtual_workers=[[0,1]]")
+    with pytest.raises(ConfigError, match=r"train\.stop_signals: \['SIGTERM'\]: .* virtual workers of several ranks"):
         check_wsp_config(cfg)
 
 
