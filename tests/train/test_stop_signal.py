@@ -240,6 +240,24 @@ def test_torchrun_forwards_the_signal_and_both_ranks_stop_at_one_step(tmp_data, 
     assert sorted(os.listdir(ck)) == ["latest", f"step-{step}"]
 
 
+def test_torchrun_stops_a_wsp_run_at_a_version_with_its_checkpoint(tmp_data):
+    """async_train.mode: wsp under torchrun: SIGTERM to the agent reaches both workers, which stop
+    at the version both completed; rank 0 writes its checkpoint, says so, and leaves no lease."""
+    ck, run = f"{tmp_data}/wsp-ck", "wsp-run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "neo.async_train", TINY] + _cli_overrides(tmp_data, run, ck) + [
+           "async_train.wave_steps=2", "async_train.staleness=1", "train.checkpoint_every=4"]
+    rc, out, err = _signal_once_training(cmd, env, f"{tmp_data}/{run}/metrics.jsonl")
+    assert rc != 0, err[-3000:]
+    stops = [r for r in _records(f"{tmp_data}/{run}/metrics.jsonl") if r["kind"] == "stopped"]
+    assert len(stops) == 1 and stops[0]["stopped"] == "SIGTERM", err[-3000:]
+    v = stops[0]["version"]
+    assert v >= 1 and stops[0]["checkpoint"] == f"{ck}/wsp-{v:08d}.pt", stops
+    assert f"neo wsp: stopped by SIGTERM at version {v}; checkpoint {ck}/wsp-{v:08d}.pt" in err, err[-3000:]
+    assert f"wsp-{v:08d}.pt" in os.listdir(ck) and "lease.json" not in os.listdir(ck)
+
+
 def test_neo_train_passes_sigterm_to_the_torchrun_it_launched(tmp_data):
     """A pipelined config is relaunched under torchrun by ``neo train``: a SIGTERM to ``neo train``
     reaches the workers through it (they stop cleanly; no checkpoints under a pipeline), instead of
