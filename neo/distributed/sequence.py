@@ -182,7 +182,7 @@ def _exchange(sec: "ShardedEmbeddingCollection", rows: Dict[str, SequenceEmbeddi
         at += len(slots)
     x = torch.cat(send) if send else torch.zeros(0)
     recv = all_to_all_pooled(x, out_splits, in_splits, sec.pg.world_comm, sec.comm, order,
-                             name="sequence_all_to_all").wait()
+                             name="sequence_all_to_all", consume=True).wait()
     pieces: Dict[str, Dict[Slot, torch.Tensor]] = defaultdict(dict)
     for sl, flat in zip([sl for slots in senders for sl in slots], _Unpack.apply(recv, sizes, sec.grad_scale)):
         pieces[sl.feature][sl] = flat.view(-1, sl.cols)
@@ -204,7 +204,8 @@ def _data_parallel(sec: "ShardedEmbeddingCollection", rows: Dict[str, SequenceEm
     start, n_own = sum(sizes[:me]), sizes[me]
 
     def backward(g: torch.Tensor) -> _Launched:
-        return _launch_a2a(g.repeat(W), sizes, [n_own] * W, pg.world_comm, sec.comm.backward.wire_dtype)
+        return _launch_a2a(g.repeat(W), sizes, [n_own] * W, pg.world_comm, sec.comm.backward.wire_dtype,
+                           in_place=True)                # the repeated block is ours alone
 
     y = _differentiable(x, lambda t: _Launched(None, lambda: t[start:start + n_own].clone()), backward, order,
                         "sequence_data_parallel").wait()
