@@ -95,17 +95,34 @@ class _RowShards:
         shard[(ids < 0) | (ids >= self.slots[0].table_rows)] = len(self.slots)          # after every shard
         self.counts = torch.bincount(shard, minlength=len(self.slots) + 1).tolist()
         perm = torch.argsort(shard, stable=True)                                        # arrival order -> id
-        self.inverse = torch.empty_like(perm)
-        self.inverse[perm] = torch.arange(ids.numel(), dtype=torch.int64)
+        self.places = list(torch.split(perm, self.counts))[:-1]                          # shard k's ids' places
+        self.n = ids.numel()
 
     def count(self, slot: Slot) -> int:
         return self.counts[self.slots.index(slot)]
 
     def restore(self, pieces: List[torch.Tensor]) -> torch.Tensor:
         """(N, cols): the shards' rows (in ``self.slots`` order) back in id order."""
+        return _Scatter.apply(self.n, self.counts[-1] > 0, self.places, *pieces)
+
+
+class _Scatter(torch.autograd.Function):
+    """Forward: ``pieces[k]`` into rows ``places[k]`` of an (n, cols) output (zeros where no piece
+    goes, only when ``holes``). Backward: each piece's gradient gathered from those rows. One
+    pass each way: no concatenation of the pieces, no zero-filled gradient scattered into."""
+
+    @staticmethod
+    def forward(ctx, n: int, holes: bool, places: List[torch.Tensor], *pieces: torch.Tensor):
+        ctx.places = places
         cols = pieces[0].shape[1]
-        rows = torch.cat(pieces + [pieces[0].new_zeros(self.counts[-1], cols)])
-        return rows.index_select(0, self.inverse)
+        out = pieces[0].new_zeros(n, cols) if holes else pieces[0].new_empty(n, cols)
+        for where, piece in zip(places, pieces):
+            out.index_copy_(0, where, piece)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, None, None) + tuple(grad.index_select(0, where) for where in ctx.places)
 
 
 class _Arrivals:
