@@ -61,6 +61,13 @@ class SequenceEmbedding:
         """(B + 1,): sample b's rows are ``values[offsets[b]:offsets[b + 1]]``."""
         return offsets_from_lengths(self.lengths)
 
+    def to_torchrec(self):
+        """As ``torchrec.JaggedTensor`` (what TorchRec's ``EmbeddingCollection`` returns per
+        feature; requires torchrec). Shares the tensors (autograd flows through)."""
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+
+        return JaggedTensor(values=self.values, lengths=self.lengths, offsets=self.offsets)
+
     def to_padded(self, max_len: Optional[int] = None) -> torch.Tensor:
         """(B, max_len, D), zeros past each sample's ids (``max_len`` default: the longest)."""
         B, D = self.lengths.numel(), self.values.shape[1]

@@ -181,3 +181,27 @@ def test_an_invalid_id_is_named_and_nothing_moves(backend):
     good = KeyedJaggedBatch.from_lists({"a": [[1, 2]], "b": [[0]], "u": [[4, 0]]})
     sum(s.values.sum() for s in emb.sequence(good).values()).backward()     # still trains
     assert not torch.equal(emb.table_weight("u"), before["u"])
+
+
+def test_rows_and_jagged_tensors_equal_torchrecs_embedding_collection():
+    """Against TorchRec's (unsharded, CPU) EmbeddingCollection holding the same weights: per feature
+    the same JaggedTensor (values, lengths, offsets); a table read by two features included."""
+    import torchrec  # an optional peer of Neo, always installed by the test setup (tools/setup.sh --dev)
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    tables = [TableConfig("t", num_rows=30, dim=8, feature_names=("a", "b")), TableConfig("u", num_rows=20, dim=8)]
+    emb = TableBatchedEmbedding(tables, backend="cpu", seed=4)
+    ec = EmbeddingCollection(tables=[EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
+                                                     feature_names=list(t.feature_names)) for t in tables])
+    with torch.no_grad():
+        for t in tables:
+            ec.embeddings[t.name].weight.copy_(emb.table_weight(t.name))
+    batch = KeyedJaggedBatch.from_lists({"a": [[1, 2, 29], [], [5]], "b": [[0], [7, 7], []], "u": [[3], [19, 0], [4]]})
+    want = ec(batch.to_torchrec())
+    with torch.no_grad():
+        got = {f: s.to_torchrec() for f, s in emb.sequence(batch).items()}
+    assert set(got) == set(want)
+    for f, jt in want.items():
+        assert isinstance(got[f], torchrec.JaggedTensor)
+        assert torch.equal(got[f].values(), jt.values()), f
+        assert torch.equal(got[f].lengths(), jt.lengths()) and torch.equal(got[f].offsets(), jt.offsets()), f
