@@ -16,16 +16,18 @@ versions a wave computes on depend on timing in any run.
 
 Layout: ``DIR/wsp-<version, 8 digits>.pt`` (``torch.save`` to ``.tmp``, fsynced, then
 ``os.replace``: a reader finds a whole file or none), the newest ``train.checkpoint_keep`` kept,
-and rank 0's lease on ``DIR`` for the run (neo/train/checkpoint/lease.py). A synchronous run's
-``step-*`` checkpoints are neither read nor removed.
+and rank 0's lease on ``DIR`` for the run (neo/train/checkpoint/lease.py). A run that starts at
+version 0 (nothing to resume, or ``train.resume: false``) replaces the directory's earlier WSP
+checkpoints at its first save. A synchronous run's ``step-*`` checkpoints are neither read nor
+removed.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 
@@ -45,6 +47,11 @@ class WSPCheckpoints:
     keep: int
     every_waves: int          # a checkpoint when version % every_waves == 0 (0: only the last version)
     last_version: int
+    replace_existing: bool = False
+    """A run that did not resume: the directory's earlier checkpoints go at its first save (else a
+    resume could pick an older run's later version)."""
+    saved: Set[int] = field(default_factory=set)
+    """Versions this run wrote."""
 
     def due(self, version: int) -> bool:
         return version == self.last_version or (self.every_waves > 0 and version % self.every_waves == 0)
@@ -60,6 +67,9 @@ class WSPCheckpoints:
 
     def save(self, version: int, state: Dict[str, Any]) -> str:
         os.makedirs(self.root, exist_ok=True)
+        if self.replace_existing and not self.saved:
+            for old in self.versions():
+                os.remove(self.path(old))
         path = self.path(version)
         tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
@@ -67,6 +77,7 @@ class WSPCheckpoints:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        self.saved.add(version)
         for old in self.versions()[:-self.keep]:
             os.remove(self.path(old))
         return path

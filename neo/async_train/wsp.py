@@ -215,7 +215,11 @@ class WSPTrainer:
             self.say(note)
         version = on_rank0(lambda: latest_version(self.ckpt) if t.resume else None, self.pg)
         if version is None:
-            self.say(f"neo wsp: starting at version 0; checkpoints go to {t.checkpoint_dir}")
+            earlier = self.ckpt.versions() if self.rank == 0 else []
+            self.ckpt.replace_existing = True
+            self.say(f"neo wsp: starting at version 0; checkpoints go to {t.checkpoint_dir}" +
+                     (f" (its earlier WSP checkpoints of versions {earlier} are replaced from this run's first save)"
+                      if earlier else ""))
             return
         state = self.ckpt.load(version, self._identity())
         self.model.load_state_dict(state["model"])
@@ -348,7 +352,7 @@ class WSPTrainer:
             version = min(self.clock.stopped_clocks(self.W))
             self._catch_up(version)
             if self.ckpt is not None and version > self.start_version:
-                if not os.path.exists(self.ckpt.path(version)):
+                if version not in self.ckpt.saved:
                     self._save(version)
                 checkpoint = self.ckpt.path(version)
             elif self.ckpt is not None and self.start_version:

@@ -142,3 +142,15 @@ def test_a_waiting_worker_stops_when_asked():
     clock.request_stop(15)
     clock.request_stop(10)                                  # the first request stands
     assert clock.stop_requested() == 15
+
+
+def test_a_fresh_run_replaces_an_earlier_runs_checkpoints(tmp_data):
+    """train.resume=false in a directory holding a longer run's checkpoints: they go at this run's
+    first save, so that a later resume starts from this run's, not from the older later version."""
+    ck = f"{tmp_data}/fresh-ck"
+    run_multiprocess(_wsp, 2, tmp_data, COMMON + ["train.steps=12", f"train.run_dir={tmp_data}/old",
+                                                  f"train.checkpoint_dir={ck}"])
+    assert sorted(os.listdir(ck)) == ["wsp-00000004.pt", "wsp-00000006.pt"]
+    run_multiprocess(_wsp, 2, tmp_data, COMMON + ["train.steps=4", "train.resume=false",
+                                                  f"train.run_dir={tmp_data}/new", f"train.checkpoint_dir={ck}"])
+    assert sorted(os.listdir(ck)) == ["wsp-00000002.pt"]
