@@ -198,3 +198,11 @@ def run_world_sizes(rank_main, args, world_sizes) -> List[Dict[str, Any]]:
     if machines:
         print(describe_machine(machines[0]))
     return records
+
+
+def torchrec_local_blocks(t) -> List[tuple]:
+    """``(row offset, column offset, tensor)`` of each block of a TorchRec parameter this rank
+    holds: the local shards of a ``ShardedTensor``, or the whole tensor of a replica."""
+    if hasattr(t, "local_shards"):
+        return [(*sh.metadata.shard_offsets, sh.tensor) for sh in t.local_shards()]
+    return [(0, 0, t)]

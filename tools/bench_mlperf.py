@@ -57,7 +57,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
-                          machine_info, start_rank, write_json)
+                          machine_info, start_rank, torchrec_local_blocks, write_json)
 
 DEFAULT_CONFIG = str(ROOT / "configs" / "mlperf_dcnv2_tiny.yaml")
 
@@ -149,20 +149,13 @@ def _neo_initial_weights(cfg, pg) -> Dict[str, torch.Tensor]:
 @torch.no_grad()
 def _load_into(dmp, weights: Dict[str, torch.Tensor]) -> None:
     """Copy ``weights`` into the sharded model in place (dense parameters; each rank's table shards)."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
     state = dmp.state_dict()
     missing = sorted(set(weights) - set(state))
     if missing:
         raise SystemExit(f"bench_mlperf: TorchRec's DLRM_DCN has no parameters {missing}")
     for name, w in weights.items():
-        t = state[name]
-        if isinstance(t, ShardedTensor):
-            for shard in t.local_shards():
-                (r, c), (n, d) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                shard.tensor.copy_(w[r:r + n, c:c + d])
-        else:
-            t.copy_(w)
+        for r, c, blk in torchrec_local_blocks(state[name]):
+            blk.copy_(w if blk.shape == w.shape else w[r:r + blk.shape[0], c:c + blk.shape[1]])
 
 
 def _torchrec(cfg, pg, group, same_init: bool) -> Dict[str, Any]:

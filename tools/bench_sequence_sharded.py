@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
-                          start_rank, write_json)
+                          start_rank, torchrec_local_blocks, write_json)
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
 TORCHREC_TYPES = ("table_wise", "column_wise")
@@ -125,33 +125,24 @@ def _torchrec(args, st: str, pg, weights: Dict[str, torch.Tensor]):
     return model, step
 
 
-def _state_tensors(model) -> Dict[str, Any]:
-    return {k: v for k, v in model.state_dict().items() if k.endswith(".weight")}
-
-
-def _copy_in(model, weights: Dict[str, torch.Tensor]) -> None:
-    """Neo's full tables into TorchRec's local shards (ShardedTensor, or a replica's plain tensor)."""
-    with torch.no_grad():
-        for key, w in _state_tensors(model).items():
+def _table_blocks(model, weights: Dict[str, torch.Tensor]):
+    """(TorchRec's local block, the same block of Neo's full table) for every table."""
+    for key, w in model.state_dict().items():
+        if key.endswith(".weight"):
             full = weights[key.split(".")[-2]]
-            if hasattr(w, "local_shards"):
-                for sh in w.local_shards():
-                    r0, c0 = sh.metadata.shard_offsets
-                    n, d = sh.metadata.shard_sizes
-                    sh.tensor.copy_(full[r0:r0 + n, c0:c0 + d])
-            else:
-                w.copy_(full)
+            for r, c, blk in torchrec_local_blocks(w):
+                yield blk, full[r:r + blk.shape[0], c:c + blk.shape[1]]
+
+
+@torch.no_grad()
+def _copy_in(model, weights: Dict[str, torch.Tensor]) -> None:
+    """Neo's full tables into TorchRec's local shards (or a replica's whole table)."""
+    for blk, mine in _table_blocks(model, weights):
+        blk.copy_(mine)
 
 
 def _max_diff(model, weights: Dict[str, torch.Tensor]) -> float:
-    worst = 0.0
-    for key, w in _state_tensors(model).items():
-        full = weights[key.split(".")[-2]]
-        parts = [(sh.metadata.shard_offsets, sh.tensor) for sh in w.local_shards()] if hasattr(w, "local_shards") \
-            else [((0, 0), w)]
-        for (r0, c0), t in parts:
-            worst = max(worst, float((t - full[r0:r0 + t.shape[0], c0:c0 + t.shape[1]]).abs().max()))
-    return worst
+    return max(float((blk - mine).abs().max()) for blk, mine in _table_blocks(model, weights))
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:

@@ -65,6 +65,11 @@ class WSPCheckpoints:
             return []
         return sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(self.root)) if m)
 
+    def latest(self) -> Optional[int]:
+        """The newest complete checkpoint's version, or None."""
+        versions = self.versions()
+        return versions[-1] if versions else None
+
     def save(self, version: int, state: Dict[str, Any]) -> str:
         os.makedirs(self.root, exist_ok=True)
         if self.replace_existing and not self.saved:
@@ -96,11 +101,3 @@ class WSPCheckpoints:
                 raise CheckpointError(f"{path}: written with {field} = {state.get(field)!r}, this run has {mine!r}; "
                                       f"resume with the same {field} or give another train.checkpoint_dir")
         return state
-
-
-def latest_version(ckpt: Optional[WSPCheckpoints]) -> Optional[int]:
-    """The newest complete checkpoint's version, or None."""
-    if ckpt is None:
-        return None
-    versions = ckpt.versions()
-    return versions[-1] if versions else None

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from neo.async_train.checkpoint import WSPCheckpoints, latest_version
+from neo.async_train.checkpoint import WSPCheckpoints
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
 from neo.config.embedding import ConfigError
 from neo.distributed.process_groups import on_rank0
@@ -213,7 +213,7 @@ class WSPTrainer:
         note = on_rank0(acquire, self.pg)
         if note:
             self.say(note)
-        version = on_rank0(lambda: latest_version(self.ckpt) if t.resume else None, self.pg)
+        version = on_rank0(lambda: self.ckpt.latest() if t.resume else None, self.pg)
         if version is None:
             earlier = self.ckpt.versions() if self.rank == 0 else []
             self.ckpt.replace_existing = True

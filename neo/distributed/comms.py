@@ -433,3 +433,23 @@ def slice_local_pooled(x: torch.Tensor, group, comm: CommConfig = CommConfig(),
     )
 
 
+def slice_local_varlen(x: torch.Tensor, sizes: Sequence[int], group, comm: CommConfig = CommConfig(),
+                       order: Optional[BackwardOrder] = None,
+                       name: str = "slice_local_varlen") -> Awaitable[torch.Tensor]:
+    """:func:`slice_local_pooled` for blocks of unequal sizes: ``x`` holds every rank's block,
+    ``sizes[r]`` rows of rank r, in rank order; forward: this rank's block, no communication.
+
+    Backward: every rank's gradient block to every rank (an AlltoAll carrying the same block for
+    each: AllGather has no unequal blocks), so that each rank gets the gradient of all of ``x``."""
+    tg = _torch_group(group)
+    W, rank = dist.get_world_size(tg), dist.get_rank(tg)
+    sizes = [int(n) for n in sizes]
+    start, n = sum(sizes[:rank]), sizes[rank]
+    bwd = comm.backward.wire_dtype
+    return _differentiable(
+        x,
+        lambda t: _Launched(None, lambda: t[start:start + n].clone()),
+        lambda g: _launch_a2a(g.repeat((W,) + (1,) * (g.dim() - 1)), sizes, [n] * W, group, bwd,
+                              in_place=True),        # the repeated blocks are no one else's
+        order, name,
+    )

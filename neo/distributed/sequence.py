@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import torch
 
-from neo.distributed.comms import BackwardOrder, _differentiable, _launch_a2a, _Launched, all_to_all_pooled
+from neo.distributed.comms import BackwardOrder, all_to_all_pooled, slice_local_varlen
 from neo.distributed.plan_view import ShardingType
 from neo.distributed.slots import Slot
 from neo.embedding.checks import EmbeddingInputError
@@ -191,17 +191,15 @@ def _exchange(sec: "ShardedEmbeddingCollection", rows: Dict[str, SequenceEmbeddi
                  for k, sl in enumerate(layout.slots_on[sec.pg.rank]) if sl.sharding_type is not _DP]
     send = [seg[s].reshape(-1) for s in range(W) for seg in by_source]
     in_splits = [sum(seg[s].numel() for seg in by_source) for s in range(W)]
-    senders = [[sl for sl in layout.slots_on[r] if sl.sharding_type is not _DP] for r in range(W)]
-    sizes = [arrivals.count(sl) * sl.cols for slots in senders for sl in slots]
-    out_splits, at = [], 0
-    for slots in senders:
-        out_splits.append(sum(sizes[at:at + len(slots)]))
-        at += len(slots)
+    # what arrives: from each rank r, for each of its (not data-parallel) slots, the rows of this rank's ids
+    senders = [sl for r in range(W) for sl in layout.slots_on[r] if sl.sharding_type is not _DP]
+    sizes = [arrivals.count(sl) * sl.cols for sl in senders]
+    out_splits = [sum(n for sl, n in zip(senders, sizes) if sl.rank == r) for r in range(W)]
     x = torch.cat(send) if send else torch.zeros(0)
     recv = all_to_all_pooled(x, out_splits, in_splits, sec.pg.world_comm, sec.comm, order,
                              name="sequence_all_to_all", consume=True).wait()
     pieces: Dict[str, Dict[Slot, torch.Tensor]] = defaultdict(dict)
-    for sl, flat in zip([sl for slots in senders for sl in slots], _Unpack.apply(recv, sizes, sec.grad_scale)):
+    for sl, flat in zip(senders, _Unpack.apply(recv, sizes, sec.grad_scale)):
         pieces[sl.feature][sl] = flat.view(-1, sl.cols)
     return {f: arrivals.assemble(f, got) for f, got in pieces.items()}
 
@@ -218,13 +216,6 @@ def _data_parallel(sec: "ShardedEmbeddingCollection", rows: Dict[str, SequenceEm
     # order in which the backward AlltoAll delivers every source's gradient blocks
     x = torch.cat([seg[s].reshape(-1) for s in range(W) for seg in by_source])
     sizes = [sum(seg[s].numel() for seg in by_source) for s in range(W)]
-    start, n_own = sum(sizes[:me]), sizes[me]
-
-    def backward(g: torch.Tensor) -> _Launched:
-        return _launch_a2a(g.repeat(W), sizes, [n_own] * W, pg.world_comm, sec.comm.backward.wire_dtype,
-                           in_place=True)                # the repeated block is ours alone
-
-    y = _differentiable(x, lambda t: _Launched(None, lambda: t[start:start + n_own].clone()), backward, order,
-                        "sequence_data_parallel").wait()
+    y = slice_local_varlen(x, sizes, pg.world_comm, sec.comm, order, name="sequence_data_parallel").wait()
     parts = _Unpack.apply(y, [counts[k][me] * sl.cols for k, sl in dp], sec.grad_scale)
     return {sl.feature: part.view(-1, sl.cols) for (_, sl), part in zip(dp, parts)}

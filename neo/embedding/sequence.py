@@ -89,22 +89,21 @@ class _SequenceLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, lookups: List["_Lookup"], prefetched: Optional[Prefetched],
-                on_invalid: Optional[Callable[[], None]], *ids_offsets):
+                on_invalid: Optional[Callable[[], None]], *ids: torch.Tensor):
         ctx.lookups, ctx.prefetched = lookups, prefetched
-        ctx.save_for_backward(*ids_offsets)
-        return tuple(_lookup(lk.runner, ids_offsets[2 * i], ids_offsets[2 * i + 1], on_invalid)
-                     for i, lk in enumerate(lookups))
+        ctx.save_for_backward(*ids)
+        return tuple(_lookup(lk.runner, i, on_invalid) for lk, i in zip(lookups, ids))
 
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         owner = ctx.lookups[0].runner.owner
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
-            for i, (lk, grad) in enumerate(zip(ctx.lookups, grads)):
-                ids, offsets = saved[2 * i], saved[2 * i + 1]
+            for lk, ids, grad in zip(ctx.lookups, saved, grads):
                 owner.backend.backward_update(
                     lk.runner.layout, lk.runner.weights, lk.runner.states, grad.contiguous().to(torch.float32),
-                    ids, offsets, None, ids.numel(), owner.learning_rates[lk.runner.index], lk.step, owner.seed,
+                    ids, _bags_of_one(ids), None, ids.numel(), owner.learning_rates[lk.runner.index], lk.step,
+                    owner.seed,
                 )
         for lk in ctx.lookups:
             lk.runner.step.fill_(lk.step)
@@ -119,11 +118,17 @@ class _Lookup:
     step: int                   # the group's step count after this lookup's update
 
 
-def _lookup(runner: "_GroupRunner", ids: torch.Tensor, offsets: torch.Tensor,
+def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
+    """(N + 1,) offsets: every id a bag of its own."""
+    return torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
+
+
+def _lookup(runner: "_GroupRunner", ids: torch.Tensor,
             on_invalid: Optional[Callable[[], None]] = None) -> torch.Tensor:
-    """``on_invalid``: called (to raise, naming the id) when the backend counted invalid ids."""
+    """(N, D): ``ids`` as bags of one. ``on_invalid``: called (to raise, naming the id) when the
+    backend counted invalid ids."""
     backend = runner.owner.backend
-    rows = backend.forward(runner.layout, runner.weights, ids, offsets, None, ids.numel())
+    rows = backend.forward(runner.layout, runner.weights, ids, _bags_of_one(ids), None, ids.numel())
     if on_invalid is not None and backend.last_invalid_count:
         on_invalid()
     return rows
@@ -187,7 +192,7 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
             ids = prefetched.slots[f].to(torch.int64)
         by_feature[f] = (ids, lengths)
     lookups: List[_Lookup] = []
-    tensors: List[torch.Tensor] = []
+    table_ids: List[torch.Tensor] = []             # per table: all its features' ids, concatenated
     features: List[List[str]] = []
     for g in emb.groups:
         step = int(g.step) + 1
@@ -195,13 +200,13 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
             feats = [f for f in cfg.feature_names if f in by_feature]
             ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
             lookups.append(_Lookup(_table_runner(emb, g, t), step))
-            tensors += [ids, torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)]
+            table_ids.append(ids)
             features.append(feats)
     if train:
         anchor = torch.empty(0, requires_grad=True)     # makes autograd call the fused update
-        rows = _SequenceLookup.apply(anchor, lookups, prefetched, on_invalid, *tensors)
+        rows = _SequenceLookup.apply(anchor, lookups, prefetched, on_invalid, *table_ids)
     else:
-        rows = [_lookup(lk.runner, tensors[2 * i], tensors[2 * i + 1], on_invalid) for i, lk in enumerate(lookups)]
+        rows = [_lookup(lk.runner, ids, on_invalid) for lk, ids in zip(lookups, table_ids)]
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
     out: Dict[str, SequenceEmbedding] = {}
