@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from neo.commands.arg_types import positive_float
+
 from .criteo_parse import MalformedLineError
 from .schema import MLPERF_MULTI_HOT_SIZES, MLPERF_TABLE_SIZES
 from .writer import WriterOptions
@@ -82,16 +84,6 @@ def _float_list(text: str) -> List[float]:
     return vals
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
 def _progress(args: argparse.Namespace):
     if args.no_progress:
         return None
@@ -140,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remap ids to contiguous ids seen at least this often in training files (0: off)")
     c.add_argument("--workers", type=_int_at_least(1), default=2, help="parser threads / processes")
     c.add_argument("--executor", default="thread", choices=["thread", "process"])
-    c.add_argument("--block-mb", type=_positive_float, default=8.0, help="MiB of raw text per parsed block")
+    c.add_argument("--block-mb", type=positive_float, default=8.0, help="MiB of raw text per parsed block")
     _writer_args(c)
 
     m = sub.add_parser("multihot", help="MLPerf DLRM-DCNv2 multi-hot Parquet from one-hot Parquet")
@@ -152,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per table, comma-separated, or 'mlperf'")
     m.add_argument("--seed", type=int, default=0, help="legacy NumPy seed (MLPerf: 0)")
     m.add_argument("--cache-dir", default=None, help="where large lookup tables are memory-mapped")
-    m.add_argument("--memory-limit-gb", type=_positive_float, default=1.0, help="tables above this go to --cache-dir")
+    m.add_argument("--memory-limit-gb", type=positive_float, default=1.0, help="tables above this go to --cache-dir")
     _writer_args(m)
 
     s = sub.add_parser("synth", help="synthetic data with a planted teacher model")

@@ -9,6 +9,7 @@ one pass.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -20,8 +21,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # The planner reads this machine's calibration from the user's cache directory; the suite
     # (and the ranks and torchrun it starts, which inherit the environment) must see a fresh
     # machine's defaults, not whatever ``neo calibrate`` left on the developer's machine.
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="neo-test-cache-")
+    config._neo_cache_dir = tempfile.mkdtemp(prefix="neo-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = config._neo_cache_dir
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # The cache directory is the suite's own: removed when the run ends, not left in /tmp.
+    cache_dir = getattr(config, "_neo_cache_dir", None)
+    if cache_dir is not None:
+        shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:

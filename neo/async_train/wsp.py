@@ -61,8 +61,7 @@ from neo.async_train.checkpoint import WSPCheckpoints
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
 from neo.config.embedding import ConfigError
 from neo.distributed.process_groups import on_rank0
-from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
-                             prepare_data, rename_features, resolve_tables, validate_training_config)
+from neo.train.build import build_job, rename_features, validate_training_config
 from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog
 from neo.train.checkpoint import CheckpointError, CheckpointLease
@@ -100,33 +99,19 @@ class WSPTrainer:
     def __init__(self, cfg, pg=None, log=print):
         from neo.distributed import ShardedEmbeddingCollection
         from neo.embedding import TableBatchedEmbedding
-        from neo.host_memory import retain_freed_memory
         from neo.models import DLRM
         from neo.train.trainer import dense_optimizer
 
         validate_training_config(cfg)
         check_wsp_config(cfg)
         self.cfg, t, a = cfg, cfg.train, cfg.async_train
-        if t.threads:
-            torch.set_num_threads(t.threads)
-        if t.retain_freed_memory:
-            retain_freed_memory()
-        self.pg = pg or init_process_groups(t)
+        job = build_job(cfg, pg, log)
+        self.pg, self.device, self.say, tables = job.pg, job.device, job.say, job.tables
         self.rank, self.W = self.pg.rank, self.pg.world_size
-        self.device = torch.device(t.device)
-        self.say = log if self.rank == 0 else (lambda *a, **k: None)
-        tables = resolve_tables(cfg)
-        self.data = prepare_data(cfg, tables, self.pg, log=self.say)
-        self.train_loader, self.val_loader = make_loaders(cfg, self.data, self.pg)
-        self.mapping = feature_mapping(self.train_loader.meta.sparse_names, tables)
-        self.B = t.batch_size
-        self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"train.batch_size {self.B} x {self.W} ranks exceeds the "
-                             f"{self.train_loader.num_samples} training samples")
-        self.total_steps = t.steps or t.epochs * self.steps_per_epoch
-        self.plan, report = make_plan(cfg, self.pg, self.B, self.data)
-        tables = apply_placements(tables, self.plan)
+        self.data, self.mapping = job.data, job.mapping
+        self.train_loader, self.val_loader = job.train_loader, job.val_loader
+        self.B, self.steps_per_epoch, self.total_steps = job.batch_size, job.steps_per_epoch, job.total_steps
+        self.plan, report = job.plan, job.plan_report
         cached = [k for k, tb in enumerate(tables) if tb.cached]
         if cached:
             raise ConfigError(f"tables[{cached[0]}].placement: cached tables are not supported under "

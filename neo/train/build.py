@@ -11,6 +11,10 @@
    computed on rank 0 and broadcast;
 5. :func:`apply_placements`: the plan's placements (device or cached) written into the tables.
 
+:func:`build_job` runs these steps for a trainer (and sets the process's threads and memory
+policy first), returning them as a :class:`Job`; both trainers start from it (the
+synchronous :class:`neo.train.trainer.Trainer` and :class:`neo.async_train.WSPTrainer`).
+
 The trainer (:class:`neo.train.trainer.Trainer`) then builds ``DLRM`` on a
 :class:`ShardedEmbeddingCollection`, the dense part in ``DistributedDataParallel`` (see
 :class:`neo.train.step.DenseStep` for why DDP wraps a step module rather than the DLRM
@@ -26,15 +30,16 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 
 from neo.config.embedding import ConfigError, Placement, TableConfig
 
 __all__ = ["DataSpec", "MlperfData", "init_process_groups", "attempt_store", "restart_attempt", "resolve_tables",
            "prepare_data", "make_loaders", "make_plan", "validate_training_config", "rename_features",
-           "apply_placements"]
+           "apply_placements", "Job", "build_job"]
 
 
 # ----------------------------------------------------------------------------- 0. config checks
@@ -423,3 +428,55 @@ def apply_placements(tables: Sequence[TableConfig], plan: Dict[str, Any]) -> Lis
         else:
             out.append(replace(t, placement=Placement.DEVICE, cache_rows=None, cache_load_factor=None))
     return out
+
+
+# ----------------------------------------------------------------------------- all of it
+@dataclass
+class Job:
+    """What a trainer builds its model and loop on (:func:`build_job`)."""
+    pg: Any                            # process groups (neo.distributed.process_groups)
+    device: Any                        # torch.device of train.device
+    say: Callable[..., None]           # the log on rank 0, a no-op elsewhere
+    tables: List[TableConfig]          # resolved, with the plan's placements
+    data: DataSpec
+    train_loader: Any
+    val_loader: Any
+    mapping: Optional[Dict[str, str]]  # data feature names to table feature names (feature_mapping)
+    batch_size: int                    # per rank
+    steps_per_epoch: int
+    total_steps: int
+    plan: Dict[str, Any]
+    plan_report: str
+
+
+def build_job(cfg, pg=None, log=print, warm_up: bool = False) -> Job:
+    """Steps 1 to 5 for a validated config: torch's threads (``train.threads``) and the memory
+    policy (``train.retain_freed_memory``) set, the process groups (``pg`` or from the
+    environment), tables, data and loaders, the plan and the placed tables. ``warm_up``: the
+    training loader reads its first window while the plan is made. A batch size larger than
+    this rank's share of the training samples is a ConfigError."""
+    from neo.host_memory import retain_freed_memory
+
+    t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    if t.retain_freed_memory:
+        retain_freed_memory()
+    pg = pg or init_process_groups(t)
+    say = log if pg.rank == 0 else (lambda *a, **k: None)
+    tables = resolve_tables(cfg)
+    data = prepare_data(cfg, tables, pg, log=say)
+    train_loader, val_loader = make_loaders(cfg, data, pg)
+    if warm_up:
+        train_loader.warm_up()
+    B = t.batch_size
+    steps_per_epoch = (train_loader.num_samples // pg.world_size) // B
+    if steps_per_epoch == 0:
+        raise ConfigError(f"train.batch_size {B} x {pg.world_size} ranks exceeds the {train_loader.num_samples} "
+                          "training samples")
+    plan, report = make_plan(cfg, pg, B, data)
+    return Job(pg=pg, device=torch.device(t.device), say=say, tables=apply_placements(tables, plan), data=data,
+               train_loader=train_loader, val_loader=val_loader,
+               mapping=feature_mapping(train_loader.meta.sparse_names, tables), batch_size=B,
+               steps_per_epoch=steps_per_epoch, total_steps=t.steps or t.epochs * steps_per_epoch, plan=plan,
+               plan_report=report)

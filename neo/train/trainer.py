@@ -33,8 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
-from neo.train.build import (apply_placements, feature_mapping, init_process_groups, make_loaders, make_plan,
-                             prepare_data, rename_features, resolve_tables, restart_attempt, validate_training_config)
+from neo.train.build import build_job, rename_features, restart_attempt, validate_training_config
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
@@ -138,7 +137,6 @@ class Trainer:
 
     def __init__(self, cfg, pg=None, log=print):
         from neo.distributed import ShardedEmbeddingCollection
-        from neo.host_memory import retain_freed_memory
         from neo.models import DLRM
 
         validate_training_config(cfg)
@@ -146,30 +144,14 @@ class Trainer:
             raise ConfigError("async_train.mode: wsp trains with neo.async_train.WSPTrainer "
                               "(neo train CONFIG, or torchrun ... -m neo.train CONFIG, dispatch to it)")
         self.cfg, t = cfg, cfg.train
-        if t.threads:
-            torch.set_num_threads(t.threads)
-        if t.retain_freed_memory:
-            retain_freed_memory()
-        self.pg = pg or init_process_groups(t)
+        job = build_job(cfg, pg, log, warm_up=True)   # the first window is read while the plan is made
+        self.pg, self.device, self.say, self.tables = job.pg, job.device, job.say, job.tables
         self.rank, self.W = self.pg.rank, self.pg.world_size
-        self.device = torch.device(t.device)
-        self.say = log if self.rank == 0 else (lambda *a, **k: None)
-        self.tables = resolve_tables(cfg)
-
-        self.data = prepare_data(cfg, self.tables, self.pg, log=self.say)
-        self.train_loader, self.val_loader = make_loaders(cfg, self.data, self.pg)
-        self.train_loader.warm_up()                # the first window is read while the job is built
-        self.mapping = feature_mapping(self.train_loader.meta.sparse_names, self.tables)
-        self.B = t.batch_size
-        self.steps_per_epoch = (self.train_loader.num_samples // self.W) // self.B
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"train.batch_size {self.B} x {self.W} ranks exceeds the {self.train_loader.num_samples} "
-                             "training samples")
-        self.total_steps = t.steps or t.epochs * self.steps_per_epoch
-
-        self.plan, self.plan_report = make_plan(cfg, self.pg, self.B, self.data)
+        self.data, self.mapping = job.data, job.mapping
+        self.train_loader, self.val_loader = job.train_loader, job.val_loader
+        self.B, self.steps_per_epoch, self.total_steps = job.batch_size, job.steps_per_epoch, job.total_steps
+        self.plan, self.plan_report = job.plan, job.plan_report
         self.say(self.plan_report)
-        self.tables = apply_placements(self.tables, self.plan)
         torch.manual_seed(t.seed)
         store_dir = t.cache_store_dir or os.path.join(t.run_dir, "embedding_store")
         self.sharded = ShardedEmbeddingCollection(self.tables, self.plan, self.pg, backend=t.embedding_backend,
