@@ -35,9 +35,13 @@ size, with that many threads). ``floor`` is the larger (compute and memory fully
 ``serial`` their sum; ``torch / floor`` is the most any kernel could be faster than the torch
 path here (records: ``bound_fma_ms``, ``bound_memory_ms``, ``bound_floor_ms``,
 ``bound_serial_ms``, ``torch_over_floor``). At one thread, Neo's kernels are also timed alone
-(``neo._C``, no autograd) on 128 samples used again and again, whose data stay in L2 (the
-arithmetic alone, ``kernel_in_l2_ms``), and on the B samples (``kernel_from_memory_ms``), both
-per B samples.
+(``neo._C``, no autograd) on as many samples as fit in 1 MiB (inputs, outputs and gradients:
+66 at n 27, D 64; 33 at D 128), used again and again, whose data stay in L2 (the arithmetic
+alone, ``kernel_in_l2_ms``), and on the B samples (``kernel_from_memory_ms``), both per B
+samples; each also per phase (``kernel_in_l2_fwd_ms``, ``kernel_in_l2_bwd_ms``,
+``kernel_from_memory_fwd_ms``, ``kernel_from_memory_bwd_ms``) with its share of the FMA peak
+(``kernel_in_l2_fwd_of_peak``, ``kernel_in_l2_bwd_of_peak``). These include each call's dispatch
+and output allocation (a few microseconds).
 
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
 Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json`` records
@@ -209,31 +213,42 @@ def add_bounds(records: List[dict], isa: str) -> None:
                  bound_serial_ms=fma_ms + mem_ms, bound_isa=isa, bound_fma_per_s=fma_per_s * T,
                  bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, torch_over_floor=torch_ms / max(fma_ms, mem_ms))
         if T == 1 and r["system"] == f"neo-{isa}":
-            r["kernel_in_l2_ms"], r["kernel_from_memory_ms"] = kernel_in_and_out_of_cache(r["features"], D, B)
+            phases = kernel_in_and_out_of_cache(r["features"], D, B)
+            for where, (fwd_ms, bwd_ms) in phases.items():
+                r[f"kernel_{where}_ms"] = fwd_ms + bwd_ms
+                r[f"kernel_{where}_fwd_ms"], r[f"kernel_{where}_bwd_ms"] = fwd_ms, bwd_ms
+            fwd_fma_ms = fma_ms / 3   # the forward's B P D of the 3 B P D multiply-adds
+            r["kernel_in_l2_fwd_of_peak"] = fwd_fma_ms / r["kernel_in_l2_fwd_ms"]
+            r["kernel_in_l2_bwd_of_peak"] = 2 * fwd_fma_ms / r["kernel_in_l2_bwd_ms"]
 
 
-def kernel_in_and_out_of_cache(F: int, D: int, B: int, small: int = 128) -> tuple:
-    """Neo's fused forward + backward kernels alone (neo._C, no autograd), ms per B samples, one
-    thread: on ``small`` samples used again and again (their inputs and outputs stay in L2: the
-    arithmetic alone) and on B samples (from L3 / memory, as the benchmark runs them)."""
+def kernel_in_and_out_of_cache(F: int, D: int, B: int, l2_bytes: int = 1 << 20) -> Dict[str, tuple]:
+    """Neo's fused forward and backward kernels alone (neo._C, no autograd), one thread, ms per B
+    samples, as (forward, backward): ``in_l2`` on as many samples as fit in ``l2_bytes`` (their
+    inputs, outputs and gradients), used again and again (the arithmetic alone), and
+    ``from_memory`` on B samples (from L3 / memory, as the benchmark runs them)."""
     from neo.cpp import cpu_kernels
 
     C = cpu_kernels("dot_interaction_forward")
     torch.set_num_threads(1)
     n = F + 1
-    out = []
-    for b, reps in ((small, 400), (B, 30)):
+    per_sample = 4 * (2 * n * D + 2 * (D + n * (n - 1) // 2))   # inputs and their gradients, output and its
+    small = max(8, min(B, l2_bytes // per_sample))
+    out = {}
+    for where, b, reps in (("in_l2", small, max(400, 80_000 // small)), ("from_memory", B, 30)):
         g = torch.Generator().manual_seed(1)
         dense, pooled = torch.randn(b, D, generator=g), torch.randn(b, F * D, generator=g)
         grad = torch.randn(b, D + n * (n - 1) // 2, generator=g)
-        best = float("inf")
+        best = [float("inf"), float("inf")]
         for _ in range(reps):
             t0 = time.perf_counter()
             C.dot_interaction_forward(dense, pooled, F)
+            t1 = time.perf_counter()
             C.dot_interaction_backward(grad, dense, pooled, F)
-            best = min(best, time.perf_counter() - t0)
-        out.append(1e3 * best * B / b)
-    return tuple(out)
+            t2 = time.perf_counter()
+            best = [min(best[0], t1 - t0), min(best[1], t2 - t1)]
+        out[where] = tuple(1e3 * t * B / b for t in best)
+    return out
 
 
 def print_bounds(records: List[dict]) -> None:
@@ -248,8 +263,11 @@ def print_bounds(records: List[dict]) -> None:
               f"torch / floor {r['torch_over_floor']:.2f}x")
         if "kernel_in_l2_ms" in r:
             print(f"    its kernels alone: {r['kernel_in_l2_ms']:5.2f} with the data in L2 "
-                  f"({r['bound_fma_ms'] / r['kernel_in_l2_ms']:.0%} of the FMA peak), "
-                  f"{r['kernel_from_memory_ms']:5.2f} from memory")
+                  f"({r['bound_fma_ms'] / r['kernel_in_l2_ms']:.0%} of the FMA peak; forward "
+                  f"{r['kernel_in_l2_fwd_ms']:.2f} at {r['kernel_in_l2_fwd_of_peak']:.0%}, backward "
+                  f"{r['kernel_in_l2_bwd_ms']:.2f} at {r['kernel_in_l2_bwd_of_peak']:.0%}), "
+                  f"{r['kernel_from_memory_ms']:5.2f} from memory (forward {r['kernel_from_memory_fwd_ms']:.2f}, "
+                  f"backward {r['kernel_from_memory_bwd_ms']:.2f})")
 
 
 def print_records(records: List[dict]) -> None:

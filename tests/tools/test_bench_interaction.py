@@ -96,3 +96,12 @@ def test_bounds_are_the_larger_of_the_arithmetic_and_the_traffic(capsys):
     assert neo["torch_over_floor"] == pytest.approx(records[-1]["fwd_bwd_ms"] / neo["bound_floor_ms"])
     assert "bound_floor_ms" not in records[-1]                            # the torch path is the reference
     assert "torch / floor" in capsys.readouterr().out
+
+
+def test_kernels_alone_are_timed_per_phase_in_l2_and_from_memory():
+    """The kernels-alone timings: forward and backward apart, per B samples, on a set sized to
+    the L2 budget (at least 8 samples, at most B) and on the B samples."""
+    phases = bench.kernel_in_and_out_of_cache(F=5, D=16, B=64, l2_bytes=4 * 1024)
+    assert set(phases) == {"in_l2", "from_memory"}
+    for fwd_ms, bwd_ms in phases.values():
+        assert 0 < fwd_ms < 1e3 and 0 < bwd_ms < 1e3
