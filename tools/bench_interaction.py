@@ -30,8 +30,10 @@ first, then the pairs in row-major upper-triangle order); checked to agree befor
 arithmetic (the kernels' multiply-adds, B P D forward and 2 B P D backward, at the fp32 FMA peak
 of the ISA Neo's kernels run, ``tools/bench_fma_peak.py``'s loop, times the threads) and the
 memory traffic (forward: n D floats read and D + P written a sample; backward: n D + D + P read
-and n D written; at the copy bandwidth of ``tools/bench_stream.py`` for a working set of that
-size, with that many threads). ``floor`` is the larger (compute and memory fully overlapped),
+and n D written; at the copy bandwidth of ``tools/bench_stream.py`` for a working set as large
+as both passes' traffic, the next power of two MiB (``bound_working_set_mib``: between two reads
+of an input in the benchmark both passes and the torch path run, so the inputs come from
+memory), with that many threads). ``floor`` is the larger (compute and memory fully overlapped),
 ``serial`` their sum; ``torch / floor`` is the most any kernel could be faster than the torch
 path here (records: ``bound_fma_ms``, ``bound_memory_ms``, ``bound_floor_ms``,
 ``bound_serial_ms``, ``torch_over_floor``). At one thread, Neo's kernels are also timed alone
@@ -201,7 +203,7 @@ def add_bounds(records: List[dict], isa: str) -> None:
         B, n, D, T = r["batch"], r["n"], r["dim"], r["threads"]
         P = n * (n - 1) // 2
         fwd_bytes, bwd_bytes = 4 * B * (n * D + D + P), 4 * B * (2 * n * D + D + P)
-        mb = max(4, 1 << (fwd_bytes >> 20).bit_length())          # the working set, a power of two MiB
+        mb = max(4, 1 << ((fwd_bytes + bwd_bytes) >> 20).bit_length())   # the working set, a power of two MiB
         if (mb, T) not in bandwidth:
             torch.set_num_threads(T)
             bandwidth[(mb, T)] = bench_stream.measure(mb)["copy"] * 1e9
@@ -211,7 +213,8 @@ def add_bounds(records: List[dict], isa: str) -> None:
                         and x["threads"] == T)
         r.update(bound_fma_ms=fma_ms, bound_memory_ms=mem_ms, bound_floor_ms=max(fma_ms, mem_ms),
                  bound_serial_ms=fma_ms + mem_ms, bound_isa=isa, bound_fma_per_s=fma_per_s * T,
-                 bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, torch_over_floor=torch_ms / max(fma_ms, mem_ms))
+                 bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, bound_working_set_mib=mb,
+                 torch_over_floor=torch_ms / max(fma_ms, mem_ms))
         if T == 1 and r["system"] == f"neo-{isa}":
             phases = kernel_in_and_out_of_cache(r["features"], D, B)
             for where, (fwd_ms, bwd_ms) in phases.items():
@@ -258,7 +261,7 @@ def print_bounds(records: List[dict]) -> None:
             continue
         print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: FMA {r['bound_fma_ms']:5.2f} "
               f"({r['bound_fma_per_s'] / 1e9:.0f} G/s {r['bound_isa']}), memory {r['bound_memory_ms']:5.2f} "
-              f"({r['bound_copy_gb_s']:.1f} GB/s); floor {r['bound_floor_ms']:5.2f}, serial {r['bound_serial_ms']:5.2f}; "
+              f"({r['bound_copy_gb_s']:.1f} GB/s at {r['bound_working_set_mib']} MiB); floor {r['bound_floor_ms']:5.2f}, serial {r['bound_serial_ms']:5.2f}; "
               f"Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor; "
               f"torch / floor {r['torch_over_floor']:.2f}x")
         if "kernel_in_l2_ms" in r:

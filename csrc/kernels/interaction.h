@@ -23,7 +23,9 @@
 // at D 128 on AVX-512, the backward at 90% (AVX2: 66/72% and 78%). On the Intel Xeon of
 // 2026-11-29 (family 6 model 167; tools/bench_interaction.py --bounds): forward + backward at
 // 49-50% of its AVX-512 FMA peak with the data in L2, 71-75% with AVX2, and only 2-11% slower
-// on a batch from memory: there the arithmetic, not the traffic, is what is left. Per phase
+// on a batch the last-level cache still holds; in tools/bench_interaction.py, where the inputs
+// come from DRAM, forward + backward take 1.2-1.3x the time of their bytes alone at one core's
+// DRAM bandwidth (AVX-512, one thread: a floor 4.2-4.4x below the torch path). Per phase
 // (AVX-512, in L2): the forward at 38-40% (its one full 8 x 8 grouped tile at 78% alone; the
 // triangle's diagonal and end tiles and the row interleaves take the rest), the backward at
 // 63-66% (68% in a C++ harness on 64-byte aligned rows, 57% on rows off a cache line).

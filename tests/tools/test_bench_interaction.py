@@ -92,6 +92,7 @@ def test_bounds_are_the_larger_of_the_arithmetic_and_the_traffic(capsys):
     assert neo["bound_fma_ms"] == pytest.approx(1e3 * 3 * B * P * D / neo["bound_fma_per_s"])
     traffic = 4 * B * (n * D + D + P) + 4 * B * (2 * n * D + D + P)
     assert neo["bound_memory_ms"] == pytest.approx(1e3 * traffic / (neo["bound_copy_gb_s"] * 1e9))
+    assert neo["bound_working_set_mib"] == 4                               # both passes' traffic, at least 4 MiB
     assert neo["bound_floor_ms"] == max(neo["bound_fma_ms"], neo["bound_memory_ms"])
     assert neo["torch_over_floor"] == pytest.approx(records[-1]["fwd_bwd_ms"] / neo["bound_floor_ms"])
     assert "bound_floor_ms" not in records[-1]                            # the torch path is the reference
