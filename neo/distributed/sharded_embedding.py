@@ -154,8 +154,9 @@ class ShardedEmbeddingCollection(nn.Module):
         shard_tables = self.layout.shard_tables_on[pg.rank]
         self.lookup: Optional[TableBatchedEmbedding] = None
         if shard_tables:
+            # validate: every id was checked at its source rank (InputDist), so none can be skipped here
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
-                                                seed=seed + pg.rank, store_dir=store_dir)
+                                                seed=seed + pg.rank, store_dir=store_dir, count_skipped=not validate)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
         self._input_dist = InputDist(self.layout, pg, validate=validate)

@@ -62,16 +62,16 @@ def count_bad_ids(
     values: torch.Tensor,            # (N,) ids, feature-major
     offsets: torch.Tensor,           # (F * B + 1,)
     batch_size: int,
-    rows: Sequence[int],             # rows of the table each of the F features reads
+    rows: torch.Tensor,              # (F,) int64, on values' device: rows of the table each feature reads
 ) -> torch.Tensor:
-    """(F,) int64: ids outside ``[0, rows)`` of their table, per feature (what ``validate=False``
-    lets the kernels skip)."""
-    F, B = len(rows), batch_size
+    """(F,) int64 on ``values``' device: ids outside ``[0, rows)`` of their table, per feature
+    (what ``validate=False`` lets the kernels skip). Nothing is copied to the host and nothing
+    waits for the device: a caller may add the counts up and read them when asked."""
+    F, B = rows.numel(), batch_size
     if values.numel() == 0:
-        return torch.zeros(F, dtype=torch.int64)
-    starts = (offsets[::B] if B else offsets[:1].repeat(F + 1)).to(torch.int64).cpu()      # (F + 1,)
-    limit = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64, device=values.device),
-                                    (starts[1:] - starts[:-1]).to(values.device))
-    bad = ((values < 0) | (values >= limit)).to(torch.int64).cpu()
-    csum = torch.cat([torch.zeros(1, dtype=torch.int64), bad.cumsum(0)])
+        return torch.zeros(F, dtype=torch.int64, device=values.device)
+    starts = (offsets[::B] if B else offsets[:1].repeat(F + 1)).to(torch.int64)      # (F + 1,)
+    limit = torch.repeat_interleave(rows, starts[1:] - starts[:-1], output_size=values.numel())
+    bad = ((values < 0) | (values >= limit)).to(torch.int64)
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=values.device), bad.cumsum(0)])
     return csum[starts[1:]] - csum[starts[:-1]]

@@ -94,6 +94,19 @@ def _pool(runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size
     return backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
 
 
+def _ids_of_bags(bags: torch.Tensor, offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) bool: the ids of the flagged bags (``bags``: (nb,) bool; ``offsets``: (nb + 1,) int64).
+    What ``repeat_interleave(bags, lengths)`` gives, at half its cost on the CPU: +1 where a run of
+    flagged bags starts, -1 where it ends, at the bags' first ids, then a running sum."""
+    flag = bags.to(torch.int32)
+    change = torch.diff(flag, prepend=flag.new_zeros(1))
+    marks = torch.zeros(n + 1, dtype=torch.int32, device=bags.device)
+    # bags starting at the same id (empty ones before a full one) add their changes there: the
+    # running sum then holds the flag of the last of them, the bag that owns the id
+    marks.index_add_(0, offsets[:-1], change)
+    return torch.cumsum(marks[:-1], 0, dtype=torch.int32).bool()
+
+
 class _PooledLookup(torch.autograd.Function):
     """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
 
@@ -133,6 +146,10 @@ class TableBatchedEmbedding(nn.Module):
             ``"cpu"``, ``"triton"`` or ``"fbgemm"``.
         device: where weights and optimizer state live.
         validate: check inputs and name the feature and table at fault (see module doc).
+        count_skipped: with ``validate=False``, count the invalid ids the kernels skip
+            (:attr:`skipped_ids`). False where the ids were checked before they came here (the
+            sharded collection's local lookup, when the collection validates at the source):
+            then nothing is counted and :attr:`skipped_ids` raises.
         seed: seeds the initial weights and stochastic rounding.
         store_dir: directory of the backing files of cached tables on ``mmap`` stores (a
             table's ``cache_dir`` overrides it).
@@ -146,6 +163,7 @@ class TableBatchedEmbedding(nn.Module):
         validate: bool = True,
         seed: int = 0,
         store_dir: Optional[str] = None,
+        count_skipped: bool = True,
     ):
         super().__init__()
         tables = list(tables)
@@ -163,7 +181,7 @@ class TableBatchedEmbedding(nn.Module):
         device = torch.device(device) if device is not None else torch.device("cpu")
         self.tables = tables
         self.feature_names = [f for t in tables for f in t.feature_names]
-        self.validate, self.seed = validate, seed
+        self.validate, self.seed, self.count_skipped = validate, seed, count_skipped
         self.timers = None
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
@@ -226,10 +244,14 @@ class TableBatchedEmbedding(nn.Module):
                 starts[f] = acc
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
-        self._skipped = {t.name: 0 for t in tables}
         self._sequence_runners: Dict[tuple, _GroupRunner] = {}   # one-feature views for sequence()
         self._feature_rows = [next(t.num_rows for t in tables if f in t.feature_names) for f in self._group_order]
         self._feature_table_names = [self.feature_table[f] for f in self._group_order]
+        # skipped ids per feature (group order), added up where the tables are (no wait for the
+        # device per batch); read only by skipped_ids. Not buffers (those are the tables' state):
+        # _apply moves them.
+        self._feature_num_rows = torch.tensor(self._feature_rows, dtype=torch.int64, device=device)
+        self._skipped = torch.zeros(len(self._group_order), dtype=torch.int64, device=device)
 
     # ------------------------------------------------------------------ forward
     @property
@@ -277,10 +299,10 @@ class TableBatchedEmbedding(nn.Module):
         psw = None if batch.weights is None else batch.weights.to(torch.float32)
         pooled = None
         if pooled_bags is not None:                      # the same bags, the unpooled ones emptied
-            keep = torch.repeat_interleave(pooled_bags, batch.lengths.to(torch.int64))
+            keep = _ids_of_bags(pooled_bags, offsets, values.numel())
             p_off = torch.zeros_like(offsets)
             torch.cumsum(batch.lengths.to(torch.int64) * pooled_bags, 0, out=p_off[1:])
-            pooled = (values[keep], p_off, None if psw is None else psw[keep])
+            pooled = (values.masked_select(keep), p_off, None if psw is None else psw.masked_select(keep))
         # Backends that count invalid ids in their forward pass (cpu) make the separate id
         # check unnecessary on good input: it runs only to name the culprit once one is seen.
         # Not with pooled_bags: the forward never sees the ids of the other bags, the update does.
@@ -321,7 +343,7 @@ class TableBatchedEmbedding(nn.Module):
             if not self.validate and kernel_counts:
                 seen_invalid += self.backend.last_invalid_count
             f0 += nf
-        if not self.validate and (seen_invalid or not kernel_counts):
+        if not self.validate and self.count_skipped and (seen_invalid or not kernel_counts):
             self._count_skipped(ids, offsets, B)
         if prefetched is not None and anchor is None:
             self._cache.complete(prefetched)          # no backward will come
@@ -410,16 +432,20 @@ class TableBatchedEmbedding(nn.Module):
         return dict(zip(cfg.optimizer.type.state_names(), views))
 
     def _count_skipped(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
-        per_feature = count_bad_ids(ids, offsets, B, self._feature_rows).tolist()
-        for table, n in zip(self._feature_table_names, per_feature):
-            self._skipped[table] += n
+        self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
 
     @property
     def skipped_ids(self) -> Dict[str, int]:
         """Ids outside their table's rows that lookups skipped since creation, per table (with
         ``validate=False``: such ids contribute zero and get no update; with validation on, none
-        is skipped: the batch is refused)."""
-        return dict(self._skipped)
+        is skipped: the batch is refused). Raises where ``count_skipped=False``."""
+        if not self.count_skipped:
+            raise RuntimeError("skipped ids are not counted: this module was built with count_skipped=False "
+                               "(its ids are checked before they reach it)")
+        out = {t.name: 0 for t in self.tables}
+        for table, n in zip(self._feature_table_names, self._skipped.tolist()):
+            out[table] += n
+        return out
 
     def _apply(self, fn, recurse=True):
         """``.to(device)`` moves the tables; a change of dtype (``.half()``, ``.to(torch.bfloat16)``,
@@ -431,7 +457,9 @@ class TableBatchedEmbedding(nn.Module):
                 raise TypeError(f"TableBatchedEmbedding: {name} ({buf.dtype}) would change dtype: a table's weights keep "
                                 "the storage type of its TableConfig.dtype and the optimizer state stays fp32; "
                                 "set TableConfig.dtype (fp32, fp16, bf16) instead of converting the module")
-        return super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)
+        self._feature_num_rows, self._skipped = fn(self._feature_num_rows), fn(self._skipped)   # int64: device only
+        return out
 
     # ------------------------------------------------------- state dict, by table
     def _table_entries(self, cfg: TableConfig) -> Dict[str, torch.Tensor]:

@@ -10,12 +10,14 @@ absolute on weights after 3 steps.
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import torch
 
-from distributed_cases import ALL_TYPES, Case, tables, train_reference, train_sharded
+from distributed_cases import ALL_TYPES, Case, global_batches, local_slice, tables, train_reference, train_sharded
 from neo.config.embedding import OptimizerConfig
-from neo.distributed import CommConfig
+from neo.distributed import CommConfig, ProcessGroups, ShardedEmbeddingCollection
 from tests.multiprocess import run_multiprocess
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -149,3 +151,39 @@ def test_bad_id_raises_on_every_rank(W):
         assert err is not None, f"rank {rank} did not raise"
         assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
     _check(cases[1], got[0][1])
+
+
+def _skip_counts(rank: int, world_size: int):
+    """validate=False: the local lookup counts the ids it skips (rank 1 sends one bad id, to the
+    rank that owns its table); validate=True: ids are checked at the source, nothing is counted."""
+    pg = ProcessGroups.build(1, timeout=datetime.timedelta(seconds=30))
+    ts = tables(3)
+    case = Case("skips", ts, {t.name: "table_wise" for t in ts}, world_size, 1)
+    checked = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto")
+    loose = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto", validate=False)
+    batch = local_slice(global_batches(case)[0], rank, case.batch_size)
+    last = next(f for f in reversed(batch.keys) if batch.feature(f)[0].numel())   # the feature of values[-1]
+    if rank == 1:
+        batch.values[-1] = 10_000
+    with torch.no_grad():
+        loose(batch)
+    counts = loose.lookup.skipped_ids if loose.lookup is not None else {}
+    try:
+        _ = checked.lookup.skipped_ids if checked.lookup is not None else None
+        counted_when_checked = True
+    except RuntimeError:
+        counted_when_checked = False
+    owner = {t.name: sl.rank for t in ts for sl in loose.layout.slots_of_feature(t.feature_names[0])}
+    table = next(t.name for t in ts if last in t.feature_names)
+    return {"counts": counts, "counted_when_checked": counted_when_checked, "owner": owner[table], "table": table}
+
+
+def test_sharded_lookup_counts_skipped_ids_only_without_source_validation():
+    got = run_multiprocess(_skip_counts, 2)
+    owner, table = got[1]["owner"], got[1]["table"]   # rank 1's bad id: its table and that table's rank
+    for rank, res in enumerate(got):
+        assert res["counted_when_checked"] is False, rank
+        # the local lookup's tables are shards ("t2#0": shard 0 of t2)
+        want = {name: int(rank == owner and name.partition("#")[0] == table) for name in res["counts"]}
+        assert res["counts"] == want, (rank, res)
+    assert sum(sum(res["counts"].values()) for res in got) == 1

@@ -299,3 +299,45 @@ def test_a_failed_update_is_not_counted_as_a_step(monkeypatch):
     monkeypatch.undo()
     emb(batch).sum().backward()
     assert emb.optimizer_steps() == {"a": 2}
+
+
+def test_count_skipped_off_counts_nothing_and_says_so():
+    """count_skipped=False (ids checked upstream): the lookup skips invalid ids as with counting on,
+    but skipped_ids raises instead of reporting a count it never made."""
+    tables = [TableConfig("a", 10, 4)]
+    counting = TableBatchedEmbedding(tables, backend="reference", validate=False, seed=1)
+    silent = TableBatchedEmbedding(tables, backend="reference", validate=False, seed=1, count_skipped=False)
+    batch = KeyedJaggedBatch.from_lists({"a": [[1, 12], [-1, 3]]})
+    assert torch.equal(counting(batch), silent(batch))
+    assert counting.skipped_ids == {"a": 2}
+    with pytest.raises(RuntimeError, match="count_skipped=False"):
+        silent.skipped_ids
+
+
+def test_ids_of_bags_equals_repeat_interleave():
+    """The id mask of the flagged bags (pooled_bags' compaction) against repeat_interleave, with
+    empty bags (flagged or not) before, between and after runs."""
+    from neo.embedding.module import _ids_of_bags
+
+    gen = torch.Generator().manual_seed(5)
+    for nb in (1, 2, 7, 300):
+        for _ in range(20):
+            lengths = torch.randint(0, 4, (nb,), generator=gen) * torch.randint(0, 2, (nb,), generator=gen)
+            bags = torch.randint(0, 2, (nb,), generator=gen).bool()
+            offsets = torch.zeros(nb + 1, dtype=torch.int64)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+            want = torch.repeat_interleave(bags, lengths)
+            assert torch.equal(_ids_of_bags(bags, offsets, int(lengths.sum())), want), (lengths, bags)
+
+
+def test_skipped_counts_move_with_the_module():
+    """The skipped-id counts live on the tables' device and follow .to(); converting the module's
+    dtype is refused before anything moves."""
+    emb = TableBatchedEmbedding([TableConfig("a", 10, 4)], backend="reference", validate=False)
+    emb(KeyedJaggedBatch.from_lists({"a": [[11], [2]]}))
+    emb = emb.to("cpu")
+    assert emb._skipped.device.type == "cpu" and emb._skipped.dtype == torch.int64
+    assert emb.skipped_ids == {"a": 1}
+    with pytest.raises(TypeError):
+        emb.half()
+    assert emb.skipped_ids == {"a": 1}
