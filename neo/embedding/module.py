@@ -287,10 +287,10 @@ class TableBatchedEmbedding(nn.Module):
             if self.validate:        # the caches see valid ids only: name a bad one before anything moves
                 self._check_batch_ids(batch)
             prefetched = self._cache.take(batch, train)
-        if pooled_bags is not None:
-            one_per_bag = torch.ones_like(batch.lengths)          # a flag per bag, reordered like the bags
-            pooled_bags = KeyedJaggedBatch(batch.keys, pooled_bags, one_per_bag, batch.batch_size, validate=False)
-            pooled_bags = pooled_bags.permute(self._group_order).values
+        if pooled_bags is not None and list(batch.keys) != self._group_order:   # (F, B) flags, rows in group order
+            pos = {k: i for i, k in enumerate(batch.keys)}
+            pooled_bags = pooled_bags.view(len(batch.keys), batch.batch_size)[[pos[f] for f in self._group_order]]
+            pooled_bags = pooled_bags.reshape(-1)
         batch = batch.permute(self._group_order)
         B = batch.batch_size
         ids = batch.values.to(torch.int64)
