@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Tuple, Union
 
 import torch
 
@@ -31,22 +31,30 @@ def check_features(batch: KeyedJaggedBatch, expected: Sequence[str], feature_tab
         raise EmbeddingInputError(f"per-id weights must be floating point, got {batch.weights.dtype}")
 
 
+def _bad_ids(values: torch.Tensor, offsets: torch.Tensor, batch_size: int,
+             rows: Union[Sequence[int], torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(starts (F + 1,) int64: each feature's first id, then the end; bad (N,) bool: the ids
+    outside ``[0, rows)`` of their feature's table), on ``values``' device."""
+    rows = torch.as_tensor(rows, dtype=torch.int64, device=values.device)
+    B = batch_size
+    starts = (offsets[::B] if B else offsets[:1].repeat(rows.numel() + 1)).to(torch.int64)      # (F + 1,)
+    limit = torch.repeat_interleave(rows, starts[1:] - starts[:-1], output_size=values.numel())
+    return starts, (values < 0) | (values >= limit)
+
+
 def check_ids(
     values: torch.Tensor,            # (N,) ids, feature-major in `features` order
     offsets: torch.Tensor,           # (F * B + 1,)
     batch_size: int,
     features: Sequence[str],
-    rows: Sequence[int],             # rows of the table each feature reads
+    rows: Union[Sequence[int], torch.Tensor],   # (F,): rows of the table each feature reads
     tables: Sequence[str],           # name of that table
 ) -> None:
     """Raise :class:`EmbeddingInputError` on the first id outside ``[0, rows)`` of its table."""
     if values.numel() == 0:
         return
     B = batch_size
-    starts = offsets[:: B] if B else offsets[:1].repeat(len(features) + 1)       # (F + 1,)
-    counts = (starts[1:] - starts[:-1]).to(values.device)                       # (F,)
-    limit = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64, device=values.device), counts)
-    bad = (values < 0) | (values >= limit)
+    starts, bad = _bad_ids(values, offsets, B, rows)
     if not bool(bad.any()):
         return
     pos = int(bad.nonzero()[0])
@@ -54,7 +62,7 @@ def check_ids(
     bag = int(torch.searchsorted(offsets.cpu(), torch.tensor(pos), right=True)) - 1
     raise EmbeddingInputError(
         f"feature '{features[f]}' (table '{tables[f]}'): id {int(values[pos])} at sample {bag - f * B} "
-        f"is out of range [0, {rows[f]}); {int(bad.sum())} id(s) out of range in this batch"
+        f"is out of range [0, {int(rows[f])}); {int(bad.sum())} id(s) out of range in this batch"
     )
 
 
@@ -67,11 +75,8 @@ def count_bad_ids(
     """(F,) int64 on ``values``' device: ids outside ``[0, rows)`` of their table, per feature
     (what ``validate=False`` lets the kernels skip). Nothing is copied to the host and nothing
     waits for the device: a caller may add the counts up and read them when asked."""
-    F, B = rows.numel(), batch_size
     if values.numel() == 0:
-        return torch.zeros(F, dtype=torch.int64, device=values.device)
-    starts = (offsets[::B] if B else offsets[:1].repeat(F + 1)).to(torch.int64)      # (F + 1,)
-    limit = torch.repeat_interleave(rows, starts[1:] - starts[:-1], output_size=values.numel())
-    bad = ((values < 0) | (values >= limit)).to(torch.int64)
-    csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=values.device), bad.cumsum(0)])
+        return torch.zeros(rows.numel(), dtype=torch.int64, device=values.device)
+    starts, bad = _bad_ids(values, offsets, batch_size, rows)
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=values.device), bad.to(torch.int64).cumsum(0)])
     return csum[starts[1:]] - csum[starts[:-1]]

@@ -245,12 +245,13 @@ class TableBatchedEmbedding(nn.Module):
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
         self._sequence_runners: Dict[tuple, _GroupRunner] = {}   # one-feature views for sequence()
-        self._feature_rows = [next(t.num_rows for t in tables if f in t.feature_names) for f in self._group_order]
         self._feature_table_names = [self.feature_table[f] for f in self._group_order]
-        # skipped ids per feature (group order), added up where the tables are (no wait for the
-        # device per batch); read only by skipped_ids. Not buffers (those are the tables' state):
-        # _apply moves them.
-        self._feature_num_rows = torch.tensor(self._feature_rows, dtype=torch.int64, device=device)
+        # per feature (group order): its table's rows (the id checks), and the ids skipped, added
+        # up where the tables are (no wait for the device per batch; read only by skipped_ids).
+        # Not buffers (those are the tables' state): _apply moves them.
+        num_rows = {t.name: t.num_rows for t in tables}
+        self._feature_num_rows = torch.tensor([num_rows[n] for n in self._feature_table_names], dtype=torch.int64,
+                                              device=device)
         self._skipped = torch.zeros(len(self._group_order), dtype=torch.int64, device=device)
 
     # ------------------------------------------------------------------ forward
@@ -308,7 +309,7 @@ class TableBatchedEmbedding(nn.Module):
         # Not with pooled_bags: the forward never sees the ids of the other bags, the update does.
         counted = self.validate and getattr(self.backend, "counts_invalid_ids", False) and pooled is None
         id_check = lambda: check_ids(ids, offsets, B, self._group_order,  # noqa: E731
-                                     self._feature_rows, self._feature_table_names)
+                                     self._feature_num_rows, self._feature_table_names)
         if self.validate and not counted and prefetched is None:
             id_check()
         anchor = None
@@ -363,7 +364,7 @@ class TableBatchedEmbedding(nn.Module):
     def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:
         p = batch.permute(self._group_order)
         check_ids(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size, self._group_order,
-                  self._feature_rows, self._feature_table_names)
+                  self._feature_num_rows, self._feature_table_names)
 
     # ------------------------------------------------------------------ the cache
     @property
