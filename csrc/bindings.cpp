@@ -159,6 +159,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_probe", &neo::gather_probe, py::call_guard<py::gil_scoped_release>(),
         "Diagnostics: sum rows `ids` of row_bytes bytes of a flat buffer (the machine's gather speed); returns a checksum",
         py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"));
+  m.def("interaction_traffic_forward", &neo::interaction_traffic_forward, py::call_guard<py::gil_scoped_release>(),
+        "Diagnostics: dot_interaction_forward's reads and writes alone, no arithmetic (its memory floor); "
+        "an output of the same shape, of no meaning", py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
+  m.def("interaction_traffic_backward", &neo::interaction_traffic_backward, py::call_guard<py::gil_scoped_release>(),
+        "Diagnostics: dot_interaction_backward's reads and writes alone, no arithmetic (its memory floor); "
+        "gradients of the same shapes, of no meaning",
+        py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"));
   m.def("_round_rows", &neo::round_rows, py::call_guard<py::gil_scoped_release>(),
         "Tests: rows of x (n, D) fp32 rounded to 'fp16'/'bf16' as the fused optimizers store updated rows "
         "(stochastically keyed by seed, step and the flat element index elem0 + i D + d)",

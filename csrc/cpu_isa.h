@@ -66,6 +66,11 @@ struct KernelTable {
   // the torch threads; returns a checksum.
   uint64_t (*gather_probe)(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n,
                            int64_t prefetch, int64_t far);
+  // Memory probe: the dot interaction's reads and writes alone (interaction_forward's and
+  // interaction_backward's, same arguments), no arithmetic; the outputs hold no meaning.
+  void (*interaction_traffic_forward)(const InteractionArgs&, float* out);
+  void (*interaction_traffic_backward)(const InteractionArgs&, const float* grad_out, float* grad_dense,
+                                       float* grad_pooled, float scale);
 
   // Tests: rows x (n, D) fp32 written to 16-bit storage as the optimizers write updated
   // rows (store_row: nearest even, or stochastically with element indices elem0 + i D + d).

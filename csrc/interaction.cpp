@@ -104,21 +104,24 @@ InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64
   return a;
 }
 
-}  // namespace
+using ForwardKernel = void (*)(const InteractionArgs&, float* out);
+using BackwardKernel = void (*)(const InteractionArgs&, const float* grad_out, float* grad_dense, float* grad_pooled,
+                                float scale);
 
-at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
-                                  const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
+at::Tensor run_forward(ForwardKernel kernel, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                       const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
   const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
   thread_local Slots slots;
   at::Tensor out = reused_or_empty(slots, {B, D + P}, dense.options());
-  kernels().interaction_forward(args_of(dense, pooled, F, L), out.data_ptr<float>());
+  kernel(args_of(dense, pooled, F, L), out.data_ptr<float>());
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
-    const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
-    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale) {
+std::tuple<at::Tensor, at::Tensor> run_backward(BackwardKernel kernel, const at::Tensor& grad_out,
+                                                const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                                                const std::optional<at::Tensor>& offsets,
+                                                const std::optional<at::Tensor>& strides, double grad_scale) {
   const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
   TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
@@ -129,9 +132,32 @@ std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
   at::Tensor gp = reused_or_empty(pooled_slots, pooled.sizes(), pooled.options());   // like pooled (contiguous);
                                                                                     // every element is written
                                                                                     // (layout_of: the vectors tile it)
-  kernels().interaction_backward(args_of(dense, pooled, F, L), grad_out.data_ptr<float>(), gd.data_ptr<float>(),
-                                 gp.data_ptr<float>(), static_cast<float>(grad_scale));
+  kernel(args_of(dense, pooled, F, L), grad_out.data_ptr<float>(), gd.data_ptr<float>(), gp.data_ptr<float>(),
+         static_cast<float>(grad_scale));
   return {gd, gp};
+}
+
+}  // namespace
+
+at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                                  const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
+  return run_forward(kernels().interaction_forward, dense, pooled, F, offsets, strides);
+}
+
+std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
+    const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+    const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale) {
+  return run_backward(kernels().interaction_backward, grad_out, dense, pooled, F, offsets, strides, grad_scale);
+}
+
+at::Tensor interaction_traffic_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F) {
+  return run_forward(kernels().interaction_traffic_forward, dense, pooled, F, std::nullopt, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> interaction_traffic_backward(const at::Tensor& grad_out, const at::Tensor& dense,
+                                                                const at::Tensor& pooled, int64_t F) {
+  return run_backward(kernels().interaction_traffic_backward, grad_out, dense, pooled, F, std::nullopt,
+                      std::nullopt, 1.0);
 }
 
 namespace {

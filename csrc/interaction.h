@@ -21,4 +21,10 @@ std::tuple<at::Tensor, at::Tensor> dot_interaction_backward(
     const at::Tensor& grad_out, const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
     const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides, double grad_scale);
 
+// Diagnostics (tools/bench_interaction.py --bounds): the two above's memory traffic alone
+// (kernels/probe.h), on a contiguous (B, F * D) pooled; outputs of the same shapes, no meaning.
+at::Tensor interaction_traffic_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F);
+std::tuple<at::Tensor, at::Tensor> interaction_traffic_backward(const at::Tensor& grad_out, const at::Tensor& dense,
+                                                                const at::Tensor& pooled, int64_t F);
+
 }  // namespace neo

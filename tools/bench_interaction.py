@@ -29,14 +29,20 @@ first, then the pairs in row-major upper-triangle order); checked to agree befor
 ``--bounds``: also this machine's two floors for each shape, measured in the same run: the
 arithmetic (the kernels' multiply-adds, B P D forward and 2 B P D backward, at the fp32 FMA peak
 of the ISA Neo's kernels run, ``tools/bench_fma_peak.py``'s loop, times the threads) and the
-memory traffic (forward: n D floats read and D + P written a sample; backward: n D + D + P read
-and n D written; at the copy bandwidth of ``tools/bench_stream.py`` for a working set as large
-as both passes' traffic, the next power of two MiB (``bound_working_set_mib``: between two reads
-of an input in the benchmark both passes and the torch path run, so the inputs come from
-memory), with that many threads). ``floor`` is the larger (compute and memory fully overlapped),
-``serial`` their sum; ``torch / floor`` is the most any kernel could be faster than the torch
-path here (records: ``bound_fma_ms``, ``bound_memory_ms``, ``bound_floor_ms``,
-``bound_serial_ms``, ``torch_over_floor``). At one thread, Neo's kernels are also timed alone
+memory traffic, measured: a system ``traffic`` joins the rotation, the kernels' reads and writes
+alone (``neo._C.interaction_traffic_forward`` / ``_backward``, csrc/kernels/probe.h: forward n D
+floats read and D + P written a sample, backward n D + D + P read and n D written, with the
+kernels' stores, and no arithmetic), on the same tensors, timed like the others (so its inputs
+come from where theirs do), without autograd. ``floor`` is the larger of the two (compute and
+memory fully overlapped), ``serial`` their sum; ``torch / floor`` is the most any kernel that
+reads its inputs and writes its outputs could be faster than the torch path here (records:
+``bound_fma_ms``, ``bound_traffic_ms`` with ``bound_traffic_fwd_ms`` and ``bound_traffic_bwd_ms``,
+``bound_floor_ms``, ``bound_serial_ms``, ``torch_over_floor``). For comparison, the same bytes at
+the copy bandwidth of ``tools/bench_stream.py`` for a working set as large as both passes'
+traffic, the next power of two MiB, with that many threads (``bound_memory_ms``,
+``bound_copy_gb_s``, ``bound_working_set_mib``, ``torch_over_memory_model``): a model, which on
+the Intel Xeon of 2026-11-29 came out below what the kernels' own pattern of reads and writes
+takes. At one thread, Neo's kernels are also timed alone
 (``neo._C``, no autograd) on as many samples as fit in 1 MiB (inputs, outputs and gradients:
 66 at n 27, D 64; 33 at D 128), used again and again, whose data stay in L2 (the arithmetic
 alone, ``kernel_in_l2_ms``), and on the B samples used again and again
@@ -70,6 +76,11 @@ import torch  # noqa: E402
 
 ORDER = ("baseline", "avx2", "avx512")
 PEERS = ("torch", "torchrec")   # the systems Neo's kernels are compared with; "torch" is the reference
+TRAFFIC = "traffic"             # --bounds: the kernels' reads and writes alone (TrafficFloor)
+
+
+def is_neo(system: str) -> bool:
+    return system not in PEERS and system != TRAFFIC
 
 
 class System:
@@ -90,7 +101,7 @@ class System:
         """"narrow", "wide" or "grouped" (the fused kernel's forward at D), None for the peers."""
         from neo import _C
 
-        if self.name in PEERS:
+        if not is_neo(self.name):
             return None
         with self.kernels():
             return _C.interaction_forward_tiles(D)
@@ -102,6 +113,29 @@ class System:
             t1 = time.perf_counter()
             out.backward(grad)
             t2 = time.perf_counter()
+        if record:
+            self.times["fwd"].append(t1 - t0)
+            self.times["bwd"].append(t2 - t1)
+
+
+class TrafficFloor(System):
+    """The fused kernels' reads and writes alone (``neo._C.interaction_traffic_forward`` and
+    ``_backward``, csrc/kernels/probe.h: the same bytes, no arithmetic), called directly (no
+    autograd), on the benchmark's tensors in its rotation: the least time any kernel that
+    reads the inputs and writes the outputs could take here."""
+
+    def __init__(self, F: int):
+        super().__init__(TRAFFIC, None)
+        self.F = F
+
+    def step(self, dense, pooled, grad, record: bool) -> None:
+        from neo import _C
+
+        t0 = time.perf_counter()
+        _C.interaction_traffic_forward(dense, pooled, self.F)
+        t1 = time.perf_counter()
+        _C.interaction_traffic_backward(grad, dense, pooled, self.F)
+        t2 = time.perf_counter()
         if record:
             self.times["fwd"].append(t1 - t0)
             self.times["bwd"].append(t2 - t1)
@@ -124,7 +158,7 @@ def torchrec_available() -> bool:
     return peer_version("torchrec", "torchrec.models.dlrm") is not None
 
 
-def systems_for(F: int, D: int, all_variants: bool, torchrec: bool) -> List[System]:
+def systems_for(F: int, D: int, all_variants: bool, torchrec: bool, traffic: bool) -> List[System]:
     from neo import _C
     from neo.cpp import use_interaction_tiles
     from neo.models.interaction import DotInteraction
@@ -145,6 +179,8 @@ def systems_for(F: int, D: int, all_variants: bool, torchrec: bool) -> List[Syst
     out.append(System("torch", DotInteraction(F, D, kernel="torch")))
     if torchrec:
         out.append(System("torchrec", TorchRecInteraction(F, D)))
+    if traffic:
+        out.append(TrafficFloor(F))
     return out
 
 
@@ -154,7 +190,7 @@ def check_agree(systems: List[System], dense, pooled, grad) -> None:
     ref = ref_sys.module(dense, pooled)
     ref_g = torch.autograd.grad(ref, (dense, pooled), grad)
     for s in systems:
-        if s is ref_sys:
+        if s is ref_sys or s.name == TRAFFIC:
             continue
         s.step(dense, pooled, grad, record=False)
         out = s.module(dense, pooled)
@@ -172,7 +208,7 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     pooled = torch.randn(B, F * D, generator=gen).requires_grad_()
     n = F + 1
     grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
-    systems = systems_for(F, D, args.all_variants, args.torchrec)
+    systems = systems_for(F, D, args.all_variants, args.torchrec, args.bounds)
     check_agree(systems, dense, pooled, grad)
     orders = balanced_orders(len(systems))          # each system right after each other one equally often
     for i in range(args.warmup + args.iters):
@@ -199,7 +235,7 @@ def add_bounds(records: List[dict], isa: str) -> None:
         fma_per_s = bench_fma_peak.measure(isa, 30_000_000, 3, tmp)["fma_per_s"]
     bandwidth: Dict[tuple, float] = {}
     for r in records:
-        if r["system"] in PEERS:
+        if not is_neo(r["system"]):
             continue
         B, n, D, T = r["batch"], r["n"], r["dim"], r["threads"]
         P = n * (n - 1) // 2
@@ -212,10 +248,13 @@ def add_bounds(records: List[dict], isa: str) -> None:
         mem_ms = 1e3 * (fwd_bytes + bwd_bytes) / bandwidth[(mb, T)]
         torch_ms = next(x["fwd_bwd_ms"] for x in records if x["system"] == "torch" and x["dim"] == D
                         and x["threads"] == T)
-        r.update(bound_fma_ms=fma_ms, bound_memory_ms=mem_ms, bound_floor_ms=max(fma_ms, mem_ms),
-                 bound_serial_ms=fma_ms + mem_ms, bound_isa=isa, bound_fma_per_s=fma_per_s * T,
+        tr = next(x for x in records if x["system"] == TRAFFIC and x["dim"] == D and x["threads"] == T)
+        floor_ms = max(fma_ms, tr["fwd_bwd_ms"])
+        r.update(bound_fma_ms=fma_ms, bound_traffic_ms=tr["fwd_bwd_ms"], bound_traffic_fwd_ms=tr["fwd_ms"],
+                 bound_traffic_bwd_ms=tr["bwd_ms"], bound_memory_ms=mem_ms, bound_floor_ms=floor_ms,
+                 bound_serial_ms=fma_ms + tr["fwd_bwd_ms"], bound_isa=isa, bound_fma_per_s=fma_per_s * T,
                  bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, bound_working_set_mib=mb,
-                 torch_over_floor=torch_ms / max(fma_ms, mem_ms))
+                 torch_over_floor=torch_ms / floor_ms, torch_over_memory_model=torch_ms / mem_ms)
         if T == 1 and r["system"] == f"neo-{isa}":
             phases = kernel_in_and_out_of_cache(r["features"], D, B)
             for where, (fwd_ms, bwd_ms) in phases.items():
@@ -257,16 +296,20 @@ def kernel_in_and_out_of_cache(F: int, D: int, B: int, l2_bytes: int = 1 << 20) 
 
 
 def print_bounds(records: List[dict]) -> None:
-    print("\nfloors (fwd+bwd, ms): arithmetic at the FMA peak, memory at the copy bandwidth")
+    print("\nfloors (fwd+bwd, ms): arithmetic at the FMA peak; memory: the kernels' traffic alone, measured "
+          "(and as modelled from the copy bandwidth)")
     for r in records:
         if "bound_floor_ms" not in r:
             continue
         print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: FMA {r['bound_fma_ms']:5.2f} "
-              f"({r['bound_fma_per_s'] / 1e9:.0f} G/s {r['bound_isa']}), memory {r['bound_memory_ms']:5.2f} "
-              f"({r['bound_copy_gb_s']:.1f} GB/s at {r['bound_working_set_mib']} MiB); "
+              f"({r['bound_fma_per_s'] / 1e9:.0f} G/s {r['bound_isa']}), traffic {r['bound_traffic_ms']:5.2f} "
+              f"(fwd {r['bound_traffic_fwd_ms']:.2f}, bwd {r['bound_traffic_bwd_ms']:.2f}; model "
+              f"{r['bound_memory_ms']:.2f} at {r['bound_copy_gb_s']:.1f} GB/s for {r['bound_working_set_mib']} MiB); "
               f"floor {r['bound_floor_ms']:5.2f}, serial {r['bound_serial_ms']:5.2f}; "
-              f"Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor; "
               f"torch / floor {r['torch_over_floor']:.2f}x")
+        print(f"    Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor (forward "
+              f"{r['fwd_ms'] / r['bound_traffic_fwd_ms']:.2f}x, backward {r['bwd_ms'] / r['bound_traffic_bwd_ms']:.2f}x "
+              f"their traffic)")
         if "kernel_in_l2_ms" in r:
             print(f"    its kernels alone: {r['kernel_in_l2_ms']:5.2f} with the data in L2 "
                   f"({r['bound_fma_ms'] / r['kernel_in_l2_ms']:.0%} of the FMA peak; forward "
@@ -288,7 +331,7 @@ def print_records(records: List[dict]) -> None:
             continue
         print(f"\n{peer} / neo (time ratio; > 1: Neo faster)")
         for r in records:
-            if r["system"] in PEERS:
+            if not is_neo(r["system"]):
                 continue
             t = next(x for x in records if x["system"] == peer and x["dim"] == r["dim"] and x["threads"] == r["threads"])
             sp = r[f"speedup_vs_{peer}"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}

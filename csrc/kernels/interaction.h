@@ -23,9 +23,11 @@
 // at D 128 on AVX-512, the backward at 90% (AVX2: 66/72% and 78%). On the Intel Xeon of
 // 2026-11-29 (family 6 model 167; tools/bench_interaction.py --bounds): forward + backward at
 // 49-50% of its AVX-512 FMA peak with the data in L2, 71-75% with AVX2, and only 2-11% slower
-// on a batch the last-level cache still holds; in tools/bench_interaction.py, where the inputs
-// come from DRAM, forward + backward take 1.2-1.3x the time of their bytes alone at one core's
-// DRAM bandwidth (AVX-512, one thread: a floor 4.2-4.4x below the torch path). Per phase
+// on a batch the last-level cache still holds. In tools/bench_interaction.py (where the
+// inputs come partly from the last-level cache, partly from DRAM) forward + backward take
+// 1.4-1.6x the time of their reads and writes alone, timed beside them (the traffic probe,
+// probe.h: the forward 1.6-1.9x its traffic, where its arithmetic alone is 1.5x it at D 64;
+// the backward 1.3-1.4x), a floor 5.3-5.8x below the torch path under AVX-512. Per phase
 // (AVX-512, in L2): the forward at 38-40% (its one full 8 x 8 grouped tile at 78% alone; the
 // triangle's diagonal and end tiles and the row interleaves take the rest), the backward at
 // 63-66% (68% in a C++ harness on 64-byte aligned rows, 57% on rows off a cache line).

@@ -1,5 +1,6 @@
-// The machine's random-row gather speed (tools/bench_gather_probe.py): the plainest
-// possible gather, against which the forward lookup's lookups/s are reported.
+// Memory probes. The machine's random-row gather speed (tools/bench_gather_probe.py): the
+// plainest possible gather, against which the forward lookup's lookups/s are reported; and
+// the dot interaction's traffic alone (below).
 //
 // Rows ids[0..n) of row_bytes bytes each are read and summed as 32-bit integers into one
 // vector register per thread (integer adds: garbage float bits could hit slow denormal
@@ -8,6 +9,7 @@
 // benchmark takes the best of several distances. No bags, no output, no validity checks.
 #pragma once
 
+#include "interaction_backward.h"   // kStreamBytes, sample_rows
 #include "util.h"
 
 NEO_KERNELS_BEGIN
@@ -55,6 +57,64 @@ uint64_t gather_probe(const uint8_t* table, int64_t row_bytes, const int64_t* id
   uint64_t total = 0;
   for (uint64_t x : sums) total += x;
   return total;
+}
+
+// The dot interaction's memory traffic alone (tools/bench_interaction.py --bounds): the
+// bytes interaction_forward and interaction_backward read and write (interaction.h) on a
+// contiguous (B, F * D) pooled tensor, with the same stores (streaming for a large pooled
+// gradient, kStreamBytes) and the same split of the samples over the torch threads; the only
+// arithmetic is a sum that keeps the loads. Each sample's F pooled vectors are read as one
+// span (the fastest way to read them: per-vector loops took 15% longer at n 27, D 64). What
+// it takes is the kernels' memory floor measured on this machine; a floor from a copy's
+// bandwidth is only a model.
+
+// acc + the m floats at p (any m).
+inline vf traffic_sum(const float* p, int64_t m, vf acc) {
+  int64_t k = 0;
+  for (; k + kW <= m; k += kW) acc = vadd(acc, vload(p + k));
+  float tail = 0.0f;
+  for (; k < m; ++k) tail += p[k];
+  return vadd(acc, vset1(tail));
+}
+
+// y into the m floats at p (any m; streaming stores where STREAM, p then kW-float aligned).
+template <bool STREAM>
+inline void traffic_fill(float* p, int64_t m, vf y) {
+  int64_t k = 0;
+  for (; k + kW <= m; k += kW) {
+    if constexpr (STREAM) vstream(p + k, y);
+    else vstore(p + k, y);
+  }
+  for (; k < m; ++k) p[k] = 0.0f;
+}
+
+// a.pooled must be a contiguous (B, F * D) tensor (the entry point checks).
+void interaction_traffic_forward(const InteractionArgs& a, float* out) {
+  const int64_t D = a.D, FD = a.F * a.D, n = a.F + 1, W = D + n * (n - 1) / 2;
+  at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const vf acc = traffic_sum(a.pooled + b * FD, FD, traffic_sum(a.dense + b * D, D, vzero()));
+      traffic_fill<false>(out + b * W, W, acc);
+    }
+  });
+}
+
+void interaction_traffic_backward(const InteractionArgs& a, const float* grad_out, float* grad_dense,
+                                  float* grad_pooled, float /*scale*/) {
+  const int64_t D = a.D, FD = a.F * a.D, n = a.F + 1, W = D + n * (n - 1) / 2;
+  // As interaction_backward: streaming stores for a large pooled gradient of aligned rows.
+  const bool stream = a.B * FD * 4 >= kStreamBytes && D % kW == 0 &&
+                      reinterpret_cast<uintptr_t>(grad_pooled) % (kW * 4) == 0;
+  at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      vf acc = traffic_sum(grad_out + b * W, W, vzero());
+      acc = traffic_sum(a.pooled + b * FD, FD, traffic_sum(a.dense + b * D, D, acc));
+      traffic_fill<false>(grad_dense + b * D, D, acc);
+      if (stream) traffic_fill<true>(grad_pooled + b * FD, FD, acc);
+      else traffic_fill<false>(grad_pooled + b * FD, FD, acc);
+    }
+    vsfence();
+  });
 }
 
 NEO_KERNELS_END

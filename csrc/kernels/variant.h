@@ -24,7 +24,7 @@ const KernelTable& kernel_table() {
       &interaction_forward, &interaction_backward,
       &bias_relu, &relu_bias_backward,
       &bucketize<int32_t>, &bucketize<int64_t>,
-      &gather_probe,
+      &gather_probe, &interaction_traffic_forward, &interaction_traffic_backward,
       &round_rows<c10::Half>, &round_rows<c10::BFloat16>,
   };
   return table;

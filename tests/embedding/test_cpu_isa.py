@@ -7,7 +7,7 @@ against the reference and against each other.
   length, fp16/bf16 conversion of every 16-bit pattern), the fused backward + optimizer
   matches the reference (test_cpu_backend's tolerances) and is bit-identical across
   variants, bucketization equals the plain-torch reference, the gather probe reads the
-  right rows;
+  right rows, the dot interaction's traffic probe reads and writes what the kernels do;
 - the built library is portable: no AVX instruction outside neo::avx2 / neo::avx512, no
   AVX-512 register outside neo::avx512 (objdump).
 
@@ -388,6 +388,43 @@ def test_gather_probe_reads_the_rows_it_is_given(isa):
         torch.set_num_threads(prev)
     with pytest.raises(RuntimeError, match="ids must lie in"):
         C.gather_probe(table, 256, torch.tensor([500]), 0, 0)
+
+
+def _traffic_sums(spans, lanes):
+    """The traffic probe's per-lane sum over spans (B, m_i) (kernels/probe.h traffic_sum): each
+    span's whole vectors lane by lane, plus the sum of its tail in every lane. Exact here:
+    the values are small integers."""
+    acc = 0
+    for x in spans:
+        full = x.shape[1] // lanes * lanes
+        acc = acc + x[:, :full].reshape(x.shape[0], -1, lanes).sum(1) + x[:, full:].sum(1, keepdim=True)
+    return acc                                                                      # (B, lanes)
+
+
+def _traffic_fill(acc, m, lanes):
+    """What traffic_fill writes into m floats: the lanes repeated over the whole vectors, zeros after."""
+    full = m // lanes * lanes
+    return torch.cat([acc.repeat(1, full // lanes), acc.new_zeros(acc.shape[0], m - full)], dim=1)
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("F, D, B", [(5, 13, 70), (26, 64, 700)])   # tails; the streaming stores (>= 4 MiB)
+def test_interaction_traffic_probe_reads_every_input_and_writes_every_output(isa, F, D, B):
+    """neo._C.interaction_traffic_forward / _backward (tools/bench_interaction.py --bounds) read
+    all the bytes the fused kernels read and write every element they write: their outputs
+    are sums over every input element, recomputed here lane by lane."""
+    lanes = {"baseline": 4, "avx2": 8, "avx512": 16}[isa]
+    g = torch.Generator().manual_seed(3)
+    n = F + 1
+    W = D + n * (n - 1) // 2
+    dense, pooled, grad = (torch.randint(-8, 8, shape, generator=g).float() for shape in ((B, D), (B, F * D), (B, W)))
+    with use_cpu_isa(isa):
+        out = C.interaction_traffic_forward(dense, pooled, F)
+        gd, gp = C.interaction_traffic_backward(grad, dense, pooled, F)
+    assert torch.equal(out, _traffic_fill(_traffic_sums([dense, pooled], lanes), W, lanes))
+    acc = _traffic_sums([grad, dense, pooled], lanes)
+    assert torch.equal(gd, _traffic_fill(acc, D, lanes))
+    assert torch.equal(gp, _traffic_fill(acc, F * D, lanes))
 
 
 # ------------------------------------------------------------------------------- portability

@@ -23,8 +23,9 @@ def keep_torch_threads():
     torch.set_num_threads(threads)
 
 
-def small_args(torchrec: bool) -> SimpleNamespace:
-    return SimpleNamespace(features=5, batch=16, iters=2, warmup=1, all_variants=False, torchrec=torchrec)
+def small_args(torchrec: bool, bounds: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(features=5, batch=16, iters=2, warmup=1, all_variants=False, torchrec=torchrec,
+                           bounds=bounds)
 
 
 @needs_torchrec
@@ -81,21 +82,29 @@ def test_all_variants_times_the_avx512_forwards_other_tilings_and_the_lower_isas
         assert ran == expected
 
 
-def test_bounds_are_the_larger_of_the_arithmetic_and_the_traffic(capsys):
-    """--bounds: the floors follow from the shape (3 B P D multiply-adds; forward n D + D + P and
-    backward 2 n D + D + P floats a sample) at the measured FMA rate and copy bandwidth."""
-    records = bench.run_shape(small_args(torchrec=False), 8, 1, machine={})
+def test_bounds_are_the_larger_of_the_arithmetic_and_the_measured_traffic(capsys):
+    """--bounds: the traffic probe joins the rotation as system "traffic" (not checked against
+    the torch path: its outputs mean nothing), and Neo's records get the floors: the
+    multiply-adds (3 B P D) at the measured FMA rate, the probe's own times, and the copy
+    bandwidth model of the same bytes (forward n D + D + P, backward 2 n D + D + P floats a
+    sample) beside them."""
+    records = bench.run_shape(small_args(torchrec=False, bounds=True), 8, 1, machine={})
+    assert [r["system"] for r in records][-2:] == ["torch", "traffic"]
     bench.add_bounds(records, "avx2")
     bench.print_bounds(records)
-    neo = records[0]
+    bench.print_records(records)
+    neo, torch_path, traffic = records[0], records[-2], records[-1]
     B, n, D, P = 16, 6, 8, 15
     assert neo["bound_fma_ms"] == pytest.approx(1e3 * 3 * B * P * D / neo["bound_fma_per_s"])
-    traffic = 4 * B * (n * D + D + P) + 4 * B * (2 * n * D + D + P)
-    assert neo["bound_memory_ms"] == pytest.approx(1e3 * traffic / (neo["bound_copy_gb_s"] * 1e9))
+    assert (neo["bound_traffic_ms"], neo["bound_traffic_fwd_ms"], neo["bound_traffic_bwd_ms"]) == \
+        (traffic["fwd_bwd_ms"], traffic["fwd_ms"], traffic["bwd_ms"])
+    model = 4 * B * (n * D + D + P) + 4 * B * (2 * n * D + D + P)
+    assert neo["bound_memory_ms"] == pytest.approx(1e3 * model / (neo["bound_copy_gb_s"] * 1e9))
     assert neo["bound_working_set_mib"] == 4                               # both passes' traffic, at least 4 MiB
-    assert neo["bound_floor_ms"] == max(neo["bound_fma_ms"], neo["bound_memory_ms"])
-    assert neo["torch_over_floor"] == pytest.approx(records[-1]["fwd_bwd_ms"] / neo["bound_floor_ms"])
-    assert "bound_floor_ms" not in records[-1]                            # the torch path is the reference
+    assert neo["bound_floor_ms"] == max(neo["bound_fma_ms"], neo["bound_traffic_ms"])
+    assert neo["torch_over_floor"] == pytest.approx(torch_path["fwd_bwd_ms"] / neo["bound_floor_ms"])
+    assert "bound_floor_ms" not in torch_path and "bound_floor_ms" not in traffic
+    assert "speedup_vs_torch" not in traffic                               # not a system compared with torch
     assert "torch / floor" in capsys.readouterr().out
 
 
