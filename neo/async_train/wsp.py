@@ -47,7 +47,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -63,7 +62,7 @@ from neo.config.embedding import ConfigError
 from neo.distributed.process_groups import on_rank0
 from neo.train.build import build_job, rename_features, validate_training_config
 from neo.train.metrics import BinaryMetrics
-from neo.train.run_log import RunLog
+from neo.train.run_log import RunLog, start_run_log
 from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.schedule import LRSchedule
 from neo.train.step import Timers
@@ -362,10 +361,7 @@ class WSPTrainer:
         resumed = self.start_version > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
                         rewind_to=self.step if resumed else None)
-        if self.rank == 0:
-            os.makedirs(t.run_dir, exist_ok=True)
-            with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
-                json.dump(self.plan, f, indent=1)
+        start_run_log(runlog, self.plan, self.device, self.step)
         rng = random.Random(t.seed * 7919 + self.rank)
         slow = self.slowdown
         batches = self._batches(self.step)

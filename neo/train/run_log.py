@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Any, Dict, Optional
 
-__all__ = ["RunLog"]
+__all__ = ["RunLog", "start_run_log", "log_cpu_kernels"]
 
 
 class RunLog:
@@ -89,6 +89,34 @@ class RunLog:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def start_run_log(runlog: RunLog, plan: Dict[str, Any], device, step: int) -> None:
+    """What a run's log starts with: the sharding plan (``plan.json`` in the run directory, rank
+    0) and, on the CPU, the kernels it computes with (:func:`log_cpu_kernels`)."""
+    if runlog.active:
+        with open(os.path.join(runlog.run_dir, "plan.json"), "w") as f:
+            json.dump(plan, f, indent=1)
+    if device.type == "cpu":
+        log_cpu_kernels(runlog, step)
+
+
+def log_cpu_kernels(runlog: RunLog, step: int) -> None:
+    """The CPU kernels a run computes with, in its run log: a line for the user (``CPU kernels:
+    avx2 (built: baseline, avx2, avx512; runnable here: ...; CPU: <model>; NEO_CPU_ISA=avx2)``)
+    and a ``cpu_kernels`` record in metrics.jsonl (``neo_cpu_isa``, ``built``, ``supported``,
+    ``forced``, ``cpu_model``, ``interaction_tiles``). Nothing where ``neo._C`` is not built
+    (the reference kernels run)."""
+    from neo.cpp import cpu_isa_info
+
+    info = cpu_isa_info()
+    if info["neo_cpu_isa"] is None:
+        return
+    forced = f"; NEO_CPU_ISA={info['forced']}" if info["forced"] else ""
+    runlog.message(f"CPU kernels: {info['neo_cpu_isa']} (built: {', '.join(info['built'])}; runnable here: "
+                   f"{', '.join(info['supported'])}; CPU: {info['cpu_model']}{forced})")
+    runlog.record("cpu_kernels", step, {k: info[k] for k in ("neo_cpu_isa", "built", "supported", "forced",
+                                                             "cpu_model", "interaction_tiles")})
 
 
 def _rewind(path: str, step: int) -> int:

@@ -22,7 +22,6 @@ epoch is ``(N // W) // B`` steps on every rank (rank shards may differ by one sa
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -43,7 +42,7 @@ from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer
 from neo.train.checkpoint.layout import step_of
 from neo.train.evaluation import Evaluator
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
-from neo.train.run_log import RunLog
+from neo.train.run_log import RunLog, start_run_log
 from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
@@ -447,10 +446,7 @@ class Trainer:
             runlog.record("restart", self.step, {"from_step": self.step, "attempt": self.attempt,
                                                  "checkpoint": self.resumed_from,
                                                  "dropped_records": runlog.dropped_records})
-        if self.rank == 0:
-            os.makedirs(t.run_dir, exist_ok=True)
-            with open(os.path.join(t.run_dir, "plan.json"), "w") as f:
-                json.dump(self.plan, f, indent=1)
+        start_run_log(runlog, self.plan, self.device, self.step)
         if t.pipelined:
             loop = TrainPipeline(self._batches(), self.sharded, self._train_step, self.device, self.timers,
                                  ahead=self.ahead, prefetch=self.sharded.prefetch if self.ahead else None)

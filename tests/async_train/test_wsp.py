@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+import neo._C
 from neo.config import ConfigError, config_from_dict
 from tests.multiprocess import run_multiprocess
 from tests.train.test_trainer import tiny_config
@@ -69,6 +70,8 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
     assert wsp[0]["final"]["max_staleness_observed"] == 0
     waves = _records(f"{tmp_data}/wsp0", "wsp_wave")
     assert len(waves) == 2 * 12 and all(w["staleness"] == 0 for w in waves)
+    (kernels,) = _records(f"{tmp_data}/wsp0", "cpu_kernels")  # the CPU kernels' ISA, in the run log
+    assert kernels["neo_cpu_isa"] == neo._C.cpu_isa() and kernels["step"] == 0
 
 
 def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):

@@ -28,7 +28,7 @@ import torch
 
 import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType
-from neo.cpp import cpu_caches, cpu_flags, cpu_id, cpu_isa_info, use_cpu_isa
+from neo.cpp import cpu_caches, cpu_id, cpu_isa_info, use_cpu_isa
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.backends.reference import round_weights, sr_uniform
 from neo.sparse import KeyedJaggedBatch

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+import neo._C
 from neo.config import ConfigError, config_from_dict
 from tests.multiprocess import run_multiprocess
 
@@ -66,9 +67,11 @@ def test_single_process_trains_and_reports(tmp_data):
     assert f["eval_samples"] == 2048                      # the whole validation set
     assert 0.55 < f["auc"] <= 1.0 and 0 < f["logloss"] < 0.7 and f["samples_per_s"] > 0
     assert f["best_auc"] is not None and f["auc"] <= f["best_auc"] + 0.02
-    lines = open(os.path.join(tmp_data, "run", "metrics.jsonl")).read().splitlines()
-    kinds = {json.loads(x)["kind"] for x in lines}
-    assert {"train", "final"} <= kinds
+    records = [json.loads(x) for x in open(os.path.join(tmp_data, "run", "metrics.jsonl")).read().splitlines()]
+    assert {"train", "final"} <= {r["kind"] for r in records}
+    (kernels,) = [r for r in records if r["kind"] == "cpu_kernels"]   # the CPU kernels' ISA, in the run log
+    assert kernels["step"] == 0 and kernels["neo_cpu_isa"] == neo._C.cpu_isa()
+    assert kernels["neo_cpu_isa"] in kernels["supported"] and set(kernels["supported"]) <= set(kernels["built"])
 
 
 def test_two_processes_mixed_plan(tmp_data):
