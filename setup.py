@@ -145,7 +145,9 @@ ext_kwargs = dict(
     sources=cpp_sources + variant_sources + (cuda_sources if with_cuda else []),
     depends=headers,
     extra_compile_args={"cxx": cxx_flags + (["-DNEO_WITH_CUDA"] if with_cuda else []), "nvcc": ["-O3"]},
-    extra_link_args=["-fopenmp"],
+    # The torch libraries' folder in the extension's run path: `import neo._C` then loads without
+    # torch imported first (the module imports torch as it starts, bindings.cpp).
+    extra_link_args=["-fopenmp", f"-Wl,-rpath,{os.path.join(os.path.dirname(torch.__file__), 'lib')}"],
 )
 ext = CUDAExtension(**ext_kwargs) if with_cuda else CppExtension(**ext_kwargs)
 

@@ -27,6 +27,9 @@ py::buffer_info int64_vector(const py::buffer& b, const std::string& op, const s
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // torch's Python side first (its tensor types for the bindings' arguments): `import neo._C`
+  // works on its own, torch's libraries found through the run path (setup.py).
+  py::module_::import("torch");
   neo::init_cpu_isa();   // NEO_CPU_ISA, else the best variant this CPU runs (a bad NEO_CPU_ISA fails the import)
   m.doc() = "Neo CPU kernels: pooled embedding forward, fused backward + sparse optimizer, DLRM dot interaction, row bucketization";
   m.def("embedding_forward", &neo::embedding_forward, py::call_guard<py::gil_scoped_release>(),

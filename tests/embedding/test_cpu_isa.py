@@ -107,6 +107,14 @@ def test_neo_cpu_isa_forces_a_variant(isa):
     assert r.stdout.split() == [isa, "True"]
 
 
+def test_neo_C_imports_on_its_own():
+    """``import neo._C`` as a process's first import (no ``import torch`` before it) loads and runs."""
+    r = subprocess.run([sys.executable, "-c", "import neo._C as C; print(C.cpu_isa())"], capture_output=True,
+                       text=True, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [C.cpu_isa()]
+
+
 def test_neo_cpu_isa_rejects_what_it_cannot_honour():
     r = _import_with("avx9000")
     assert r.returncode != 0
