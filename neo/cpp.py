@@ -127,6 +127,14 @@ def cpu_isa_info() -> Dict[str, Any]:
     }
 
 
+def describe_cpu_kernels(info: Dict[str, Any]) -> str:
+    """The kernels' ISA in one line for logs, from :func:`cpu_isa_info`: ``avx2 (built: baseline,
+    avx2, avx512; runnable here: ...; CPU: <model>; NEO_CPU_ISA=avx2)``."""
+    forced = f"; NEO_CPU_ISA={info['forced']}" if info["forced"] else ""
+    return (f"{info['neo_cpu_isa']} (built: {', '.join(info['built'])}; runnable here: "
+            f"{', '.join(info['supported'])}; CPU: {info['cpu_model']}{forced})")
+
+
 @contextlib.contextmanager
 def use_cpu_isa(name: str) -> Iterator[None]:
     """Run the block with the kernels of ISA variant ``name`` (``"auto"``: the best), then

@@ -108,11 +108,15 @@ class System:
 
     def step(self, dense, pooled, grad, record: bool) -> None:
         with self.kernels():
-            t0 = time.perf_counter()
-            out = self.module(dense, pooled)
-            t1 = time.perf_counter()
-            out.backward(grad)
-            t2 = time.perf_counter()
+            self.timed(lambda: self.module(dense, pooled), lambda out: out.backward(grad), record)
+
+    def timed(self, forward, backward, record: bool) -> None:
+        """``backward(forward())``, each phase timed (kept where ``record``)."""
+        t0 = time.perf_counter()
+        out = forward()
+        t1 = time.perf_counter()
+        backward(out)
+        t2 = time.perf_counter()
         if record:
             self.times["fwd"].append(t1 - t0)
             self.times["bwd"].append(t2 - t1)
@@ -131,14 +135,8 @@ class TrafficFloor(System):
     def step(self, dense, pooled, grad, record: bool) -> None:
         from neo import _C
 
-        t0 = time.perf_counter()
-        _C.interaction_traffic_forward(dense, pooled, self.F)
-        t1 = time.perf_counter()
-        _C.interaction_traffic_backward(grad, dense, pooled, self.F)
-        t2 = time.perf_counter()
-        if record:
-            self.times["fwd"].append(t1 - t0)
-            self.times["bwd"].append(t2 - t1)
+        self.timed(lambda: _C.interaction_traffic_forward(dense, pooled, self.F),
+                   lambda _: _C.interaction_traffic_backward(grad, dense, pooled, self.F), record)
 
 
 class TorchRecInteraction:

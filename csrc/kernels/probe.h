@@ -9,7 +9,7 @@
 // benchmark takes the best of several distances. No bags, no output, no validity checks.
 #pragma once
 
-#include "interaction_backward.h"   // kStreamBytes, sample_rows
+#include "interaction_backward.h"   // large_pooled_gradient
 #include "util.h"
 
 NEO_KERNELS_BEGIN
@@ -103,8 +103,7 @@ void interaction_traffic_backward(const InteractionArgs& a, const float* grad_ou
                                   float* grad_pooled, float /*scale*/) {
   const int64_t D = a.D, FD = a.F * a.D, n = a.F + 1, W = D + n * (n - 1) / 2;
   // As interaction_backward: streaming stores for a large pooled gradient of aligned rows.
-  const bool stream = a.B * FD * 4 >= kStreamBytes && D % kW == 0 &&
-                      reinterpret_cast<uintptr_t>(grad_pooled) % (kW * 4) == 0;
+  const bool stream = large_pooled_gradient(a) && reinterpret_cast<uintptr_t>(grad_pooled) % (kW * 4) == 0;
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       vf acc = traffic_sum(grad_out + b * W, W, vzero());

@@ -103,18 +103,16 @@ def start_run_log(runlog: RunLog, plan: Dict[str, Any], device, step: int) -> No
 
 def log_cpu_kernels(runlog: RunLog, step: int) -> None:
     """The CPU kernels a run computes with, in its run log: a line for the user (``CPU kernels:
-    avx2 (built: baseline, avx2, avx512; runnable here: ...; CPU: <model>; NEO_CPU_ISA=avx2)``)
-    and a ``cpu_kernels`` record in metrics.jsonl (``neo_cpu_isa``, ``built``, ``supported``,
-    ``forced``, ``cpu_model``, ``interaction_tiles``). Nothing where ``neo._C`` is not built
-    (the reference kernels run)."""
-    from neo.cpp import cpu_isa_info
+    avx2 (built: baseline, avx2, avx512; runnable here: ...; CPU: <model>; NEO_CPU_ISA=avx2)``,
+    :func:`neo.cpp.describe_cpu_kernels`) and a ``cpu_kernels`` record in metrics.jsonl
+    (``neo_cpu_isa``, ``built``, ``supported``, ``forced``, ``cpu_model``, ``interaction_tiles``).
+    Nothing where ``neo._C`` is not built (the reference kernels run)."""
+    from neo.cpp import cpu_isa_info, describe_cpu_kernels
 
     info = cpu_isa_info()
     if info["neo_cpu_isa"] is None:
         return
-    forced = f"; NEO_CPU_ISA={info['forced']}" if info["forced"] else ""
-    runlog.message(f"CPU kernels: {info['neo_cpu_isa']} (built: {', '.join(info['built'])}; runnable here: "
-                   f"{', '.join(info['supported'])}; CPU: {info['cpu_model']}{forced})")
+    runlog.message(f"CPU kernels: {describe_cpu_kernels(info)}")
     runlog.record("cpu_kernels", step, {k: info[k] for k in ("neo_cpu_isa", "built", "supported", "forced",
                                                              "cpu_model", "interaction_tiles")})
 

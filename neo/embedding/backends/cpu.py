@@ -74,12 +74,9 @@ def _log_isa_once() -> None:
     global _logged_isa
     if not _logged_isa:
         _logged_isa = True
-        from neo.cpp import cpu_isa_info
+        from neo.cpp import cpu_isa_info, describe_cpu_kernels
 
-        info = cpu_isa_info()
-        logging.getLogger("neo").info("cpu backend: %s kernels (built: %s; CPU: %s%s)", info["neo_cpu_isa"],
-                                      ", ".join(info["built"]), info["cpu_model"],
-                                      f"; NEO_CPU_ISA={info['forced']}" if info["forced"] else "")
+        logging.getLogger("neo").info("cpu backend kernels: %s", describe_cpu_kernels(cpu_isa_info()))
 
 
 class CpuBackend:
