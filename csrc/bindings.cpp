@@ -160,8 +160,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tests and benchmarks: the interaction forward's tiles ('auto', 'narrow', 'wide', 'grouped'); "
         "RuntimeError otherwise");
   m.def("gather_probe", &neo::gather_probe, py::call_guard<py::gil_scoped_release>(),
-        "Diagnostics: sum rows `ids` of row_bytes bytes of a flat buffer (the machine's gather speed); returns a checksum",
-        py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"));
+        "Diagnostics: sum rows `ids` of row_bytes bytes of a flat buffer (the machine's gather speed), prefetching "
+        "`near` ids ahead into L1 and `far` ids ahead with locality hint far_hint (1: L2, 2: prefetcht2, "
+        "0: non-temporal), every far_every-th line; returns a checksum",
+        py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"),
+        py::arg("far_hint") = 1, py::arg("far_every") = 1);
   m.def("interaction_traffic_forward", &neo::interaction_traffic_forward, py::call_guard<py::gil_scoped_release>(),
         "Diagnostics: dot_interaction_forward's reads and writes alone, no arithmetic (its memory floor); "
         "an output of the same shape, of no meaning", py::arg("dense"), py::arg("pooled"), py::arg("num_features"));

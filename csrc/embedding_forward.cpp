@@ -30,11 +30,15 @@ std::tuple<at::Tensor, int64_t> embedding_forward(
   return {out, 0};
 }
 
-int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far) {
+int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,
+                     int64_t far_hint, int64_t far_every) {
   TORCH_CHECK(table.device().is_cpu() && table.is_contiguous(), "neo._C.gather_probe: table must be a contiguous CPU tensor");
   TORCH_CHECK(row_bytes > 0 && row_bytes % 64 == 0, "neo._C.gather_probe: row_bytes must be a positive multiple of 64");
   TORCH_CHECK(ids.device().is_cpu() && ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.dim() == 1,
               "neo._C.gather_probe: ids must be a contiguous 1-D CPU int64 tensor");
+  TORCH_CHECK(near >= 0 && far >= 0, "neo._C.gather_probe: near and far must be >= 0");
+  TORCH_CHECK(far_hint >= 0 && far_hint <= 2, "neo._C.gather_probe: far_hint must be 0, 1 or 2, got ", far_hint);
+  TORCH_CHECK(far_every >= 1, "neo._C.gather_probe: far_every must be >= 1, got ", far_every);
   const int64_t rows = table.numel() * table.element_size() / row_bytes;
   if (ids.numel() > 0) {
     const auto [lo, hi] = at::aminmax(ids);
@@ -42,7 +46,8 @@ int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tenso
                 rows, ")");
   }
   const uint64_t sum = kernels().gather_probe(static_cast<const uint8_t*>(table.data_ptr()), row_bytes,
-                                              ids.data_ptr<int64_t>(), ids.numel(), near, far);
+                                              ids.data_ptr<int64_t>(), ids.numel(), near, far, far_hint,
+                                              far_every);
   return static_cast<int64_t>(sum & 0x7fffffffffffffffULL);
 }
 

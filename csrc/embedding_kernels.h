@@ -35,9 +35,12 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
                       int64_t step, int64_t elem0);
 
 // Diagnostics (tools/bench_gather_probe.py): the plainest random-row gather, rows `ids` of
-// `row_bytes` bytes of a flat buffer, prefetching `near` ids ahead into L1 and `far` into L2
-// (0: off), on the torch threads, with the active variant; returns a checksum.
-int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far);
+// `row_bytes` bytes of a flat buffer, prefetching `near` ids ahead into L1 and `far` ids
+// ahead (0: off) with locality hint `far_hint` (1: L2, 2: prefetcht2, 0: non-temporal), every
+// `far_every`-th line of a row, on the torch threads, with the active variant; returns a
+// checksum.
+int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,
+                     int64_t far_hint, int64_t far_every);
 
 inline void check_inputs(const GroupMeta& m, const at::Tensor& weights, const at::Tensor& indices,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& psw) {

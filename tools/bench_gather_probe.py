@@ -2,6 +2,7 @@
 
     python tools/bench_gather_probe.py                          # rows of 64, 128, 256 floats; 1 and 2 threads
     python tools/bench_gather_probe.py --isa avx2 --json bench_out/probe.json
+    python tools/bench_gather_probe.py --dims 64 --threads 1 --wide --sorted   # more schedules; rows in address order
 
 The probe (``neo._C.gather_probe``, csrc/kernels/probe.h) reads rows at uniformly random
 positions of a table much larger than the last-level cache (2 GiB by default; this machine's
@@ -12,6 +13,22 @@ transparent huge pages where the kernel allows (as Neo's backend backs its table
 limit is the memory system's, not the TLB's. Reported: lookups/s and GB/s (row bytes
 read per second), per row size and thread count; ``tools/bench_embedding.py`` reports every
 kernel's lookups/s as a fraction of it.
+
+Whether the limit could be beaten, in the same run:
+
+- ``--wide`` adds schedules whose far prefetch differs, at each far distance of the default
+  ones: ``prefetcht2`` instead of ``prefetcht1`` (``t2``), non-temporal (``nta``), and only
+  every other line of a row (``every2``: the L2's adjacent-line prefetcher may bring the
+  rest, using none of the core's fill buffers). The limit is the best of every schedule run.
+- ``--sorted`` also reads the same ids sorted by row (address order, as a kernel that sorted
+  its ids first would, the sort not counted): ``lookups_per_s_sorted`` and its best schedule.
+  Not part of the limit: a batch's rows in batch order are what every kernel compared here reads.
+
+JSON fields per record: ``row_bytes``, ``threads``, ``lookups_per_s``, ``gb_per_s``,
+``best_prefetch`` (a schedule: ``near,far`` or ``near,far,t2|nta|every2``),
+``lookups_per_s_by_prefetch``, with ``--sorted`` also ``lookups_per_s_sorted``,
+``best_prefetch_sorted``, ``lookups_per_s_sorted_by_prefetch``; ``table_gib``, ``table_rows``,
+``lookups``, ``dim``, ``machine``.
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, write_json  # noqa: E402
@@ -30,51 +47,90 @@ import torch  # noqa: E402
 
 # (near, far) prefetch distances tried; (0, 0) = hardware prefetchers only.
 DISTANCES = ((0, 0), (8, 0), (16, 0), (32, 0), (64, 0), (16, 128), (32, 256), (64, 512))
+# --wide: the far prefetch's variants, name -> (locality hint, every n-th line), the default
+# being prefetcht1 (hint 1) of every line.
+FAR_VARIANTS = {"t2": (2, 1), "nta": (0, 1), "every2": (1, 2)}
+
+
+def schedules(wide: bool) -> List[Tuple[str, int, int, int, int]]:
+    """(name, near, far, far_hint, far_every) of every schedule run: DISTANCES, and with
+    `wide` each far distance's FAR_VARIANTS."""
+    out = [(f"{near},{far}", near, far, 1, 1) for near, far in DISTANCES]
+    if wide:
+        out += [(f"{near},{far},{v}", near, far, hint, every)
+                for near, far in DISTANCES if far for v, (hint, every) in FAR_VARIANTS.items()]
+    return out
 
 
 def make_table(gib: float) -> torch.Tensor:
     """A flat table of `gib` GiB, its pages touched and advised onto huge pages."""
     from neo import _C
 
-    t = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8)
+    huge = 2 << 20   # whole huge pages (and whole 8-byte words), at least one
+    t = torch.empty(max(huge, int(gib * (1 << 30)) // huge * huge), dtype=torch.uint8)
     t.view(torch.int64).fill_(1)
     _C.advise_hugepages(t)
     return t
 
 
-def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 << 20, reps: int = 5,
-          distances: Sequence = DISTANCES, seed: int = 0) -> Dict:
-    """The best (median over `reps`) gather speed over `distances` for rows of `row_bytes`."""
+def _time_schedules(table: torch.Tensor, row_bytes: int, ids: torch.Tensor, reps: int,
+                    scheds: Sequence) -> Dict[str, float]:
+    """Lookups/s of every schedule (median over `reps`, after a warm-up call)."""
     from neo import _C
 
+    out = {}
+    for name, near, far, hint, every in scheds:
+        _C.gather_probe(table, row_bytes, ids, near, far, hint, every)          # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            _C.gather_probe(table, row_bytes, ids, near, far, hint, every)
+            times.append(time.perf_counter() - t0)
+        out[name] = ids.numel() / statistics.median(times)
+    return out
+
+
+def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 << 20, reps: int = 5,
+          wide: bool = False, sorted_too: bool = False, seed: int = 0) -> Dict:
+    """The best (median over `reps`) gather speed over the schedules for rows of `row_bytes`;
+    with `sorted_too` also on the same ids in address order (module doc)."""
     rows = table.numel() // row_bytes
     ids = torch.randint(0, rows, (lookups,), generator=torch.Generator().manual_seed(seed))
+    scheds = schedules(wide)
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        by_distance = {}
-        for near, far in distances:
-            _C.gather_probe(table, row_bytes, ids, near, far)                   # warm-up
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                _C.gather_probe(table, row_bytes, ids, near, far)
-                times.append(time.perf_counter() - t0)
-            by_distance[f"{near},{far}"] = lookups / statistics.median(times)
+        by_schedule = _time_schedules(table, row_bytes, ids, reps, scheds)
+        by_schedule_sorted = _time_schedules(table, row_bytes, ids.sort().values, reps, scheds) if sorted_too else None
     finally:
         torch.set_num_threads(prev)
-    best = max(by_distance, key=by_distance.get)
-    lps = by_distance[best]
-    return {"row_bytes": row_bytes, "threads": threads, "lookups_per_s": lps, "gb_per_s": lps * row_bytes / 1e9,
-            "best_prefetch": best, "lookups_per_s_by_prefetch": by_distance, "table_gib": table.numel() / (1 << 30),
-            "table_rows": rows, "lookups": lookups}
+    best = max(by_schedule, key=by_schedule.get)
+    lps = by_schedule[best]
+    rec = {"row_bytes": row_bytes, "threads": threads, "lookups_per_s": lps, "gb_per_s": lps * row_bytes / 1e9,
+           "best_prefetch": best, "lookups_per_s_by_prefetch": by_schedule, "table_gib": table.numel() / (1 << 30),
+           "table_rows": rows, "lookups": lookups}
+    if by_schedule_sorted is not None:
+        best_s = max(by_schedule_sorted, key=by_schedule_sorted.get)
+        rec.update(lookups_per_s_sorted=by_schedule_sorted[best_s], best_prefetch_sorted=best_s,
+                   lookups_per_s_sorted_by_prefetch=by_schedule_sorted)
+    return rec
 
 
 def print_probe(records: List[Dict]) -> None:
-    print(f"\n{'row bytes':>9} {'threads':>7} {'Mlookups/s':>11} {'GB/s':>7} {'best prefetch (near,far)':>25}")
+    sorted_too = any("lookups_per_s_sorted" in r for r in records)
+    print(f"\n{'row bytes':>9} {'threads':>7} {'Mlookups/s':>11} {'GB/s':>7} {'best prefetch':>20}"
+          + (f" {'sorted Mlookups/s':>18} {'sorted / random':>15}" if sorted_too else ""))
     for r in records:
-        print(f"{r['row_bytes']:>9} {r['threads']:>7} {r['lookups_per_s'] / 1e6:>11.1f} {r['gb_per_s']:>7.1f} "
-              f"{r['best_prefetch']:>25}")
+        line = (f"{r['row_bytes']:>9} {r['threads']:>7} {r['lookups_per_s'] / 1e6:>11.1f} {r['gb_per_s']:>7.1f} "
+                f"{r['best_prefetch']:>20}")
+        if "lookups_per_s_sorted" in r:
+            line += f" {r['lookups_per_s_sorted'] / 1e6:>18.1f} {r['lookups_per_s_sorted'] / r['lookups_per_s']:>14.2f}x"
+        print(line)
+    if len(records[0]["lookups_per_s_by_prefetch"]) > len(DISTANCES):   # --wide: every schedule against the best
+        print("\nevery schedule, Mlookups/s (random order):")
+        for r in records:
+            cells = "  ".join(f"{k} {v / 1e6:.1f}" for k, v in r["lookups_per_s_by_prefetch"].items())
+            print(f"  {r['row_bytes']} B, {r['threads']} thread(s): {cells}")
 
 
 def main(argv=None) -> int:
@@ -84,6 +140,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--table-gib", type=float, default=2.0)
     p.add_argument("--lookups", type=int, default=1 << 20)
+    p.add_argument("--reps", type=int, default=5, help="timed calls per schedule (the median is kept)")
+    p.add_argument("--wide", action="store_true",
+                   help="also the far prefetch's variants: prefetcht2, non-temporal, every other line")
+    p.add_argument("--sorted", action="store_true", help="also the same ids in address order (not part of the limit)")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
@@ -94,7 +154,7 @@ def main(argv=None) -> int:
     machine = machine_info(args.isa)
     print(describe_machine(machine))
     table = make_table(args.table_gib)
-    records = [dict(probe(table, 4 * d, t, args.lookups), dim=d, machine=machine)
+    records = [dict(probe(table, 4 * d, t, args.lookups, args.reps, args.wide, args.sorted), dim=d, machine=machine)
                for d in args.dims for t in args.threads]
     print_probe(records)
     if args.json:

@@ -5,8 +5,11 @@
 // Rows ids[0..n) of row_bytes bytes each are read and summed as 32-bit integers into one
 // vector register per thread (integer adds: garbage float bits could hit slow denormal
 // paths), the ids split into one contiguous range per torch thread. Rows `near` ids ahead
-// are prefetched into L1 and rows `far` ids ahead into L2 (0 turns either off); the
-// benchmark takes the best of several distances. No bags, no output, no validity checks.
+// are prefetched into L1 and rows `far` ids ahead further out (0 turns either off): with
+// `far_hint` 1 prefetcht1 (L2), 2 prefetcht2, 0 prefetchnta, and only every `far_every`-th
+// line of the row (1: every line; 2: every other, leaving the adjacent-line prefetcher the
+// rest); the benchmark takes the best of several such schedules. No bags, no output, no
+// validity checks.
 #pragma once
 
 #include "interaction_backward.h"   // large_pooled_gradient
@@ -14,11 +17,12 @@
 
 NEO_KERNELS_BEGIN
 
-// Rows ids[s, e) of BYTES bytes (0: row_bytes, known only at run time) summed into acc.
-template <int64_t BYTES>
+// Rows ids[s, e) of BYTES bytes (0: row_bytes, known only at run time) summed into acc; the
+// far prefetches with locality hint HINT, every `every`-th line.
+template <int64_t BYTES, int HINT>
 inline vi probe_range(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t s, int64_t e,
-                      int64_t near, int64_t far, vi acc) {
-  const int64_t rb = BYTES ? BYTES : row_bytes;
+                      int64_t near, int64_t far, int64_t every, vi acc) {
+  const int64_t rb = BYTES ? BYTES : row_bytes, step = 64 * every;
   for (int64_t i = s; i < e; ++i) {
     if (near && i + near < e) {
       const uint8_t* p = table + ids[i + near] * rb;
@@ -26,7 +30,7 @@ inline vi probe_range(const uint8_t* table, int64_t row_bytes, const int64_t* id
     }
     if (far && i + far < e) {
       const uint8_t* p = table + ids[i + far] * rb;
-      for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(p + o, 0, 1);
+      for (int64_t o = 0; o < rb; o += step) __builtin_prefetch(p + o, 0, HINT);
     }
     const uint8_t* r = table + ids[i] * rb;
     for (int64_t o = 0; o < rb; o += static_cast<int64_t>(sizeof(vi))) acc = viadd(acc, viload(r + o));
@@ -34,20 +38,31 @@ inline vi probe_range(const uint8_t* table, int64_t row_bytes, const int64_t* id
   return acc;
 }
 
+// probe_range with the common row sizes unrolled, as the forward's are.
+template <int HINT>
+inline vi probe_rows(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t s, int64_t e,
+                     int64_t near, int64_t far, int64_t every, vi acc) {
+  switch (row_bytes) {
+    case 128: return probe_range<128, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 256: return probe_range<256, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 512: return probe_range<512, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 1024: return probe_range<1024, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+    default: return probe_range<0, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+  }
+}
+
 uint64_t gather_probe(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n, int64_t near,
-                      int64_t far) {
+                      int64_t far, int64_t far_hint, int64_t far_every) {
   const int64_t chunks = num_chunks(n, 4096);
   std::vector<uint64_t> sums(chunks, 0);
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t s = n * c / chunks, e = n * (c + 1) / chunks;
       vi acc = vizero();
-      switch (row_bytes) {   // the common row sizes unrolled, as the forward's are
-        case 128: acc = probe_range<128>(table, row_bytes, ids, s, e, near, far, acc); break;
-        case 256: acc = probe_range<256>(table, row_bytes, ids, s, e, near, far, acc); break;
-        case 512: acc = probe_range<512>(table, row_bytes, ids, s, e, near, far, acc); break;
-        case 1024: acc = probe_range<1024>(table, row_bytes, ids, s, e, near, far, acc); break;
-        default: acc = probe_range<0>(table, row_bytes, ids, s, e, near, far, acc); break;
+      switch (far_hint) {   // the locality hint is an immediate operand
+        case 0: acc = probe_rows<0>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
+        case 2: acc = probe_rows<2>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
+        default: acc = probe_rows<1>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
       }
       uint32_t lanes[sizeof(vi) / 4];
       std::memcpy(lanes, &acc, sizeof(acc));

@@ -392,10 +392,16 @@ def test_gather_probe_reads_the_rows_it_is_given(isa):
         with use_cpu_isa(isa):
             for near, far in ((0, 0), (16, 0), (16, 128)):
                 assert C.gather_probe(table, 256, ids, near, far) == expected
+            for hint, every in ((0, 1), (2, 1), (1, 2), (1, 3)):   # the far prefetch's variants (--wide)
+                assert C.gather_probe(table, 256, ids, 16, 128, hint, every) == expected
     finally:
         torch.set_num_threads(prev)
     with pytest.raises(RuntimeError, match="ids must lie in"):
         C.gather_probe(table, 256, torch.tensor([500]), 0, 0)
+    with pytest.raises(RuntimeError, match="far_hint must be 0, 1 or 2"):
+        C.gather_probe(table, 256, ids, 16, 128, 3, 1)
+    with pytest.raises(RuntimeError, match="far_every must be >= 1"):
+        C.gather_probe(table, 256, ids, 16, 128, 1, 0)
 
 
 def _traffic_sums(spans, lanes):
