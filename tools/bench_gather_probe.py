@@ -62,12 +62,19 @@ def schedules(wide: bool) -> List[Tuple[str, int, int, int, int]]:
     return out
 
 
+HUGE_PAGE = 2 << 20
+
+
+def table_bytes(gib: float) -> int:
+    """`gib` GiB rounded up to whole huge pages (whole 8-byte words too), at least one."""
+    return max(1, -(-int(gib * (1 << 30)) // HUGE_PAGE)) * HUGE_PAGE
+
+
 def make_table(gib: float) -> torch.Tensor:
-    """A flat table of `gib` GiB, its pages touched and advised onto huge pages."""
+    """A flat table of at least `gib` GiB (table_bytes), its pages touched and advised onto huge pages."""
     from neo import _C
 
-    huge = 2 << 20   # whole huge pages (and whole 8-byte words), at least one
-    t = torch.empty(max(huge, int(gib * (1 << 30)) // huge * huge), dtype=torch.uint8)
+    t = torch.empty(table_bytes(gib), dtype=torch.uint8)
     t.view(torch.int64).fill_(1)
     _C.advise_hugepages(t)
     return t

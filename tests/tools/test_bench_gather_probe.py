@@ -12,6 +12,14 @@ from tests.tools import load_tool
 bench = load_tool("bench_gather_probe.py")
 
 
+def test_the_table_holds_at_least_what_is_asked_in_whole_huge_pages():
+    """bench_embedding sizes the probe's table to hold its tables' rows: never fewer bytes."""
+    for gib in (8 * 1_000_000 * 256 / (1 << 30), 0.004, 1e-9):
+        n = bench.table_bytes(gib)
+        assert n >= gib * (1 << 30) and n % bench.HUGE_PAGE == 0 and n - gib * (1 << 30) < bench.HUGE_PAGE
+    assert bench.make_table(0.004).numel() == bench.table_bytes(0.004) == 3 * bench.HUGE_PAGE
+
+
 def test_wide_adds_each_far_variant_at_each_far_distance():
     plain, wide = bench.schedules(False), bench.schedules(True)
     assert [s[0] for s in plain] == [f"{n},{f}" for n, f in bench.DISTANCES]
@@ -40,6 +48,6 @@ def test_the_limit_is_the_best_schedule_and_sorted_ids_are_reported_beside_it(tm
     by_sorted = rec["lookups_per_s_sorted_by_prefetch"]
     assert set(by_sorted) == set(by)
     assert rec["lookups_per_s_sorted"] == by_sorted[rec["best_prefetch_sorted"]] == max(by_sorted.values())
-    assert rec["table_gib"] == 4 / 1024   # 0.004 GiB rounded down to whole 2 MiB huge pages
+    assert rec["table_gib"] == 6 / 1024   # 0.004 GiB rounded up to whole 2 MiB huge pages
     printed = capsys.readouterr().out
     assert "sorted / random" in printed and "every schedule" in printed
