@@ -18,11 +18,12 @@
 NEO_KERNELS_BEGIN
 
 // Rows ids[s, e) of BYTES bytes (0: row_bytes, known only at run time) summed into acc; the
-// far prefetches with locality hint HINT, every `every`-th line.
-template <int64_t BYTES, int HINT>
+// far prefetches with locality hint HINT, every EVERY-th line (0: `every`, known only at run
+// time; the default, every line, is compiled straight-line like the near prefetches).
+template <int64_t BYTES, int HINT, int EVERY>
 inline vi probe_range(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t s, int64_t e,
                       int64_t near, int64_t far, int64_t every, vi acc) {
-  const int64_t rb = BYTES ? BYTES : row_bytes, step = 64 * every;
+  const int64_t rb = BYTES ? BYTES : row_bytes, step = 64 * (EVERY ? EVERY : every);
   for (int64_t i = s; i < e; ++i) {
     if (near && i + near < e) {
       const uint8_t* p = table + ids[i + near] * rb;
@@ -39,16 +40,22 @@ inline vi probe_range(const uint8_t* table, int64_t row_bytes, const int64_t* id
 }
 
 // probe_range with the common row sizes unrolled, as the forward's are.
-template <int HINT>
+template <int HINT, int EVERY>
 inline vi probe_rows(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t s, int64_t e,
                      int64_t near, int64_t far, int64_t every, vi acc) {
   switch (row_bytes) {
-    case 128: return probe_range<128, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
-    case 256: return probe_range<256, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
-    case 512: return probe_range<512, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
-    case 1024: return probe_range<1024, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
-    default: return probe_range<0, HINT>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 128: return probe_range<128, HINT, EVERY>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 256: return probe_range<256, HINT, EVERY>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 512: return probe_range<512, HINT, EVERY>(table, row_bytes, ids, s, e, near, far, every, acc);
+    case 1024: return probe_range<1024, HINT, EVERY>(table, row_bytes, ids, s, e, near, far, every, acc);
+    default: return probe_range<0, HINT, EVERY>(table, row_bytes, ids, s, e, near, far, every, acc);
   }
+}
+template <int HINT>
+inline vi probe_rows_hint(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t s, int64_t e,
+                          int64_t near, int64_t far, int64_t every, vi acc) {
+  return every == 1 ? probe_rows<HINT, 1>(table, row_bytes, ids, s, e, near, far, every, acc)
+                    : probe_rows<HINT, 0>(table, row_bytes, ids, s, e, near, far, every, acc);
 }
 
 uint64_t gather_probe(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n, int64_t near,
@@ -60,9 +67,9 @@ uint64_t gather_probe(const uint8_t* table, int64_t row_bytes, const int64_t* id
       const int64_t s = n * c / chunks, e = n * (c + 1) / chunks;
       vi acc = vizero();
       switch (far_hint) {   // the locality hint is an immediate operand
-        case 0: acc = probe_rows<0>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
-        case 2: acc = probe_rows<2>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
-        default: acc = probe_rows<1>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
+        case 0: acc = probe_rows_hint<0>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
+        case 2: acc = probe_rows_hint<2>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
+        default: acc = probe_rows_hint<1>(table, row_bytes, ids, s, e, near, far, far_every, acc); break;
       }
       uint32_t lanes[sizeof(vi) / 4];
       std::memcpy(lanes, &acc, sizeof(acc));
