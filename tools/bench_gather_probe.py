@@ -5,9 +5,10 @@
     python tools/bench_gather_probe.py --dims 64 --threads 1 --wide --sorted   # more schedules; rows in address order
 
 The probe (``neo._C.gather_probe``, csrc/kernels/probe.h) reads rows at uniformly random
-positions of a table much larger than the last-level cache (2 GiB by default; this machine's
-L3 is 32 MiB) and sums them into registers: no bags, no output, no checks, ids split evenly
-over the threads. It runs with several software-prefetch distances (into L1 ``near`` ids
+positions of a table much larger than the last-level cache (2 GiB by default, ``--table-gib``:
+keep it several times the last-level cache, which is 504 MiB on some of the Intel Xeon VMs
+here) and sums them into registers: no bags, no output, no checks, ids split evenly over the
+threads. It runs with several software-prefetch distances (into L1 ``near`` ids
 ahead, into L2 ``far`` ids ahead) and the best is the limit. The table is backed by
 transparent huge pages where the kernel allows (as Neo's backend backs its tables), so the
 limit is the memory system's, not the TLB's. Reported: lookups/s and GB/s (row bytes
