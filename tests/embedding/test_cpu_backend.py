@@ -244,7 +244,7 @@ def test_two_groups_and_eval_mode():
     o = OptimizerConfig("adagrad", lr=0.1)
     tables = [TableConfig("a", 50, 8, optimizer=o), TableConfig("b", 60, 16, dtype="bf16", optimizer=o),
               TableConfig("c", 70, 4, optimizer=o, pooling="mean")]
-    run_steps(tables, "cpu", steps=2, rtol=1e-2, atol=1e-2)
+    run_steps(tables, "cpu", steps=2)   # fp32 within 1e-5; the bf16 group exact (module docstring)
     emb = TableBatchedEmbedding(tables, backend="cpu").eval()
     before = emb.table_weight("a").clone()
     with torch.no_grad():

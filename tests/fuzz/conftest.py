@@ -1,8 +1,9 @@
 """Hypothesis settings of the bad-input fuzz tests (issue 17, item 5).
 
 Profile ``neo-fuzz`` (the default): derandomized, so CI sees the same examples on every run;
-no deadline (a 2-core machine shared with other work times unevenly); no example database
-(nothing written under the repository); a modest number of examples per property, so the
+no deadline (a 2-core machine shared with other work times unevenly); no example database,
+and Hypothesis's own storage (its unicode tables) in the suite's cache directory (tests/conftest.py),
+so nothing is written under the repository; a modest number of examples per property, so the
 whole directory runs in well under a minute.
 
 ``HYPOTHESIS_PROFILE=neo-fuzz-deep`` explores further (random seeds, 20x the examples): run it
@@ -13,8 +14,14 @@ locally after changing a parser or a validator; every failure it finds prints a
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
+
+# Else `.hypothesis/` in the working directory: the repository root under CI.
+set_hypothesis_home_dir(Path(os.environ.get("XDG_CACHE_HOME") or tempfile.mkdtemp(prefix="neo-test-")) / "hypothesis")
 
 _COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
