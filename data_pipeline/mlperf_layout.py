@@ -167,15 +167,37 @@ class Day:
         return [1] * self.sparse.shape[1] if self.one_hot else [int(a.shape[1]) for a in self.sparse]
 
     def read(self, sel: Union[slice, np.ndarray]) -> Columns:
-        """Rows ``sel`` (a slice or increasing indices) as numpy blocks; ids as stored."""
+        """Rows ``sel`` (a slice or increasing indices) as numpy blocks; ids as stored. Labels
+        outside [0, 1] (NaN included) and non-finite dense values are a :class:`LayoutError`
+        naming the file and the day's row, as the Parquet reader refuses them (the ids are
+        checked by :func:`scan_ids` and at the lookup)."""
         label = np.asarray(self.labels[sel]).reshape(-1)
         dense = np.asarray(self.dense[sel])
+        bad = ~((label >= 0) & (label <= 1))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise LayoutError(f"{self.paths[2]}: row {self._row(sel, k)} holds label {label[k]}, labels must be in "
+                              f"[0, 1] ({int(bad.sum())} such rows in the {len(label)} read)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.add.reduce(dense, axis=None) if dense.size else 0.0
+        if not np.isfinite(total):          # a NaN or inf makes the sum so (or, rarely, an overflow alone)
+            nonfinite = ~np.isfinite(dense)
+            if nonfinite.any():
+                k, j = (int(x) for x in np.argwhere(nonfinite)[0])
+                raise LayoutError(f"{self.paths[0]}: row {self._row(sel, k)} feature {j} is {dense[k, j]} "
+                                  f"({int(nonfinite.sum())} non-finite values in the {len(dense)} rows read); "
+                                  "dense features must be finite")
         if self.one_hot:
             block = np.asarray(self.sparse[sel])  # (n, F)
             sparse: List[object] = [block[:, f] for f in range(block.shape[1])]
         else:
             sparse = [np.asarray(a[sel]) for a in self.sparse]  # F x (n, k_f)
         return Columns(label, dense, sparse)
+
+    @staticmethod
+    def _row(sel: Union[slice, np.ndarray], k: int) -> int:
+        """The day's row of the ``k``-th row read by ``sel``."""
+        return int(sel.start or 0) + k if isinstance(sel, slice) else int(sel[k])
 
 
 def open_day(directory: str, day: int, layout: str, num_sparse: int = 26) -> Day:

@@ -26,7 +26,7 @@ from typing import List, Optional
 
 from neo.config import ConfigError, load_config
 
-__all__ = ["main", "run", "setup_errors", "report_error"]
+__all__ = ["main", "run", "setup_errors", "data_errors", "report_error"]
 
 
 def setup_errors() -> tuple:
@@ -39,7 +39,17 @@ def setup_errors() -> tuple:
     paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
     # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact,
     # or another run holds the lease on train.checkpoint_dir (neo/train/checkpoint/lease.py)
-    return (ConfigError, PlanningError, PlanError, CheckpointError) + paths
+    return (ConfigError, PlanningError, PlanError, CheckpointError) + paths + data_errors()
+
+
+def data_errors() -> tuple:
+    """What the data files the config names raise when they are not what the run reads: a Parquet
+    file or an MLPerf day file missing a column, cut short, or holding a bad label, dense value or
+    id (the message names the file and the row). neo train exits 2 on them, at setup or mid-run."""
+    from data_pipeline.mlperf_layout import LayoutError
+    from data_pipeline.schema import DataFileError
+
+    return (DataFileError, LayoutError)
 
 
 def report_error(e: BaseException, pg, status: int) -> int:
@@ -85,6 +95,8 @@ def run(cfg, pg=None) -> int:
         final, rank = trainer.fit(), trainer.rank
     except TrainingDiverged as e:
         return report_error(e, pg, 1)
+    except data_errors() as e:                       # a bad row of a data file, met as the run reads it
+        return report_error(e, pg, 2)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
     delta = cfg.train.target_auc_delta

@@ -239,6 +239,7 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
     train = list_parquet_files(list(cfg.data.train_paths))
     val = list_parquet_files(list(cfg.data.val_paths)) if cfg.data.val_paths else []
     meta = read_meta(pq.read_schema(train[0]), train[0])
+    check_table_sizes(meta.sparse_names, meta.table_sizes, tables, f"{train[0]}'s metadata")
     best = meta.extra.get("best_auc") if isinstance(meta.extra, dict) else None
     return DataSpec(train, val, meta.num_dense, best)
 
@@ -277,14 +278,40 @@ def rename_features(batch, mapping: Optional[Dict[str, str]]):
 
 
 def feature_mapping(data_keys: Sequence[str], tables: Sequence[TableConfig]) -> Optional[Dict[str, str]]:
-    """Data keys -> table features: by name when every feature is in the data, else by position."""
+    """Data keys -> table features: by name when every feature is in the data; by position when
+    none is (e.g. tables ``t0 ..`` over Criteo's ``cat_0 ..``) and the counts agree. Some names
+    in the data and others not is a ConfigError naming them: matching such tables by position
+    would feed a feature another feature's column."""
     feats = [f for t in tables for f in t.feature_names]
-    if all(f in data_keys for f in feats):
+    found = [f for f in feats if f in data_keys]
+    if len(found) == len(feats):
         return None
+    if found:
+        missing = [f"{f} (table {t.name!r})" for t in tables for f in t.feature_names if f not in data_keys]
+        raise ConfigError(f"tables: features {missing} are not among the data's sparse features "
+                          f"{list(data_keys)}, while {found} are; name every feature as the data does, "
+                          "or none (then they are matched by position)")
     if len(feats) != len(data_keys):
         raise ConfigError(f"tables: features {feats} do not match the data's {len(data_keys)} sparse "
                           f"features {list(data_keys)} by name, nor by position (counts differ)")
     return dict(zip(data_keys, feats))
+
+
+def check_table_sizes(keys: Sequence[str], sizes: Optional[Sequence[int]], tables: Sequence[TableConfig],
+                      where: str) -> None:
+    """Every feature's ids (below ``sizes[f]``, the data's metadata; None: unknown) fit the rows of
+    the table that reads it; else a ConfigError naming the feature, the table and both numbers
+    (before any step, rather than the lookup's out-of-range error at the first such id)."""
+    if not sizes:
+        return
+    mapping = feature_mapping(keys, tables) or {}
+    owner = {f: t for t in tables for f in t.feature_names}
+    for f, (key, n) in enumerate(zip(keys, sizes)):
+        t = owner.get(mapping.get(key, key))
+        if t is not None and n is not None and int(n) > t.num_rows:
+            raise ConfigError(f"table {t.name!r}: num_rows = {t.num_rows}, but the data's feature {f} ({key}) has ids "
+                              f"up to {int(n) - 1} (table_sizes[{f}] = {n} in {where}); raise num_rows to at "
+                              f"least {n}")
 
 
 # ----------------------------------------------------------------------------- 4. plan

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -204,6 +205,36 @@ def test_bad_files_are_named_with_their_numbers(data, tmp_path):
     assert scan_ids(list(days.values()), [100] * 4, ["a"] * 4, None) is None
 
 
+def test_bad_labels_and_dense_values_are_named_with_file_and_row(data, tmp_path):
+    """As the Parquet reader refuses them: labels outside [0, 1] (NaN too) and non-finite dense
+    values, found as the rows are read (a slice or a loader's shuffled indices)."""
+    d = _copy(data["mh"], tmp_path / "labels")
+    labels = np.load(os.path.join(d, "day_0_labels.npy"))
+    labels[[7, 9]] = 7
+    np.save(os.path.join(d, "day_0_labels.npy"), labels)
+    day = open_days(d, [0], "multi_hot", 4)[0]
+    day.read(slice(0, 7))                                                      # rows before the bad one
+    with pytest.raises(LayoutError, match=r"day_0_labels\.npy: row 7 holds label 7, labels must be in \[0, 1\] "
+                                          r"\(2 such rows in the 500 read\)"):
+        day.read(slice(0, 500))
+    with pytest.raises(LayoutError, match=r"day_0_labels\.npy: row 9 holds label 7"):
+        day.read(np.array([3, 9, 400]))
+    np.save(os.path.join(d, "day_0_labels.npy"), np.where(labels == 7, np.nan, labels).astype(np.float32))
+    with pytest.raises(LayoutError, match=r"row 7 holds label nan"):
+        open_days(d, [0], "multi_hot", 4)[0].read(slice(0, 500))
+    d = _copy(data["mh"], tmp_path / "dense")
+    dense = np.load(os.path.join(d, "day_1_dense.npy"))
+    dense[123, 2] = np.inf
+    np.save(os.path.join(d, "day_1_dense.npy"), dense)
+    with pytest.raises(LayoutError, match=r"day_1_dense\.npy: row 123 feature 2 is inf \(1 non-finite values in the "
+                                          r"24 rows read\); dense features must be finite"):
+        open_days(d, [1], "multi_hot", 4)[1].read(slice(100, 124))
+    train = [s for s in split_segments(open_days(d, [0, 1], "multi_hot", 4), "train", [0, 1])]
+    with pytest.raises(LayoutError, match=r"day_1_dense\.npy: row 123 feature 2 is inf"):
+        for _ in MlperfLoader(train, _opts()):
+            pass
+
+
 # ----------------------------------------------------------------------------- training
 def _config(tmp: str, data_section: dict, rows: int = 100) -> dict:
     return {"topology": {"hbm_gib": 1},
@@ -246,6 +277,38 @@ def test_training_on_the_layout_equals_training_on_parquet(data, tmp_path):
     assert len(ours["losses"]) == 6 and ours["losses"] == ref["losses"]      # same samples, same order
     assert ours["final"]["eval_samples"] == 150 and ref["final"]["eval_samples"] == 300   # validation half / file
     assert "num_rows = 60" in err["error"] and "cat_" in err["error"]
+
+
+def _neo_train(rank: int, world_size: int, config: dict):
+    """``neo train``'s run() on ``config``: (exit status, what it printed on stderr)."""
+    import contextlib
+    import io
+
+    from neo.commands.train import run
+    from neo.config import config_from_dict
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = run(config_from_dict(config))
+    return status, err.getvalue()
+
+
+def test_neo_train_stops_with_status_2_on_a_bad_row(data, tmp_path):
+    """A bad label met mid-run (not in the first batches read): one line naming the file and row,
+    exit status 2 (as a config error), not a traceback."""
+    from tests.multiprocess import run_multiprocess
+
+    d = _copy(data["mh"], tmp_path / "bad")
+    labels = np.load(os.path.join(d, "day_1_labels.npy"))
+    labels[400] = 2                                   # global sample 900 of 1000: read in the last batches
+    np.save(os.path.join(d, "day_1_labels.npy"), labels)
+    mlperf = {"source": "mlperf", "mlperf": {"dir": d, "train_days": ["0-1"], "val_day": 2, "multi_hot_sizes": BAGS}}
+    cfg = _config(str(tmp_path / "run"), mlperf)
+    cfg["train"].update(steps=0, epochs=1)
+    cfg["data"]["shuffle"] = False
+    (status, err), = run_multiprocess(_neo_train, 1, cfg)
+    assert status == 2 and "Traceback" not in err, err
+    assert re.search(r"neo train: error: .*day_1_labels\.npy: row 400 holds label 2, labels must be in \[0, 1\]", err), err
 
 
 def _prepare(tmp: str, mlperf: dict, rows: int = 100):
