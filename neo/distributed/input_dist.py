@@ -21,6 +21,14 @@ Two AlltoAll calls per batch, whatever the plan:
    the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
    bytes of int64; ids are validated, or clamped when validation is off), else int64.
 
+Invalid ids (outside ``[0, rows)`` of their table) with ``validate=False``: counted here, at the
+source rank, once per id and per table (:attr:`InputDist.skipped_ids`), before any routing;
+then sent as they are (row-split tables: dropped by the bucketizing, as no shard holds them;
+the others: skipped by the lookup), so each contributes zero and updates nothing. Counting at
+the source is what makes the counts reconcile under every sharding: a column-split table's ids
+reach every column shard, a data-parallel table's every replica, a row-split table's invalid
+ids no shard at all.
+
 Calling the input distribution launches (1) and returns an :class:`Awaitable` of two
 stages: ``progress()`` waits for the lengths and launches (2); ``wait()`` (running
 ``progress()`` first if nobody did) waits for the ids and regroups them. A training
@@ -44,7 +52,7 @@ from neo.cpp import cpu_kernels
 from neo.distributed.comms import Awaitable, all_to_all
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.slots import Slot, SlotLayout
-from neo.embedding.checks import EmbeddingInputError
+from neo.embedding.checks import EmbeddingInputError, count_bad_ids
 from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
@@ -72,7 +80,7 @@ def bucketize_rows(values: torch.Tensor, bag_offsets: torch.Tensor, bounds: List
                    weights: Optional[torch.Tensor] = None) -> List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
     """One feature's ids by row shard: per shard s (rows ``bounds[s] .. bounds[s+1] - 1``), the
     (B,) bag lengths, its ids minus ``bounds[s]`` (bag order, order of occurrence) and their
-    weights. Ids outside every shard are dropped (validated or clamped at the source).
+    weights. Ids outside every shard are dropped (validated, or counted, at the source: see module doc).
 
     ``neo._C.bucketize_rows`` (two passes over the ids) when built and on CPU, else
     :func:`bucketize_rows_reference` (a mask per shard)."""
@@ -123,6 +131,28 @@ class InputDist:
                            for f in layout.features
                            if layout.plan.tables[layout.feature_table[f].name].sharding_type.splits_rows}
         self.mean_row_split = [f for f in self.row_bounds if layout.feature_table[f].pooling.value == "mean"]
+        # validate=False: invalid ids of this rank's batches, per feature (global feature order),
+        # added up where the ids are (no wait for the device per batch; read only by skipped_ids)
+        self._rows = torch.tensor(self.rows, dtype=torch.int64)                          # (F,)
+        self._skipped = torch.zeros(len(layout.features), dtype=torch.int64)             # (F,)
+
+    @property
+    def skipped_ids(self) -> Dict[str, int]:
+        """Invalid ids of this rank's own batches since creation, per table (every table of the
+        layout, by its name): what ``validate=False`` lets the lookups skip, each counted once
+        however many shards the table has. Per rank: their sum over the ranks is the number of
+        invalid ids in the global batches. All zero with ``validate=True`` (bad input raises)."""
+        out = {t.name: 0 for t in self.layout.tables}
+        for f, n in zip(self.layout.features, self._skipped.tolist()):
+            out[self.layout.feature_table[f].name] += n
+        return out
+
+    def _count_skipped(self, values: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
+        """Add the invalid ids of a batch (``values`` (N,) int64 in global feature order,
+        ``offsets`` (F * B + 1,)) to the per-feature counts, on the ids' device."""
+        if self._rows.device != values.device:
+            self._rows, self._skipped = self._rows.to(values.device), self._skipped.to(values.device)
+        self._skipped += count_bad_ids(values, offsets, B, self._rows)
 
     # ---------------------------------------------------------------- source side
     def _first_bad_id(self, values: torch.Tensor, starts: List[int]) -> Optional[Tuple[int, int, int]]:
@@ -159,6 +189,8 @@ class InputDist:
                 f, bad_id, pos = bad
                 bag = int(torch.searchsorted(offsets, torch.tensor(pos, device=offsets.device), right=True)) - 1
                 header_err = [1, f, bad_id, bag - f * B]
+        if not self.validate:                                               # before routing drops or copies any
+            self._count_skipped(values, offsets, B)
 
         if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
             values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)

@@ -130,7 +130,9 @@ class ShardedEmbeddingCollection(nn.Module):
         backend: embedding backend of the local module ("auto", "reference", "cpu", ...).
         comm: wire precision of pooled embeddings, forward and backward.
         validate: check ids at the source before any collective; bad input raises on every
-            rank (naming rank, feature, table and id) instead of hanging.
+            rank (naming rank, feature, table and id) instead of hanging. ``validate=False``:
+            invalid ids are skipped (zero rows, no update) and counted at the source, per
+            table (:attr:`skipped_ids`).
         average_gradients: divide embedding gradients by W (mean-loss semantics; see module doc).
         seed: seed of the local shards' initial weights (data-parallel replicas are then
             broadcast from rank 0, so that they start identical).
@@ -154,9 +156,11 @@ class ShardedEmbeddingCollection(nn.Module):
         shard_tables = self.layout.shard_tables_on[pg.rank]
         self.lookup: Optional[TableBatchedEmbedding] = None
         if shard_tables:
-            # validate: every id was checked at its source rank (InputDist), so none can be skipped here
+            # every id was checked (validate) or counted (validate=False) at its source rank, by
+            # InputDist: counted again here, a column-split or data-parallel table's ids would count
+            # once per shard or replica, and a row-split table's invalid ids (sent to no shard) not at all
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
-                                                seed=seed + pg.rank, store_dir=store_dir, count_skipped=not validate)
+                                                seed=seed + pg.rank, store_dir=store_dir, count_skipped=False)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
         self._input_dist = InputDist(self.layout, pg, validate=validate)
@@ -328,6 +332,16 @@ class ShardedEmbeddingCollection(nn.Module):
     @property
     def output_dim(self) -> int:
         return self.layout.output_dim
+
+    @property
+    def skipped_ids(self) -> Dict[str, int]:
+        """Invalid ids (outside ``[0, rows)`` of their table) in the batches THIS RANK passed
+        since creation, per table by its name (pooled and :meth:`sequence` lookups alike). With
+        ``validate=False`` the lookups skip them (zero rows, no update); each is counted once, at
+        its source rank, whatever the table's sharding, so the sum over the ranks is the number
+        of invalid ids in the global batches. All zero with ``validate=True`` (bad input raises).
+        Local: no collective (sum it with an AllReduce for the global count)."""
+        return self._input_dist.skipped_ids
 
     # ------------------------------------------------------------------ weights
     def _local_shards(self, name: str):

@@ -147,9 +147,10 @@ class TableBatchedEmbedding(nn.Module):
         device: where weights and optimizer state live.
         validate: check inputs and name the feature and table at fault (see module doc).
         count_skipped: with ``validate=False``, count the invalid ids the kernels skip
-            (:attr:`skipped_ids`). False where the ids were checked before they came here (the
-            sharded collection's local lookup, when the collection validates at the source):
-            then nothing is counted and :attr:`skipped_ids` raises.
+            (:attr:`skipped_ids`). False where the ids were checked or counted before they came
+            here (the sharded collection's local lookup: its input distribution checks or counts
+            them at the source, ``ShardedEmbeddingCollection.skipped_ids``): then nothing is
+            counted and :attr:`skipped_ids` raises.
         seed: seeds the initial weights and stochastic rounding.
         store_dir: directory of the backing files of cached tables on ``mmap`` stores (a
             table's ``cache_dir`` overrides it).
@@ -437,12 +438,14 @@ class TableBatchedEmbedding(nn.Module):
 
     @property
     def skipped_ids(self) -> Dict[str, int]:
-        """Ids outside their table's rows that lookups skipped since creation, per table (with
-        ``validate=False``: such ids contribute zero and get no update; with validation on, none
-        is skipped: the batch is refused). Raises where ``count_skipped=False``."""
+        """Ids outside their table's rows that lookups (pooled and :meth:`sequence`) skipped since
+        creation, each counted once, per table (with ``validate=False``: such ids contribute zero
+        and get no update; with validation on, none is skipped: the batch is refused). Raises
+        where ``count_skipped=False``."""
         if not self.count_skipped:
             raise RuntimeError("skipped ids are not counted: this module was built with count_skipped=False "
-                               "(its ids are checked before they reach it)")
+                               "(its ids are checked or counted before they reach it; a sharded collection "
+                               "counts them at the source: ShardedEmbeddingCollection.skipped_ids)")
         out = {t.name: 0 for t in self.tables}
         for table, n in zip(self._feature_table_names, self._skipped.tolist()):
             out[table] += n

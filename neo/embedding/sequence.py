@@ -18,6 +18,9 @@ several features of its table) touch gets their summed gradient and one optimize
 the pooled lookup, and all the tables of a group share the step count of this lookup (Adam's
 and LAMB's bias correction), as they do pooled.
 
+Invalid ids with ``validate=False``: zero rows, no update, and counted per table in the module's
+:attr:`~neo.embedding.TableBatchedEmbedding.skipped_ids`, together with the pooled lookups'.
+
 Cached tables (``placement: cached``): the batch's rows are made resident first (or taken from
 ``emb.prefetch(batch)``), the ids become cache slots, and the batch leaves the cache's flight
 after the update (or at once without autograd), as for pooled lookups.
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 import torch
 
 from neo.embedding.cache import Prefetched
-from neo.embedding.checks import EmbeddingInputError, check_features
+from neo.embedding.checks import EmbeddingInputError, check_features, count_bad_ids
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
@@ -125,8 +128,8 @@ def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
 
 def _lookup(runner: "_GroupRunner", ids: torch.Tensor,
             on_invalid: Optional[Callable[[], None]] = None) -> torch.Tensor:
-    """(N, D): ``ids`` as bags of one. ``on_invalid``: called (to raise, naming the id) when the
-    backend counted invalid ids."""
+    """(N, D): ``ids`` as bags of one. ``on_invalid``: called when the backend counted invalid
+    ids (to raise, naming the id; with ``validate=False``, to have them counted)."""
     backend = runner.owner.backend
     rows = backend.forward(runner.layout, runner.weights, ids, _bags_of_one(ids), None, ids.numel())
     if on_invalid is not None and backend.last_invalid_count:
@@ -172,15 +175,36 @@ def _raiser(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Callable[[
     return on_invalid
 
 
+def _count_skipped(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
+    """Add ``batch``'s invalid ids (its own ids, not cache slots) to the module's per-feature
+    counts (:attr:`~neo.embedding.TableBatchedEmbedding.skipped_ids`), once per id, on the
+    tables' device (no wait for it)."""
+    pos = {f: i for i, f in enumerate(emb._group_order)}
+    where = torch.tensor([pos[f] for f in batch.keys], dtype=torch.int64, device=emb._skipped.device)
+    rows = emb._feature_num_rows.index_select(0, where)                               # (F,) batch key order
+    per_feature = count_bad_ids(batch.values.to(torch.int64), batch.offsets.to(torch.int64), batch.batch_size,
+                                rows.to(batch.values.device))                        # (F,)
+    emb._skipped.index_add_(0, where, per_feature.to(emb._skipped.device))
+
+
 def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
     """Every feature's embeddings, one row per id (module doc). The batch must hold exactly the
     module's features (as for the pooled lookup); ids are checked unless ``validate=False``,
-    where invalid ids come out as zero rows and update nothing."""
+    where invalid ids come out as zero rows, update nothing and are counted per table
+    (:attr:`~neo.embedding.TableBatchedEmbedding.skipped_ids`, as pooled lookups count them)."""
     # Backends that count invalid ids as they look up (cpu) make the separate pass over the ids
     # unnecessary on good input: it runs only to name the culprit once one is seen (as pooled)
     counted = emb.validate and getattr(emb.backend, "counts_invalid_ids", False) and not emb.has_cache
     _check(emb, batch, counted)
     on_invalid = _raiser(emb, batch) if counted else None
+    # validate=False: the kernels skip invalid ids and the module counts them (skipped_ids), as
+    # pooled; a backend that counts them as it looks up (cpu; cached tables' invalid ids are slot
+    # -1, which it counts too) says whether there are any, so good input costs no extra pass
+    count = not emb.validate and emb.count_skipped
+    kernel_counts = getattr(emb.backend, "counts_invalid_ids", False)
+    seen_invalid: List[bool] = []
+    if count and kernel_counts:
+        on_invalid = lambda: seen_invalid.append(True)  # noqa: E731
     train = torch.is_grad_enabled() and emb.training
     # cached tables: this batch's rows made resident (or taken from a prefetch); ids become slots
     prefetched = emb._cache.take(batch, train) if emb.has_cache else None
@@ -209,6 +233,8 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
         rows = [_lookup(lk.runner, ids, on_invalid) for lk, ids in zip(lookups, table_ids)]
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
+    if count and (seen_invalid or not kernel_counts):
+        _count_skipped(emb, batch)
     out: Dict[str, SequenceEmbedding] = {}
     for feats, r in zip(features, rows):                                                 # r: (N_t, D_t)
         for f, part in zip(feats, torch.split(r, [by_feature[f][0].numel() for f in feats])):

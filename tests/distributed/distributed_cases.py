@@ -9,9 +9,10 @@ DDP averages dense gradients, the collection divides embedding gradients by W.
 
 from __future__ import annotations
 
+import bisect
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -99,6 +100,30 @@ def local_slice(batch: KeyedJaggedBatch, rank: int, B: int) -> KeyedJaggedBatch:
             ws.append(batch.weights[a:b])
     return KeyedJaggedBatch(batch.keys, torch.cat(vals), torch.cat(lens), B,
                             weights=torch.cat(ws) if ws else None)
+
+
+def with_bad_ids(batch: KeyedJaggedBatch, case_tables: List[TableConfig], every: int,
+                 start: int = 0) -> Tuple[KeyedJaggedBatch, KeyedJaggedBatch, Dict[str, int]]:
+    """(bad, clean, sent): ``batch`` with every ``every``-th id from ``start`` replaced by one
+    outside its table (cycling through -1, rows, 10000, -(rows + 2), rows + 1: below, at and
+    past the end), the same batch with those ids removed instead, and the ids replaced per table."""
+    B, F = batch.batch_size, len(batch.keys)
+    table_of = {f: t for t in case_tables for f in t.feature_names}
+    starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)                        # (F + 1,)
+    values = batch.values.clone()
+    keep = torch.ones(values.numel(), dtype=torch.bool)
+    sent = {t.name: 0 for t in case_tables}
+    for n, pos in enumerate(range(start, values.numel(), every)):
+        t = table_of[batch.keys[bisect.bisect_right(starts, pos) - 1]]
+        values[pos] = (-1, t.num_rows, 10_000, -(t.num_rows + 2), t.num_rows + 1)[n % 5]
+        keep[pos] = False
+        sent[t.name] += 1
+    kept = torch.zeros(values.numel() + 1, dtype=torch.int64)
+    torch.cumsum(keep, 0, out=kept[1:])
+    lengths = kept[batch.offsets[1:]] - kept[batch.offsets[:-1]]                        # (F * B,)
+    bad = KeyedJaggedBatch(batch.keys, values, batch.lengths, B)
+    clean = KeyedJaggedBatch(batch.keys, batch.values[keep], lengths, B)
+    return bad, clean, sent
 
 
 def dense(case: Case) -> nn.Module:

@@ -15,7 +15,8 @@ import datetime
 import pytest
 import torch
 
-from distributed_cases import ALL_TYPES, Case, global_batches, local_slice, tables, train_reference, train_sharded
+from distributed_cases import (ALL_TYPES, Case, global_batches, initial_tables, local_slice, tables, train_reference,
+                               train_sharded, with_bad_ids)
 from neo.config.embedding import OptimizerConfig
 from neo.distributed import CommConfig, ProcessGroups, ShardedEmbeddingCollection
 from tests.multiprocess import run_multiprocess
@@ -168,37 +169,86 @@ def test_bad_id_raises_on_every_rank(W):
     _check(cases[1], got[0][1])
 
 
+def _skip_case(sharding_type: str, world_size: int = 2) -> Case:
+    ts = tables(3, OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=ACC0))
+    return Case(f"skips {sharding_type}", ts, {t.name: sharding_type for t in ts}, world_size, 2, steps=2)
+
+
+def _absmax(x: torch.Tensor) -> float:
+    return float(x.detach().abs().max()) if x.numel() else 0.0
+
+
 def _skip_counts(rank: int, world_size: int):
-    """validate=False: the local lookup counts the ids it skips (rank 1 sends one bad id, to the
-    rank that owns its table); validate=True: ids are checked at the source, nothing is counted."""
-    pg = ProcessGroups.build(1, timeout=datetime.timedelta(seconds=30))
-    ts = tables(3)
-    case = Case("skips", ts, {t.name: "table_wise" for t in ts}, world_size, 1)
-    checked = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto")
-    loose = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto", validate=False)
-    batch = local_slice(global_batches(case)[0], rank, case.batch_size)
-    last = next(f for f in reversed(batch.keys) if batch.feature(f)[0].numel())   # the feature of values[-1]
-    if rank == 1:
-        batch.values[-1] = 10_000
-    with torch.no_grad():
-        loose(batch)
-    counts = loose.lookup.skipped_ids if loose.lookup is not None else {}
-    try:
-        _ = checked.lookup.skipped_ids if checked.lookup is not None else None
-        counted_when_checked = True
-    except RuntimeError:
-        counted_when_checked = False
-    owner = {t.name: sl.rank for t in ts for sl in loose.layout.slots_of_feature(t.feature_names[0])}
-    table = next(t.name for t in ts if last in t.feature_names)
-    return {"counts": counts, "counted_when_checked": counted_when_checked, "owner": owner[table], "table": table}
+    """validate=False under every sharding type (one node of two ranks): each rank's batches hold
+    ids outside their tables (below, at and past the end), through a pooled step and an unpooled
+    (sequence) step; the same collection with validation on trains on the same batches with those
+    ids removed. validate=True: nothing is skipped and nothing is counted, and the local lookup
+    (its ids checked or counted upstream) refuses to report a count of its own."""
+    pg = ProcessGroups.build(2, timeout=datetime.timedelta(seconds=30))
+    out = {}
+    for st in ALL_TYPES:
+        case = _skip_case(st, world_size)
+        ts = case.tables
+        loose = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto", validate=False)
+        checked = ShardedEmbeddingCollection(ts, case.plan(), pg, backend="auto")
+        for sec in (loose, checked):
+            sec.load_full_weights(initial_tables(case))
+        rows = {f: t.num_rows for t in ts for f in t.feature_names}
+        sent = {t.name: 0 for t in ts}
+        gen = torch.Generator().manual_seed(7)
+        worst = 0.0                                     # largest |loose - checked| of the looked-up rows
+        for step, batch in enumerate(global_batches(case)):
+            bad, clean, n = with_bad_ids(local_slice(batch, rank, case.batch_size), ts, every=4, start=rank + step)
+            sent = {k: sent[k] + n[k] for k in sent}
+            if step == 0:                               # pooled: (B, sum D), invalid ids add nothing
+                got, want = loose(bad), checked(clean)
+                coef = torch.randn(want.shape, generator=gen)
+                worst = max(worst, _absmax(got - want))
+                for y in (got, want):
+                    (y * coef).sum().backward()
+            else:                                       # unpooled: invalid ids are zero rows
+                got, want = loose.sequence(bad), checked.sequence(clean)
+                for f in bad.keys:
+                    ids = bad.feature(f)[0]
+                    valid = (ids >= 0) & (ids < rows[f])
+                    worst = max(worst, _absmax(got[f].values[valid] - want[f].values), _absmax(got[f].values[~valid]))
+                for y in (got, want):
+                    sum((s.values ** 2).sum() for s in y.values()).backward()
+        lookup_counts = []
+        for sec in (loose, checked):
+            try:
+                lookup_counts.append(sec.lookup.skipped_ids if sec.lookup is not None else None)
+            except RuntimeError:
+                lookup_counts.append("raises")
+        out[st] = {"counts": loose.skipped_ids, "checked_counts": checked.skipped_ids, "sent": sent,
+                   "lookup_counts": lookup_counts, "worst": worst,
+                   "weights": (loose.full_weights(), checked.full_weights()),
+                   "states": (loose.full_optimizer_state(), checked.full_optimizer_state())}
+    return out
 
 
-def test_sharded_lookup_counts_skipped_ids_only_without_source_validation():
-    got = run_multiprocess(_skip_counts, 2)
-    owner, table = got[1]["owner"], got[1]["table"]   # rank 1's bad id: its table and that table's rank
-    for rank, res in enumerate(got):
-        assert res["counted_when_checked"] is False, rank
-        # the local lookup's tables are shards ("t2#0": shard 0 of t2)
-        want = {name: int(rank == owner and name.partition("#")[0] == table) for name in res["counts"]}
-        assert res["counts"] == want, (rank, res)
-    assert sum(sum(res["counts"].values()) for res in got) == 1
+def test_skipped_ids_are_counted_once_at_the_source_under_every_sharding():
+    """Every sharding type at W 2: each invalid id counted once, by the rank whose batch held it
+    (per table, keyed by the table's name: a column-split table's ids reach every column shard,
+    a data-parallel table's every replica, a row-split table's invalid ids no shard), pooled and
+    unpooled; the sums over the ranks equal the ids sent; and the invalid ids train as if they
+    had been removed from the batches."""
+    got = run_multiprocess(_skip_counts, 2, timeout_s=240)
+    for st in ALL_TYPES:
+        per_rank = [res[st] for res in got]
+        for rank, res in enumerate(per_rank):
+            assert res["counts"] == res["sent"], (st, rank, res["counts"], res["sent"])
+            assert set(res["checked_counts"].values()) == {0}, (st, rank, res["checked_counts"])
+            assert res["lookup_counts"] == ["raises", "raises"], (st, rank, res["lookup_counts"])
+            assert res["worst"] <= ATOL, (st, rank, res["worst"])
+        total = {t: sum(res["counts"][t] for res in per_rank) for t in per_rank[0]["counts"]}
+        assert total == {t: sum(res["sent"][t] for res in per_rank) for t in total}, (st, total)
+        assert all(n > 0 for n in total.values()), (st, total)       # every table saw invalid ids
+        (loose_w, checked_w), (loose_s, checked_s) = per_rank[0]["weights"], per_rank[0]["states"]
+        for name, w in checked_w.items():
+            torch.testing.assert_close(loose_w[name], w, rtol=RTOL, atol=ATOL, msg=lambda m: f"[{st}] {name}: {m}")
+            for k, v in checked_s[name].items():
+                torch.testing.assert_close(loose_s[name][k], v, rtol=RTOL, atol=ATOL,
+                                           msg=lambda m: f"[{st}] {name} {k}: {m}")
+        start = initial_tables(_skip_case(st))
+        assert any(not torch.equal(w, start[n]) for n, w in checked_w.items()), f"[{st}] nothing trained"

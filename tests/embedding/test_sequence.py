@@ -129,6 +129,39 @@ def test_unchecked_invalid_ids_are_zero_rows_and_update_nothing(backend):
     seq.values.sum().backward()
     after = emb.table_weight("t")
     assert torch.equal(after[[0, 2, 3]], before[[0, 2, 3]]) and not torch.equal(after[1], before[1])
+    assert emb.skipped_ids == {"t": 2}              # counted once per invalid id, as pooled lookups count
+    with torch.no_grad():
+        emb.sequence(batch)                         # without autograd too
+    emb(batch)                                      # the pooled lookup adds its own
+    assert emb.skipped_ids == {"t": 6}
+    emb.sequence(KeyedJaggedBatch.from_lists({"t": [[0, 3], [2]]}))
+    assert emb.skipped_ids == {"t": 6}              # good input adds nothing
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_invalid_ids_are_counted_per_table(backend, tmp_path):
+    """validate=False: a table read by two features, a table of another group and a cached table
+    (whose invalid ids become slot -1), the batch's keys in another order than the module's:
+    every invalid id counted once, under its table; the rows and updates are those of the same
+    batch with the invalid ids removed."""
+    tables = [TableConfig("t", num_rows=6, dim=4, feature_names=("a", "b")),
+              TableConfig("u", num_rows=5, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.5)),
+              TableConfig("c", num_rows=40, dim=4, placement="cached", cache_rows=8)]
+    loose = TableBatchedEmbedding(tables, backend=backend, validate=False, seed=3, store_dir=str(tmp_path / "l"))
+    clean = TableBatchedEmbedding(tables, backend=backend, seed=3, store_dir=str(tmp_path / "c"))
+    bad = KeyedJaggedBatch.from_lists({"c": [[1, 40, 2], [-3]], "u": [[4, 5], [0, -1, 7]],
+                                       "b": [[6], [2, 1]], "a": [[0, -6], [5]]})
+    good = KeyedJaggedBatch.from_lists({"c": [[1, 2], []], "u": [[4], [0]], "b": [[], [2, 1]], "a": [[0], [5]]})
+    got, want = loose.sequence(bad), clean.sequence(good)
+    for f in bad.keys:
+        ids = bad.feature(f)[0]
+        valid = (ids >= 0) & (ids < {"a": 6, "b": 6, "u": 5, "c": 40}[f])
+        assert torch.equal(got[f].values[valid], want[f].values) and not got[f].values[~valid].any(), f
+    for seq in (got, want):
+        sum((s.values ** 2).sum() for s in seq.values()).backward()
+    assert loose.skipped_ids == {"t": 2, "u": 3, "c": 2}
+    for t in tables:
+        assert torch.equal(loose.table_weight(t.name), clean.table_weight(t.name)), t.name
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
