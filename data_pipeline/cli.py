@@ -206,9 +206,10 @@ def _input_errors() -> tuple:
     (Evaluated only when an exception reaches ``main``, so pyarrow is not imported for --help.)"""
     from pyarrow import ArrowException
 
-    from .criteo import CorruptInputError
+    from .criteo import CorruptInputError, CriteoOptionError
     from .schema import DataFileError
-    return (OSError, MalformedLineError, CorruptInputError, DataFileError, OptionError, ArrowException)
+    return (OSError, MalformedLineError, CorruptInputError, CriteoOptionError, DataFileError, OptionError,
+            ArrowException)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -25,11 +25,18 @@ from .vocab import VocabCounter, apply_vocab, load_vocab, save_vocab
 from .writer import (Columns, OutputExistsError, ShardWriter, WriterOptions, check_output_dir, remove_staged,
                      staging_path, write_json_replacing)
 
-__all__ = ["CriteoOptions", "preprocess_criteo", "iter_blocks", "count_lines", "CorruptInputError", "SPLITS"]
+__all__ = ["CriteoOptions", "preprocess_criteo", "iter_blocks", "count_lines", "CorruptInputError",
+           "CriteoOptionError", "SPLITS"]
 
 SPLITS = ("train", "validation", "test")
 """Every split folder a run may write; a rerun checks (and with overwrite clears) all of them, so
 that no split of an earlier run stays next to this run's."""
+
+
+class CriteoOptionError(ValueError):
+    """Options of the preprocessing that are wrong or do not fit together (an unknown split or
+    policy, one day file for the MLPerf split, an input given twice, ...): ``neo-data`` prints
+    them as one line and exits 2."""
 
 
 class CorruptInputError(ValueError):
@@ -181,13 +188,14 @@ def _plan(opts: CriteoOptions) -> List[Tuple[str, str, Optional[int], Optional[i
         return [("train", p, None, None) for p in opts.inputs]
     if opts.split == "mlperf":
         if len(opts.inputs) < 2:
-            raise ValueError("split 'mlperf' needs at least two day files (training days, then the last day)")
+            raise CriteoOptionError(f"split 'mlperf' needs at least two day files (training days, then the last "
+                                    f"day); {len(opts.inputs)} given")
         last = opts.inputs[-1]
         n = count_lines(last, opts.block_bytes)
         half = math.ceil(n / 2)
         return ([("train", p, None, None) for p in opts.inputs[:-1]]
                 + [("validation", last, 1, half), ("test", last, half + 1, None)])
-    raise ValueError(f"unknown split {opts.split!r} (none or mlperf)")
+    raise CriteoOptionError(f"unknown split {opts.split!r} (none or mlperf)")
 
 
 def _blocks_of_range(path: str, lo: Optional[int], hi: Optional[int], block_bytes: int,
@@ -214,7 +222,7 @@ def _max_ids(opts: CriteoOptions) -> Optional[List[int]]:
     if len(m) == 1:
         m = m * CRITEO_NUM_SPARSE
     if len(m) != CRITEO_NUM_SPARSE or min(m) <= 0:
-        raise ValueError(f"max_ids needs 1 or {CRITEO_NUM_SPARSE} positive values, got {len(m)}")
+        raise CriteoOptionError(f"max_ids needs 1 or {CRITEO_NUM_SPARSE} positive values, got {len(m)}")
     return m
 
 
@@ -227,6 +235,12 @@ def _check_inputs(paths: List[str]) -> None:
             raise FileNotFoundError(f"input file {p} does not exist")
         if os.path.isdir(p):
             raise IsADirectoryError(f"input {p} is a directory; give the raw files (day_0 .. day_23 or train.txt)")
+    seen: Dict[str, str] = {}
+    for p in paths:                       # the same file twice: its rows twice (or a day in two splits)
+        real = os.path.realpath(p)
+        if real in seen:
+            raise CriteoOptionError(f"input {p} is given twice (as {seen[real]} before); each day file once")
+        seen[real] = p
 
 
 def _check_outputs(opts: CriteoOptions) -> None:
@@ -281,9 +295,9 @@ def preprocess_criteo(opts: CriteoOptions, log: Callable[[str], None] = print,
     Outputs appear only when the whole run succeeds: splits (and the vocabulary) are written to
     hidden staging folders and moved into place at the end; a failure removes them."""
     if opts.policy not in ("skip", "error"):
-        raise ValueError(f"unknown malformed-line policy {opts.policy!r} (skip or error)")
+        raise CriteoOptionError(f"unknown malformed-line policy {opts.policy!r} (skip or error)")
     if not opts.block_bytes > 0:          # f.read(0) reads nothing: every file would look empty
-        raise ValueError(f"block_bytes must be > 0, got {opts.block_bytes}")
+        raise CriteoOptionError(f"block_bytes must be > 0, got {opts.block_bytes}")
     _check_inputs(opts.inputs)
     _check_outputs(opts)
     made_root = not os.path.isdir(opts.output)

@@ -98,6 +98,25 @@ class LoaderOptions:
     arrow_threads: bool = False
     """Let Arrow decode a row group's columns with its own thread pool."""
 
+    def check(self) -> None:
+        """TypeError or ValueError naming the first option that is not an integer or out of range
+        (every loader checks its options as it starts)."""
+        for name in ("batch_size", "rank", "world_size", "shuffle_window", "read_rows", "first_window", "seed",
+                     "prefetch_batches"):                       # 64.5 or "64" would fail later, far from here
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise TypeError(f"LoaderOptions.{name} must be an integer, got {value!r} ({type(value).__name__})")
+        if not (0 <= self.rank < self.world_size):
+            raise ValueError(f"LoaderOptions.rank {self.rank} not in [0, world_size = {self.world_size})")
+        if self.batch_size <= 0:
+            raise ValueError(f"LoaderOptions.batch_size must be > 0, got {self.batch_size}")
+        for name in ("shuffle_window", "read_rows"):           # a window of 0 or less never advances
+            if getattr(self, name) <= 0:
+                raise ValueError(f"LoaderOptions.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("first_window", "prefetch_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"LoaderOptions.{name} must be >= 0, got {getattr(self, name)}")
+
 
 @dataclass
 class Batch:
@@ -127,16 +146,7 @@ class ParquetLoader:
 
     def __init__(self, paths: Union[str, Sequence[str]], options: Optional[LoaderOptions] = None) -> None:
         o = options or LoaderOptions()
-        if not (0 <= o.rank < o.world_size):
-            raise ValueError(f"rank {o.rank} not in [0, {o.world_size})")
-        if o.batch_size <= 0:
-            raise ValueError("batch_size must be > 0")
-        for name in ("shuffle_window", "read_rows"):           # a window of 0 or less never advances
-            if getattr(o, name) <= 0:
-                raise ValueError(f"LoaderOptions.{name} must be > 0, got {getattr(o, name)}")
-        for name in ("first_window", "prefetch_batches"):
-            if getattr(o, name) < 0:
-                raise ValueError(f"LoaderOptions.{name} must be >= 0, got {getattr(o, name)}")
+        o.check()
         self.options = o
         self.files = list_parquet_files(paths)
         self.meta = read_meta(pq.read_schema(self.files[0]), self.files[0])

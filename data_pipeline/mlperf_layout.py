@@ -351,8 +351,7 @@ class MlperfLoader(ParquetLoader):
     def __init__(self, segments: Sequence[Segment], options: Optional[LoaderOptions] = None,
                  fold_rows: Optional[Sequence[int]] = None) -> None:
         o = options or LoaderOptions()
-        if not (0 <= o.rank < o.world_size) or o.batch_size <= 0:
-            raise ValueError(f"rank {o.rank} of {o.world_size}, batch_size {o.batch_size}")
+        o.check()
         if not segments:
             raise ValueError("no segments")
         self.options, self.segments = o, list(segments)

@@ -490,14 +490,17 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
-    from neo.commands.train import report_error, setup_errors
+    from neo.commands.train import data_errors, json_safe, report_error, setup_errors
     from neo.distributed import end_process_groups
 
     try:
         trainer = WSPTrainer(cfg, pg=pg)
     except setup_errors() as e:      # the config asks for something this run cannot do: exit 2
         return report_error(e, pg, 2)
-    final, rank = trainer.fit(), trainer.rank
+    try:
+        final, rank = trainer.fit(), trainer.rank
+    except data_errors() as e:       # a bad row of a data file, met as the run reads it
+        return report_error(e, pg, 2)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = final.get("exit_status", 0)           # 128 + N: a signal of train.stop_signals stopped it
     if rank == 0:
@@ -506,7 +509,7 @@ def run(cfg, pg=None) -> int:
                 if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
             print(f"neo wsp: stopped by {final['stopped']} at version {final['version']}; {where}",
                   file=sys.stderr, flush=True)
-        print(json.dumps(final), flush=True)
+        print(json.dumps(json_safe(final), allow_nan=False), flush=True)
     if pg is None:
         end_process_groups()
     return status

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import List, Optional
@@ -61,6 +62,18 @@ def report_error(e: BaseException, pg, status: int) -> int:
     if pg is None:
         end_process_groups()
     return status
+
+
+def json_safe(value):
+    """``value`` with every NaN or infinite float (a metric of no samples, one class only) as None:
+    the final line stays valid JSON (``json.dumps`` would write the bare word NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,7 +130,10 @@ def run(cfg, pg=None) -> int:
             verdict = "reached" if final["target_met"] else "did NOT reach"
             print(f"neo train: auc {final['auc']:.4f} {verdict} best_auc {final['best_auc']:.4f} - {delta} "
                   f"= {final['target_auc']:.4f}", file=sys.stderr, flush=True)
-        print(json.dumps(final), flush=True)
+        if final.get("eval_samples") == 0:
+            print("neo train: warning: the validation data held no samples: auc, logloss and accuracy are null",
+                  file=sys.stderr, flush=True)
+        print(json.dumps(json_safe(final), allow_nan=False), flush=True)
     if pg is None:
         end_process_groups()
     return status

@@ -150,4 +150,11 @@ class Plan:
                 err = tiling_error(spec.rows, spec.dim, tp.shards)
             if err:
                 return f"table {name!r} ({spec.rows} x {spec.dim} in the config): {err}"
+            if tp.placement is Placement.CACHED:
+                f = tp.cache_load_factor
+                if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
+                    return (f"table {name!r}: placement 'cached' needs cache_load_factor, the share of its rows "
+                            f"the cache holds, in (0, 1]; the plan has {f!r}")
+                if tp.cache_rows is not None and (not isinstance(tp.cache_rows, int) or tp.cache_rows <= 0):
+                    return f"table {name!r}: cache_rows must be a positive integer, the plan has {tp.cache_rows!r}"
         return None

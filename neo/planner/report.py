@@ -18,6 +18,14 @@ def _shards(tp, max_listed: int = 8) -> str:
     return " ".join(parts)
 
 
+def _fmt(value, spec: str) -> str:
+    """``value`` in format ``spec``, or "-" right-aligned in its width where it is None."""
+    if value is None:
+        width = "".join(c for c in spec.split(".")[0].split(",")[0] if c.isdigit())
+        return "-".rjust(int(width or 1))
+    return format(value, spec)
+
+
 def format_report(plan: Plan, max_tables: int = 0) -> str:
     """Per table its sharding and shards; per rank memory, predicted time, communication;
     the imbalance and the partitioners compared. ``max_tables`` > 0 truncates the table list."""
@@ -42,9 +50,9 @@ def format_report(plan: Plan, max_tables: int = 0) -> str:
         lines.append("Cached tables (a cache of hot rows in fast memory over a backing store holding every row)")
         lines.append(f"  {'table':{width}s}  {'cache rows':>12s} {'share':>6s} {'expected hit':>12s} "
                      f"{'miss ms/step':>12s}")
-        for name, tp in cached:
-            lines.append(f"  {name:{width}s}  {tp.cache_rows:12,d} {tp.cache_load_factor:6.1%} "
-                         f"{tp.expected_hit_rate:12.3f} {tp.miss_ms:12.3f}")
+        for name, tp in cached:       # a plan from a file may leave out the planner's figures: "-"
+            lines.append(f"  {name:{width}s}  {_fmt(tp.cache_rows, '12,d')} {_fmt(tp.cache_load_factor, '6.1%')} "
+                         f"{_fmt(tp.expected_hit_rate, '12.3f')} {_fmt(tp.miss_ms, '12.3f')}")
     lines.append("")
     cpu = plan.summary.get("device_kind", "h100") == "cpu"
     fast, slow = ("mem MiB", "store MiB") if cpu else ("HBM MiB", "host MiB")

@@ -451,7 +451,7 @@ def apply_placements(tables: Sequence[TableConfig], plan: Dict[str, Any]) -> Lis
                 out.append(t)
             else:
                 out.append(replace(t, placement=Placement.CACHED, cache_rows=None,
-                                   cache_load_factor=float(tp.get("cache_load_factor") or 0.2)))
+                                   cache_load_factor=float(tp["cache_load_factor"])))   # Plan.mismatch: in (0, 1]
         else:
             out.append(replace(t, placement=Placement.DEVICE, cache_rows=None, cache_load_factor=None))
     return out

@@ -51,8 +51,10 @@ def test_rerun_into_old_output_is_refused_then_overwrite_replaces_it(tmp_path, s
 def test_overwrite_removes_splits_and_vocabulary_the_new_run_does_not_write(tmp_path, sample_lines):
     day = tmp_path / "day.tsv"
     day.write_bytes(_lines(sample_lines, 200))
+    last = tmp_path / "last.tsv"                                   # another day file (one file twice is refused)
+    last.write_bytes(_lines(sample_lines, 200))
     out = tmp_path / "out"
-    assert _criteo(day, day, "-o", out, "--split", "mlperf", "--vocab-min-count", "2", "--summary", tmp_path / "a") == 0
+    assert _criteo(day, last, "-o", out, "--split", "mlperf", "--vocab-min-count", "2", "--summary", tmp_path / "a") == 0
     assert {"train", "validation", "test", "vocab"} <= set(os.listdir(out))
     assert _criteo(day, "-o", out, "--overwrite", "--summary", tmp_path / "b") == 0
     assert sorted(os.listdir(out)) == ["summary.json", "train"] and _rows(out / "train") == 200

@@ -17,7 +17,9 @@ def test_missing_reference_data_is_named():
 
 def test_commands_end_to_end(tmp_path, criteo_sample, capsys):
     out = tmp_path / "criteo"
-    assert main(["criteo-preprocess", criteo_sample, criteo_sample, "-o", str(out), "--split", "mlperf",
+    last_day = tmp_path / "day_1"                       # the same rows as a second day file (a file twice is refused)
+    last_day.write_bytes(open(criteo_sample, "rb").read())
+    assert main(["criteo-preprocess", criteo_sample, str(last_day), "-o", str(out), "--split", "mlperf",
                  "--max-ids", "mlperf", "--workers", "1", "--summary", str(tmp_path / "c.json"), "--no-progress"]) == 0
     s = json.loads((tmp_path / "c.json").read_text())
     assert s["lines_read"] == 400 and {k: v["rows_written"] for k, v in s["splits"].items()} == \
@@ -55,3 +57,19 @@ def test_inspect_names_the_split_folders(tmp_path, capsys):
     assert "no Parquet files" in err and "split folders" in err and str(tmp_path / "ds" / "train") in err
     assert main(["inspect", str(tmp_path / "nope.parquet")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_criteo_options_that_do_not_fit_are_one_line_with_status_2(tmp_path, criteo_sample, capsys):
+    """An input given twice (its rows twice, or a training day in the validation split) and the
+    MLPerf split over one file: refused before any work, as the other bad options are."""
+    link = tmp_path / "same.txt"
+    link.symlink_to(criteo_sample)                                  # the same file by another name
+    for args, message in (([criteo_sample, criteo_sample], "is given twice"),
+                          ([criteo_sample, str(link), "--split", "mlperf"], "is given twice"),
+                          ([criteo_sample, "--split", "mlperf"],
+                           "split 'mlperf' needs at least two day files (training days, then the last day); 1 given")):
+        out = tmp_path / "out"
+        assert main(["criteo-preprocess", *args, "-o", str(out), "--workers", "1", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("neo-data criteo-preprocess: error: ") and message in err and "Traceback" not in err, err
+        assert not out.exists()

@@ -176,6 +176,13 @@ def test_window_options_out_of_range_are_refused(data, field, value):
         ParquetLoader(data, LoaderOptions(batch_size=10, **{field: value}))
 
 
+@pytest.mark.parametrize("field, value", [("batch_size", 64.5), ("batch_size", "64"), ("rank", 1.0),
+                                          ("world_size", None), ("prefetch_batches", True)])
+def test_options_that_are_not_integers_are_named(data, field, value):
+    with pytest.raises(TypeError, match=rf"LoaderOptions\.{field} must be an integer, got {value!r}"):
+        ParquetLoader(data, LoaderOptions(**{field: value}))
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_state_at_end_of_epoch_starts_next_epoch(data, drop_last):
     opts = LoaderOptions(batch_size=100, shuffle=True, shuffle_window=300, drop_last=drop_last)

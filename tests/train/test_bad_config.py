@@ -73,6 +73,23 @@ def test_a_plan_file_must_fit_the_run(tmp_path):
     renamed.write_text(json.dumps(plan))
     with pytest.raises(ConfigError, match=rf"not planned \['{name}'\], not in the config \['extra'\]"):
         load_plan_file(str(renamed), specs, 1, 1)
+    with open(good) as f:
+        plan = json.load(f)
+    plan["tables"][name]["placement"] = "cached"                  # hand-edited: no cache share given
+    cached = tmp_path / "cached.json"
+    cached.write_text(json.dumps(plan))
+    with pytest.raises(ConfigError, match=rf"table '{name}': placement 'cached' needs cache_load_factor, .* in "
+                                          r"\(0, 1\]; the plan has None"):
+        load_plan_file(str(cached), specs, 1, 1)
+    from neo.planner import Plan
+    from neo.planner.report import format_report
+
+    report = format_report(Plan.load(str(cached)))               # the figures it lacks print as "-"
+    assert any(line.split() == [name, "-", "-", "-", "-"] for line in report.splitlines()), report
+    plan["tables"][name].update(cache_load_factor=0.25, cache_rows=-3)
+    cached.write_text(json.dumps(plan))
+    with pytest.raises(ConfigError, match=rf"table '{name}': cache_rows must be a positive integer, the plan has -3"):
+        load_plan_file(str(cached), specs, 1, 1)
     (tmp_path / "bad.json").write_text("{bad")
     with pytest.raises(ConfigError, match=r"bad\.json'?: not a plan written by `neo plan --out`"):
         load_plan_file(str(tmp_path / "bad.json"), specs, 1, 1)
@@ -138,3 +155,15 @@ def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, ov
                         "train.steps=2", override], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"neo train: error: {message}" in p.stderr and "torch.distributed.run" not in p.stderr, p.stderr[-2000:]
+
+
+def test_the_final_line_stays_json_when_a_metric_is_not_a_number():
+    """No validation samples (an empty validation file) give NaN metrics: the final line writes
+    them as null (json.dumps would write the bare word NaN, which JSON parsers refuse)."""
+    from neo.commands.train import json_safe
+
+    final = {"auc": float("nan"), "logloss": float("inf"), "eval_samples": 0, "steps": 3,
+             "phase_ms_per_step": {"data": 0.5, "lookup": float("-inf")}, "curve": [1.0, float("nan")]}
+    line = json.dumps(json_safe(final), allow_nan=False)
+    assert json.loads(line) == {"auc": None, "logloss": None, "eval_samples": 0, "steps": 3,
+                                "phase_ms_per_step": {"data": 0.5, "lookup": None}, "curve": [1.0, None]}

@@ -143,3 +143,22 @@ def test_checkpoint_keep_below_one_is_refused(tmp_data):
 
     with pytest.raises(ConfigError, match=r"train.checkpoint_keep: must be >= 1, got 0"):
         tiny_config(tmp_data, "train.checkpoint_keep=0")
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff", b"step-4\x00", b"sub/step-4", b"", b"  \n"])
+def test_a_damaged_latest_file_is_passed_over(tmp_path, content):
+    """``latest`` not UTF-8, with a NUL byte or a path, or empty (found by the bad-input audit of
+    2026-11-29: not UTF-8 stopped the resume with UnicodeDecodeError): it names no checkpoint,
+    and the step-<N> directories are still candidates, newest first."""
+    from neo.train.checkpoint.layout import candidates, latest_checkpoint
+
+    root = tmp_path / "ck"
+    for step in (2, 4):
+        (root / f"step-{step}").mkdir(parents=True)
+        (root / f"step-{step}" / ".metadata").write_bytes(b"")
+    (root / "latest").write_bytes(content)
+    assert latest_checkpoint(str(root)) is None
+    assert candidates(str(root)) == [str(root / "step-4"), str(root / "step-2")]
+    (root / "latest").write_bytes(b"step-2\n")                     # intact: named first
+    assert latest_checkpoint(str(root)) == str(root / "step-2")
+    assert candidates(str(root)) == [str(root / "step-2"), str(root / "step-4")]

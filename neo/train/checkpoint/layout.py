@@ -61,27 +61,30 @@ def checkpoint_format(path: str) -> Optional[str]:
     return None
 
 
+def _latest_name(root: str) -> Optional[str]:
+    """The directory name ``ROOT/latest`` holds; None where it is missing, unreadable or damaged
+    (not UTF-8, a NUL byte, a path separator: not a name this module writes)."""
+    try:
+        with open(os.path.join(root, "latest"), "rb") as f:
+            name = f.read(4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if name and "\0" not in name and os.sep not in name else None
+
+
 def latest_checkpoint(root: str) -> Optional[str]:
     """The checkpoint ``ROOT/latest`` names, if it exists in a known format (no checksums read)."""
-    try:
-        with open(os.path.join(root, "latest")) as f:
-            name = f.read().strip()
-    except OSError:
-        return None
-    path = os.path.join(root, name)
-    return path if name and checkpoint_format(path) is not None else None
+    name = _latest_name(root)
+    path = os.path.join(root, name) if name else None
+    return path if path and checkpoint_format(path) is not None else None
 
 
 def candidates(root: str) -> List[str]:
     """Checkpoints to resume from, best first: the one ``latest`` names, then every other
     ``step-<N>`` directory, newest first (``tmp-*`` directories are unfinished: never)."""
     out: List[str] = []
-    first = None
-    try:
-        with open(os.path.join(root, "latest")) as f:
-            first = os.path.join(root, f.read().strip())
-    except OSError:
-        pass
+    name = _latest_name(root)
+    first = os.path.join(root, name) if name else None
     if first is not None and os.path.isdir(first):
         out.append(first)
     try:
