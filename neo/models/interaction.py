@@ -96,7 +96,11 @@ class DotInteraction(nn.Module):
         if kernel not in ("auto", "torch"):
             raise ValueError(f"DotInteraction kernel must be 'auto' or 'torch', got {kernel!r}")
         self.num_features, self.dim = num_features, dim
-        self._fused = kernel == "auto" and _fused_op_built()
+        if num_features < 0 or dim < 1:
+            raise ValueError(f"DotInteraction needs num_features >= 0 and dim >= 1, got {num_features} and {dim}")
+        # the fused kernel keeps a sample's F + 1 row pointers on its stack: 1 to 255 features
+        # (neo._C refuses others); outside that range the torch path serves
+        self._fused = kernel == "auto" and 1 <= num_features <= 255 and _fused_op_built()
         n = num_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("flat_pairs", rows * n + cols, persistent=False)   # (P,) into a flat (n, n)

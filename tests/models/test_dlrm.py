@@ -140,6 +140,26 @@ def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autoca
         DotInteraction(F, D, kernel="cuda")
 
 
+@pytest.mark.parametrize("F", [0, 256])
+def test_feature_counts_past_the_fused_kernel_take_the_torch_path(F):
+    """The fused kernel serves 1 to 255 features: with none (the output is the dense part) or
+    more, the module computes the same formula with torch (the audit of 2026-11-29 found F = 0
+    raising in neo._C)."""
+    D, B = 4, 3
+    dense = torch.randn(B, D, requires_grad=True)
+    pooled = torch.randn(B, F * D, requires_grad=True)
+    out = DotInteraction(F, D)(dense, pooled)
+    v = torch.cat([dense.unsqueeze(1), pooled.view(B, F, D)], 1).double()      # (B, F + 1, D)
+    i, j = torch.triu_indices(F + 1, F + 1, offset=1)
+    want = torch.cat([dense.double(), (v[:, i] * v[:, j]).sum(-1)], 1)          # (B, D + P)
+    assert out.shape == (B, D + (F + 1) * F // 2)
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-5)
+    out.sum().backward()
+    assert dense.grad is not None and dense.grad.shape == (B, D)
+    with pytest.raises(ValueError, match="num_features >= 0 and dim >= 1"):
+        DotInteraction(-1, D)
+
+
 def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
     """The fused kernel hands out the same output and gradient storage again once the caller
     has dropped it (csrc/interaction.cpp, reused_or_empty), never while a tensor or a view of
