@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -239,6 +240,43 @@ def _init():
     return ProcessGroups.build(int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
 
 
+def _check_out(path: str) -> Optional[str]:
+    """Why the calibration cannot be written to ``path`` (None: it can), found before measuring:
+    a directory, a parent that is a file or cannot be created, a directory that takes no file."""
+    if os.path.isdir(path):
+        return "is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):       # the directories main() will create
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is not a directory"
+    if existing != parent:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"its directory cannot be created ({existing} is not writable)"
+        return None
+    try:                                      # what the write needs: a temporary file beside it
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-calibrate-probe-"):
+            pass
+    except OSError as e:
+        return f"cannot write in its directory ({e.strerror or e})"
+    return None
+
+
+def _write_json(doc: Dict[str, Any], path: str) -> None:
+    """``doc`` to ``path`` atomically (a temporary file renamed over it); the temporary file is
+    never left behind."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, default=float)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.unlink(tmp)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="neo calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="JSON to write (default: this machine's calibration file)")
@@ -250,10 +288,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     from neo.calibrate import measure
     from neo.planner.constants import FORMAT, calibration_path
 
+    machine = _machine()
+    path = args.out or calibration_path(machine)
+    why = _check_out(path)                    # before minutes of measuring, on every rank
+    if why:
+        print(f"neo calibrate: error: {'--out ' if args.out else 'calibration file '}{path}: {why}", file=sys.stderr)
+        return 2
     pg = _init()
     W, rank = pg.world_size, pg.rank
     t0 = time.perf_counter()
-    machine = _machine()
     evict = 2 * (machine.get("l3_bytes") or 32 << 20)     # each call finds the caches cold, as in training
     largest = measure.largest_footprint(machine.get("ram_bytes") or 0, pg.local_world_size)
     mine = {"lookups": measure.lookups(pg.world if W > 1 else None, args.quick, evict_bytes=evict,
@@ -293,7 +336,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         c = replace(c, source=f"neo calibrate on {machine['cpu_model']} ({machine['cpu_isa']}, {machine['cores']} cores"
                               f"{', ' + machine['gpu'] if machine.get('gpu') else ''}), {W} rank(s) x "
                               f"{mine['threads']} thread(s), {date}")
-        path = args.out or calibration_path(machine)
         doc: Dict[str, Any] = {}
         if os.path.exists(path):
             try:
@@ -307,11 +349,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         doc.setdefault("constants", {})[str(W)] = c.to_dict()
         doc.setdefault("fit", {})[str(W)] = {k: round(v, 4) for k, v in quality.items()}
         doc.setdefault("measurements", {})[str(W)] = meas
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, default=float)
-        os.replace(tmp, path)
+        try:
+            _write_json(doc, path)
+        except OSError as e:                  # changed since the check (a full disk, a directory made there)
+            print(f"neo calibrate: error: {'--out ' if args.out else 'calibration file '}{path}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            if W > 1:
+                dist.barrier(group=pg.world)
+            return 2
         print(json.dumps({"path": path, "world_size": W, "seconds": round(time.perf_counter() - t0, 1),
                           "fit_median_relative_error": doc["fit"][str(W)],
                           "constants": {k: v for k, v in c.to_dict().items() if k not in ("source",)}}))

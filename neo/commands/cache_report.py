@@ -9,7 +9,8 @@ batch. With a config, the trace is the table's ids (all its features) in the fir
 of the config's training data. Accesses are the distinct ids of each batch; Belady is the
 exact optimum over the sequence of every batch's sorted distinct ids. ``--json`` prints one
 JSON line per (capacity, policy) with ``capacity``, ``policy``, ``accesses``, ``hits``,
-``hit_rate`` (and ``ways``, ``conflict_misses`` for a set-associative cache, ``--ways``).
+``hit_rate`` (and ``ways``, ``conflict_misses`` for a set-associative cache, ``--ways``: W ways
+at most the capacity, ceil(K / W) sets as FBGEMM sizes them, holding exactly K rows together).
 Capacities default to 1, 2, 5, 10, 20 and 50% of the rows. See docs/cache.md.
 """
 
@@ -44,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", default=None, help="cache rows, comma-separated (default: 1-50%% of the rows)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
     p.add_argument("--lookahead", type=non_negative_int, default=16, help="batches the lookahead policy sees (default 16)")
-    p.add_argument("--ways", type=positive_int, default=None, help="simulate a set-associative cache with this many ways")
+    p.add_argument("--ways", type=positive_int, default=None,
+                   help="simulate a set-associative cache with this many ways (at most every capacity; "
+                        "ceil(K / ways) sets holding K rows together)")
     p.add_argument("--pipelined", action="store_true", help="two batches pinned at a time, as under the pipeline")
     p.add_argument("--table", default=None, help="config mode: the table")
     p.add_argument("--batches", type=positive_int, default=None, help="config mode: batches of training data to trace")
@@ -108,6 +111,8 @@ def run(args) -> List[dict]:
             raise CacheReportError(f"trace file {args.source!r} does not exist")
         try:
             trace = np.load(args.source, allow_pickle=False)
+        except EOFError:                # np.load of an empty file
+            raise CacheReportError(f"trace file {args.source!r} is empty (0 bytes), not a numpy array") from None
         except ValueError as e:
             raise CacheReportError(f"trace file {args.source!r} is not a numpy array: {e}") from None
         B, N = args.batch_size, args.num_rows
@@ -126,7 +131,14 @@ def run(args) -> List[dict]:
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise CacheReportError(f"--policies: {bad} not in {list(POLICIES)}")
+    if not policies:
+        raise CacheReportError(f"--policies {args.policies!r}: names no policy; give a comma-separated subset of "
+                               f"{','.join(POLICIES)}")
     caps = _capacities(args.capacity, N)
+    over = [k for k in caps if args.ways is not None and args.ways > k]
+    if over:
+        raise CacheReportError(f"--ways {args.ways}: more ways than the cache has rows (capacities {over}); "
+                               f"ways must be <= every capacity")
     need = max(len(b) for b in batches) * (2 if args.pipelined else 1)
     small = [k for k in caps if k < need and any(p != "belady" for p in policies)]
     if small:

@@ -5,7 +5,8 @@ bottleneck (PipeDream's dynamic program, :mod:`neo.pipeline.partition`) and prin
 
     {"stages": [[0, 2], [3, 5]], "stage_ms": [1.9, 2.1], "bottleneck_ms": 2.1}
 
-``--devices N`` (N >= S) replicates stages too and adds ``"replicas": [...]`` (summing to N);
+``--devices N`` (S <= N <= 4096) replicates stages too and adds ``"replicas": [...]`` (summing to N;
+the dynamic program's time grows with N squared: 4096 devices take seconds);
 ``--speeds`` gives each stage's device speed (times scale by 1/speed); ``--micro-batches M`` adds
 ``"schedules"``: every schedule's predicted step and bubble (:mod:`neo.pipeline.perf_model`,
 profile at the micro-batch size) and ``"best_schedule"``.
@@ -18,12 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
-from neo.pipeline.partition import PartitionError, load_profile, partition
+import numpy as np
+
+from neo.pipeline.partition import PartitionError, Profile, load_profile, partition
 
 _FLAGS = {"stages", "devices", "bandwidth_gbps", "speeds", "micro_batches", "virtual_stages"}
+
+MAX_DEVICES = 4096
+"""Most ``--devices``: the replicated split's dynamic program takes O(S L^2 N^2) time (4,000 devices
+about 2 s, 8,000 about 8 s on a small profile; 100,000 would take about 20 minutes)."""
 
 
 def _speeds(text: str) -> List[float]:
@@ -56,6 +64,29 @@ def _message(e: Exception) -> str:
     return str(e)
 
 
+def _overflow(path: str, profile: Profile, bandwidth_gbps: Optional[float],
+              speeds: Optional[Sequence[float]]) -> str:
+    """Why no split has finite stage times although the flags allow one: the numbers overflow."""
+    work = [l.fwd_ms + l.bwd_ms for l in profile.layers]
+    total = sum(work)
+    if not math.isfinite(total):
+        return (f"profile {path!r}: its layers' fwd_ms + bwd_ms add up to more than a float holds "
+                f"(overflow); profile again")
+    least = min(work)
+    for k, v in enumerate(speeds or ()):
+        if not math.isfinite(least / v):
+            return (f"--speeds[{k}] {v!r}: so slow that even the profile's fastest layer ({least:g} ms) takes an "
+                    f"infinite time (overflow); give speeds nearer 1")
+    bw = bandwidth_gbps or profile.bandwidth_gbps
+    flag = "--bandwidth-gbps" if bandwidth_gbps else "the profile's bandwidth_gbps"
+    bytes_ = max(max(2.0 * l.activation_bytes for l in profile.layers[:-1]) if len(profile.layers) > 1 else 0.0,
+                 4.0 * sum(float(l.param_bytes) for l in profile.layers))
+    if bw and not math.isfinite(bytes_ / (bw * 1e6)):
+        return f"{flag} {bw!r}: the profile's transfers take an infinite time at this bandwidth (overflow)"
+    return ("the stage times overflow (not finite) with this profile's layer times, --speeds and bandwidth; "
+            "check them")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from neo.pipeline.perf_model import PIPELINE_SCHEDULES, SCHEDULES, best_schedule, predict, stage_times
 
@@ -66,8 +97,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         where = "" if e.field == "profile" else f"profile {args.profile!r}: "
         print(f"neo partition: error: {where}{e}", file=sys.stderr)
         return 2
+    if args.devices is not None and args.devices > MAX_DEVICES:
+        print(f"neo partition: error: --devices {args.devices}: at most {MAX_DEVICES} (the replicated split's "
+              "time grows with the square of the devices)", file=sys.stderr)
+        return 2
     try:
-        part = partition(profile, args.stages, args.bandwidth_gbps, args.devices, args.speeds)
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # an overflow is named below
+                part = partition(profile, args.stages, args.bandwidth_gbps, args.devices, args.speeds)
+        except PartitionError as e:
+            if e.field == "stages" and e.detail.startswith("no split"):   # the flags allow a split: an overflow
+                print(f"neo partition: error: {_overflow(args.profile, profile, args.bandwidth_gbps, args.speeds)}",
+                      file=sys.stderr)
+                return 2
+            raise
         out = {"stages": [list(s) for s in part.stages], "stage_ms": part.stage_ms, "bottleneck_ms": part.bottleneck_ms}
         if args.devices is not None:
             out["replicas"] = part.replicas

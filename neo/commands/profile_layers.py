@@ -22,10 +22,62 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import List, Optional
 
 from neo.commands.arg_types import positive_float, positive_int
 from neo.config import ConfigError, load_config
+
+MAX_BATCH = 1 << 24
+"""Most ``--batch-size``: 16,777,216 samples (a layer's activations at 16 Mi samples already fill
+tens of GiB); a smaller batch whose inputs alone exceed the free memory is refused too."""
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+"""Most ``--threads``: 4 x this machine's CPUs (torch crashes on a huge thread count)."""
+
+
+def _bounded_int(low: int, high: int, why: str):
+    def parse(text: str) -> int:
+        v = positive_int(text)
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}] ({why}), got {v}")
+        return v
+    return parse
+
+
+def _check_out(path: str) -> Optional[str]:
+    """Why the profile cannot be written to ``path`` (None: it can), found before profiling."""
+    if os.path.isdir(path):
+        return "is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return "its directory does not exist"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "is not writable"
+    try:                                  # what open() will need: a file may be created there (/proc: no)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-profile-probe-"):
+            pass
+    except OSError as e:
+        return f"cannot write in its directory ({e.strerror or e})"
+    return None
+
+
+def _free_bytes(device) -> Optional[int]:
+    """Memory free for tensors on ``device`` (None: unknown)."""
+    import torch
+
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,15 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="Neo YAML config (model and tables sections)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.interaction=dcn")
     p.add_argument("--out", default=None, help="write the profile JSON here (default: print it)")
-    p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="batch (or micro-batch) size to profile at (default: train.batch_size)")
+    p.add_argument("--batch-size", type=_bounded_int(1, MAX_BATCH, "samples"), default=None,
+                   help=f"batch (or micro-batch) size to profile at, at most {MAX_BATCH} (default: train.batch_size)")
     p.add_argument("--repeats", type=positive_int, default=10, help="timed runs per layer; the median is kept")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per layer first")
     p.add_argument("--num-dense", type=positive_int, default=None,
                    help="dense input features (default: data.synthetic.num_dense)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch intra-op threads while profiling (default: 1 on CPU, as each rank of a "
-                        "gloo pipeline runs; torch's default on a GPU)")
+    p.add_argument("--threads", type=_bounded_int(1, MAX_THREADS, f"4 x this machine's {os.cpu_count() or 1} CPUs"),
+                   default=None,
+                   help=f"torch intra-op threads while profiling, 1 to {MAX_THREADS} (default: 1 on CPU, as each rank "
+                        "of a gloo pipeline runs; torch's default on a GPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--bandwidth-gbps", type=positive_float, default=None,
                    help="point-to-point bandwidth between stages, GB/s (skips --bandwidth)")
@@ -75,9 +128,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError(f"--device {args.device}: this torch has no CUDA device (built without CUDA, or "
                               "none visible): use --device cpu")
         if args.out:              # found now, not after the profiling
-            parent = os.path.dirname(os.path.abspath(args.out))
-            if not os.path.isdir(parent) or os.path.isdir(args.out):
-                raise ConfigError(f"--out {args.out}: {'is a directory' if os.path.isdir(args.out) else 'its directory does not exist'}")
+            why = _check_out(args.out)
+            if why:
+                raise ConfigError(f"--out {args.out}: {why}")
+        free = _free_bytes(device)
+        inputs = 2 * 4 * batch * (spec.num_dense + spec.num_features * spec.dim)   # the inputs and their gradient
+        if free is not None and inputs > free:
+            raise ConfigError(f"--batch-size {batch}: its inputs and their gradients alone need "
+                              f"{inputs / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on {device}; "
+                              "profile a smaller batch")
         if args.bandwidth_gbps is not None:
             bw, source = args.bandwidth_gbps, "--bandwidth-gbps"
         elif args.bandwidth == "constants":
@@ -98,6 +157,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         layers = dense_layers(cfg.model, spec.num_dense, spec.num_features, spec.dim)
         rows = profile_layers(layers, batch, spec.num_dense, spec.num_features * spec.dim, args.repeats,
                               args.warmup, device)
+    except RuntimeError as e:         # torch.OutOfMemoryError included
+        if not (isinstance(e, getattr(torch, "OutOfMemoryError", ())) or "allocate" in str(e)
+                or "out of memory" in str(e)):
+            raise
+        print(f"neo profile-layers: error: --batch-size {batch}: out of memory on {device} while profiling "
+              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); profile a smaller batch", file=sys.stderr)
+        return 2
     finally:
         torch.set_num_threads(before)
     if bw is None:
@@ -115,8 +181,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.out:
         print(text)
         return 0
-    with open(args.out, "w") as f:
-        f.write(text + "\n")
+    try:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        print(f"neo profile-layers: error: --out {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"{'layer':16s} {'fwd ms':>9s} {'bwd ms':>9s} {'act bytes':>12s} {'param bytes':>12s}")
     for r in rows:
         print(f"{r.name:16s} {r.fwd_ms:9.4f} {r.bwd_ms:9.4f} {r.activation_bytes:12,d} {r.param_bytes:12,d}")

@@ -101,13 +101,13 @@ class TopologyConfig:
             _check_amount(name, getattr(self, name), where, zero_ok=name == "host_gib")
         for name in ("hbm_bandwidth_gbps", "host_bandwidth_gbps", "intra_node_bandwidth_gbps",
                      "inter_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_latency_us"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:      # the cost constants they set must be > 0
-                raise ConfigError(f"{where}.{name}: must be > 0 or null, got {v!r}")
+            v = getattr(self, name)               # the cost constants they set must be > 0, and finite:
+            if v is not None and not (math.isfinite(v) and v > 0):    # an inf makes every plan's cost inf
+                raise ConfigError(f"{where}.{name}: must be > 0 and finite, or null, got {v!r}")
         for name in ("imbalance_weight",):
             v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ConfigError(f"{where}.{name}: must be >= 0 or null, got {v!r}")
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{where}.{name}: must be >= 0 and finite, or null, got {v!r}")
         if self.device_kind is not None and self.device_kind not in ("cpu", "h100", "h200"):
             raise ConfigError(f"{where}.device_kind: {self.device_kind!r} is not one of ['cpu', 'h100', 'h200']")
         if self.memory_headroom is not None and not 0 <= self.memory_headroom < 1:
@@ -180,6 +180,9 @@ class TopologyConfig:
                                  ("memory_headroom", ("memory_headroom",), 1.0)):
             v = getattr(self, src)
             if v is not None:
+                if not math.isfinite(float(v) * scale):     # e.g. 1e308 GB/s: finite, but not in bytes/s
+                    raise ConfigError(f"topology.{src}: {v!r} is too large (not finite once converted to "
+                                      f"the cost constants' units)")
                 upd.update({d: float(v) * scale for d in dsts})
                 source.update({d: src for d in dsts})
         if upd:

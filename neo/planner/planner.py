@@ -24,7 +24,7 @@ Tables with ``placement: auto`` are first planned on the device only; their cach
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -256,18 +256,27 @@ def _check_total_memory(tables, options, topo: Topology, c: CostConstants) -> No
             f"cache of a table's hot rows in device memory and every row in host memory or on disk)")
 
 
-def plan_tables(tables: Sequence[TableSpec], topo: Topology, constants: Optional[CostConstants] = None,
+def plan_tables(tables: Iterable[TableSpec], topo: Topology, constants: Optional[CostConstants] = None,
                 partitioners: Sequence[str] = PARTITIONERS, alternatives: int = 0) -> Plan:
     """Plan every table; raises :class:`PlanningError` when one cannot be placed.
 
     ``alternatives``: also keep the next best distinct plans (other sharding types, cache sizes
     or ranks), best first, as plan dicts in ``summary["alternatives"]``."""
     c = constants or CostConstants()
+    tables = list(tables)               # a generator would be used up by the first pass
+    partitioners = (partitioners,) if isinstance(partitioners, str) else tuple(partitioners)
     bad = [p for p in partitioners if p not in PARTITIONERS]
     if bad:
         raise PlanningError(f"unknown partitioners {bad}; valid: {list(PARTITIONERS)}")
+    if not partitioners:
+        raise PlanningError(f"partitioners: none given; valid: {list(PARTITIONERS)}")
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
+        raise PlanningError(f"alternatives must be an integer >= 0, got {alternatives!r}")
     if not tables:
         raise PlanningError("no tables to plan")
+    wrong = [k for k, t in enumerate(tables) if not isinstance(t, TableSpec)]
+    if wrong:
+        raise PlanningError(f"tables[{wrong[0]}]: expected a TableSpec, got {type(tables[wrong[0]]).__name__}")
     if any(t.constraints.placement is Placement.AUTO for t in tables):
         try:                          # auto tables on the device when everything fits there
             return _plan(tables, topo, c, partitioners, allow_cache=False, alternatives=alternatives)

@@ -12,6 +12,8 @@ Learning Recommendation Models", ISCA 2022), written from scratch.
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -28,6 +30,8 @@ __all__ = [
 ]
 
 GIB = 1024**3
+MAX_GIB = float(2**32)
+"""Most memory per rank :meth:`Topology.uniform` takes, GiB (bytes still fit 64 bits)."""
 
 
 class PlanningError(ValueError):
@@ -87,6 +91,24 @@ class Device:
     speed: float = 1.0
     """Relative speed (1.0 = the CostConstants' reference device); lookup time is divided by it."""
 
+    def __post_init__(self) -> None:
+        for name in ("hbm_bytes", "host_bytes"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise PlanningError(f"device: {name} must be an integer >= 0, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if not _is_real(self.speed) or not (math.isfinite(self.speed) and self.speed > 0):
+            raise PlanningError(f"device: speed must be a finite number > 0, got {self.speed!r}")
+        object.__setattr__(self, "speed", float(self.speed))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -100,6 +122,11 @@ class Topology:
     """Samples per rank per step (global batch = world_size x this)."""
 
     def __post_init__(self) -> None:
+        for name in ("world_size", "local_world_size", "batch_size_per_rank"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise PlanningError(f"topology: {name} must be an integer, got {v!r}")
+            object.__setattr__(self, name, int(v))
         if self.world_size <= 0 or self.local_world_size <= 0:
             raise PlanningError(f"topology: world_size and local_world_size must be > 0, got "
                                 f"{self.world_size}, {self.local_world_size}")
@@ -109,8 +136,11 @@ class Topology:
         devs = tuple(self.devices) or tuple(Device() for _ in range(self.world_size))
         if len(devs) != self.world_size:
             raise PlanningError(f"topology: {len(devs)} devices given for world_size {self.world_size}")
-        if any(d.speed <= 0 for d in devs):
-            raise PlanningError("topology: every device speed must be > 0")
+        bad = [k for k, d in enumerate(devs) if not isinstance(d, Device)]
+        if bad:
+            raise PlanningError(f"topology: devices[{bad[0]}] is a {type(devs[bad[0]]).__name__}, not a Device")
+        if any(not (math.isfinite(d.speed) and d.speed > 0) for d in devs):
+            raise PlanningError("topology: every device speed must be a finite number > 0")
         if self.batch_size_per_rank <= 0:
             raise PlanningError(f"topology: batch_size_per_rank must be > 0, got {self.batch_size_per_rank}")
         object.__setattr__(self, "devices", devs)
@@ -129,6 +159,12 @@ class Topology:
     @staticmethod
     def uniform(world_size: int, local_world_size: int, hbm_gib: float = 80.0, host_gib: float = 256.0,
                 speed: float = 1.0, batch_size_per_rank: int = 512) -> "Topology":
+        """``world_size`` identical devices: ``hbm_gib`` finite, > 0, ``host_gib`` finite, >= 0
+        (both at most :data:`MAX_GIB`), ``speed`` finite, > 0; else a :class:`PlanningError`."""
+        for name, v, zero_ok in (("hbm_gib", hbm_gib, False), ("host_gib", host_gib, True)):
+            if not _is_real(v) or not (math.isfinite(v) and (v >= 0 if zero_ok else v > 0) and v <= MAX_GIB):
+                raise PlanningError(f"topology: {name} must be a finite number {'>= 0' if zero_ok else '> 0'} "
+                                    f"and <= {MAX_GIB:.0f}, got {v!r}")
         dev = Device(int(hbm_gib * GIB), int(host_gib * GIB), speed)
         return Topology(world_size, local_world_size, tuple(dev for _ in range(world_size)), batch_size_per_rank)
 
@@ -183,11 +219,50 @@ class TableSpec:
     """Zipf exponent of the id distribution (0 = uniform): the built-in miss-ratio model of a cached table."""
     constraints: TableConstraints = field(default_factory=TableConstraints)
     cache_fraction: Optional[float] = None
-    """Cached tables: the cache's share of the rows when the user fixed it (None: the planner sizes it)."""
+    """Cached tables: the cache's share of the rows, in (0, 1], when the user fixed it (None, not 0: the
+    planner sizes it)."""
     hit_curve: Tuple[Tuple[float, float], ...] = ()
     """Measured (cache share of the rows, hit rate of a batch's distinct rows) points; empty: the skew model."""
     distinct_per_batch: Optional[float] = None
     """Measured distinct rows per global batch (with ``hit_curve``); None: the skew model."""
+
+    def __post_init__(self) -> None:
+        """Types and ranges of every field, as the config checks them; a :class:`PlanningError`
+        naming the table and the field. (rows > 0 and dim a positive multiple of 4 are checked
+        when the table is planned, with its constraints.)"""
+        def bad(name: str, want: str, v) -> PlanningError:
+            return PlanningError(f"table {self.name!r}: {name} must be {want}, got {v!r}")
+
+        for name, low in (("rows", None), ("dim", None), ("weight_bytes", 1), ("state_floats_per_row", 0),
+                          ("num_features", 1)):
+            v = getattr(self, name)
+            if not _is_int(v) or (low is not None and v < low):
+                raise bad(name, "an integer" + ("" if low is None else f" >= {low}"), v)
+            object.__setattr__(self, name, int(v))
+        for name, positive in (("pooling_factor", True), ("access_skew", False)):
+            v = getattr(self, name)
+            if not _is_real(v) or not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
+                raise bad(name, f"a finite number {'> 0' if positive else '>= 0'}", v)
+            object.__setattr__(self, name, float(v))
+        f = self.cache_fraction
+        if f is not None:   # None: the planner sizes the cache; a fixed share is a share of the rows
+            if not _is_real(f) or not 0 < f <= 1:
+                raise bad("cache_fraction", "a number in (0, 1] (the cache's share of the rows) or None", f)
+            object.__setattr__(self, "cache_fraction", float(f))
+        d = self.distinct_per_batch
+        if d is not None:
+            if not _is_real(d) or not (math.isfinite(d) and d >= 0):
+                raise bad("distinct_per_batch", "a finite number >= 0 or None", d)
+            object.__setattr__(self, "distinct_per_batch", float(d))
+        try:
+            curve = tuple((float(a), float(b)) for a, b in self.hit_curve)
+        except (TypeError, ValueError):
+            raise bad("hit_curve", "(cache share, hit rate) pairs", self.hit_curve) from None
+        if any(not (0 <= a <= 1 and 0 <= b <= 1) for a, b in curve):
+            raise bad("hit_curve", "(cache share, hit rate) pairs, both in [0, 1]", self.hit_curve)
+        object.__setattr__(self, "hit_curve", curve)
+        if not isinstance(self.constraints, TableConstraints):
+            raise bad("constraints", "a TableConstraints", self.constraints)
 
     def state_floats(self, cols: int) -> int:
         """Optimizer state floats per row for a shard of ``cols`` columns."""

@@ -168,3 +168,55 @@ def test_lookahead_equals_its_written_out_rule_with_a_window_past_32_batches():
         assert got == _lookahead_written_out(batches, cap, 45)
     # at 200 rows the batches 32..45 ahead change the victims: 876 hits against 871 with 31
     assert got > simulate(batches, 600, 200, "lookahead", lookahead=31).hits > simulate(batches, 600, 200, "lfu").hits
+
+
+def test_set_associative_cache_holds_exactly_the_capacity():
+    # 200 rows filling every set to its share: with 3 ways, ceil(200 / 3) = 67 sets (66 of 3 rows, 1 of 2),
+    # so cycling over them hits every access after the first pass (the old 66 sets held only 198 rows)
+    capacity, ways = 200, 3
+    sets = -(-capacity // ways)
+    share = [capacity // sets + (s < capacity % sets) for s in range(sets)]
+    rows, r = [], 0
+    while len(rows) < capacity:
+        s = (r * 0x9E3779B1) % sets
+        if share[s]:
+            share[s] -= 1
+            rows.append(r)
+        r += 1
+    trace = np.array(rows * 4, dtype=np.int64)
+    batches = batch_rows(trace, 20, r)
+    res = simulate_set_associative(batches, r, capacity, "lru", ways)
+    assert res.hits == 3 * capacity and res.hits <= simulate_belady(batches, capacity).hits
+    # never more rows than the capacity: at most Belady's hits, whatever the ways
+    rng = np.random.default_rng(5)
+    batches = batch_rows(rng.zipf(1.2, 20000) % 1000, 100, 1000)
+    best = simulate_belady(batches, 200).hits
+    for w in (1, 3, 7, 32, 199, 200):
+        for p in ("lru", "lfu"):
+            assert simulate_set_associative(batches, 1000, 200, p, w).hits <= best, (w, p)
+    with pytest.raises(ValueError, match="ways 1000 exceeds the capacity 200"):
+        simulate_set_associative(batches, 1000, 200, "lru", 1000)
+
+
+def test_command_refuses_more_ways_than_capacity_an_empty_file_and_no_policies(tmp_path, capsys):
+    trace = np.random.default_rng(6).zipf(1.2, 5000) % 1000
+    path = tmp_path / "t.npy"
+    np.save(path, trace.astype(np.int64))
+    empty = tmp_path / "zero.npy"
+    empty.write_bytes(b"")
+    base = ["--batch-size", "100", "--num-rows", "1000"]
+    cases = [
+        ([str(path), *base, "--capacity", "200", "--ways", "1000"], "--ways 1000: more ways than the cache has rows"),
+        ([str(path), *base, "--capacity", "300,150", "--ways", "200", "--policies", "belady"], "capacities [150]"),
+        ([str(empty), *base], f"trace file {str(empty)!r} is empty (0 bytes)"),
+        ([str(path), *base, "--capacity", "200", "--policies", ""], "--policies '': names no policy"),
+        ([str(path), *base, "--capacity", "200", "--policies", " , "], "names no policy"),
+    ]
+    for args, msg in cases:
+        assert main(["cache-report"] + args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("neo cache-report: error: ") and msg in err and err.count("\n") == 1, err
+    assert main(["cache-report", str(path), *base, "--capacity", "200", "--ways", "200", "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    best = {r["capacity"]: r["hits"] for r in rows if r["policy"] == "belady"}
+    assert all(r["hits"] <= best[r["capacity"]] for r in rows)

@@ -12,7 +12,12 @@ the distinct ids of each batch (a batch's rows are brought in once, whatever the
   access is farthest (never first). The bar every policy is measured against.
 - ``ways``: a set-associative cache of the same capacity (FBGEMM's GPU cache has 32 ways),
   lru or lfu within each set (rows hashed to sets); its ``conflict_misses`` are the accesses
-  it misses that the fully associative cache of the same capacity and policy hits.
+  it misses that the fully associative cache of the same capacity and policy hits. Sets are
+  sized as FBGEMM sizes them, ``ceil(capacity / ways)``; FBGEMM then holds ``sets x ways`` rows,
+  up to ``ways - 1`` more than asked for, so here the capacity is spread over the sets (each
+  holds ``capacity // sets`` or one more rows, at most ``ways``) and the simulated cache holds
+  exactly ``capacity`` rows, as the fully associative cache and Belady it is compared with do.
+  ``ways`` may not exceed the capacity.
 """
 
 from __future__ import annotations
@@ -127,15 +132,27 @@ def simulate_belady(batches: Sequence[np.ndarray], capacity: int) -> SimResult:
 
 def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str,
                              ways: int) -> SimResult:
-    """A ``ways``-way set-associative cache of ``capacity`` rows, ``policy`` (lru, lfu) within each set.
+    """A ``ways``-way set-associative cache of exactly ``capacity`` rows, ``policy`` (lru, lfu)
+    within each set.
 
-    Rows go to set ``hash(row) % (capacity // ways)``. A batch's missing rows take, in each set,
-    the ways its own rows do not use, least recently (lru) or least frequently (lfu, ties by
-    recency) used first; rows beyond those miss without being cached, as in a hardware-style
-    set-associative cache (FBGEMM's ``lxu_cache``)."""
+    ``sets = ceil(capacity / ways)``, as FBGEMM sizes its cache (``cache_sets = (rows + ways - 1)
+    // ways``); where FBGEMM would then hold ``sets x ways`` rows, the capacity is spread over the
+    sets here (each holds ``capacity // sets`` or one more rows, never more than ``ways``), so the
+    comparison with the fully associative cache and Belady is at the same capacity. Rows go to set
+    ``hash(row) % sets``. A batch's missing rows take, in each set, the ways its own rows do not
+    use, least recently (lru) or least frequently (lfu, ties by recency) used first; rows beyond
+    those miss without being cached, as in a hardware-style set-associative cache (FBGEMM's
+    ``lxu_cache``). Raises ValueError when ``ways`` exceeds ``capacity``."""
     if policy not in ("lru", "lfu"):
         raise ValueError(f"set-associative simulation supports lru and lfu, not {policy!r}")
-    sets = max(1, capacity // ways)
+    if isinstance(ways, bool) or not isinstance(ways, (int, np.integer)) or ways <= 0:
+        raise ValueError(f"ways must be a positive integer, got {ways!r}")
+    if ways > capacity:
+        raise ValueError(f"ways {ways} exceeds the capacity {capacity} rows (a set cannot hold more "
+                         f"ways than the cache has rows)")
+    sets = -(-capacity // ways)                                              # FBGEMM: ceil(capacity / ways)
+    per_set = capacity // sets + (np.arange(sets) < capacity % sets)       # sums to capacity, each <= ways
+    disabled = np.arange(ways)[None, :] >= per_set[:, None]                 # (sets, ways): ways a set lacks
     tag = np.full((sets, ways), -1, dtype=np.int64)
     last = np.zeros((sets, ways), dtype=np.int64)
     count = np.zeros(num_rows, dtype=np.int64) if policy == "lfu" else None
@@ -167,6 +184,7 @@ def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capac
             key = np.where(tag[u_sets] >= 0, count[np.maximum(tag[u_sets], 0)] * 2.0 ** 32, 0.0) + key
         key[tag[u_sets] < 0] = -1.0                                          # free ways first
         key[last[u_sets] == b] = np.inf                                      # this batch's rows stay
+        key[disabled[u_sets]] = np.inf                                       # beyond the set's share
         way_order = np.argsort(key, axis=1, kind="stable")
         set_pos = np.searchsorted(u_sets, ms)
         ok = rank < ways
