@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["KeyedJaggedBatch", "JaggedValidationError", "concat_features", "offsets_from_lengths"]
+__all__ = ["KeyedJaggedBatch", "JaggedValidationError", "as_batch", "concat_features", "offsets_from_lengths"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -297,6 +297,22 @@ class KeyedJaggedBatch:
             batch_size=kjt.stride(), weights=kjt.weights_or_none(), offsets=kjt.offsets(),
             validate=validate,
         )
+
+
+def as_batch(batch) -> "KeyedJaggedBatch":
+    """``batch`` as a :class:`KeyedJaggedBatch`: itself, or a ``torchrec.KeyedJaggedTensor``
+    converted (:meth:`KeyedJaggedBatch.from_torchrec`, the tensors shared), so that modules take
+    what a TorchRec user passes. TypeError for anything else, ValueError for a variable-batch
+    KJT (a batch size per feature: Neo's batches have one)."""
+    if isinstance(batch, KeyedJaggedBatch):
+        return batch
+    if type(batch).__name__ == "KeyedJaggedTensor" and hasattr(batch, "stride"):
+        if getattr(batch, "variable_stride_per_key", lambda: False)():
+            raise ValueError("a variable-batch KeyedJaggedTensor (a batch size per feature) is not supported: "
+                             "every feature of a batch has the same batch size here")
+        return KeyedJaggedBatch.from_torchrec(batch)
+    raise TypeError(f"expected a neo.sparse.KeyedJaggedBatch (or a torchrec KeyedJaggedTensor), "
+                    f"got {type(batch).__module__}.{type(batch).__name__}")
 
 
 def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:

@@ -257,8 +257,7 @@ class WSPTrainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
-        for tb in self.embedding.tables:
-            self.embedding.set_learning_rate(tb.optimizer.lr * factor, table=tb.name)
+        self.embedding.set_learning_rates({tb.name: tb.optimizer.lr * factor for tb in self.embedding.tables})
 
     def apply(self, update: Dict[str, Any]) -> None:
         """Apply one aggregated wave (:func:`neo.async_train.server.aggregate`) to this replica."""

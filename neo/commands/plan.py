@@ -52,9 +52,12 @@ def simulate(cfg, sizes: List[int], strong: bool, as_json: bool) -> int:
 
     from neo.planner.step_model import predict_step
 
+    if not cfg.tables:
+        raise ConfigError("--simulate: the config has no tables")
     dense = cfg.dense_spec()
     if dense is None:
         raise ConfigError("--simulate: the tables' dims differ, so there is no DLRM step to predict")
+    cfg.model.check_tables([t.dim for t in cfg.tables for _ in range(len(t.feature_names) or 1)])   # as neo train
     L0 = cfg.topology.local_world_size or 8
     base_w = cfg.topology.world_size or sizes[0]
     B0 = cfg.planning_batch()
@@ -97,6 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        cfg.sharding.check_tables([t.name for t in cfg.tables])      # as neo train: pins name tables
         if args.simulate:
             return simulate(cfg, args.simulate, args.strong, args.json)
         topo = cfg.topology.to_topology(args.world_size, args.local_world_size)

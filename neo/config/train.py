@@ -112,7 +112,10 @@ class ShardingConfig:
     miss-ratio curve of every table the planner may cache (0: the built-in skew model)."""
 
     def validate(self, where: str = "sharding") -> None:
+        from neo.planner.planner import PARTITIONERS      # here: neo.planner imports neo.config
+
         self.planner = choice(self.planner, [m.value for m in PlannerMode], f"{where}.planner")
+        self.partitioner = choice(self.partitioner, ["auto", *PARTITIONERS], f"{where}.partitioner")
         if self.cache_sample_batches < 0:
             raise ConfigError(f"{where}.cache_sample_batches: must be >= 0, got {self.cache_sample_batches}")
         for name, t in self.types.items():
@@ -126,6 +129,12 @@ class ShardingConfig:
             missing = [n for n in names if n not in self.types]
             if missing:
                 raise ConfigError(f"{where}.types: planner: explicit needs a type for every table; missing {missing}")
+
+
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+"""The longest ``train.collective_timeout_s`` (30 days)."""
+MAX_THREADS = 1024
+"""The most ``train.threads`` (torch's first matrix product crashed with 99,999,999)."""
 
 
 @dataclass
@@ -229,8 +238,11 @@ class TrainConfig:
             raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"{where}.checkpoint_keep: must be >= 1, got {self.checkpoint_keep}")
-        if not self.collective_timeout_s > 0:
-            raise ConfigError(f"{where}.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
+        if not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:     # inf: datetime.timedelta overflows
+            raise ConfigError(f"{where}.collective_timeout_s: must be > 0 and at most {MAX_TIMEOUT_S:.0f} "
+                              f"(30 days), got {self.collective_timeout_s!r}")
+        if self.threads > MAX_THREADS:                                # torch crashes on absurd counts
+            raise ConfigError(f"{where}.threads: at most {MAX_THREADS} torch threads per process, got {self.threads}")
         if not (self.checkpoint_lease_s > 0 and math.isfinite(self.checkpoint_lease_s)):
             raise ConfigError(f"{where}.checkpoint_lease_s: must be a finite number > 0, "
                               f"got {self.checkpoint_lease_s!r}")

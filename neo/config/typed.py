@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import reprlib
 import typing
 from typing import Any, Dict, Tuple
 
@@ -34,8 +35,20 @@ def _fields(cls) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
     return {n: hints[n] for n in names}, names
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 120, 120, 4, 4, 2
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to about 200 characters, without building the whole of it."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _bad(value: Any, kind: str, where: str) -> ConfigError:
-    return ConfigError(f"{where}: Value {value!r} of type '{type(value).__name__}' could not be converted to {kind}")
+    # the value shortened: a YAML alias bomb of a few hundred bytes expands to gigabytes
+    return ConfigError(f"{where}: Value {_short(value)} of type '{type(value).__name__}' could not be "
+                       f"converted to {kind}")
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:
@@ -95,7 +108,10 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: NaN is not a valid value")
         return out
     if tp is str:
-        if isinstance(value, (str, int, float, bool)):
+        if isinstance(value, bool):       # YAML reads yes / no / on / off / true / false as booleans
+            raise ConfigError(f"{where}: got the YAML boolean {value} (written yes, no, on, off, true or false); "
+                              f"quote it for the text, e.g. '{'yes' if value else 'no'}'")
+        if isinstance(value, (str, int, float)):
             return str(value)
         raise _bad(value, "String", where)
     return value

@@ -10,13 +10,15 @@ Routing, per slot (one feature of one shard, see :mod:`neo.distributed.slots`):
 - data_parallel: all ids to every rank (each replica pools the global batch, so that its
   fused optimizer sees the global-batch gradient; see :mod:`.sharding.data_parallel`).
 
-Two AlltoAll calls per batch, whatever the plan:
+Two AlltoAll calls per batch, whatever the plan (three with ``validate``):
 
-1. lengths: to every rank, a 6-int header ``[B, has_weights, error, feature, id, sample]``
-   then the B bag lengths of each of its slots (int64). The header carries this rank's
-   input-validation result, so that every rank learns of bad input on any rank in a
-   collective it takes part in anyway, and raises (naming the failing rank, feature, table,
-   id) instead of hanging.
+0. with ``validate`` (the default) and W > 1: the 6-int header alone to every rank,
+   ``[B, has_weights, error, feature, id, sample]``. It carries this rank's batch size and
+   input-validation result, so that every rank learns of bad input on any rank (an id out of
+   range, another batch size, weights on some ranks only) before the collectives whose sizes
+   depend on it, and raises (naming the failing rank, feature, table, id, or the sizes) instead
+   of hanging or of a transport's size error.
+1. lengths: to every rank, the same header, then the B bag lengths of each of its slots (int64).
 2. ids: the selected ids of each slot, followed by their per-id weights (fp32 bits) when
    the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
    bytes of int64; ids are validated, or clamped when validation is off), else int64.
@@ -29,7 +31,7 @@ the source is what makes the counts reconcile under every sharding: a column-spl
 reach every column shard, a data-parallel table's every replica, a row-split table's invalid
 ids no shard at all.
 
-Calling the input distribution launches (1) and returns an :class:`Awaitable` of two
+Calling the input distribution runs (0) (a blocking exchange of 6 ints a rank), launches (1) and returns an :class:`Awaitable` of two
 stages: ``progress()`` waits for the lengths and launches (2); ``wait()`` (running
 ``progress()`` first if nobody did) waits for the ids and regroups them. A training
 pipeline calls ``progress()`` for batch i+1 in the middle of step i, so that the ids travel
@@ -38,7 +40,8 @@ under step i's compute.
 On arrival a rank holds, for each of its slots, the bags of every rank's samples, source-
 major; it regroups them into one :class:`~neo.sparse.KeyedJaggedBatch` of ``W * B``
 samples (sample ``s * B + b`` is sample b of rank s), keys = its slots' local features.
-Every rank must pass batches of the same size B with the same features.
+Every rank must pass batches of the same size B with the same features: checked with
+``validate`` (the header exchange, stage 0); without it a mismatch reaches the transport.
 """
 
 from __future__ import annotations
@@ -191,6 +194,15 @@ class InputDist:
                 header_err = [1, f, bad_id, bag - f * B]
         if not self.validate:                                               # before routing drops or copies any
             self._count_skipped(values, offsets, B)
+        head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
+        if self.validate and W > 1:
+            # The headers alone first (6 ints to each rank): the lengths AlltoAll's sizes follow each
+            # rank's B, and the ids' its weights, so ranks that disagree (a last partial batch on one
+            # rank) must learn it before those, not in them (gloo aborts the process on mismatched
+            # sizes). Bad ids on any rank are raised here too, on every rank.
+            heads = all_to_all(head.repeat(W), [_HEADER] * W, [_HEADER] * W, self.pg.world_comm,
+                               name="input_dist.header").wait().view(W, _HEADER)
+            self._raise_on_bad_input(heads, B, weights is not None)
 
         if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
             values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)
@@ -216,7 +228,6 @@ class InputDist:
             cache[key] = (lens, v, w)
             return cache[key]
 
-        head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
         len_parts, id_parts, id_splits = [], [], []
         for d in range(W):
             sel = [select(s) for s in layout.slots_on[d]]
@@ -287,7 +298,8 @@ class InputDist:
                 f"input distribution stopped on rank {me}: bad input on {who}: " + "; ".join(msgs))
         sizes = heads[:, 0].tolist()
         if any(s != B for s in sizes):
-            raise DistributedInputError(f"rank {me}: every rank must pass the same batch size; got {sizes} per rank")
+            raise DistributedInputError(f"rank {me}: every rank must pass the same batch size; got {sizes} per rank "
+                                        "(a last partial batch on some ranks? drop it, as drop_last does, or pad it)")
         ws = heads[:, 1].tolist()
         if any(bool(w) != weighted for w in ws):
             raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")

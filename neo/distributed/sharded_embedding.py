@@ -45,7 +45,7 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.embedding import TableBatchedEmbedding
 from neo.models.interaction import PooledPieces
-from neo.sparse import KeyedJaggedBatch
+from neo.sparse import KeyedJaggedBatch, as_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -198,8 +198,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # ------------------------------------------------------------------ the three stages
     def input_dist(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
-        """Launch the lengths AlltoAll now; ``wait()`` sends the ids and builds the local batch."""
-        return self._input_dist(batch)
+        """Launch the lengths AlltoAll now; ``wait()`` sends the ids and builds the local batch.
+        ``batch``: a KeyedJaggedBatch or a ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
+        return self._input_dist(as_batch(batch))
 
     def compute(self, batch: DistributedBatch) -> torch.Tensor:
         """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order.
@@ -327,7 +328,7 @@ class ShardedEmbeddingCollection(nn.Module):
         Collective: every rank calls it with a batch of the same size."""
         from neo.distributed.sequence import sharded_sequence_lookup
 
-        return sharded_sequence_lookup(self, batch)
+        return sharded_sequence_lookup(self, as_batch(batch))
 
     @property
     def output_dim(self) -> int:
@@ -430,6 +431,21 @@ class ShardedEmbeddingCollection(nn.Module):
             dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.pg.world)
         return float(worst)
 
-    def set_learning_rate(self, lr: float) -> None:
+    def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
+        """Every table's fused-optimizer learning rate, or ``table``'s (see
+        :meth:`set_learning_rates`)."""
+        names = [t.name for t in self.layout.tables]
+        self.set_learning_rates({t: lr for t in names} if table is None else {table: lr})
+
+    def set_learning_rates(self, lrs: Dict[str, float]) -> None:
+        """Each named table's learning rate (table name -> lr), on this rank's shards of it. As
+        :meth:`neo.embedding.TableBatchedEmbedding.set_learning_rates`: tables that share a fused
+        update (one optimizer config and dtype) are set together, to one value."""
+        names = {t.name for t in self.layout.tables}
+        unknown = [t for t in lrs if t not in names]
+        if unknown:
+            raise ValueError(f"set_learning_rate: no table {unknown[0]!r}; tables: {sorted(names)}")
         if self.lookup is not None:
-            self.lookup.set_learning_rate(lr)
+            local = {s.name: lrs[s.name.rpartition("#")[0]] for s in self.lookup.tables
+                     if s.name.rpartition("#")[0] in lrs}
+            self.lookup.set_learning_rates(local)

@@ -44,7 +44,7 @@ from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache,
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.layout import GroupLayout, group_key
-from neo.sparse import KeyedJaggedBatch
+from neo.sparse import KeyedJaggedBatch, as_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -180,6 +180,10 @@ class TableBatchedEmbedding(nn.Module):
                     raise ValueError(f"feature '{f}' is read by tables '{self.feature_table[f]}' and '{t.name}'")
                 self.feature_table[f] = t.name
         device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "meta":
+            raise ValueError("device='meta' is not supported: tables are allocated and initialized where they "
+                             "live. To keep a rank from allocating every table in full, shard them "
+                             "(neo.distributed.ShardedEmbeddingCollection allocates this rank's shards only)")
         self.tables = tables
         self.feature_names = [f for t in tables for f in t.feature_names]
         self.validate, self.seed, self.count_skipped = validate, seed, count_skipped
@@ -271,7 +275,9 @@ class TableBatchedEmbedding(nn.Module):
         ``pooled_bags``: (F * B,) bool in ``batch``'s key order, the bags to pool; the others
         come out as zeros, but the fused backward still updates from every bag (its gradient
         rows must then be given for all B samples). Data-parallel replicas pool only their own
-        samples this way, and apply the update of the whole global batch."""
+        samples this way, and apply the update of the whole global batch. ``batch`` may also be a
+        ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
+        batch = as_batch(batch)
         if self.validate:
             batch.ensure_checked()        # the layout, where the batch was built with validate=False
             check_features(batch, self.feature_names, self.feature_table)
@@ -360,7 +366,7 @@ class TableBatchedEmbedding(nn.Module):
         update; see :mod:`neo.embedding.sequence`."""
         from neo.embedding.sequence import sequence_lookup
 
-        return sequence_lookup(self, batch)
+        return sequence_lookup(self, as_batch(batch))
 
     def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:
         p = batch.permute(self._group_order)
@@ -532,14 +538,40 @@ class TableBatchedEmbedding(nn.Module):
                 g.step.fill_(int(step))
 
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
-        """Set the sparse optimizer's learning rate of every group, or of the group holding ``table``
-        (ValueError for a table this module does not hold, or an lr that is not a finite number >= 0)."""
-        lr = float(lr)
-        if not (lr >= 0 and math.isfinite(lr)):
-            raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
-        if table is not None and not any(c.name == table for g in self.groups for c in g.layout.tables):
-            raise ValueError(f"set_learning_rate: no table {table!r} here; tables: "
-                             f"{[c.name for g in self.groups for c in g.layout.tables]}")
+        """Set the sparse optimizer's learning rate of every table, or of ``table`` alone.
+
+        Tables of one optimizer config and dtype share a fused update and its learning rate (as
+        tables share one in an FBGEMM TBE): ``table`` must then be set with its group, through
+        :meth:`set_learning_rates`, or get an optimizer config of its own. ValueError for a table
+        this module does not hold, a table whose group holds others (naming them), or an lr that
+        is not a finite number >= 0."""
+        if table is None:
+            self.set_learning_rates({c.name: lr for g in self.groups for c in g.layout.tables})
+        else:
+            self.set_learning_rates({table: lr})
+
+    def set_learning_rates(self, lrs: Dict[str, float]) -> None:
+        """Set the learning rate of each table named in ``lrs`` (table name -> lr). The tables of a
+        group (:meth:`set_learning_rate`) are set together: all of them named, with one value, or
+        none (ValueError naming the group's tables otherwise); the others keep theirs."""
+        names = [c.name for g in self.groups for c in g.layout.tables]
+        unknown = [t for t in lrs if t not in names]
+        if unknown:
+            raise ValueError(f"set_learning_rate: no table {unknown[0]!r} here; tables: {names}")
+        for t, lr in lrs.items():
+            lr = float(lr)
+            if not (lr >= 0 and math.isfinite(lr)):
+                raise ValueError(f"learning rate of table {t!r} must be a finite number >= 0, got {lr!r}")
+        new: Dict[int, float] = {}
         for i, g in enumerate(self.groups):
-            if table is None or any(c.name == table for c in g.layout.tables):
-                self.learning_rates[i] = lr
+            group = [c.name for c in g.layout.tables]
+            given = {float(lrs[t]) for t in group if t in lrs}
+            if not given:
+                continue
+            if len(given) > 1 or any(t not in lrs for t in group):
+                raise ValueError(f"tables {group} share one fused update and learning rate (the same optimizer "
+                                 f"config and dtype); set them together to one value, or give a table an "
+                                 f"optimizer config of its own; asked: {{{', '.join(f'{t!r}: {lrs[t]}' for t in group if t in lrs)}}}")
+            new[i] = given.pop()
+        for i, lr in new.items():                   # all checked: nothing is set when one is refused
+            self.learning_rates[i] = lr

@@ -339,8 +339,7 @@ class Trainer:
         factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
         lookup = self.sharded.lookup
         if lookup is not None:
-            for tb in lookup.tables:
-                lookup.set_learning_rate(tb.optimizer.lr * factor, table=tb.name)
+            lookup.set_learning_rates({tb.name: tb.optimizer.lr * factor for tb in lookup.tables})
 
     def _train_step(self, sb: StepBatch, dist_batch) -> torch.Tensor:
         b = sb.batch

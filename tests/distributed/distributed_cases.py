@@ -41,6 +41,8 @@ class Case:
     dense_lr: float = 0.1
     bad_id_rank: Optional[int] = None
     """Put an out-of-range id into this rank's first batch (expects every rank to raise)."""
+    short_batch_rank: Optional[int] = None
+    """This rank's first batch one sample short (expects every rank to raise)."""
     use_parallelize: bool = False
     """Build the model unsharded, then neo.distributed.parallelize it (instead of DDP by hand)."""
     shm: bool = True
@@ -189,6 +191,8 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
         local = local_slice(batch, rank, B)
         if case.bad_id_rank == rank and step == 0:
             local.values[-1] = 10_000                                     # out of range on this rank only
+        if case.short_batch_rank == rank and step == 0:
+            local = local_slice(local, 0, B - 1)                          # a partial batch on this rank only
         try:
             logits = step_fn(local)
         except ValueError as e:

@@ -156,17 +156,23 @@ def test_quantized_comm_is_not_exact():
     assert 0 < max(diffs) < _quantized_tolerance(case.comm)["atol"], diffs
 
 
-@pytest.mark.parametrize("W", [2])
-def test_bad_id_raises_on_every_rank(W):
-    ts = tables(6)
-    cases = [Case("bad input", ts, _mixed_types(ts), W, 2, bad_id_rank=1),
-             Case("after bad input the group still works", ts, _mixed_types(ts), W, 2)]
+@pytest.mark.parametrize("shm", [True, False])
+def test_bad_input_raises_on_every_rank(shm):
+    """An id out of range, or a batch one sample short, on rank 1 only: every rank raises, naming
+    it, before any collective whose sizes depend on it (a batch size mismatch used to abort the
+    process under gloo, and to leave shared memory unusable), and the group still trains."""
+    W, ts = 2, tables(6)
+    cases = [Case("bad input", ts, _mixed_types(ts), W, 2, bad_id_rank=1, shm=shm),
+             Case("short batch", ts, _mixed_types(ts), W, 2, short_batch_rank=1, shm=shm),
+             Case("after bad input the group still works", ts, _mixed_types(ts), W, 2, shm=shm)]
     got = run_multiprocess(train_sharded, W, cases, local_world_size=2, collective_timeout_s=20)
     for rank, res in enumerate(got):
         err = res[0]["error"]
         assert err is not None, f"rank {rank} did not raise"
         assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
-    _check(cases[1], got[0][1])
+        err = res[1]["error"]
+        assert err is not None and "every rank must pass the same batch size; got [6, 5] per rank" in err, err
+    _check(cases[2], got[0][2])
 
 
 def _skip_case(sharding_type: str, world_size: int = 2) -> Case:

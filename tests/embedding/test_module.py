@@ -208,10 +208,29 @@ def test_set_learning_rate_checks_its_table_and_value():
     with pytest.raises(ValueError, match=r"no table 'nope' here; tables: \['a', 'c', 'b'\]|no table 'nope' here"):
         emb.set_learning_rate(0.1, table="nope")
     for bad in (float("nan"), float("inf"), -0.5):
-        with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
+        with pytest.raises(ValueError, match="learning rate of table 'a' must be a finite number >= 0"):
             emb.set_learning_rate(bad)
-    emb.set_learning_rate(0.25, table="c")
-    assert [lr for g, lr in zip(emb.groups, emb.learning_rates) if any(t.name == "c" for t in g.layout.tables)] == [0.25]
+    emb.set_learning_rate(0.25, table="b")                    # alone in its group (fp16, sgd)
+    lr_of = lambda name: next(lr for g, lr in zip(emb.groups, emb.learning_rates)  # noqa: E731
+                              if any(t.name == name for t in g.layout.tables))
+    assert (lr_of("a"), lr_of("b"), lr_of("c")) == (0.1, 0.25, 0.1)
+
+
+def test_tables_that_share_a_fused_update_set_their_learning_rate_together():
+    """a and c (fp32 adagrad, lr 0.1) are one group: one fused update, one learning rate. Setting
+    a alone (say to freeze it) would change c too (found by a TorchRec-user walkthrough of
+    2026-11-29): it is refused, naming the group, and nothing changes; both together, to one
+    value, is taken."""
+    emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
+    for asked in ({"a": 0.0}, {"a": 0.0, "c": 0.5}, {"a": 0.0, "b": 0.3}):
+        with pytest.raises(ValueError, match=r"tables \['a', 'c'\] share one fused update and learning rate"):
+            emb.set_learning_rates(asked)
+        assert sorted(emb.learning_rates) == [0.01, 0.1]      # nothing set (b's sgd default is 0.01)
+    with pytest.raises(ValueError, match="share one fused update"):
+        emb.set_learning_rate(0.0, table="a")
+    emb.set_learning_rates({"a": 0.0, "c": 0.0})
+    emb.set_learning_rate(0.5)                                # every table
+    assert emb.learning_rates == [0.5, 0.5]
 
 
 @pytest.mark.parametrize("b_optimizer", ["adagrad", "sgd"])
@@ -341,3 +360,26 @@ def test_skipped_counts_move_with_the_module():
     with pytest.raises(TypeError):
         emb.half()
     assert emb.skipped_ids == {"a": 1}
+
+
+def test_torchrec_inputs_are_taken_and_other_types_named():
+    """What a TorchRec user passes: a KeyedJaggedTensor is looked up as the same KeyedJaggedBatch
+    (pooled and unpooled); a list, or a variable-batch KJT, is a named error, not an attribute
+    error from inside; device='meta' says what to do instead."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    emb = TableBatchedEmbedding(mixed_tables(), backend="reference")
+    batch = KeyedJaggedBatch.from_lists({"a": [[1], [2, 3]], "b1": [[0], []], "b2": [[4], [1]], "c": [[], [3]]})
+    kjt = batch.to_torchrec()
+    assert isinstance(kjt, KeyedJaggedTensor)
+    with torch.no_grad():
+        assert torch.equal(emb(kjt), emb(batch))
+        assert all(torch.equal(emb.sequence(kjt)[f].values, s.values) for f, s in emb.sequence(batch).items())
+    with pytest.raises(TypeError, match=r"expected a neo\.sparse\.KeyedJaggedBatch .*got builtins\.list"):
+        emb([[1], [2]])
+    vbe = KeyedJaggedTensor(keys=["a", "b1"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]),
+                            stride_per_key_per_rank=[[2], [1]], inverse_indices=(["a", "b1"], torch.zeros(2, 2, dtype=torch.int64)))
+    with pytest.raises(ValueError, match="variable-batch KeyedJaggedTensor"):
+        emb(vbe)
+    with pytest.raises(ValueError, match="device='meta' is not supported.*ShardedEmbeddingCollection"):
+        TableBatchedEmbedding(mixed_tables(), device="meta")

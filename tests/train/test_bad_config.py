@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,14 @@ from tests.train.test_trainer import ROOT, TINY, tiny_config
     ("tables[0].pooling_factor=.inf", r"tables\[0\]\.pooling_factor: must be a finite number > 0"),
     ("tables[0].access_skew=.inf", r"tables\[0\]\.access_skew: must be a finite number >= 0"),
     ("tables[0].optimizer.lr=.inf", r"tables\[0\]\.optimizer.*lr must be a finite number >= 0"),
+    # the audit of 2026-11-29: a segfault (threads), an OverflowError traceback (inf timeout), a
+    # table silently named 'False' (YAML's no), a partitioner nobody checked
+    ("train.threads=99999999", r"train\.threads: at most 1024 torch threads per process, got 99999999"),
+    ("train.collective_timeout_s=.inf", r"train\.collective_timeout_s: must be > 0 and at most 2592000"),
+    ("train.collective_timeout_s=1e15", r"train\.collective_timeout_s: must be > 0 and at most"),
+    ("tables[0].name=no", r"tables\[0\]\.name: got the YAML boolean False .*quote it for the text, e\.g\. 'no'"),
+    ("tables[0].feature_names=[on]", r"tables\[0\]\.feature_names\[0\]: got the YAML boolean True"),
+    ("sharding.partitioner=bogus", r"sharding\.partitioner: 'bogus' is not one of \['auto', 'greedy', 'karmarkar_karp'"),
 ])
 def test_values_out_of_range_name_the_field(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
@@ -167,3 +176,29 @@ def test_the_final_line_stays_json_when_a_metric_is_not_a_number():
     line = json.dumps(json_safe(final), allow_nan=False)
     assert json.loads(line) == {"auc": None, "logloss": None, "eval_samples": 0, "steps": 3,
                                 "phase_ms_per_step": {"data": 0.5, "lookup": None}, "curve": [1.0, None]}
+
+
+def test_a_yaml_alias_bomb_is_refused_with_a_short_message(tmp_path):
+    """Nine levels of nested aliases (a few hundred bytes of YAML) make a list of 387 million
+    strings: the error names the field without printing the value whole (it was a 254 MB
+    message at eight levels)."""
+    levels = ["&a0 [" + ",".join(["xxxxxxxx"] * 9) + "]"]
+    levels += [f"&a{k} [" + ",".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("train:\n  run_dir: [" + ", ".join(levels) + "]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert len(str(err.value)) < 2000 and "train.run_dir" in str(err.value), str(err.value)[:300]
+
+
+def test_neo_plan_refuses_what_neo_train_refuses(tmp_path, capsys):
+    """A misspelled table in sharding.types (silently dropped), an explicit planner without types,
+    a bottom MLP that does not end in the tables' dim under --simulate."""
+    from neo.commands.plan import main as plan_main
+
+    for args, message in (([TINY, "sharding.types={nope: row_wise}"], r"sharding\.types: unknown tables \['nope'\]"),
+                          ([TINY, "sharding.planner=explicit"], r"planner: explicit needs a type for every table"),
+                          ([TINY, "--simulate", "2", "model.dense_arch=[16,4]"], r"model\.dense_arch: must end in")):
+        assert plan_main(args + ["--out", str(tmp_path / "p.json")]) == 2
+        err = capsys.readouterr().err
+        assert re.search(message, err) and err.startswith("neo plan: error:"), err

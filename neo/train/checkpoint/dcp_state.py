@@ -187,11 +187,25 @@ def embedding_state(sharded, for_load: bool, saved: Sequence[str] = ()) -> Tuple
     return out, after
 
 
+def embedding_prefixes(model: torch.nn.Module) -> Tuple[str, ...]:
+    """The state-dict prefixes of ``model``'s embedding modules (a sharded collection or a
+    table-batched module, under whatever attribute name: ``embedding.`` in Neo's DLRM, ``ebc.``
+    after ``parallelize(model, "ebc", ...)``): their tensors are saved by table, not as dense ones."""
+    from neo.distributed import ShardedEmbeddingCollection
+    from neo.embedding import TableBatchedEmbedding
+
+    found = tuple(f"{name}." for name, m in model.named_modules()
+                  if name and isinstance(m, (ShardedEmbeddingCollection, TableBatchedEmbedding)))
+    return found or ("embedding.",)
+
+
 def dense_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
-    """The dense modules' tensors (no ``embedding.*``) and the dense optimizer's state by name."""
+    """The dense modules' tensors (none of the embedding modules', :func:`embedding_prefixes`) and
+    the dense optimizer's state by name."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    params = {k: v for k, v in model.state_dict().items() if not k.startswith("embedding.")}
+    skip = embedding_prefixes(model)
+    params = {k: v for k, v in model.state_dict().items() if not k.startswith(skip)}
     return {"model": params, "optimizer": get_optimizer_state_dict(model, optimizer)}
 
 
@@ -199,7 +213,7 @@ def load_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: 
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    missing = [k for k in missing if not k.startswith("embedding.")]
+    missing = [k for k in missing if not k.startswith(embedding_prefixes(model))]
     if missing or unexpected:
         from neo.train.checkpoint.layout import CheckpointError
 

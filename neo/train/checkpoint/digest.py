@@ -55,7 +55,10 @@ def _embedding_lines(sharded) -> List[str]:
 
 
 def _dense_lines(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> List[str]:
-    lines = [f"dense/{k}={tensor_sha256(v)}" for k, v in model.state_dict().items() if not k.startswith("embedding.")]
+    from neo.train.checkpoint.dcp_state import embedding_prefixes
+
+    skip = embedding_prefixes(model)
+    lines = [f"dense/{k}={tensor_sha256(v)}" for k, v in model.state_dict().items() if not k.startswith(skip)]
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
