@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -92,7 +93,9 @@ def _progress(args: argparse.Namespace):
 
 
 def _emit(summary: Dict[str, Any], path: Optional[str], quiet: bool = False) -> None:
-    text = json.dumps(summary, indent=2, default=float)
+    from .writer import json_ready
+
+    text = json.dumps(json_ready(summary), indent=2, default=float, allow_nan=False)
     if path:
         with open(path, "w") as f:
             f.write(text + "\n")
@@ -222,6 +225,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args) -> int:
+    summary = getattr(args, "summary", None)
+    if summary and (os.path.isdir(summary) or not os.path.isdir(os.path.dirname(os.path.abspath(summary)))):
+        raise OptionError(f"--summary {summary}: not a file in an existing directory (checked before any work)")
     prog = _progress(args)
     if args.command == "criteo-preprocess":
         from .criteo import CriteoOptions, preprocess_criteo

@@ -338,6 +338,12 @@ class ParquetLoader:
         finally:
             reader.shutdown(wait=True, cancel_futures=True)
 
+    def close(self) -> None:
+        """Wait for the background reader an iteration stopped early left running (call it after
+        closing the iterator, before the process exits: a reader thread still inside pyarrow at
+        interpreter shutdown aborts the process). Iterating again later is fine."""
+        self._settle()
+
     def _settle(self) -> None:
         """Reads stay one at a time: wait for the producer an earlier iteration left running."""
         th, self._left_running = self._left_running, None

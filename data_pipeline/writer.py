@@ -159,6 +159,23 @@ def commit_staged_dir(staged: str, final: str, overwrite: bool) -> None:
     os.rmdir(staged)
 
 
+def json_ready(obj):
+    """``obj`` for strict JSON: numpy scalars as Python numbers, NaN and infinities as None (a
+    metric of an empty data set; ``json.dumps`` would write the bare word NaN, which JSON parsers
+    refuse), recursively through dicts, lists and tuples."""
+    import math
+
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "shape", None) == ():
+        obj = obj.item()                                  # a numpy or torch scalar
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def write_json_replacing(path: str, obj) -> None:
     """Write ``obj`` as JSON through a staged file renamed over ``path``: a reader sees the old
     file or the new one, whole (a run's ``summary.json``)."""
@@ -167,7 +184,7 @@ def write_json_replacing(path: str, obj) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = staging_path(path)
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=float)
+        json.dump(json_ready(obj), f, indent=2, default=float, allow_nan=False)
     os.replace(tmp, path)
 
 

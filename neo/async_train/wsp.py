@@ -466,14 +466,16 @@ class WSPTrainer:
                 runlog.record("wsp_clock", wave, {"worker": worker, "wave": wave, "t_s": round(when - t0, 6),
                                                   "clocks": clocks})
         seconds = max(i["end"] for i in infos) - t0
-        return {
-            "mode": "wsp", "staleness_bound": self.staleness, "wave_steps": self.wave_steps, "waves": self.waves,
+        # resumed at or past the configured end (a checkpoint of a longer run): nothing trained
+        done = max(self.waves, self.start_version)
+        trained_steps = max(0, self.total_steps - self.start_version * self.wave_steps)
+        out = {
+            "mode": "wsp", "staleness_bound": self.staleness, "wave_steps": self.wave_steps, "waves": done,
             "start_version": self.start_version,
-            "checkpoint": self.ckpt.path(self.waves) if self.ckpt is not None else None,
+            "checkpoint": self.ckpt.path(done) if self.ckpt is not None else None,
             "virtual_workers": self.groups, "steps": self.step, "world_size": self.W,
             "global_batch": self.B * self.W,
-            "samples_per_s": round((self.total_steps - self.start_version * self.wave_steps) * self.B * self.W
-                                   / max(seconds, 1e-9), 1),
+            "samples_per_s": round(trained_steps * self.B * self.W / max(seconds, 1e-9), 1),
             "train_seconds": round(seconds, 3),
             "max_staleness_observed": max(i["max_staleness"] for i in infos),
             "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"),
@@ -485,6 +487,10 @@ class WSPTrainer:
             "slowdown": {"rank": self.slowdown.rank, "factor": self.slowdown.factor,
                          "probability": self.slowdown.probability},
         }
+        if self.start_version >= self.waves:
+            out["note"] = (f"nothing left to train: resumed at version {self.start_version}, the config ends at "
+                           f"wave {self.waves}")
+        return out
 
 
 def run(cfg, pg=None) -> int:

@@ -84,6 +84,7 @@ def config_trace(path: str, overrides: List[str], table: str, batches: int,
                 break
     finally:
         it.close()
+        loader.close()                # its reader thread joined before the command exits
     if len(parts) < batches:
         raise CacheReportError(f"--batches {batches}: the training data has only {len(parts)} batches of "
                                f"{cfg.train.batch_size} samples")

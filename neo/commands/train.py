@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import List, Optional
@@ -44,13 +43,17 @@ def setup_errors() -> tuple:
 
 
 def data_errors() -> tuple:
-    """What the data files the config names raise when they are not what the run reads: a Parquet
-    file or an MLPerf day file missing a column, cut short, or holding a bad label, dense value or
-    id (the message names the file and the row). neo train exits 2 on them, at setup or mid-run."""
+    """What the run's inputs raise when they are not what it needs, at setup or mid-run (neo train
+    exits 2 on them, with the one line): a Parquet file or an MLPerf day file missing a column, cut
+    short, or holding a bad label, dense value or id (the message names the file and the row); a
+    cached table whose backing store cannot be made where its config says, or whose cache is
+    smaller than a batch's distinct rows (the message names the table and both numbers)."""
     from data_pipeline.mlperf_layout import LayoutError
     from data_pipeline.schema import DataFileError
+    from neo.embedding.cache.index import CacheCapacityError
+    from neo.embedding.cache.store import CacheStoreError
 
-    return (DataFileError, LayoutError)
+    return (DataFileError, LayoutError, CacheStoreError, CacheCapacityError)
 
 
 def report_error(e: BaseException, pg, status: int) -> int:
@@ -66,14 +69,11 @@ def report_error(e: BaseException, pg, status: int) -> int:
 
 def json_safe(value):
     """``value`` with every NaN or infinite float (a metric of no samples, one class only) as None:
-    the final line stays valid JSON (``json.dumps`` would write the bare word NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+    the final line stays valid JSON (``json.dumps`` would write the bare word NaN); see
+    :func:`data_pipeline.writer.json_ready`."""
+    from data_pipeline.writer import json_ready
+
+    return json_ready(value)
 
 
 def _parser() -> argparse.ArgumentParser:

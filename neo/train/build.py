@@ -53,6 +53,23 @@ def validate_training_config(cfg) -> None:
         path = getattr(cfg.train, field, None)
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"train.{field}: {path!r} exists and is not a directory")
+    for k, t in enumerate(cfg.tables):                  # a cached table's own store directory
+        path = getattr(t, "cache_dir", None)
+        if path and not os.path.isdir(path):
+            parent = next((p for p in _ancestors(path) if os.path.exists(p)), None)
+            if os.path.exists(path) or (parent is not None and not os.path.isdir(parent)):
+                raise ConfigError(f"tables[{k}].cache_dir: {path!r} is not a directory (table {t.name!r})")
+
+
+def _ancestors(path: str):
+    """``path``'s parent directories, nearest first."""
+    path = os.path.abspath(path)
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        yield parent
+        path = parent
 
 
 # ----------------------------------------------------------------------------- 1. process groups
@@ -365,7 +382,15 @@ def _plan_rank0(cfg, pg, batch_size: int, data: Optional[DataSpec]):
         plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
                                             inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
                                             threads_per_rank=torch.get_num_threads()).to_dict()
-    return plan.to_dict(), format_report(plan)
+    report = format_report(plan)
+    t = cfg.topology
+    if (t.world_size or pg.world_size, t.local_world_size or pg.local_world_size) != (pg.world_size,
+                                                                                       pg.local_world_size):
+        # the config's world is `neo plan`'s; a run plans for the world it was launched with
+        report += (f"\nNote: topology.world_size / local_world_size = {t.world_size} / {t.local_world_size} in the "
+                   f"config; this run was launched with {pg.world_size} / {pg.local_world_size} ranks and is "
+                   "planned for those (the config's values are what `neo plan` plans for)\n")
+    return plan.to_dict(), report
 
 
 def load_plan_file(path: str, specs, world_size: int, local_world_size: int):

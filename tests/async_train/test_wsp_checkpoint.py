@@ -34,6 +34,11 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_ends(tmp_data):
         assert first[r]["losses"] + rest[r]["losses"] == whole[r]["losses"], r        # every step of every rank
         assert_same_state(rest[r], whole[r])
     assert rest[0]["final"]["auc"] == whole[0]["final"]["auc"]
+    # resumed past the config's end (version 6, a run of 8 steps = 4 waves): nothing trained, said so,
+    # throughput 0 and the checkpoint it resumed from (it reported -10M samples/s and an older file)
+    past = run_multiprocess(_wsp, 2, tmp_data, args("part", 8))[0]["final"]
+    assert past["start_version"] == 6 and past["samples_per_s"] == 0 and past["waves"] == 6, past
+    assert past["checkpoint"].endswith("wsp-00000006.pt") and "nothing left to train" in past["note"]
     # staleness 1: the resumed run computes its waves on whatever versions exist; it ends with every
     # version applied, replicas equal, at the final step
     stale = run_multiprocess(_wsp, 2, tmp_data, args("stale", 8, 1))

@@ -73,3 +73,20 @@ def test_criteo_options_that_do_not_fit_are_one_line_with_status_2(tmp_path, cri
         err = capsys.readouterr().err
         assert err.startswith("neo-data criteo-preprocess: error: ") and message in err and "Traceback" not in err, err
         assert not out.exists()
+
+
+def test_summaries_are_strict_json_and_their_path_is_checked_first(tmp_path, capsys):
+    """An empty data set's best AUC is not a number: null in summary.json, not the bare NaN
+    (found by the audit of 2026-11-29); a --summary that cannot be written is refused before any
+    data is (it failed after writing everything)."""
+    out = tmp_path / "empty"
+    assert main(["synth", "-o", str(out), "--samples", "0", "--tables", "2", "--rows", "10", "--no-progress",
+                 "--summary", str(tmp_path / "s.json")]) == 0
+    for path in (out / "summary.json", tmp_path / "s.json"):
+        text = path.read_text()
+        summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"{path}: {c} is not JSON"))
+        assert summary["best_auc"] is None
+    capsys.readouterr()
+    assert main(["synth", "-o", str(tmp_path / "never"), "--samples", "100", "--tables", "2", "--rows", "10",
+                 "--no-progress", "--summary", str(tmp_path)]) == 2
+    assert "--summary" in capsys.readouterr().err and not (tmp_path / "never").exists()

@@ -114,6 +114,10 @@ def test_directories_that_are_files_are_named(tmp_path):
     for field in ("run_dir", "checkpoint_dir", "cache_store_dir"):
         with pytest.raises(ConfigError, match=rf"train\.{field}: '.*afile' exists and is not a directory"):
             validate_training_config(tiny_config(str(tmp_path), f"train.{field}={afile}"))
+    for path in (afile, afile / "sub"):                   # a table's own store directory, or under a file
+        with pytest.raises(ConfigError, match=r"tables\[0\]\.cache_dir: '.*afile.*' is not a directory \(table '"):
+            validate_training_config(tiny_config(str(tmp_path), "tables[0].placement=cached",
+                                                 f"tables[0].cache_dir={path}"))
 
 
 def _neo_train(tmp_data: str, *overrides: str) -> subprocess.CompletedProcess:
@@ -131,6 +135,10 @@ def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_pat
     p = _neo_train(tmp_data, "train.steps=2", "train.batch_size=100000")
     assert p.returncode == 2 and "neo train: error: train.batch_size 100000 x 1 ranks exceeds the" in p.stderr, \
         p.stderr[-2000:]
+    # a cache smaller than a batch's distinct rows, met at the first step: one line, exit 2
+    p = _neo_train(tmp_data, "train.steps=2", "tables[0].placement=cached", "tables[0].cache_load_factor=0.1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert re.search(r"neo train: error: table '\w+#0': a batch needs \d+ distinct rows", p.stderr), p.stderr[-2000:]
     p = _neo_train(tmp_data, "train.steps=12", "train.log_every=4", "optim.lr=1e30")
     assert p.returncode == 1, p.stderr
     assert "the model diverged" in p.stderr and "over steps 1..4" in p.stderr, p.stderr[-2000:]
