@@ -94,8 +94,12 @@ class WSPCheckpoints:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot be read as a WSP checkpoint ({type(e).__name__}: {e})") from None
-        if state.get("format") != WSP_FORMAT:
-            raise CheckpointError(f"{path}: format {state.get('format')!r}, expected {WSP_FORMAT!r}")
+        if not isinstance(state, dict) or state.get("format") != WSP_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"{path}: format {got!r}, expected {WSP_FORMAT!r}")
+        missing = [k for k in ("model", "optimizer") if not isinstance(state.get(k), dict)]
+        if missing:
+            raise CheckpointError(f"{path}: no {' or '.join(missing)} state in it (cut short or not written by this run)")
         for field, mine in expect.items():
             if state.get(field) != mine:
                 raise CheckpointError(f"{path}: written with {field} = {state.get(field)!r}, this run has {mine!r}; "

@@ -206,8 +206,16 @@ class WSPTrainer:
                       if earlier else ""))
             return
         state = self.ckpt.load(version, self._identity())
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:       # shapes or parameters of another model
+            from neo.train.checkpoint import CheckpointError
+
+            first = str(e).strip().splitlines()
+            raise CheckpointError(f"{self.ckpt.path(version)}: does not fit this run's model, tables or optimizer "
+                                  f"({first[0] if first else type(e).__name__} ...); resume with the config it was "
+                                  "written with, or give another train.checkpoint_dir") from None
         self.start_version = version
         self.say(f"neo wsp: resuming at version {version} (step {version * self.wave_steps}) from "
                  f"{self.ckpt.path(version)}")

@@ -168,6 +168,10 @@ class AsyncTrainConfig:
                 if s.rank >= world_size:
                     raise ConfigError(f"async_train.slowdown[{k}].rank: {s.rank} is outside the {world_size} "
                                       f"rank(s) of this run: it would slow nothing down")
+        if self.emulate_speeds and (not speeds or len(set(speeds)) == 1):
+            raise ConfigError("async_train.emulate_speeds: true, but topology.devices gives every rank the same "
+                              "speed: it would slow nothing down; give the ranks their speeds in topology.devices, "
+                              "or remove it")
         for s in self.slowdown:
             if s.rank == rank:
                 return s

@@ -85,7 +85,13 @@ def init_process_groups(train_cfg):
     if not dist.is_initialized():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 or "MASTER_ADDR" in os.environ:
-            store, rank, world = attempt_store(timeout)
+            try:
+                store, rank, world = attempt_store(timeout)
+            except dist.DistNetworkError as e:            # e.g. another process holds MASTER_PORT
+                where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+                raise ConfigError(f"the rendezvous store at MASTER_ADDR:MASTER_PORT = {where} cannot be reached or "
+                                  f"opened ({str(e).strip().splitlines()[0]}); another process may hold the port: "
+                                  "choose another (MASTER_PORT, or torchrun --master-port)") from None
             dist.init_process_group(train_cfg.dist_backend, store=store, rank=rank, world_size=world, timeout=timeout)
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

@@ -215,6 +215,11 @@ def test_worker_groups_check_the_world(tmp_data):
     with pytest.raises(ConfigError, match=r"async_train\.slowdown\[0\]\.rank: 5 is outside the 2 rank\(s\)"):
         slow.slowdown_of(0, world_size=2)
     assert slow.slowdown_of(5, world_size=6).factor == 3 and slow.slowdown_of(0, world_size=6).factor == 1
+    emulate = tiny_config(tmp_data, "async_train.mode=wsp", "async_train.emulate_speeds=true").async_train
+    for speeds in (None, [1.0, 1.0]):                       # no speeds to emulate: it would do nothing
+        with pytest.raises(ConfigError, match=r"async_train\.emulate_speeds: true, but .* same speed"):
+            emulate.slowdown_of(0, speeds, world_size=2)
+    assert emulate.slowdown_of(1, [1.0, 0.25], world_size=2).factor == 4
     from neo.async_train.wsp import check_wsp_config
 
     check_wsp_config(tiny_config(tmp_data, "async_train.mode=wsp", "train.checkpoint_dir=/tmp/x"))   # supported

@@ -55,6 +55,18 @@ def test_a_checkpoint_of_another_run_shape_is_refused(tmp_data):
                                              r"this run has 4"):
         run_multiprocess(_wsp, 2, tmp_data, COMMON + ["train.steps=8", "async_train.wave_steps=4",
                                                       f"train.run_dir={tmp_data}/shape2", f"train.checkpoint_dir={ck}"])
+    # another model: a named CheckpointError, not load_state_dict's traceback (audit of 2026-11-29)
+    with pytest.raises(AssertionError, match=r"CheckpointError: .*wsp-00000002\.pt: does not fit this run's model"):
+        run_multiprocess(_wsp, 2, tmp_data, COMMON + ["train.steps=8", "model.dense_arch=[32,8]",
+                                                      f"train.run_dir={tmp_data}/shape3", f"train.checkpoint_dir={ck}"])
+    import torch                                            # a file with no model state in it
+
+    state = torch.load(f"{ck}/wsp-00000002.pt", weights_only=True)
+    del state["model"]
+    torch.save(state, f"{ck}/wsp-00000002.pt")
+    with pytest.raises(AssertionError, match=r"CheckpointError: .*wsp-00000002\.pt: no model state in it"):
+        run_multiprocess(_wsp, 2, tmp_data, COMMON + ["train.steps=8", f"train.run_dir={tmp_data}/shape4",
+                                                      f"train.checkpoint_dir={ck}"])
 
 
 def test_the_cadence_must_be_a_wave_end(tmp_data):

@@ -210,3 +210,21 @@ def test_neo_plan_refuses_what_neo_train_refuses(tmp_path, capsys):
         assert plan_main(args + ["--out", str(tmp_path / "p.json")]) == 2
         err = capsys.readouterr().err
         assert re.search(message, err) and err.startswith("neo plan: error:"), err
+
+
+def test_a_busy_master_port_is_one_line(tmp_data):
+    """Another process listens on MASTER_PORT: neo train says which address and what to do, exit 2
+    (it was torch's DistNetworkError traceback; audit of 2026-11-29)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                   WORLD_SIZE="1")
+        cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+               f"train.run_dir={tmp_data}/busy", "train.steps=2", "train.collective_timeout_s=20"]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert f"MASTER_ADDR:MASTER_PORT = 127.0.0.1:{port}" in p.stderr and "another process may hold the port" in p.stderr
