@@ -95,7 +95,7 @@ def oracle(name: str, world: int, B: int, mode: str, M: int, split, opt_kind: st
             loss.backward()
             for o in opts:
                 o.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         elif mode == "2bw":
             if shadow is None:
                 shadow = [copy.deepcopy(st) for st in stages]            # W(-1) = W(0)
@@ -111,7 +111,7 @@ def oracle(name: str, world: int, B: int, mode: str, M: int, split, opt_kind: st
                     p.grad = q.grad.clone()
                 o.step()                                                  # W(k+1)
             shadow = current
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         else:                                                             # async: two stages
             assert len(stages) == 2
             R = world // 2                                                # data-parallel replicas
@@ -146,7 +146,7 @@ def oracle(name: str, world: int, B: int, mode: str, M: int, split, opt_kind: st
                     logit = stages[1](*a1)[0]
                     lm = F.binary_cross_entropy_with_logits(logit, y[lo:lo + mb], reduction="sum") / RB
                     lm.backward()
-                    step_loss += float(lm) / R
+                    step_loss += float(lm.detach()) / R
                     boundary.append(a1)
                 for p in stages[1].parameters():
                     p.grad = p.grad * M / R                               # the micro-batch's mean, over replicas
