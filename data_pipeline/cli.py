@@ -296,6 +296,14 @@ def _mlperf_layout(args: argparse.Namespace, prog) -> Dict[str, Any]:
     from .mlperf_write import layout_from_parquet, layout_from_synthetic
     layout = "one_hot" if args.one_hot else "multi_hot"
     if args.from_parquet:
+        # the synthetic generator's options would do nothing here: an error, not a silent no-op
+        synthetic_only = ("samples", "eval_samples", "dense", "rows", "sizes", "distribution", "skew", "seed",
+                          "workers", "auc_samples")
+        defaults = build_parser().parse_args(["mlperf-layout", "--from-synthetic", "-o", args.output])
+        given = [f"--{n.replace('_', '-')}" for n in synthetic_only if getattr(args, n) != getattr(defaults, n)]
+        if given:
+            raise OptionError(f"{', '.join(given)}: options of --from-synthetic; --from-parquet takes the samples "
+                              "as the Parquet holds them")
         return layout_from_parquet(args.from_parquet, args.output, layout, args.days, args.eval_parquet, prog)
     from .synthetic import SynthOptions
     if args.samples is None:

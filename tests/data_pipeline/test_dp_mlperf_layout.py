@@ -50,6 +50,16 @@ def data(tmp_path_factory):
     return d
 
 
+def test_from_parquet_refuses_the_synthetic_options(data, tmp_path, capsys):
+    """--rows, --samples ... act only with --from-synthetic: with --from-parquet they are an error
+    naming them, not ignored (audit of 2026-11-29)."""
+    files = list_parquet_files(os.path.join(data["pq_mh"], "train"))
+    out = tmp_path / "ml"
+    assert main(["mlperf-layout", "--from-parquet", *files[:1], "--days", "2", "-o", str(out), "--rows", "10",
+                 "--samples", "5", "--no-progress"]) == 2
+    assert "--samples, --rows: options of --from-synthetic" in capsys.readouterr().err and not out.exists()
+
+
 def _parquet_rows(directory: str) -> Columns:
     files = list_parquet_files(os.path.join(directory, "train"))
     meta = read_meta(pq.read_schema(files[0]))
