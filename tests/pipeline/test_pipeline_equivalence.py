@@ -59,10 +59,10 @@ def _tables() -> List[TableConfig]:
     return [TableConfig(f"t{i}", num_rows=30 + 7 * i, dim=D, optimizer=o) for i, o in enumerate(opts)]
 
 
-def _batches(world: int) -> List[Tuple[torch.Tensor, KeyedJaggedBatch, torch.Tensor]]:
-    """The global batches (W B samples): dense, sparse, labels; the same on every rank."""
+def _batches(world: int, batch: int = B) -> List[Tuple[torch.Tensor, KeyedJaggedBatch, torch.Tensor]]:
+    """The global batches (W x ``batch`` samples): dense, sparse, labels; the same on every rank."""
     gen = torch.Generator().manual_seed(7)
-    GB, out = B * world, []
+    GB, out = batch * world, []
     for _ in range(STEPS):
         lengths = torch.randint(0, 4, (4 * GB,), generator=gen)
         ids = torch.cat([torch.randint(0, t.num_rows, (int(lengths[i * GB:(i + 1) * GB].sum()),), generator=gen)
@@ -73,14 +73,14 @@ def _batches(world: int) -> List[Tuple[torch.Tensor, KeyedJaggedBatch, torch.Ten
     return out
 
 
-def _local(sparse: KeyedJaggedBatch, rank: int) -> KeyedJaggedBatch:
-    """Samples rank B .. (rank+1) B - 1 of a global batch."""
+def _local(sparse: KeyedJaggedBatch, rank: int, batch: int = B) -> KeyedJaggedBatch:
+    """Samples rank x ``batch`` .. (rank + 1) x ``batch`` - 1 of a global batch."""
     GB, vals, lens = sparse.batch_size, [], []
     for f in range(len(sparse.keys)):
-        lo, hi = f * GB + rank * B, f * GB + (rank + 1) * B
+        lo, hi = f * GB + rank * batch, f * GB + (rank + 1) * batch
         vals.append(sparse.values[int(sparse.offsets[lo]):int(sparse.offsets[hi])])
         lens.append(sparse.lengths[lo:hi])
-    return KeyedJaggedBatch(sparse.keys, torch.cat(vals), torch.cat(lens), B)
+    return KeyedJaggedBatch(sparse.keys, torch.cat(vals), torch.cat(lens), batch)
 
 
 def _model(name: str, embedding):
@@ -117,9 +117,23 @@ def _reference(name: str, world: int) -> Dict[str, Any]:
             "tables": {t.name: emb.table_weight(t.name).detach().clone() for t in _tables()}}
 
 
-def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
-    from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
+def _pipelined(pg, name: str, init: Dict[str, torch.Tensor], S: int, schedule: str, v: int, M: int, split,
+               batch: int = B):
+    """The model ``name`` over tables sharded four ways (TYPES), loaded with ``init``, its dense
+    part pipelined: (sharded collection, model, PipelinedDense)."""
+    from neo.distributed import ShardedEmbeddingCollection, even_plan
     from neo.pipeline.trainer import PipelinedDense
+
+    sec = ShardedEmbeddingCollection(_tables(), even_plan(_tables(), TYPES, pg.world_size), pg, backend="auto", seed=3)
+    sec.load_full_weights(init)
+    cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=M, virtual_stages=v, split=split)
+    cfg.validate()
+    model = _model(name, sec)
+    return sec, model, PipelinedDense(cfg, model, pg, batch, NUM_DENSE, 4 * D)
+
+
+def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
+    from neo.distributed import ProcessGroups
 
     pg = ProcessGroups.build(world, shm=False)
     refs: Dict[str, Dict[str, Any]] = {}
@@ -128,12 +142,7 @@ def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
         if name not in refs:
             refs[name] = _reference(name, world)
         ref = refs[name]
-        sec = ShardedEmbeddingCollection(_tables(), even_plan(_tables(), TYPES, world), pg, backend="auto", seed=3)
-        sec.load_full_weights(ref["init"])
-        model = _model(name, sec)
-        cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=M, virtual_stages=v, split=split)
-        cfg.validate()
-        pipe = PipelinedDense(cfg, model, pg, B, NUM_DENSE, 4 * D)
+        sec, model, pipe = _pipelined(pg, name, ref["init"], S, schedule, v, M, split)
         opt = _optimizer(pipe.parameters())
         losses = []
         for dense, sparse, y in _batches(world):

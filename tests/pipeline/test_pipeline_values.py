@@ -24,11 +24,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from neo.sparse import KeyedJaggedBatch
 from tests.multiprocess import run_multiprocess
-from tests.pipeline.test_pipeline_equivalence import NUM_DENSE, TYPES, D, _model, _tables
+from tests.pipeline.test_pipeline_equivalence import STEPS, _batches, _local, _model, _pipelined, _tables
 
-STEPS = 3
 TOL = 1e-6
 MLP_SPLIT, DCN_SPLIT = [[0, 2], [3, 9]], [[0, 2], [3, 10]]
 # (model, stages, schedule, virtual stages, micro-batches, split, batch per rank, optimizer, oracle)
@@ -40,28 +38,6 @@ CASES = [
     ("mlp", 2, "pipedream_2bw", 1, 4, MLP_SPLIT, 4, "sgd", "2bw"),
     ("dcn", 2, "pipedream_2bw", 1, 3, DCN_SPLIT, 3, "adagrad", "2bw"),
 ]
-
-
-def _batches(world: int, B: int):
-    """STEPS global batches of world x B samples: (dense (GB, NUM_DENSE), sparse, labels (GB,))."""
-    gen = torch.Generator().manual_seed(7)
-    GB, out = B * world, []
-    for _ in range(STEPS):
-        lengths = torch.randint(0, 4, (4 * GB,), generator=gen)
-        ids = torch.cat([torch.randint(0, t.num_rows, (int(lengths[i * GB:(i + 1) * GB].sum()),), generator=gen)
-                         for i, t in enumerate(_tables())])
-        sparse = KeyedJaggedBatch(tuple(t.name for t in _tables()), ids, lengths, GB)
-        out.append((torch.randn(GB, NUM_DENSE, generator=gen), sparse, torch.randint(0, 2, (GB,), generator=gen).float()))
-    return out
-
-
-def _local(sparse: KeyedJaggedBatch, rank: int, B: int) -> KeyedJaggedBatch:
-    GB, vals, lens = sparse.batch_size, [], []
-    for f in range(len(sparse.keys)):
-        lo, hi = f * GB + rank * B, f * GB + (rank + 1) * B
-        vals.append(sparse.values[int(sparse.offsets[lo]):int(sparse.offsets[hi])])
-        lens.append(sparse.lengths[lo:hi])
-    return KeyedJaggedBatch(sparse.keys, torch.cat(vals), torch.cat(lens), B)
 
 
 def _torch_optimizer(kind: str, params):
@@ -166,22 +142,15 @@ def oracle(name: str, world: int, B: int, mode: str, M: int, split, opt_kind: st
 
 
 def _neo_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
-    from neo.config.parallel import PipelineConfig
     from neo.config.train import OptimConfig
-    from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
-    from neo.pipeline.trainer import PipelinedDense
+    from neo.distributed import ProcessGroups
     from neo.train.trainer import dense_optimizer
 
     pg = ProcessGroups.build(world, shm=False)
     out = []
     for name, S, schedule, v, M, split, B, opt_kind, mode in cases:
         ref = oracle(name, world, B, mode, M, split, opt_kind)
-        sec = ShardedEmbeddingCollection(_tables(), even_plan(_tables(), TYPES, world), pg, backend="auto", seed=3)
-        sec.load_full_weights(ref["init"])
-        model = _model(name, sec)
-        cfg = PipelineConfig(stages=S, schedule=schedule, micro_batches=M, virtual_stages=v, split=split)
-        cfg.validate()
-        pipe = PipelinedDense(cfg, model, pg, B, NUM_DENSE, 4 * D)
+        sec, _, pipe = _pipelined(pg, name, ref["init"], S, schedule, v, M, split, batch=B)
         opt = dense_optimizer(OptimConfig(type=opt_kind, lr=0.05, eps=1e-8), pipe.parameters())
         losses = []
         for dense, sparse, y in _batches(world, B):
