@@ -59,6 +59,8 @@ import torch.nn.functional as F
 from neo.async_train.checkpoint import WSPCheckpoints
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
 from neo.config.embedding import ConfigError
+from neo.distributed.comms import CollectiveError, is_comm_error
+from neo.distributed.heartbeat import Heartbeat
 from neo.distributed.process_groups import on_rank0
 from neo.train.build import build_job, rename_features, validate_training_config
 from neo.train.metrics import BinaryMetrics
@@ -178,6 +180,8 @@ class WSPTrainer:
         self.step = self.start_version * self.wave_steps
         self.version = self.start_version
         """Versions (aggregated waves) applied to this worker's replica."""
+        # which worker stopped, when a wait for a version or a push times out (as neo train's)
+        self.heartbeat = Heartbeat(None, self.rank, self.W, phase=lambda: f"version {self.version}")
         self.losses: List[float] = []
         self.waves_log: List[Dict[str, Any]] = []
         """Per wave this worker ran: when it started, the version it computed on, its staleness."""
@@ -317,10 +321,23 @@ class WSPTrainer:
         return float(loss.detach())
 
     def fit(self) -> Dict[str, Any]:
+        """Train; a wait for a version, or a push or pull, that fails or times out (a worker died
+        or stalled) raises :class:`~neo.distributed.comms.CollectiveError` naming, from the
+        heartbeats, the worker at fault."""
         try:
             with StopSignals(self.cfg.train.stop_signals) as stop:
                 return self._fit(stop)
+        except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
+            if isinstance(e, (CheckpointError, ConfigError)) or not (
+                    isinstance(e, (CollectiveError, dist.DistError)) or is_comm_error(e) or "stalled" in str(e)):
+                raise
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise CollectiveError(
+                f"rank {self.rank}: step {self.step + 1} (version {self.version}): a worker did not answer within "
+                f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: "
+                f"{self.heartbeat.diagnose()}. Cause: {cause}") from e
         finally:
+            self.heartbeat.close()
             self._release()
 
     # ------------------------------------------------------------------ stopping (train.stop_signals)
@@ -404,6 +421,7 @@ class WSPTrainer:
                     with self.timers("slowdown"):
                         time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
                 self.step += 1
+                self.heartbeat.step = self.step
                 self.losses.append(loss)
                 window, window_n = window + loss, window_n + 1
                 runlog.advance(1, loss=loss)

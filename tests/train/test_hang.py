@@ -76,3 +76,46 @@ def test_a_stopped_rank_is_named_within_the_timeout(tmp_data, shm):
     assert any(op in msg for op in ("AlltoAll", "AllReduce")), msg   # the operation
     # the first collective of that step that needs rank 1 waits out the timeout, then fails
     assert TIMEOUT_S - 0.5 < out["waited"] < TIMEOUT_S + 4, out["waited"]
+
+
+def _stop_rank_one_wsp(rank, world_size, tmp, stop_at):
+    """As _stop_rank_one, under async_train.mode: wsp (staleness 1): rank 0 waits for a version
+    rank 1 never pushes."""
+    from neo.async_train import WSPTrainer
+    from neo.distributed.comms import CollectiveError
+
+    pids = [None] * world_size
+    dist.all_gather_object(pids, os.getpid())
+    cfg = tiny_config(tmp, "train.steps=40", "async_train.mode=wsp", "async_train.staleness=1",
+                      f"train.collective_timeout_s={TIMEOUT_S}", "train.eval_every=0")
+    tr = WSPTrainer(cfg, log=lambda *a, **k: None)
+    if rank == 1:
+        step_fn = tr._local_step
+
+        def stopping_step(batch, payload):
+            if tr.step == stop_at:
+                os.kill(os.getpid(), signal.SIGSTOP)            # rank 0 kills this process when it notices
+            return step_fn(batch, payload)
+
+        tr._local_step = stopping_step
+        tr.fit()
+        return "rank 1 was not stopped"
+    try:
+        tr.fit()
+        error = None
+    except CollectiveError as e:
+        error = str(e)
+    os.kill(pids[1], signal.SIGKILL)
+    return {"error": error}
+
+
+def test_a_stopped_wsp_worker_is_named_within_the_timeout(tmp_data):
+    """WSP waits on the store for versions, not in a collective: that wait's timeout names the
+    worker at fault from the heartbeats too (it was a bare DistStoreError naming a store key;
+    audit of 2026-11-29)."""
+    out, dead = run_multiprocess(_stop_rank_one_wsp, 2, tmp_data, 6, collective_timeout_s=TIMEOUT_S,
+                                 may_die=[1], timeout_s=120)
+    assert dead is None and out["error"] is not None, "rank 0 finished although rank 1 had stopped"
+    msg = out["error"]
+    assert msg.startswith("rank 0: step ") and "a worker did not answer within train.collective_timeout_s = 6 s" in msg
+    assert "rank 1 has sent no heartbeat" in msg, msg
