@@ -21,6 +21,21 @@ from tests.train.test_trainer import MIXED, tiny_config
 TIMEOUT_S = 6.0
 
 
+def _stopped_at(tr, step_method: str, stop_at: int) -> str:
+    """Rank 1's part: train ``tr``, stopping this process (SIGSTOP) as its step ``stop_at`` starts
+    (rank 0 kills it when it notices); returns only if it was never stopped."""
+    step_fn = getattr(tr, step_method)
+
+    def stopping_step(*args):
+        if tr.step == stop_at:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return step_fn(*args)
+
+    setattr(tr, step_method, stopping_step)
+    tr.fit()
+    return "rank 1 was not stopped"
+
+
 def _stop_rank_one(rank, world_size, tmp, stop_at, shm):
     from neo.distributed.comms import CollectiveError
     from neo.train.trainer import Trainer
@@ -31,16 +46,7 @@ def _stop_rank_one(rank, world_size, tmp, stop_at, shm):
                       f"train.collective_timeout_s={TIMEOUT_S}", *MIXED)
     tr = Trainer(cfg, log=lambda *a, **k: None)
     if rank == 1:
-        step_fn = tr._train_step
-
-        def stopping_step(sb, dist_batch):
-            if tr.step == stop_at:
-                os.kill(os.getpid(), signal.SIGSTOP)            # rank 0 kills this process when it notices
-            return step_fn(sb, dist_batch)
-
-        tr._train_step = stopping_step
-        tr.fit()
-        return "rank 1 was not stopped"
+        return _stopped_at(tr, "_train_step", stop_at)
     entered = {}
     step_fn = tr._train_step
 
@@ -90,16 +96,7 @@ def _stop_rank_one_wsp(rank, world_size, tmp, stop_at):
                       f"train.collective_timeout_s={TIMEOUT_S}", "train.eval_every=0")
     tr = WSPTrainer(cfg, log=lambda *a, **k: None)
     if rank == 1:
-        step_fn = tr._local_step
-
-        def stopping_step(batch, payload):
-            if tr.step == stop_at:
-                os.kill(os.getpid(), signal.SIGSTOP)            # rank 0 kills this process when it notices
-            return step_fn(batch, payload)
-
-        tr._local_step = stopping_step
-        tr.fit()
-        return "rank 1 was not stopped"
+        return _stopped_at(tr, "_local_step", stop_at)
     try:
         tr.fit()
         error = None
