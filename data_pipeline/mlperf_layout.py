@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from .loader import Batch, LoaderOptions, ParquetLoader
-from .reader import take_rows
+from .reader import first_bad_label, first_nonfinite, take_rows
 from .schema import DatasetMeta, sparse_names
 from .writer import Columns
 
@@ -173,20 +173,16 @@ class Day:
         checked by :func:`scan_ids` and at the lookup)."""
         label = np.asarray(self.labels[sel]).reshape(-1)
         dense = np.asarray(self.dense[sel])
-        bad = ~((label >= 0) & (label <= 1))
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
+        bad = first_bad_label(label)
+        if bad is not None:
+            k, count = bad
             raise LayoutError(f"{self.paths[2]}: row {self._row(sel, k)} holds label {label[k]}, labels must be in "
-                              f"[0, 1] ({int(bad.sum())} such rows in the {len(label)} read)")
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = np.add.reduce(dense, axis=None) if dense.size else 0.0
-        if not np.isfinite(total):          # a NaN or inf makes the sum so (or, rarely, an overflow alone)
-            nonfinite = ~np.isfinite(dense)
-            if nonfinite.any():
-                k, j = (int(x) for x in np.argwhere(nonfinite)[0])
-                raise LayoutError(f"{self.paths[0]}: row {self._row(sel, k)} feature {j} is {dense[k, j]} "
-                                  f"({int(nonfinite.sum())} non-finite values in the {len(dense)} rows read); "
-                                  "dense features must be finite")
+                              f"[0, 1] ({count} such rows in the {len(label)} read)")
+        nonfinite = first_nonfinite(dense)
+        if nonfinite is not None:
+            k, j, count = nonfinite
+            raise LayoutError(f"{self.paths[0]}: row {self._row(sel, k)} feature {j} is {dense[k, j]} "
+                              f"({count} non-finite values in the {len(dense)} rows read); dense features must be finite")
         if self.one_hot:
             block = np.asarray(self.sparse[sel])  # (n, F)
             sparse: List[object] = [block[:, f] for f in range(block.shape[1])]

@@ -4,7 +4,7 @@ loader and ``inspect``."""
 from __future__ import annotations
 
 import os
-from typing import List, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -120,14 +120,37 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
+def first_bad_label(label: np.ndarray) -> Optional[Tuple[int, int]]:
+    """(first row, how many) of the labels outside [0, 1] (NaN fails the range test too), or None."""
+    if not len(label) or (label.min() >= 0 and label.max() <= 1):
+        return None
+    bad = ~((label >= 0) & (label <= 1))
+    return int(np.flatnonzero(bad)[0]), int(bad.sum())
+
+
+def first_nonfinite(dense: np.ndarray) -> Optional[Tuple[int, int, int]]:
+    """(row, feature, how many) of the first NaN or inf of ``dense`` (n, D), or None. One sum
+    first: only when it is not finite (a NaN or inf anywhere makes it so, finite values rarely)
+    is the array searched."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(dense, axis=None) if dense.size else 0.0
+    if np.isfinite(total):
+        return None
+    bad = ~np.isfinite(dense)
+    if not bad.any():                      # the sum's overflow alone is no error
+        return None
+    row, j = (int(x) for x in np.argwhere(bad)[0])
+    return row, j, int(bad.sum())
+
+
 def _label(col: pa.Array, where: str) -> np.ndarray:
     """(n,) labels; integers or floats, every one in [0, 1] (NaN fails the range test too)."""
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         raise DataFileError(f"{where}column 'label': type {col.type}, expected integers (0 or 1)")
     label = col.to_numpy()
-    if len(label) and not (label.min() >= 0 and label.max() <= 1):
-        row = int(np.flatnonzero(~((label >= 0) & (label <= 1)))[0])
-        raise DataFileError(f"{where}column 'label': row {row} holds {label[row]}, labels must be in [0, 1]")
+    bad = first_bad_label(label)
+    if bad is not None:
+        raise DataFileError(f"{where}column 'label': row {bad[0]} holds {label[bad[0]]}, labels must be in [0, 1]")
     return label
 
 
@@ -148,21 +171,12 @@ def _dense(col: pa.Array, n: int, width: int, where: str) -> np.ndarray:
             raise DataFileError(f"{where}column 'dense': row {int(bad[0])} holds {int(lens[bad[0]])} values, "
                                 f"the metadata says {width} per row ({len(bad)} such rows)")
     dense = col.flatten().to_numpy().reshape(n, width)  # (n, D)
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = np.add.reduce(dense, axis=None) if dense.size else 0.0
-    if not np.isfinite(total):
-        _check_finite(dense, where)
-    return dense
-
-
-def _check_finite(dense: np.ndarray, where: str) -> None:
-    """Raise on the first NaN / inf of ``dense`` (the sum's overflow alone is no error). Called
-    only when the sum is not finite: a NaN or inf anywhere makes it so, finite values rarely."""
-    bad = ~np.isfinite(dense)
-    if bad.any():
-        row, j = (int(x) for x in np.argwhere(bad)[0])
+    bad = first_nonfinite(dense)
+    if bad is not None:
+        row, j, count = bad
         raise DataFileError(f"{where}column 'dense': row {row} feature {j} is {dense[row, j]} "
-                            f"({int(bad.sum())} non-finite values); dense features must be finite")
+                            f"({count} non-finite values); dense features must be finite")
+    return dense
 
 
 def take_from_parts(parts: Sequence[Columns], idx: np.ndarray) -> Columns:

@@ -103,8 +103,10 @@ class WaveClock:
             if stop():
                 raise WaveStop()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"wsp: version {version} was not aggregated within {self.timeout}: a worker "
-                                   "stalled or died")
+                from neo.distributed.comms import CollectiveError
+
+                raise CollectiveError(f"wsp: version {version} was not aggregated within {self.timeout}: a "
+                                      "worker stalled or died")
             time.sleep(0.001)
 
     # ------------------------------------------------------------------ stopping (train.stop_signals)

@@ -329,7 +329,7 @@ class WSPTrainer:
                 return self._fit(stop)
         except Exception as e:  # noqa: BLE001 - re-raised, named when it is a communication failure
             if isinstance(e, (CheckpointError, ConfigError)) or not (
-                    isinstance(e, (CollectiveError, dist.DistError)) or is_comm_error(e) or "stalled" in str(e)):
+                    isinstance(e, (CollectiveError, dist.DistError)) or is_comm_error(e)):
                 raise
             cause = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
             raise CollectiveError(
@@ -521,7 +521,8 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
-    from neo.commands.train import data_errors, json_safe, report_error, setup_errors
+    from data_pipeline.writer import json_ready
+    from neo.commands.train import input_errors, report_error, setup_errors
     from neo.distributed import end_process_groups
 
     try:
@@ -530,7 +531,7 @@ def run(cfg, pg=None) -> int:
         return report_error(e, pg, 2)
     try:
         final, rank = trainer.fit(), trainer.rank
-    except data_errors() as e:       # a bad row of a data file, met as the run reads it
+    except input_errors() as e:       # a bad data row, or a cache too small, met as the run goes
         return report_error(e, pg, 2)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = final.get("exit_status", 0)           # 128 + N: a signal of train.stop_signals stopped it
@@ -540,7 +541,7 @@ def run(cfg, pg=None) -> int:
                 if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
             print(f"neo wsp: stopped by {final['stopped']} at version {final['version']}; {where}",
                   file=sys.stderr, flush=True)
-        print(json.dumps(json_safe(final), allow_nan=False), flush=True)
+        print(json.dumps(json_ready(final), allow_nan=False), flush=True)
     if pg is None:
         end_process_groups()
     return status

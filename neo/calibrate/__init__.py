@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -240,29 +239,6 @@ def _init():
     return ProcessGroups.build(int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
 
 
-def _check_out(path: str) -> Optional[str]:
-    """Why the calibration cannot be written to ``path`` (None: it can), found before measuring:
-    a directory, a parent that is a file or cannot be created, a directory that takes no file."""
-    if os.path.isdir(path):
-        return "is a directory"
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = parent
-    while not os.path.exists(existing):       # the directories main() will create
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{existing} is not a directory"
-    if existing != parent:
-        if not os.access(existing, os.W_OK | os.X_OK):
-            return f"its directory cannot be created ({existing} is not writable)"
-        return None
-    try:                                      # what the write needs: a temporary file beside it
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-calibrate-probe-"):
-            pass
-    except OSError as e:
-        return f"cannot write in its directory ({e.strerror or e})"
-    return None
-
-
 def _write_json(doc: Dict[str, Any], path: str) -> None:
     """``doc`` to ``path`` atomically (a temporary file renamed over it); the temporary file is
     never left behind."""
@@ -286,11 +262,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch.distributed as dist
 
     from neo.calibrate import measure
+    from neo.commands.arg_types import output_problem
     from neo.planner.constants import FORMAT, calibration_path
 
     machine = _machine()
     path = args.out or calibration_path(machine)
-    why = _check_out(path)                    # before minutes of measuring, on every rank
+    why = output_problem(path, make_dirs=True)      # before minutes of measuring, on every rank
     if why:
         print(f"neo calibrate: error: {'--out ' if args.out else 'calibration file '}{path}: {why}", file=sys.stderr)
         return 2

@@ -1,8 +1,40 @@
-"""Argument types shared by the ``neo`` subcommands' parsers (argparse ``type=``)."""
+"""Argument types shared by the ``neo`` subcommands' parsers (argparse ``type=``), and the check
+of an output file's path that they make before their work."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
+from typing import Optional
+
+
+def output_problem(path: str, make_dirs: bool = False) -> Optional[str]:
+    """Why a command could not write its output file ``path`` (None: it can), found before the
+    work that produces it: a directory, a missing parent (``make_dirs``: one that cannot be made),
+    a file not writable, a directory that takes no new file (``/proc``)."""
+    if os.path.isdir(path):
+        return "is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        if not make_dirs:
+            return "its directory does not exist"
+        existing = parent
+        while not os.path.exists(existing):       # the directories the command will make
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            return f"{existing} is not a directory"
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"its directory cannot be created ({existing} is not writable)"
+        return None
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "is not writable"
+    try:                                          # what the write needs: a new file beside it
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-output-probe-"):
+            pass
+    except OSError as e:
+        return f"cannot write in its directory ({e.strerror or e})"
+    return None
 
 
 def positive_int(text: str) -> int:

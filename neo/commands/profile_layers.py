@@ -22,10 +22,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from typing import List, Optional
 
-from neo.commands.arg_types import positive_float, positive_int
+from neo.commands.arg_types import output_problem, positive_float, positive_int
 from neo.config import ConfigError, load_config
 
 MAX_BATCH = 1 << 24
@@ -42,23 +41,6 @@ def _bounded_int(low: int, high: int, why: str):
             raise argparse.ArgumentTypeError(f"must be in [{low}, {high}] ({why}), got {v}")
         return v
     return parse
-
-
-def _check_out(path: str) -> Optional[str]:
-    """Why the profile cannot be written to ``path`` (None: it can), found before profiling."""
-    if os.path.isdir(path):
-        return "is a directory"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return "its directory does not exist"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return "is not writable"
-    try:                                  # what open() will need: a file may be created there (/proc: no)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-profile-probe-"):
-            pass
-    except OSError as e:
-        return f"cannot write in its directory ({e.strerror or e})"
-    return None
 
 
 def _free_bytes(device) -> Optional[int]:
@@ -128,7 +110,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError(f"--device {args.device}: this torch has no CUDA device (built without CUDA, or "
                               "none visible): use --device cpu")
         if args.out:              # found now, not after the profiling
-            why = _check_out(args.out)
+            why = output_problem(args.out)
             if why:
                 raise ConfigError(f"--out {args.out}: {why}")
         free = _free_bytes(device)

@@ -26,7 +26,7 @@ from typing import List, Optional
 
 from neo.config import ConfigError, load_config
 
-__all__ = ["main", "run", "setup_errors", "data_errors", "report_error"]
+__all__ = ["main", "run", "setup_errors", "input_errors", "report_error"]
 
 
 def setup_errors() -> tuple:
@@ -39,10 +39,10 @@ def setup_errors() -> tuple:
     paths = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
     # CheckpointError here: the checkpoint to resume from does not fit the config, or none is intact,
     # or another run holds the lease on train.checkpoint_dir (neo/train/checkpoint/lease.py)
-    return (ConfigError, PlanningError, PlanError, CheckpointError) + paths + data_errors()
+    return (ConfigError, PlanningError, PlanError, CheckpointError) + paths + input_errors()
 
 
-def data_errors() -> tuple:
+def input_errors() -> tuple:
     """What the run's inputs raise when they are not what it needs, at setup or mid-run (neo train
     exits 2 on them, with the one line): a Parquet file or an MLPerf day file missing a column, cut
     short, or holding a bad label, dense value or id (the message names the file and the row); a
@@ -65,15 +65,6 @@ def report_error(e: BaseException, pg, status: int) -> int:
     if pg is None:
         end_process_groups()
     return status
-
-
-def json_safe(value):
-    """``value`` with every NaN or infinite float (a metric of no samples, one class only) as None:
-    the final line stays valid JSON (``json.dumps`` would write the bare word NaN); see
-    :func:`data_pipeline.writer.json_ready`."""
-    from data_pipeline.writer import json_ready
-
-    return json_ready(value)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,7 +99,7 @@ def run(cfg, pg=None) -> int:
         final, rank = trainer.fit(), trainer.rank
     except TrainingDiverged as e:
         return report_error(e, pg, 1)
-    except data_errors() as e:                       # a bad row of a data file, met as the run reads it
+    except input_errors() as e:                       # a bad data row, or a cache too small, met as the run goes
         return report_error(e, pg, 2)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = 0
@@ -133,7 +124,9 @@ def run(cfg, pg=None) -> int:
         if final.get("eval_samples") == 0:
             print("neo train: warning: the validation data held no samples: auc, logloss and accuracy are null",
                   file=sys.stderr, flush=True)
-        print(json.dumps(json_safe(final), allow_nan=False), flush=True)
+        from data_pipeline.writer import json_ready       # NaN metrics (no samples) as null
+
+        print(json.dumps(json_ready(final), allow_nan=False), flush=True)
     if pg is None:
         end_process_groups()
     return status

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 import torch
 
 from neo.embedding.cache import Prefetched
-from neo.embedding.checks import EmbeddingInputError, check_features, count_bad_ids
+from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
@@ -175,18 +175,6 @@ def _raiser(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Callable[[
     return on_invalid
 
 
-def _count_skipped(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> None:
-    """Add ``batch``'s invalid ids (its own ids, not cache slots) to the module's per-feature
-    counts (:attr:`~neo.embedding.TableBatchedEmbedding.skipped_ids`), once per id, on the
-    tables' device (no wait for it)."""
-    pos = {f: i for i, f in enumerate(emb._group_order)}
-    where = torch.tensor([pos[f] for f in batch.keys], dtype=torch.int64, device=emb._skipped.device)
-    rows = emb._feature_num_rows.index_select(0, where)                               # (F,) batch key order
-    per_feature = count_bad_ids(batch.values.to(torch.int64), batch.offsets.to(torch.int64), batch.batch_size,
-                                rows.to(batch.values.device))                        # (F,)
-    emb._skipped.index_add_(0, where, per_feature.to(emb._skipped.device))
-
-
 def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
     """Every feature's embeddings, one row per id (module doc). The batch must hold exactly the
     module's features (as for the pooled lookup); ids are checked unless ``validate=False``,
@@ -233,8 +221,9 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
         rows = [_lookup(lk.runner, ids, on_invalid) for lk, ids in zip(lookups, table_ids)]
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
-    if count and (seen_invalid or not kernel_counts):
-        _count_skipped(emb, batch)
+    if count and (seen_invalid or not kernel_counts):        # its own ids (not cache slots), in group order
+        p = batch.permute(emb._group_order)
+        emb._count_skipped(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
     out: Dict[str, SequenceEmbedding] = {}
     for feats, r in zip(features, rows):                                                 # r: (N_t, D_t)
         for f, part in zip(feats, torch.split(r, [by_feature[f][0].numel() for f in feats])):

@@ -139,8 +139,6 @@ class Topology:
         bad = [k for k, d in enumerate(devs) if not isinstance(d, Device)]
         if bad:
             raise PlanningError(f"topology: devices[{bad[0]}] is a {type(devs[bad[0]]).__name__}, not a Device")
-        if any(not (math.isfinite(d.speed) and d.speed > 0) for d in devs):
-            raise PlanningError("topology: every device speed must be a finite number > 0")
         if self.batch_size_per_rank <= 0:
             raise PlanningError(f"topology: batch_size_per_rank must be > 0, got {self.batch_size_per_rank}")
         object.__setattr__(self, "devices", devs)

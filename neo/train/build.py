@@ -53,23 +53,14 @@ def validate_training_config(cfg) -> None:
         path = getattr(cfg.train, field, None)
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"train.{field}: {path!r} exists and is not a directory")
-    for k, t in enumerate(cfg.tables):                  # a cached table's own store directory
+    for k, t in enumerate(cfg.tables):                  # a cached table's own store directory (made if missing)
         path = getattr(t, "cache_dir", None)
-        if path and not os.path.isdir(path):
-            parent = next((p for p in _ancestors(path) if os.path.exists(p)), None)
-            if os.path.exists(path) or (parent is not None and not os.path.isdir(parent)):
+        if path:
+            existing = os.path.abspath(path)
+            while not os.path.exists(existing):           # the part that exists must be a directory
+                existing = os.path.dirname(existing)
+            if not os.path.isdir(existing):
                 raise ConfigError(f"tables[{k}].cache_dir: {path!r} is not a directory (table {t.name!r})")
-
-
-def _ancestors(path: str):
-    """``path``'s parent directories, nearest first."""
-    path = os.path.abspath(path)
-    while True:
-        parent = os.path.dirname(path)
-        if parent == path:
-            return
-        yield parent
-        path = parent
 
 
 # ----------------------------------------------------------------------------- 1. process groups

@@ -177,11 +177,11 @@ def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, ov
 def test_the_final_line_stays_json_when_a_metric_is_not_a_number():
     """No validation samples (an empty validation file) give NaN metrics: the final line writes
     them as null (json.dumps would write the bare word NaN, which JSON parsers refuse)."""
-    from neo.commands.train import json_safe
+    from data_pipeline.writer import json_ready
 
     final = {"auc": float("nan"), "logloss": float("inf"), "eval_samples": 0, "steps": 3,
              "phase_ms_per_step": {"data": 0.5, "lookup": float("-inf")}, "curve": [1.0, float("nan")]}
-    line = json.dumps(json_safe(final), allow_nan=False)
+    line = json.dumps(json_ready(final), allow_nan=False)
     assert json.loads(line) == {"auc": None, "logloss": None, "eval_samples": 0, "steps": 3,
                                 "phase_ms_per_step": {"data": 0.5, "lookup": None}, "curve": [1.0, None]}
 
