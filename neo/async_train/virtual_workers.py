@@ -136,7 +136,11 @@ def split_dense(profile, groups: Sequence[Sequence[int]], devices: Sequence[Any]
 def virtual_worker_plan(cfg, workers: int, profile=None, world_size: Optional[int] = None,
                         local_world_size: Optional[int] = None, bandwidth_gbps: Optional[float] = None) -> Dict[str, Any]:
     """The virtual workers of ``cfg``'s topology (``topology.devices`` speeds) and, with a layer
-    profile (``neo profile-layers``), each one's dense split. JSON-able."""
+    profile (``neo profile-layers``), each one's dense split. JSON-able. ``world_size`` and
+    ``local_world_size`` (None: the config's) must be integers >= 1."""
+    for name, v in (("world_size", world_size), ("local_world_size", local_world_size)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
     W = world_size or cfg.topology.world_size
     topo = cfg.topology.to_topology(W, local_world_size or cfg.topology.local_world_size or W)
     speeds = [d.speed for d in topo.devices]
@@ -152,7 +156,9 @@ def virtual_worker_plan(cfg, workers: int, profile=None, world_size: Optional[in
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m neo.async_train.virtual_workers CONFIG --workers K [--profile P.json] [--world-size W]``"""
+    """``python -m neo.async_train.virtual_workers CONFIG --workers K [--profile P.json [--bandwidth-gbps G]]
+    [--world-size W]``"""
+    from neo.commands.arg_types import positive_float, positive_int
     from neo.config import ConfigError, load_config
     from neo.pipeline.partition import PartitionError, load_profile
 
@@ -160,11 +166,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 description="Group a heterogeneous topology into virtual workers of equal speed.")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--workers", type=int, required=True, help="virtual workers")
+    p.add_argument("--workers", type=positive_int, required=True, help="virtual workers")
     p.add_argument("--profile", default=None, help="layer profile (neo profile-layers --out): split each worker's layers")
-    p.add_argument("--world-size", type=int, default=None)
-    p.add_argument("--bandwidth-gbps", type=float, default=None)
+    p.add_argument("--world-size", type=positive_int, default=None, help="total ranks (default: topology.world_size)")
+    p.add_argument("--bandwidth-gbps", type=positive_float, default=None,
+                   help="with --profile: point-to-point GB/s of the dense split (default: the profile's)")
     args = p.parse_intermixed_args(argv)
+    if args.bandwidth_gbps is not None and not args.profile:
+        print("virtual_workers: error: --bandwidth-gbps needs --profile (it is the bandwidth of the dense split, "
+              "which only a profile gives)", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
         profile = load_profile(args.profile) if args.profile else None

@@ -7,6 +7,10 @@ the loader iterates over the fields, types each section with :mod:`neo.config.ty
 ``topology.devices[0].ranks``; 1,000 tables load in a fraction of a second) and calls the
 section's ``validate(where)`` when it has one.
 
+YAML anchors, aliases and merge keys work (``- &base {num_rows: 1000, dim: 16, name: t0}``,
+then ``- {<<: *base, name: t1}``); an anchor goes on a value of a known section, as unknown
+top-level sections are refused.
+
 Dotted overrides (``topology.hbm_gib=40``, ``tables[2].dim=64``, ``tables.2.dim=64``) are
 applied to the YAML before validation; values are parsed as YAML scalars. Every failure,
 whatever the input (bad YAML, text that is not UTF-8, wrong types, NaN, integers beyond 64
@@ -41,12 +45,20 @@ _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml's pars
 
 class _YAML_LOADER(_BASE_LOADER):
     """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
-    silently: a second ``train:`` section would replace the first whole)."""
+    silently: a second ``train:`` section would replace the first whole). Merge keys
+    (``<<: *base``, ``<<: [*a, *b]``) are YAML 1.1's, as PyYAML reads them: the mapping's own keys
+    replace merged ones."""
 
-    def construct_mapping(self, node, deep=False):
-        first = {}
+    def flatten_mapping(self, node):
+        """Merge the ``<<`` keys of ``node`` into it (the base class, which every mapping's
+        construction calls), after refusing a key the mapping itself gives twice; then one pair
+        per key, the one that wins, so that merges of merges stay the size of their keys (PyYAML
+        before its merge-key fix appends every merged pair: 9 levels of 9 aliases, 9^9 pairs)."""
+        first: Dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
             try:
                 hash(key)
             except TypeError:
@@ -55,7 +67,16 @@ class _YAML_LOADER(_BASE_LOADER):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first given on line {first[key] + 1})", key_node.start_mark)
             first[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+        super().flatten_mapping(node)
+        pairs: Dict[Any, Any] = {}
+        for pair in node.value:                            # the first place of a key, its last (winning) pair
+            key = self.construct_object(pair[0])
+            try:
+                pairs[key] = pair
+            except TypeError:
+                pairs[object()] = pair                     # unhashable: kept for the base class to report
+        node.value = list(pairs.values())
+
 
 __all__ = ["NeoConfig", "load_config", "config_from_dict", "apply_overrides"]
 

@@ -14,13 +14,17 @@ from typing import List, Optional
 
 from neo.config.embedding import (CachePolicy, CacheStore, ConfigError, OptimizerConfig, choice, OptimizerType,
                                   Placement, PoolingMode, TableConfig, WeightDType)
+from neo.config.topology import MAX_GIB
 
-__all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS", "table_spec"]
+__all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS", "MAX_POOLING_FACTOR", "table_spec"]
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
 """Valid ``sharding_types`` values (see docs/planner.md)."""
 PLACEMENTS = ("auto", "device", "cached")
 """Valid ``placement`` values (``auto``: the planner decides)."""
+MAX_POOLING_FACTOR = MAX_GIB * 2**30 / 8
+"""Most mean ids per bag (2^59): one bag's 8-byte ids within the largest memory of a rank
+(``MAX_GIB``). Beyond it the planner's byte counts overflow ("needs inf bytes")."""
 
 
 @dataclass
@@ -117,6 +121,10 @@ class TableEntry:
         choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")
         if not (self.pooling_factor > 0 and math.isfinite(self.pooling_factor)):
             raise ConfigError(f"{where}.pooling_factor: must be a finite number > 0, got {self.pooling_factor!r}")
+        if self.pooling_factor > MAX_POOLING_FACTOR:
+            raise ConfigError(f"{where}.pooling_factor: must be a finite number > 0 and <= {MAX_POOLING_FACTOR:g} "
+                              f"(mean ids per bag: a bag's 8-byte ids within a rank's largest memory, "
+                              f"{MAX_GIB:.0f} GiB), got {self.pooling_factor!r}")
         if not (self.access_skew >= 0 and math.isfinite(self.access_skew)):
             raise ConfigError(f"{where}.access_skew: must be a finite number >= 0 (Zipf exponent), "
                               f"got {self.access_skew!r}")

@@ -10,7 +10,8 @@
 3. the built-in defaults of the device kind found (:func:`builtin_constants`: cpu, h100, h200).
 
 A file from another machine kind, or in an older format, gives a warning and the defaults; a
-rate or a time that is zero or negative is refused naming the constant.
+rate or a time that is zero or negative, or any constant that is not finite (Python's json reads
+``Infinity`` and ``NaN``), is refused naming the constant and the file.
 
 Pure Python: no torch, no process group (the caller says which device kind it runs on).
 """
@@ -18,6 +19,7 @@ Pure Python: no torch, no process group (the caller says which device kind it ru
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
@@ -166,6 +168,8 @@ class CostConstants:
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise PlanningError(f"cost constant {f.name}: expected a number, got {v!r}")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise PlanningError(f"cost constant {f.name}: must be a finite number, got {v!r}")
             if f.name in _SETTINGS:
                 if v < 0:
                     raise PlanningError(f"cost constant {f.name}: must be >= 0, got {v!r}")
@@ -189,14 +193,28 @@ class CostConstants:
         unknown = sorted(set(d) - names)
         if unknown:
             raise PlanningError(f"cost constants: unknown fields {unknown}; valid: {sorted(names)}")
-        if int(d.get("format", FORMAT)) != FORMAT:
-            raise PlanningError(f"cost constants: format {d.get('format')} is not {FORMAT}")
+        fmt = d.get("format", FORMAT)
+        if isinstance(fmt, bool) or fmt != FORMAT:
+            raise PlanningError(f"cost constants: format {fmt!r} is not {FORMAT}")
         return replace(CostConstants(), **d)
 
     @staticmethod
     def from_json(path: str) -> "CostConstants":
+        """The constants of a JSON file of fields; a bad one is refused naming the file."""
         with open(path) as f:
-            return CostConstants.from_dict(json.load(f))
+            data = json.load(f)
+        if not isinstance(data, dict):
+            raise PlanningError(f"{path}: expected a JSON object")
+        return _from_file(data, path)
+
+
+def _from_file(fields_: Dict[str, Any], where: str) -> CostConstants:
+    """:meth:`CostConstants.from_dict` of the fields read from ``where`` (a file, a part of one),
+    its errors prefixed with ``where``."""
+    try:
+        return CostConstants.from_dict(fields_)
+    except PlanningError as e:
+        raise PlanningError(f"{where}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- built-in defaults
@@ -267,18 +285,26 @@ def load_constants(path: str, world_size: int, device_kind: Optional[str] = None
     if not isinstance(data, dict):
         raise PlanningError(f"{path}: expected a JSON object")
     if "constants" in data:
-        if int(data.get("format", 0)) != FORMAT:
-            raise PlanningError(f"{path}: calibration format {data.get('format')} is older than {FORMAT}")
+        fmt = data.get("format", 0)
+        if isinstance(fmt, bool) or fmt != FORMAT:
+            older = isinstance(fmt, (int, float)) and -math.inf < fmt < FORMAT
+            raise PlanningError(f"{path}: calibration format {fmt!r} is {'older than' if older else 'not'} {FORMAT}")
         fields_, measured_at = _pick(data["constants"], world_size)
-        c = CostConstants.from_dict(fields_)
+        c = _from_file(fields_, f"{path}: constants[{measured_at}]")
         if measured_at != world_size:
             warnings.warn(f"{path}: no constants measured at {world_size} ranks; using those of {measured_at}",
                           stacklevel=2)
     else:
-        c = CostConstants.from_dict(data)
+        c = _from_file(data, path)
     if device_kind is not None and c.device_kind != device_kind:
         raise PlanningError(f"{path}: constants of a {c.device_kind} machine, this one is {device_kind}")
     return c
+
+
+def _reason(e: Exception, path: str) -> str:
+    """``e``'s message without the ``path: `` in front that :func:`load_constants` gives it."""
+    msg = str(e)
+    return msg[len(path) + 2:] if msg.startswith(f"{path}: ") else msg
 
 
 def resolve_constants(explicit: Optional[str], machine: Dict[str, Any], world_size: int,
@@ -290,13 +316,14 @@ def resolve_constants(explicit: Optional[str], machine: Dict[str, Any], world_si
         try:
             return load_constants(explicit, world_size), f"file {explicit}"
         except (OSError, ValueError) as e:
-            raise PlanningError(f"sharding.cost_constants: cannot use {explicit!r}: {e}") from None
+            raise PlanningError(f"sharding.cost_constants: cannot use {explicit!r}: {_reason(e, explicit)}") from None
     path = calibration_path(machine, cache_dir)
     if os.path.exists(path):
         try:
             c = load_constants(path, world_size, kind)
             return c, f"calibrated on this machine ({c.source}; {path})"
         except (OSError, ValueError) as e:
-            warnings.warn(f"calibration file {path} not used ({e}); built-in {kind} defaults instead", stacklevel=2)
+            warnings.warn(f"calibration file {path} not used ({_reason(e, path)}); built-in {kind} defaults instead",
+                          stacklevel=2)
     c = builtin_constants(kind)
     return c, f"built-in {kind} defaults ({c.source})"

@@ -241,7 +241,14 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
         opts = table_options(idx, t, topo, c, allow_cache, share)
         fits = [o for o in opts if _shortfall(o, topo, hbm_cap, host_cap) <= 0]
         if not fits:
-            best = min(opts, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))
+            counted = [o for o in opts if math.isfinite(_shortfall(o, topo, hbm_cap, host_cap))]
+            if not counted:                        # every option's bytes overflow (inf, nan): no size to give
+                raise PlanningError(
+                    f"table '{t.name}' cannot be placed: the bytes of its shards overflow (too many for a float) with "
+                    f"pooling_factor {t.pooling_factor:g} x num_features {t.num_features} ids per sample, "
+                    f"batch_size_per_rank {topo.batch_size_per_rank}, world_size {topo.world_size}, "
+                    f"{t.rows} rows of dim {t.dim}; check the table's statistics")
+            best = min(counted, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))
             miss = _shortfall(best, topo, hbm_cap, host_cap)
             need = best.max_part_hbm
             raise PlanningError(

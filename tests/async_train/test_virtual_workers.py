@@ -112,3 +112,44 @@ def test_virtual_worker_plan_of_a_config(tmp_path, capsys):
     assert out["virtual_workers"] == [[0, 2], [1, 3]] and len(out["dense_split"]) == 2
     assert main([str(conf), "--workers", "5"]) == 2
     assert "a virtual worker with no device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--workers", "2", "--world-size", "0"], "--world-size"),
+    (["--workers", "2", "--world-size", "-2"], "--world-size"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "-1"], "--workers"),
+    (["--workers", "2", "--profile", "P", "--bandwidth-gbps", "-1"], "--bandwidth-gbps"),
+    (["--workers", "2", "--profile", "P", "--bandwidth-gbps", "0"], "--bandwidth-gbps"),
+    (["--workers", "2", "--profile", "P", "--bandwidth-gbps", "nan"], "--bandwidth-gbps"),
+    (["--workers", "2", "--profile", "P", "--bandwidth-gbps", "inf"], "--bandwidth-gbps"),
+])
+def test_cli_refuses_bad_numbers_naming_the_flag(tmp_path, capsys, flags, named):
+    """A world size, worker count or bandwidth that is not a positive (finite) number is a usage
+    error naming the flag, not a fallback to the config's world size or a silent no-op."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"topology": {"world_size": 4, "local_world_size": 4},
+                                "tables": [{"name": "t", "num_rows": 10, "dim": 8}]}))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROFILE.to_dict()))
+    with pytest.raises(SystemExit) as e:
+        main([str(conf)] + [str(path) if f == "P" else f for f in flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {named}" in err and "Traceback" not in err
+
+
+def test_cli_refuses_bandwidth_without_a_profile(tmp_path, capsys):
+    """--bandwidth-gbps only sets the dense split's transfers, which need --profile: alone it would do nothing."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"topology": {"world_size": 4, "local_world_size": 4},
+                                "tables": [{"name": "t", "num_rows": 10, "dim": 8}]}))
+    assert main([str(conf), "--workers", "2", "--bandwidth-gbps", "10"]) == 2
+    assert "--bandwidth-gbps needs --profile" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_world_size_below_one():
+    with pytest.raises(ValueError, match="world_size: must be an integer >= 1, got 0"):
+        virtual_worker_plan(_cfg(1.0), 2, world_size=0)
+    with pytest.raises(ValueError, match="local_world_size: must be an integer >= 1, got 0"):
+        virtual_worker_plan(_cfg(1.0), 2, local_world_size=0)

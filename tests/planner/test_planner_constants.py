@@ -4,6 +4,7 @@ defaults of the device kind; bad files give warnings or errors that name the pro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace as replace_
 
 import pytest
@@ -347,3 +348,41 @@ def test_timed_counts_cpu_seconds_for_compute_and_the_wall_clock_otherwise():
         assert timed(spin, 3, warmup=0, cpu=True) == pytest.approx(0.03, rel=0.5)
     finally:
         torch.set_num_threads(prev)
+
+
+@pytest.mark.parametrize("name, text", [("inter_bw", "Infinity"), ("lookup_id_s", "-Infinity"),
+                                        ("dense_flops", "NaN"), ("imbalance_weight", "NaN"),
+                                        ("memory_headroom", "Infinity"), ("cold_bytes", "Infinity"),
+                                        ("row_wise_overhead", "-1e-9"), ("intra_bw", "-5")])
+def test_a_file_of_non_finite_or_negative_constants_is_refused_naming_the_field_and_the_file(tmp_path, name, text):
+    """Python's json reads ``Infinity`` and ``NaN``: a constant that is not a finite number >= 0 is
+    refused by name, with the file it came from, by every reader of constants files."""
+    flat = tmp_path / "flat.json"
+    flat.write_text(f'{{"device_kind": "cpu", "{name}": {text}}}')
+    calib = tmp_path / "calib.json"
+    calib.write_text(f'{{"format": {FORMAT}, "constants": {{"1": {{"device_kind": "cpu", "{name}": {text}}}}}}}')
+    field = f"cost constant {name}: must be"
+    flat_, calib_ = re.escape(str(flat)), re.escape(str(calib))
+    with pytest.raises(PlanningError, match=f"{flat_}: {field}"):
+        CostConstants.from_json(str(flat))
+    with pytest.raises(PlanningError, match=f"{flat_}: {field}"):
+        load_constants(str(flat), 1)
+    with pytest.raises(PlanningError, match=rf"{calib_}: constants\[1\]: {field}"):
+        load_constants(str(calib), 1)
+    with pytest.raises(PlanningError, match=f"cannot use '{flat_}'.*{field}"):
+        resolve_constants(str(flat), CPU, 1)
+    with pytest.raises(PlanningError, match=f"{field}"):
+        CostConstants(**{name: float(text.replace("Infinity", "inf"))})
+
+
+@pytest.mark.parametrize("fmt", ["Infinity", "NaN", "-Infinity"])
+def test_a_non_finite_format_is_refused_naming_the_file(tmp_path, fmt):
+    """A format of ``Infinity`` or ``NaN`` is a wrong format, not an overflow out of int()."""
+    flat = tmp_path / "flat.json"
+    flat.write_text(f'{{"device_kind": "cpu", "format": {fmt}}}')
+    calib = tmp_path / "calib.json"
+    calib.write_text(f'{{"format": {fmt}, "constants": {{"1": {{"device_kind": "cpu"}}}}}}')
+    with pytest.raises(PlanningError, match=f"cannot use '{re.escape(str(flat))}'.*format .* is not {FORMAT}"):
+        resolve_constants(str(flat), CPU, 1)
+    with pytest.raises(PlanningError, match=f"cannot use '{re.escape(str(calib))}'.*calibration format .* is not"):
+        resolve_constants(str(calib), CPU, 1)

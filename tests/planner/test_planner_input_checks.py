@@ -3,6 +3,7 @@ front with an error naming the table, field or option, never a deep traceback or
 
 import math
 import os
+import re
 
 import pytest
 
@@ -127,3 +128,18 @@ def test_calibration_write_never_leaves_its_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["c.json"]
     _write_json({"a": 1}, str(tmp_path / "ok.json"))
     assert sorted(os.listdir(tmp_path)) == ["c.json", "ok.json"]
+
+
+def test_a_table_whose_bytes_overflow_is_named_without_inf():
+    """A finite but absurd pooling factor (the planner API takes any finite one; the config bounds
+    it) makes every shard's bytes overflow: the error says so and names the statistics, not
+    'needs inf bytes'."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)            # numpy's, from the overflowing costs
+        with pytest.raises(PlanningError) as e:
+            plan_tables([TableSpec("big", 100, 8, pooling_factor=1e308)], Topology.uniform(2, 2))
+    msg = str(e.value)
+    assert msg.startswith("table 'big' cannot be placed: ") and "pooling_factor 1e+308" in msg
+    assert "overflow" in msg and not re.search(r"\b(inf|nan)\b", msg)

@@ -26,6 +26,8 @@ from tests.train.test_trainer import ROOT, TINY, tiny_config
     ("train.seed=-5", r"train\.seed: must be >= 0, got -5"),
     ("tables[0].init_scale=.inf", r"tables\[0\]\.init_scale: must be null or a number in \(0, 3\.40282e\+38\]"),
     ("tables[0].pooling_factor=.inf", r"tables\[0\]\.pooling_factor: must be a finite number > 0"),
+    ("tables[0].pooling_factor=1e308", r"tables\[0\]\.pooling_factor: must be a finite number > 0 and <= "
+                                       r"5\.76461e\+17 .*got 1e\+308"),
     ("tables[0].access_skew=.inf", r"tables\[0\]\.access_skew: must be a finite number >= 0"),
     ("tables[0].optimizer.lr=.inf", r"tables\[0\]\.optimizer.*lr must be a finite number >= 0"),
     # the audit of 2026-11-29: a segfault (threads), an OverflowError traceback (inf timeout), a
@@ -228,3 +230,53 @@ def test_a_busy_master_port_is_one_line(tmp_data):
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"MASTER_ADDR:MASTER_PORT = 127.0.0.1:{port}" in p.stderr and "another process may hold the port" in p.stderr
+
+
+def test_yaml_merge_keys_fill_a_mapping_and_its_own_keys_win(tmp_path):
+    """``<<: *anchor`` (YAML 1.1 merge keys, as PyYAML's safe loader reads them) gives a table the
+    anchored fields; a key of the mapping itself replaces a merged one (no 'duplicate key'); a key
+    the mapping gives twice is still refused."""
+    path = tmp_path / "merge.yaml"
+    path.write_text("tables:\n"
+                    "  - &base {name: t0, num_rows: 1000, dim: 16, pooling_factor: 3}\n"
+                    "  - <<: *base\n"
+                    "    name: t1\n"
+                    "  - {<<: [*base], name: t2, dim: 32}\n"
+                    "topology: {world_size: 2}\n")
+    cfg = load_config(str(path))
+    assert [(t.name, t.num_rows, t.dim, t.pooling_factor) for t in cfg.tables] == [
+        ("t0", 1000, 16, 3.0), ("t1", 1000, 16, 3.0), ("t2", 1000, 32, 3.0)]
+    for table in ("{<<: *base, name: t1, dim: 32, dim: 64}", "{<<: {dim: 32, dim: 64}, name: t1, num_rows: 10}"):
+        path.write_text(f"tables:\n  - &base {{name: t0, num_rows: 1000, dim: 16}}\n  - {table}\n")
+        with pytest.raises(ConfigError, match=r"duplicate key 'dim'"):
+            load_config(str(path))
+
+
+def test_nested_yaml_merges_stay_the_size_of_their_keys(monkeypatch):
+    """Six levels of mappings each merging nine aliases of the one before: PyYAML before its
+    merge-key fix (``pyyaml>=6`` allows it) appends every merged mapping's pairs, 2 x 9^5 at the
+    top; the loader keeps one pair per key whatever PyYAML does."""
+    import yaml
+
+    from neo.config.loader import _YAML_LOADER
+
+    merge_tag = "tag:yaml.org,2002:merge"
+
+    def unfixed_flatten(self, node):               # the old algorithm: merged pairs appended, repeats kept
+        merged = []
+        for key_node, value in [p for p in node.value if p[0].tag == merge_tag]:
+            for sub in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                self.flatten_mapping(sub)
+                merged.extend(sub.value)
+        node.value = merged + [p for p in node.value if p[0].tag != merge_tag]
+
+    monkeypatch.setattr(yaml.constructor.SafeConstructor, "flatten_mapping", unfixed_flatten)
+    lines = ["a0: &a0 {x: 1, y: 2}"] + [f"a{k}: &a{k} {{<<: [{', '.join([f'*a{k - 1}'] * 9)}]}}" for k in range(1, 6)]
+    loader = _YAML_LOADER("\n".join(lines) + "\n")
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root)
+    finally:
+        loader.dispose()
+    assert data["a5"] == {"x": 1, "y": 2}
+    assert max(len(value.value) for _, value in root.value) == 2
