@@ -43,6 +43,7 @@ from neo.distributed.sharding.hierarchical import TableColumnWiseOutputDist, Tab
 from neo.distributed.sharding.row_wise import RowWiseOutputDist
 from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
+from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.models.interaction import PooledPieces
 from neo.sparse import KeyedJaggedBatch, as_batch
@@ -51,6 +52,24 @@ if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["ShardedEmbeddingCollection"]
+
+
+def _drop_local_entries(module: "ShardedEmbeddingCollection", state_dict, prefix: str, local_metadata) -> None:
+    """State-dict post hook: the tables are saved by name (``_save_to_state_dict``), not as the
+    local module's rank-local shards."""
+    mine = [k for k in state_dict if k.startswith(prefix)]
+    keep = set(drop_local_keys(module, mine, prefix))
+    for key in mine:
+        if key not in keep:
+            del state_dict[key]
+
+
+def _after_load(module: "ShardedEmbeddingCollection", incompatible) -> None:
+    """Load post hook: the local module's shard keys are not missing (the tables were loaded by
+    name), unless the state dict held those rank-local keys."""
+    record, module._loading = module._loading, None
+    if record is not None and not record.rank_local:
+        incompatible.missing_keys[:] = drop_local_keys(module, incompatible.missing_keys, record.prefix)
 
 
 def _column_blocks(order: Sequence[int]):
@@ -138,6 +157,20 @@ class ShardedEmbeddingCollection(nn.Module):
             broadcast from rank 0, so that they start identical).
         store_dir: directory of the backing files of cached shards (``placement: cached`` on an
             mmap store); see :mod:`neo.embedding.cache`.
+
+    State dict (TorchRec's way, :mod:`neo.distributed.state_dict`): ``state_dict()`` has the
+    unsharded :class:`~neo.embedding.TableBatchedEmbedding`'s keys, ``<table>.weight``,
+    ``<table>.<state>`` (``sum``, ``exp_avg``, ...) and ``<table>.step``; a sharded table's
+    values are ShardedTensors of its global shape whose local shards are views of this rank's
+    live shards, a data-parallel table's are its replica. So ``dcp.save(sd)`` then, under any
+    plan or world size, ``sd = model.state_dict(); dcp.load(sd, ...); model.load_state_dict(sd)``
+    restores the tables bit for bit (``dcp.load`` writes into the live shards), and an unsharded
+    module's state dict of full tensors loads too (each rank copies its shards' slices).
+    Row-wise Adagrad's per-row state of a table split by columns is kept per column band,
+    ``<table>.sum@<c0>:<c1>``, and loads into the same bands only (an error naming the table
+    otherwise). Cached tables' values are their backing stores, written back when the state
+    dict is taken: take it right before ``dcp.save`` / ``dcp.load``. Creating the state dict
+    is local (no collective); a rank that holds no shard at all has no ``<table>.step`` keys.
     """
 
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
@@ -176,6 +209,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.timers: Optional[Callable[[str], Any]] = None
         """Set by the trainer: the backward collectives and the fused update are timed into it."""
         assert sum(self._local_widths) == self._local_dim
+        self._loading: Optional[LoadRecord] = None
+        self.register_state_dict_post_hook(_drop_local_entries)
+        self.register_load_state_dict_post_hook(_after_load)
         self._broadcast_replicas()
 
     def _build_output_dists(self) -> List[Any]:
@@ -403,6 +439,24 @@ class ShardedEmbeddingCollection(nn.Module):
                 dist.all_reduce(buf, group=self.pg.world)
             out[t.name] = buf
         return out
+
+    # ------------------------------------------------------------------ state dict, by table
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """Every table by its name, as the unsharded module (see the class doc and
+        :mod:`neo.distributed.state_dict`); the local module's own keys are dropped
+        (``_drop_local_entries``)."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        save_tables(self, destination, prefix)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Copy each table's entries into this rank's shards (a ShardedTensor of its shards or the
+        full table); absent keys are missing, wrong shapes errors naming the table. A state dict of
+        the earlier rank-local keys (``lookup.<table>#<k>.*``) is left to the local module."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._loading = load_tables(self, state_dict, prefix, missing_keys, error_msgs)
+        unexpected_keys[:] = [k for k in unexpected_keys if k not in self._loading.taken]
 
     @torch.no_grad()
     def _broadcast_replicas(self) -> None:
