@@ -45,8 +45,10 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
+from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer
+from neo.embedding.layout import group_key
 from neo.models.interaction import PooledPieces
-from neo.sparse import KeyedJaggedBatch, as_batch
+from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -370,6 +372,18 @@ class ShardedEmbeddingCollection(nn.Module):
     def output_dim(self) -> int:
         return self.layout.output_dim
 
+    def feature_slices(self) -> Dict[str, slice]:
+        """Each feature's columns in :meth:`forward`'s ``(B, sum of D)`` output: features in table
+        order, as the unsharded module's (whatever the plan), e.g. ``{"user": slice(0, 16), ...}``."""
+        lay = self.layout
+        return {f: slice(lay.feature_offset[f], lay.feature_offset[f] + lay.feature_table[f].dim)
+                for f in lay.features}
+
+    def keyed(self, batch: KeyedJaggedBatch) -> KeyedEmbeddings:
+        """:meth:`forward`'s output keyed by feature (TorchRec's ``KeyedTensor``); see
+        :class:`neo.sparse.KeyedEmbeddings`. Collective, as :meth:`forward`."""
+        return KeyedEmbeddings.of(self, self(batch))
+
     @property
     def skipped_ids(self) -> Dict[str, int]:
         """Invalid ids (outside ``[0, rows)`` of their table) in the batches THIS RANK passed
@@ -503,3 +517,35 @@ class ShardedEmbeddingCollection(nn.Module):
             local = {s.name: lrs[s.name.rpartition("#")[0]] for s in self.lookup.tables
                      if s.name.rpartition("#")[0] in lrs}
             self.lookup.set_learning_rates(local)
+
+    @property
+    def fused_optimizer(self) -> FusedOptimizer:
+        """The fused learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
+        (TorchRec's fused ``KeyedOptimizer``); see :mod:`neo.embedding.fused_optimizer`.
+
+        One param group per group of the GLOBAL tables (one optimizer config and dtype), in
+        table order, the same on every rank: ``{"lr", "tables": [global table names], "params":
+        [this rank's shard weight views of them, possibly none]}``. ``step()`` sets this rank's
+        shards' rates: local, no collective. Made once, at the first access; a group's lr starts
+        as its kernels' (a rank with no shard of it: the table config's ``optimizer.lr``)."""
+        opt = self.__dict__.get("_fused_optimizer")
+        if opt is None:
+            opt = self.__dict__["_fused_optimizer"] = FusedOptimizer(self._fused_groups(), self.set_learning_rates)
+        return opt
+
+    def _fused_groups(self) -> List[FusedGroupSpec]:
+        """The global tables' fused groups, each with its lr and this rank's shard weights: a
+        global group's shards share one group of the local module (same optimizer and dtype)."""
+        grouped: Dict[tuple, List[TableConfig]] = {}
+        for t in self.tables:
+            grouped.setdefault(group_key(t), []).append(t)
+        local = self.lookup.fused_optimizer.param_groups if self.lookup is not None else []
+        specs = []
+        for ts in grouped.values():
+            names = {t.name for t in ts}
+            lr, params = ts[0].optimizer.lr, []
+            for g in local:
+                if g["tables"][0].rpartition("#")[0] in names:
+                    lr, params = g["lr"], list(g["params"])
+            specs.append(FusedGroupSpec([t.name for t in ts], lr, params))
+        return specs

@@ -43,8 +43,9 @@ from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
+from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer
 from neo.embedding.layout import GroupLayout, group_key
-from neo.sparse import KeyedJaggedBatch, as_batch
+from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -268,6 +269,20 @@ class TableBatchedEmbedding(nn.Module):
     def feature_dims(self) -> List[int]:
         by_feature = {f: t.dim for t in self.tables for f in t.feature_names}
         return [by_feature[f] for f in self.feature_names]
+
+    def feature_slices(self) -> Dict[str, slice]:
+        """Each feature's columns in :meth:`forward`'s ``(B, sum of D)`` output (table order:
+        :attr:`feature_names`, widths :attr:`feature_dims`), e.g. ``{"user": slice(0, 16), ...}``."""
+        out, c = {}, 0
+        for f, d in zip(self.feature_names, self.feature_dims):
+            out[f] = slice(c, c + d)
+            c += d
+        return out
+
+    def keyed(self, batch: KeyedJaggedBatch) -> KeyedEmbeddings:
+        """:meth:`forward`'s output keyed by feature (TorchRec's ``KeyedTensor``): ``.to_dict()``
+        gives ``{feature: (B, D) view}``, ``.regroup(groups)`` concatenates named features."""
+        return KeyedEmbeddings.of(self, self(batch))
 
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
@@ -575,3 +590,18 @@ class TableBatchedEmbedding(nn.Module):
             new[i] = given.pop()
         for i, lr in new.items():                   # all checked: nothing is set when one is refused
             self.learning_rates[i] = lr
+
+    @property
+    def fused_optimizer(self) -> FusedOptimizer:
+        """The fused groups' learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
+        (TorchRec's fused ``KeyedOptimizer``): one param group per group of :attr:`groups`,
+        ``{"lr", "tables": [names], "params": [(kernel rows, D) weight view per table]}``; its
+        ``step()`` updates nothing (backward did). Made once, at the first access, with the
+        kernels' current rates; see :mod:`neo.embedding.fused_optimizer`."""
+        opt = self.__dict__.get("_fused_optimizer")
+        if opt is None:
+            specs = [FusedGroupSpec([c.name for c in g.layout.tables], self.learning_rates[i],
+                                    [g.table_slots(t) for t in range(len(g.layout.tables))])
+                     for i, g in enumerate(self.groups)]
+            opt = self.__dict__["_fused_optimizer"] = FusedOptimizer(specs, self.set_learning_rates)
+        return opt

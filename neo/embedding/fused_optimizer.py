@@ -1,0 +1,154 @@
+"""FusedOptimizer: the embedding tables' fused update, seen as a ``torch.optim.Optimizer``.
+
+The tables of a :class:`~neo.embedding.TableBatchedEmbedding` (or a
+:class:`~neo.distributed.ShardedEmbeddingCollection`) are updated inside ``backward()`` by
+fused kernels, one learning rate per *group* (tables with one optimizer config and dtype share
+a kernel and its rate). ``module.fused_optimizer`` shows those rates as an optimizer's param
+groups, so that torch's LR schedulers (which accept ``torch.optim.Optimizer`` instances only)
+drive them, alone or next to a dense optimizer, as TorchRec's fused ``KeyedOptimizer`` does::
+
+    sched = torch.optim.lr_scheduler.StepLR(model.ebc.fused_optimizer, step_size=2, gamma=0.5)
+    opts = [dense_opt, model.ebc.fused_optimizer]
+    for batch in data:
+        for o in opts: o.zero_grad()
+        loss(model(batch)).backward()      # the tables are updated here, at the groups' current lrs
+        for o in opts: o.step()            # the dense update; for the tables: nothing more to do
+        sched.step()                       # the next lr, on the kernels at once
+
+Param groups, one per fused group, in the module's group order (every rank of a sharded
+collection has the same ones)::
+
+    {"lr": 0.1, "tables": ["user", "item"], "params": [...]}
+
+``params``: the group's weight views (TorchRec passes its weights too): ``(kernel rows, D)``
+per table of this module (a sharded collection: this rank's shards of the group's tables,
+none where it holds none). They identify the group; nothing reads their ``.grad`` and no
+state is kept for them (the tables' optimizer state is in the module's ``state_dict``). They
+are the tensors of the time the optimizer was made: after ``module.to(device)``, make no use
+of them.
+
+Learning rates: a group's ``"lr"`` reaches the kernels as soon as it is set
+(``group["lr"] = x``, what every scheduler does), and again at every ``step()`` and
+``zero_grad()`` (TorchRec's ``EmbeddingFusedOptimizer`` applies it there). So the update in
+the next ``backward()`` uses the lr the groups hold then, whatever the order of the calls in
+the loop: as ``torch.optim.SGD`` would use it in its ``step()``. ``module.set_learning_rates``
+(the trainer's schedule) sets the kernels directly, past this object; the groups' lrs win at
+their next ``step()`` or ``zero_grad()``: drive one module's rates from one of the two.
+
+``state_dict()`` carries the groups without their params (``lr``, ``tables``, and what a
+scheduler added: ``initial_lr``, ...) and an empty ``state``; ``load_state_dict`` matches
+groups by their tables (ValueError naming them otherwise) and applies the lrs. It loads under
+another sharding or world size (no per-rank content).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+__all__ = ["FusedOptimizer", "FusedGroupSpec"]
+
+ApplyRates = Callable[[Dict[str, float]], None]
+"""Sets the kernels' learning rates, table name -> lr (``module.set_learning_rates``)."""
+
+
+class FusedGroupSpec:
+    """One fused group: its tables (names), current lr and weight views."""
+
+    def __init__(self, tables: Sequence[str], lr: float, params: Sequence[torch.Tensor] = ()):
+        self.tables, self.lr, self.params = list(tables), float(lr), list(params)
+
+
+class _FusedGroup(dict):
+    """A param group whose ``"lr"``, once set, goes to the kernels of its tables at once."""
+
+    def __init__(self, spec: FusedGroupSpec, apply: ApplyRates):
+        super().__init__(params=spec.params, lr=spec.lr, tables=list(spec.tables))
+        self.apply = apply
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        apply = self.__dict__.get("apply")       # None while unpickling: the items come first
+        if key == "lr" and apply is not None:
+            value = _checked_lr(value, self["tables"])
+            apply({t: value for t in self["tables"]})
+        elif key == "tables" and "tables" in self and list(value) != self["tables"]:
+            raise ValueError(f"a fused group's tables are fixed: {self['tables']}, not {list(value)}")
+        super().__setitem__(key, value)
+
+    def push(self) -> None:
+        """Put the group's lr on the kernels."""
+        self.apply({t: float(self["lr"]) for t in self["tables"]})
+
+
+def _checked_lr(value: Any, tables: List[str]) -> float:
+    lr = float(value.item() if isinstance(value, torch.Tensor) else value)
+    if not (lr >= 0 and math.isfinite(lr)):
+        raise ValueError(f"learning rate of tables {tables} must be a finite number >= 0, got {value!r}")
+    return lr
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """The learning rates of fused embedding updates, as an optimizer (see module doc).
+
+    Args:
+        groups: the fused groups, in a fixed order (every rank the same for a sharded collection).
+        apply: sets the kernels' rates (table name -> lr), e.g. ``module.set_learning_rates``.
+    """
+
+    def __init__(self, groups: Sequence[FusedGroupSpec], apply: ApplyRates):
+        self._sealed = False
+        super().__init__([_FusedGroup(g, apply) for g in groups], defaults={})
+        self._sealed = True
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Only the module's fused groups: TypeError after construction."""
+        if self._sealed:
+            raise TypeError("FusedOptimizer: the groups are the module's fused groups (one per optimizer config "
+                            "and dtype); a group cannot be added")
+        super().add_param_group(param_group)
+
+    def _push(self) -> None:
+        for g in self.param_groups:
+            g.push()
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """Put every group's lr on the kernels; no update (that happened in ``backward``).
+        ``closure`` (re-evaluates the loss, running backward and so the fused update) is called
+        after, with gradients enabled; its loss is returned."""
+        self._push()
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No gradient to clear (the tables have none); puts every group's lr on the kernels."""
+        self._push()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"state": {}, "param_groups": [group without "params", ...]}`` (see module doc)."""
+        groups = [{k: (list(v) if k == "tables" else v) for k, v in g.items() if k != "params"}
+                  for g in self.param_groups]
+        return {"state": {}, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Set each group's values (``lr``, ``initial_lr``, ...) from the saved group of the same
+        tables; ValueError naming the tables where the groups differ. Nothing is set then."""
+        saved = {tuple(g["tables"]): g for g in state_dict["param_groups"]}
+        mine = [tuple(g["tables"]) for g in self.param_groups]
+        if sorted(saved) != sorted(mine):
+            raise ValueError(f"FusedOptimizer.load_state_dict: the saved groups' tables {sorted(saved)} differ "
+                             f"from this module's {sorted(mine)}")
+        for g in self.param_groups:
+            _checked_lr(saved[tuple(g["tables"])]["lr"], g["tables"])
+        for g in self.param_groups:
+            for k, v in saved[tuple(g["tables"])].items():
+                if k not in ("params", "tables"):
+                    g[k] = v
+
+    def learning_rates(self) -> Dict[str, float]:
+        """Every table's lr as the groups hold it (table name -> lr)."""
+        return {t: float(g["lr"]) for g in self.param_groups for t in g["tables"]}
