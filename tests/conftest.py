@@ -1,4 +1,4 @@
-"""Suite-wide test settings: the ``multiprocess`` marker.
+"""Suite-wide test settings: the run's own temporary folder and the ``multiprocess`` marker.
 
 Every test in a module that uses the shared multi-process helper (``tests.multiprocess``) or
 launches ``torchrun`` is marked ``multiprocess``: they take most of the suite's time, so a quick
@@ -18,19 +18,33 @@ from tests.multiprocess import run_multiprocess
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The planner reads this machine's calibration from the user's cache directory; the suite
-    # (and the ranks and torchrun it starts, which inherit the environment) must see a fresh
-    # machine's defaults, not whatever ``neo calibrate`` left on the developer's machine.
-    config._neo_cache_dir = tempfile.mkdtemp(prefix="neo-test-cache-")
-    os.environ["XDG_CACHE_HOME"] = config._neo_cache_dir
+    # One temporary folder of the run's own, removed when it ends. The planner reads this
+    # machine's calibration from the user's cache directory; the suite (and the ranks and torchrun
+    # it starts, which inherit the environment) must see a fresh machine's defaults, not whatever
+    # ``neo calibrate`` left on the developer's machine: XDG_CACHE_HOME is the folder. So is
+    # TMPDIR: what the suite and its children write to the temporary directory (torchrun's
+    # torchelastic_* folders, ``neo calibrate``'s data, torch's own) goes there too. Kept short:
+    # AF_UNIX socket paths under it (multiprocessing's) must stay below 108 bytes.
+    import multiprocessing.util
+
+    tmp = tempfile.gettempdir()
+    # Left where they were: pytest's tmp_path root (pytest keeps the last 3 runs' there), and this
+    # process's multiprocessing folder (the fork server's socket), which multiprocessing removes
+    # at exit, after pytest_unconfigure.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tmp)
+    multiprocessing.util.get_temp_dir()
+    config._neo_tmp_dir = tempfile.mkdtemp(prefix="neo-test-", dir=tmp)
+    os.environ["XDG_CACHE_HOME"] = config._neo_tmp_dir
+    os.environ["TMPDIR"] = config._neo_tmp_dir
+    tempfile.tempdir = None                # re-read from TMPDIR at the next gettempdir()
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    # The cache directory is the suite's own: removed when the run ends, not left in /tmp.
-    cache_dir = getattr(config, "_neo_cache_dir", None)
-    if cache_dir is not None:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+    # The folder is the run's own: removed when the run ends, not left in /tmp.
+    tmp_dir = getattr(config, "_neo_tmp_dir", None)
+    if tmp_dir is not None:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:

@@ -227,8 +227,6 @@ def main(argv=None) -> int:
     import torch
     torch.set_num_threads(1)
     from data_pipeline.synthetic import SynthOptions, generate
-    work = args.workdir or tempfile.mkdtemp(prefix="neo_bench_")
-    os.makedirs(work, exist_ok=True)
     records: List[Dict[str, Any]] = []
     for r in bench_multi_hot_take(2048):
         records.append(r)
@@ -237,6 +235,8 @@ def main(argv=None) -> int:
         if args.json:
             write_json(args.json, {"environment": _environment(), "records": records})
         return 0
+    work = args.workdir or tempfile.mkdtemp(prefix="neo_bench_")      # made here: removed in the finally below
+    os.makedirs(work, exist_ok=True)
     try:
         tsv = os.path.join(work, "raw.tsv")
         lines = make_tsv(args.sample, tsv, args.tsv_lines)

@@ -36,13 +36,21 @@ def main(argv: List[str] = None) -> int:
 
     import torch
 
-    from neo.config import load_config
-    from neo.train.trainer import Trainer
-
     torch.set_num_threads(args.threads)
     machine = machine_info()
     print(describe_machine(machine))
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="neo-bench-eval-")
+    with tempfile.TemporaryDirectory(prefix="neo-bench-eval-") as tmp:      # removed at the end
+        records = measure(args, args.run_dir or tmp, machine)
+    if args.json:
+        write_json(args.json, {"records": records})
+    return 0 if all(r["auc_matches_first"] for r in records) else 1
+
+
+def measure(args, run_dir: str, machine) -> List[dict]:
+    """One record per ``--sizes`` value: the best of ``--reps`` evaluations, runs in ``run_dir``."""
+    from neo.config import load_config
+    from neo.train.trainer import Trainer
+
     records = []
     for size in [int(s) for s in args.sizes.split(",")]:
         cfg = load_config(args.config, [f"train.eval_batch_size={size}", "train.progress=false",
@@ -62,9 +70,7 @@ def main(argv: List[str] = None) -> int:
         records.append(rec)
         print(f"eval_batch_size {rec['eval_batch_size']:>6}: {best:.3f} s for {m['count']} samples "
               f"({m['count'] / best / 1e3:.0f}k samples/s), auc {m['auc']:.6f}")
-    if args.json:
-        write_json(args.json, {"records": records})
-    return 0 if all(r["auc_matches_first"] for r in records) else 1
+    return records
 
 
 if __name__ == "__main__":

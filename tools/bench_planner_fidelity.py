@@ -2,7 +2,7 @@
 """Does the planner's model match this machine, and does it choose the fastest plan?
 
     python tools/bench_planner_fidelity.py --json bench_out/planner_fidelity.json [--world-sizes 1,2,4]
-        [--steps 80] [--mixes main_job,zipf_mix,wide_mix] [--quick] [--calibrate]
+        [--steps 80] [--mixes main_job,zipf_mix,wide_mix] [--quick] [--calibrate] [--keep]
 
 Trains table mixes with ``neo train`` (torchrun, this machine's ranks, OMP_NUM_THREADS=1 per rank)
 under the planner's own plan and, at world sizes above 1, under four alternatives: every table
@@ -48,6 +48,7 @@ import collections
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,12 +148,25 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate", action="store_true",
                     help="run neo calibrate before every round, and predict that round's runs with its "
                          "constants (a shared machine's memory speed drifts between minutes)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work folder (the mixes' configs, calibrations, runs' logs and plans); "
+                         "by default it is removed at the end")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.world_sizes, args.mixes, args.rounds = 30, "1,2", "main_job,zipf_mix", 1
-
-    records: List[Dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="neo-fidelity-")
+    try:
+        return measure(args, tmp)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {tmp}", flush=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, tmp: str) -> int:
+    """Every mix at every world size under every plan (module doc), its files in the work folder ``tmp``."""
+    records: List[Dict[str, Any]] = []
     all_mixes = mixes()
     for name in args.mixes.split(","):
         path = os.path.join(tmp, f"{name}.yaml")

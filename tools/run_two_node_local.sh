@@ -10,6 +10,10 @@ PORT=${PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 
 export OMP_NUM_THREADS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 LOGDIR=$(mktemp -d)
+# removed however the script ends (a failure, Ctrl-C, kill): a signal exits through the EXIT trap
+trap 'rm -rf "$LOGDIR"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 pids=()
 for node in 0 1; do
   "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 2 \
@@ -22,6 +26,5 @@ for i in 0 1; do
   wait "${pids[$i]}" || status=$?
 done
 cat "$LOGDIR"/node0.log "$LOGDIR"/node1.log | grep -v -e "^WARNING" -e "^\*\*\*" -e "OMP_NUM_THREADS" || true
-rm -rf "$LOGDIR"
 if [ "$status" -ne 0 ]; then echo "two-node run FAILED (status $status)" >&2; fi
 exit "$status"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -260,9 +261,15 @@ cost per pooled element (``pooled_elem_s``) and the loader's cost per sample and
 
 
 def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = False, rank: int = 0,
-                     per_rank: int = 1, batch: int = 256, dim: int = 16, ids_per_bag: int = 1):
+                     per_rank: int = 1, batch: int = 256, dim: int = 16, ids_per_bag: int = 1,
+                     run_dir: Optional[str] = None):
     """The small DLRM of :func:`machinery`: ``per_rank`` 1000 x ``dim`` tables per rank, every table
-    ``kind``, bags of ``ids_per_bag`` ids (more than one: variable bags of that mean)."""
+    ``kind``, bags of ``ids_per_bag`` ids (more than one: variable bags of that mean).
+
+    Its data is cached in ``<tmp>/neo-calibrate/data`` (keyed by the generator options, reused
+    by later calibrations); ``run_dir`` is where a training of it writes its logs (None:
+    ``<tmp>/neo-calibrate/run<rank>``, for a config that is only inspected; :func:`machinery`
+    passes a temporary folder of its own)."""
     from neo.config import config_from_dict
 
     W = world_size
@@ -278,7 +285,7 @@ def machinery_config(world_size: int, kind: str = "table_wise", quick: bool = Fa
         "optim": {"type": "sgd", "lr": 0.01},
         "sharding": {"types": {t["name"]: kind for t in tables}, "cache_sample_batches": 0},
         "train": {"batch_size": batch, "steps": 40 if quick else 120, "eval_every": 0, "eval_batches": 1,
-                  "log_every": 1000, "progress": False, "run_dir": os.path.join(tmp, f"run{rank}")},
+                  "log_every": 1000, "progress": False, "run_dir": run_dir or os.path.join(tmp, f"run{rank}")},
     })
 
 
@@ -286,13 +293,17 @@ def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int =
               dim: int = 16, ids_per_bag: int = 1) -> Dict[str, Any]:
     """A small DLRM (``per_rank`` tables of ``dim`` per rank, ``batch`` samples, every table ``kind``)
     trained by the real trainer on synthetic data: its measured components (``neo.train.step_stats``)
-    and its plan."""
+    and its plan. The trainer's logs go to a temporary folder of this rank, removed afterwards."""
     from neo.train.trainer import Trainer
 
-    tr = Trainer(machinery_config(pg.world_size, kind, quick, pg.rank, per_rank, batch, dim, ids_per_bag), pg=pg,
-                 log=lambda *a, **k: None)
-    tr.fit()
-    return {"measured": tr.step_stats.summary(), "plan": tr.plan}
+    run_dir = tempfile.mkdtemp(prefix=f"neo-calibrate-run{pg.rank}-")
+    try:
+        tr = Trainer(machinery_config(pg.world_size, kind, quick, pg.rank, per_rank, batch, dim, ids_per_bag,
+                                      run_dir), pg=pg, log=lambda *a, **k: None)
+        tr.fit()
+        return {"measured": tr.step_stats.summary(), "plan": tr.plan}
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def loading(pg, quick: bool = False) -> List[Dict[str, float]]:

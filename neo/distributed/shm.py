@@ -269,35 +269,39 @@ class ShmExchange:
         path = lambda r, slot: os.path.join(_SHM_DIR, f"{base}-{r}-{slot}-1")  # noqa: E731
         ctrl_path = os.path.join(_SHM_DIR, f"{base}-ctrl")
         ctrl, own, mine = None, [], []
-        if ok:
-            try:
-                if rank == 0:
-                    mine.append(ctrl_path)
-                    ctrl = _Segment.open(ctrl_path, 0, W * _BLOCK * 8)
-                    ctrl.reserve(W * _BLOCK * 8)
-                    ctrl.header[_BLOCK - 1] = token
-                    ctrl.release()
-                for slot in range(SLOTS):
-                    mine.append(path(rank, slot))
-                    own.append(_Segment.open(mine[-1], 1, segment_bytes))
-            except OSError:
-                ok = False
-        dist.barrier(group=group)
-        peer: List[List[Optional[_Segment]]] = [[None] * SLOTS for _ in range(W)]
-        if ok:
-            try:
-                if rank != 0:
-                    ctrl = _Segment.open(ctrl_path, 0)
-                    ok = len(ctrl.mm) == W * _BLOCK * 8 and ctrl.header[_BLOCK - 1] == token
-                for r in range(W):
-                    if r != rank:
-                        peer[r] = [_Segment.open(path(r, slot), 1) for slot in range(SLOTS)]
-            except OSError:
-                ok = False
-        me = (ok, os.getpid(), _pid_namespace())
-        infos: List[Optional[tuple]] = [None] * W
-        dist.all_gather_object(infos, me, group=group)
-        _unlink_all([(0, p) for p in mine])         # every rank that could map them has
+        try:
+            if ok:
+                try:
+                    if rank == 0:
+                        mine.append(ctrl_path)
+                        ctrl = _Segment.open(ctrl_path, 0, W * _BLOCK * 8)
+                        ctrl.reserve(W * _BLOCK * 8)
+                        ctrl.header[_BLOCK - 1] = token
+                        ctrl.release()
+                    for slot in range(SLOTS):
+                        mine.append(path(rank, slot))
+                        own.append(_Segment.open(mine[-1], 1, segment_bytes))
+                except OSError:
+                    ok = False
+            dist.barrier(group=group)
+            peer: List[List[Optional[_Segment]]] = [[None] * SLOTS for _ in range(W)]
+            if ok:
+                try:
+                    if rank != 0:
+                        ctrl = _Segment.open(ctrl_path, 0)
+                        ok = len(ctrl.mm) == W * _BLOCK * 8 and ctrl.header[_BLOCK - 1] == token
+                    for r in range(W):
+                        if r != rank:
+                            peer[r] = [_Segment.open(path(r, slot), 1) for slot in range(SLOTS)]
+                except OSError:
+                    ok = False
+            me = (ok, os.getpid(), _pid_namespace())
+            infos: List[Optional[tuple]] = [None] * W
+            dist.all_gather_object(infos, me, group=group)
+        finally:
+            # every rank that could map them has; or a peer died mid-setup (the barrier or the
+            # gather raised): no file of this rank is left in /dev/shm either way
+            _unlink_all([(0, p) for p in mine])
         if not all(i[0] for i in infos):
             for seg in own:
                 seg.release()

@@ -172,7 +172,15 @@ def synthetic_dir(cfg, tables: Sequence[TableConfig]) -> str:
     return os.path.join(cfg.data.synthetic.cache_dir, f"synth-{digest}")
 
 
+def _synthetic_complete(out: str) -> bool:
+    """Whether ``out`` holds a finished synthetic set (its summary is written last)."""
+    return os.path.exists(os.path.join(out, "summary.json"))
+
+
 def _generate(cfg, tables, out: str, log) -> None:
+    """Generate the synthetic set into ``<out>.tmp-<pid>`` and rename it to ``out``. The staging copy
+    is removed on any failure (Ctrl-C included); if another process finished ``out`` first, this
+    copy is discarded and theirs is used."""
     from data_pipeline.synthetic import generate
 
     o = _synth_options(cfg, tables)
@@ -180,8 +188,17 @@ def _generate(cfg, tables, out: str, log) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     o.output = tmp
     log(f"neo train: generating {o.num_samples} synthetic samples into {out}")
-    generate(o)
-    os.replace(tmp, out)                        # atomic: a half-written set is never reused
+    try:
+        generate(o)
+        try:
+            os.replace(tmp, out)                # atomic: a half-written set is never reused
+        except OSError:
+            if not _synthetic_complete(out):    # not a lost race: a real error
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _prepare_mlperf(cfg, tables: Sequence[TableConfig], pg) -> DataSpec:
@@ -237,7 +254,7 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
         return _prepare_mlperf(cfg, tables, pg)
     if cfg.data.source == "synthetic":
         out = synthetic_dir(cfg, tables)
-        if pg.rank == 0 and not os.path.exists(os.path.join(out, "summary.json")):
+        if pg.rank == 0 and not _synthetic_complete(out):
             os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
             _generate(cfg, tables, out, log)
         if pg.world_size > 1:

@@ -126,6 +126,42 @@ def test_small_dev_shm_is_not_offered(monkeypatch):
     assert not shm.shm_supported()
 
 
+def _failing_setup_body(rank: int, W: int, where: str):
+    """``ShmExchange.create`` with ``dist.<where>`` raising (as when a peer died mid-setup): this
+    rank's segment files as they were when it raised, and those left afterwards."""
+    real_broadcast = dist.broadcast_object_list
+    seen = {}
+
+    def broadcast(msg, *args, **kwargs):              # the exchange's name, from rank 0
+        real_broadcast(msg, *args, **kwargs)
+        seen["base"] = msg[0]
+
+    def mine() -> list:
+        files = glob.glob(f"/dev/shm/{seen['base']}-*")
+        return sorted(p for p in files if f"{seen['base']}-{rank}-" in p or (rank == 0 and p.endswith("-ctrl")))
+
+    def peer_died(*args, **kwargs):
+        seen["at_failure"] = mine()
+        raise RuntimeError("a peer died")
+
+    dist.broadcast_object_list = broadcast
+    setattr(dist, where, peer_died)
+    with pytest.raises(RuntimeError, match="a peer died"):
+        ShmExchange.create(dist.group.WORLD, segment_bytes=1 << 20)
+    left = mine()
+    for path in left:                                 # not left behind by a failing test either
+        os.unlink(path)
+    return seen["at_failure"], left
+
+
+@pytest.mark.parametrize("where", ["barrier", "all_gather_object"])
+def test_a_failed_setup_leaves_no_segment(where):
+    """The setup's barrier or gather raises: every rank unlinks the segments it created."""
+    for rank, (at_failure, left) in enumerate(run_multiprocess(_failing_setup_body, 2, where, timeout_s=60)):
+        assert len(at_failure) == SLOTS + (rank == 0), at_failure        # its slots (and rank 0's ctrl) existed
+        assert left == [], left
+
+
 def _disagree_body(rank: int, W: int):
     ex = ShmExchange.create(dist.group.WORLD)
     if rank == 0:                     # sends 3 rows to rank 1, which expects 2

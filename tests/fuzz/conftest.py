@@ -14,14 +14,20 @@ locally after changing a parser or a validator; every failure it finds prints a
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
-# Else `.hypothesis/` in the working directory: the repository root under CI.
-set_hypothesis_home_dir(Path(os.environ.get("XDG_CACHE_HOME") or tempfile.mkdtemp(prefix="neo-test-")) / "hypothesis")
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Else `.hypothesis/` in the working directory: the repository root under CI. At configure
+    # time, after tests/conftest.py's hook has pointed XDG_CACHE_HOME at the run's own folder
+    # (this module is imported before it runs when tests/fuzz is named on the command line).
+    set_hypothesis_home_dir(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hypothesis")
+
 
 _COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
