@@ -157,7 +157,7 @@ def virtual_worker_plan(cfg, workers: int, profile=None, world_size: Optional[in
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m neo.async_train.virtual_workers CONFIG --workers K [--profile P.json [--bandwidth-gbps G]]
-    [--world-size W]``"""
+    [--world-size W] [--local-world-size L]``"""
     from neo.commands.arg_types import positive_float, positive_int
     from neo.config import ConfigError, load_config
     from neo.pipeline.partition import PartitionError, load_profile
@@ -169,6 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--workers", type=positive_int, required=True, help="virtual workers")
     p.add_argument("--profile", default=None, help="layer profile (neo profile-layers --out): split each worker's layers")
     p.add_argument("--world-size", type=positive_int, default=None, help="total ranks (default: topology.world_size)")
+    p.add_argument("--local-world-size", type=positive_int, default=None,
+                   help="ranks per node (default: topology.local_world_size); --world-size must be a multiple of it")
     p.add_argument("--bandwidth-gbps", type=positive_float, default=None,
                    help="with --profile: point-to-point GB/s of the dense split (default: the profile's)")
     args = p.parse_intermixed_args(argv)
@@ -179,7 +181,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         profile = load_profile(args.profile) if args.profile else None
-        report = virtual_worker_plan(cfg, args.workers, profile, args.world_size, bandwidth_gbps=args.bandwidth_gbps)
+        report = virtual_worker_plan(cfg, args.workers, profile, args.world_size, args.local_world_size,
+                                     bandwidth_gbps=args.bandwidth_gbps)
     except (ConfigError, PartitionError, ValueError) as e:
         print(f"virtual_workers: error: {e}", file=sys.stderr)
         return 2

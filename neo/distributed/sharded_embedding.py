@@ -179,6 +179,10 @@ class ShardedEmbeddingCollection(nn.Module):
                  comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
                  seed: int = 0, device: Optional[torch.device | str] = None, store_dir: Optional[str] = None):
         super().__init__()
+        if device is not None and torch.device(device).type == "meta":
+            raise ValueError("ShardedEmbeddingCollection: device='meta' is not a place for shards: it allocates "
+                             "this rank's shards only, so give it the device they live on (build the unsharded "
+                             "TableBatchedEmbedding on 'meta' instead, and parallelize replaces it)")
         self.tables = list(tables)
         self.plan = PlanView.from_plan(plan, self.tables)
         if (self.plan.world_size, self.plan.local_world_size) != (pg.world_size, pg.local_world_size):

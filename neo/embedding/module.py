@@ -26,14 +26,18 @@ Cached tables (``placement: cached``, :mod:`neo.embedding.cache`): the group buf
 only their cache slots; a batch's rows are made resident before its lookup (``prefetch`` /
 ``prefetch_async``, or at the lookup itself) and its ids become slots, so the same kernels
 run unchanged and train exactly as if every row were in fast memory (fp32: bit for bit).
+
+Meta placeholder (``device="meta"``): the checked table configs and no storage, for a model
+whose tables are sharded later (``neo.distributed.parallelize``); using its tables raises.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -138,6 +142,17 @@ class _PooledLookup(torch.autograd.Function):
         return None, None, None, None, None, None, None, None
 
 
+def _needs_tables(method: Callable) -> Callable:
+    """Marks a method that reads or writes the tables: on a meta placeholder it raises instead
+    (:meth:`TableBatchedEmbedding._require_tables`)."""
+    @functools.wraps(method)
+    def guarded(self: "TableBatchedEmbedding", *args, **kwargs):
+        if self.is_meta:
+            self._require_tables(method.__name__)
+        return method(self, *args, **kwargs)
+    return guarded
+
+
 class TableBatchedEmbedding(nn.Module):
     """Embedding tables looked up together; see the module docstring.
 
@@ -145,7 +160,12 @@ class TableBatchedEmbedding(nn.Module):
         tables: the tables; their feature names must be distinct across tables.
         backend: ``"auto"`` (cpu kernels on CPU if built, triton on CUDA), ``"reference"``,
             ``"cpu"``, ``"triton"`` or ``"fbgemm"``.
-        device: where weights and optimizer state live.
+        device: where weights and optimizer state live. ``"meta"``: a placeholder that checks and
+            keeps the table configs (:attr:`tables`, :attr:`feature_names`, :meth:`feature_slices`,
+            :attr:`output_dim`) and allocates nothing, for a model whose tables are sharded later
+            (``neo.distributed.parallelize(model, path, plan, pg)`` replaces it by this rank's
+            shards, TorchRec's meta-device pattern); every use of the tables (lookups, state
+            dict, weights, learning rates, the cache, ``.to()``) raises a RuntimeError saying so.
         validate: check inputs and name the feature and table at fault (see module doc).
         count_skipped: with ``validate=False``, count the invalid ids the kernels skip
             (:attr:`skipped_ids`). False where the ids were checked or counted before they came
@@ -181,23 +201,24 @@ class TableBatchedEmbedding(nn.Module):
                     raise ValueError(f"feature '{f}' is read by tables '{self.feature_table[f]}' and '{t.name}'")
                 self.feature_table[f] = t.name
         device = torch.device(device) if device is not None else torch.device("cpu")
-        if device.type == "meta":
-            raise ValueError("device='meta' is not supported: tables are allocated and initialized where they "
-                             "live. To keep a rank from allocating every table in full, shard them "
-                             "(neo.distributed.ShardedEmbeddingCollection allocates this rank's shards only)")
         self.tables = tables
         self.feature_names = [f for t in tables for f in t.feature_names]
         self.validate, self.seed, self.count_skipped = validate, seed, count_skipped
         self.timers = None
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
+        self.is_meta = device.type == "meta"
+        """A placeholder (``device="meta"``): the table configs alone, no storage; see :meth:`_require_tables`."""
+        self.groups: List[_GroupRunner] = []
+        self.learning_rates: List[float] = []
+        self._cache: Optional[ModuleCache] = None
+        if self.is_meta:
+            return
         self.backend = get_backend(self.backend_name)
 
         grouped: Dict[tuple, List[TableConfig]] = {}
         for t in tables:
             grouped.setdefault(group_key(t), []).append(t)
-        self.groups: List[_GroupRunner] = []
-        self.learning_rates: List[float] = []
         gen = torch.Generator().manual_seed(seed)
         caches: Dict[str, TableCache] = {}
         moves = moves_for(self.backend_name) if any(t.cached for t in tables) else None
@@ -235,7 +256,6 @@ class TableBatchedEmbedding(nn.Module):
                     warnings.warn(f"table '{cfg.name}': its cache of {cfg.cache_capacity} rows holds all "
                                   f"{cfg.num_rows} rows, so nothing is ever evicted; placement: device does the "
                                   "same without the copies", stacklevel=2)
-        self._cache: Optional[ModuleCache] = None
         if caches:
             self._cache = ModuleCache(caches, {t.name: t.feature_names for t in tables if t.name in caches})
 
@@ -260,6 +280,23 @@ class TableBatchedEmbedding(nn.Module):
                                               device=device)
         self._skipped = torch.zeros(len(self._group_order), dtype=torch.int64, device=device)
 
+    def _require_tables(self, what: str) -> None:
+        """Raise, naming ``what``, where this module is a meta placeholder (it has no tables to use)."""
+        if not self.is_meta:
+            return
+        moving = what == "_apply"
+        what = {"_apply": "moving or converting it (.to, .cuda, to_empty, ...)",
+                "_save_to_state_dict": "state_dict", "_load_from_state_dict": "load_state_dict"}.get(what, what)
+        hint = (". Move the model's other modules alone; the shards are made on the device given to the "
+                "collection (parallelize(..., collection_kwargs={'device': ...}))" if moving else "")
+        raise RuntimeError(
+            f"TableBatchedEmbedding: {what} needs the tables, but this module was built with device='meta': a "
+            f"placeholder that holds the configs of its {len(self.tables)} tables and no weights. Shard it: "
+            "neo.distributed.parallelize(model, '<its attribute path>', plan, pg) replaces it by a "
+            "ShardedEmbeddingCollection that allocates this rank's shards only (or build "
+            "ShardedEmbeddingCollection(module.tables, plan, pg) yourself); for whole tables in one process, "
+            f"build the module on a real device{hint}")
+
     # ------------------------------------------------------------------ forward
     @property
     def output_dim(self) -> int:
@@ -279,11 +316,13 @@ class TableBatchedEmbedding(nn.Module):
             c += d
         return out
 
+    @_needs_tables
     def keyed(self, batch: KeyedJaggedBatch) -> KeyedEmbeddings:
         """:meth:`forward`'s output keyed by feature (TorchRec's ``KeyedTensor``): ``.to_dict()``
         gives ``{feature: (B, D) view}``, ``.regroup(groups)`` concatenates named features."""
         return KeyedEmbeddings.of(self, self(batch))
 
+    @_needs_tables
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
 
@@ -375,6 +414,7 @@ class TableBatchedEmbedding(nn.Module):
             out = out.index_select(1, self._out_perm)                           # (B, sum D) table order
         return out
 
+    @_needs_tables
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
@@ -390,10 +430,12 @@ class TableBatchedEmbedding(nn.Module):
 
     # ------------------------------------------------------------------ the cache
     @property
+    @_needs_tables
     def has_cache(self) -> bool:
         """True when some table is ``placement: cached``."""
         return self._cache is not None
 
+    @_needs_tables
     def prefetch(self, batch: KeyedJaggedBatch, future: Sequence[KeyedJaggedBatch] = ()) -> None:
         """Start making ``batch``'s cached rows resident on the cache's worker thread, for a
         training step that will look ``batch`` up (this same object) later; ``future``: the
@@ -409,10 +451,12 @@ class TableBatchedEmbedding(nn.Module):
             self._check_batch_ids(batch)
         self._cache.prefetch_async(batch, future, train=True)
 
+    @_needs_tables
     def flush_cache(self) -> int:
         """Write every dirty cached row back to its store (before a checkpoint); rows written."""
         return 0 if self._cache is None else self._cache.flush()
 
+    @_needs_tables
     def cache_stats(self, settled: bool = False) -> Dict[str, CacheStats]:
         """Counters of every cached table (sums since creation); ``settled``: after the prefetches
         in flight have finished (exact per-step accounting, at the price of a wait)."""
@@ -439,6 +483,7 @@ class TableBatchedEmbedding(nn.Module):
                     return g, t, cfg
         raise KeyError(f"no table named '{name}' (tables: {[t.name for t in self.tables]})")
 
+    @_needs_tables
     def table_weight(self, name: str) -> torch.Tensor:
         """A ``(rows, D)`` view of one table's weights, in their storage dtype (writes go through).
 
@@ -448,6 +493,7 @@ class TableBatchedEmbedding(nn.Module):
             return self._store_view(cfg).weights
         return g.table_slots(t)
 
+    @_needs_tables
     def table_optimizer_state(self, name: str) -> Dict[str, torch.Tensor]:
         """Views of one table's optimizer state: ``(rows, D)`` per element, ``(rows,)`` per row."""
         g, t, cfg = self._locate(name)
@@ -458,6 +504,7 @@ class TableBatchedEmbedding(nn.Module):
         self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
 
     @property
+    @_needs_tables
     def skipped_ids(self) -> Dict[str, int]:
         """Ids outside their table's rows that lookups (pooled and :meth:`sequence`) skipped since
         creation, each counted once, per table (with ``validate=False``: such ids contribute zero
@@ -472,6 +519,7 @@ class TableBatchedEmbedding(nn.Module):
             out[table] += n
         return out
 
+    @_needs_tables
     def _apply(self, fn, recurse=True):
         """``.to(device)`` moves the tables; a change of dtype (``.half()``, ``.to(torch.bfloat16)``,
         ``model.double()`` on a model holding this module) is refused: the weights keep the
@@ -500,6 +548,7 @@ class TableBatchedEmbedding(nn.Module):
             weight, states = g.table_slots(t), g.table_state_slots(t)
         return {"weight": weight, **dict(zip(cfg.optimizer.type.state_names(), states)), "step": g.step}
 
+    @_needs_tables
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """``TABLE.weight``, ``TABLE.<state>`` (e.g. ``TABLE.sum``, ``TABLE.exp_avg``) and
         ``TABLE.step`` for every table, like TorchRec's ``embedding_bags.TABLE.weight``: the keys
@@ -509,6 +558,7 @@ class TableBatchedEmbedding(nn.Module):
             for key, value in self._table_entries(cfg).items():
                 destination[f"{prefix}{cfg.name}.{key}"] = value if keep_vars else value.detach()
 
+    @_needs_tables
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -541,10 +591,12 @@ class TableBatchedEmbedding(nn.Module):
             error_msgs.append("this state dict holds group buffers (group0_weights, ...) from an older Neo; "
                               "save it again with that version's table_weight / table_optimizer_state per table")
 
+    @_needs_tables
     def optimizer_steps(self) -> Dict[str, int]:
         """Updates applied so far, per table (tables of one group share the counter)."""
         return {cfg.name: int(g.step) for g in self.groups for cfg in g.layout.tables}
 
+    @_needs_tables
     def set_optimizer_steps(self, step: int, table: Optional[str] = None) -> None:
         """Set the update counter (Adam's and LAMB's bias correction) of every group, or of the
         group holding ``table``: restoring a checkpoint saved under another sharding."""
@@ -552,6 +604,7 @@ class TableBatchedEmbedding(nn.Module):
             if table is None or any(c.name == table for c in g.layout.tables):
                 g.step.fill_(int(step))
 
+    @_needs_tables
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
         """Set the sparse optimizer's learning rate of every table, or of ``table`` alone.
 
@@ -565,6 +618,7 @@ class TableBatchedEmbedding(nn.Module):
         else:
             self.set_learning_rates({table: lr})
 
+    @_needs_tables
     def set_learning_rates(self, lrs: Dict[str, float]) -> None:
         """Set the learning rate of each table named in ``lrs`` (table name -> lr). The tables of a
         group (:meth:`set_learning_rate`) are set together: all of them named, with one value, or
@@ -592,6 +646,7 @@ class TableBatchedEmbedding(nn.Module):
             self.learning_rates[i] = lr
 
     @property
+    @_needs_tables
     def fused_optimizer(self) -> FusedOptimizer:
         """The fused groups' learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
         (TorchRec's fused ``KeyedOptimizer``): one param group per group of :attr:`groups`,

@@ -117,6 +117,7 @@ def test_virtual_worker_plan_of_a_config(tmp_path, capsys):
 @pytest.mark.parametrize("flags, named", [
     (["--workers", "2", "--world-size", "0"], "--world-size"),
     (["--workers", "2", "--world-size", "-2"], "--world-size"),
+    (["--workers", "2", "--local-world-size", "-4"], "--local-world-size"),
     (["--workers", "0"], "--workers"),
     (["--workers", "-1"], "--workers"),
     (["--workers", "2", "--profile", "P", "--bandwidth-gbps", "-1"], "--bandwidth-gbps"),
@@ -153,3 +154,21 @@ def test_plan_refuses_a_world_size_below_one():
         virtual_worker_plan(_cfg(1.0), 2, world_size=0)
     with pytest.raises(ValueError, match="local_world_size: must be an integer >= 1, got 0"):
         virtual_worker_plan(_cfg(1.0), 2, local_world_size=0)
+
+
+def test_cli_local_world_size_fits_a_smaller_world_size(tmp_path, capsys):
+    """``--world-size 2`` against a config of 4 ranks a node is not a whole node; ``--local-world-size``
+    sets the node size from the command line (the config's by default)."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"topology": {"world_size": 4, "local_world_size": 4},
+                                "tables": [{"name": "t", "num_rows": 10, "dim": 8}]}))
+    assert main([str(conf), "--workers", "2", "--world-size", "2"]) == 2
+    assert "not a multiple of local_world_size 4" in capsys.readouterr().err
+    assert main([str(conf), "--workers", "2", "--world-size", "2", "--local-world-size", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["virtual_workers"] == [[0], [1]] and out["speeds"] == [1.0, 1.0]
+    with pytest.raises(SystemExit) as e:
+        main([str(conf), "--workers", "2", "--world-size", "2", "--local-world-size", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --local-world-size" in err and "Traceback" not in err
