@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -139,21 +139,29 @@ def initial_tables(case: Case) -> Dict[str, torch.Tensor]:
     return {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables}
 
 
-def train_reference(case: Case) -> Dict[str, Any]:
-    """Single-process training on the global batches."""
-    emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
-    mlp = dense(case)
-    opt = torch.optim.SGD(mlp.parameters(), lr=case.dense_lr)
+def train_unsharded(model: Callable[[KeyedJaggedBatch], torch.Tensor], emb: TableBatchedEmbedding,
+                    dense_params: Iterable[torch.Tensor], opt: torch.optim.Optimizer, case: Case) -> Dict[str, Any]:
+    """Single-process training of ``model`` (logits (B, 1); its tables ``emb``) on the global
+    batches with ``opt``: the oracle the sharded runs are compared with. Losses per step, then
+    the tables, their optimizer state and ``dense_params``, as they end."""
     losses = []
     for batch, y in zip(global_batches(case), labels(case)):
-        loss = nn.functional.binary_cross_entropy_with_logits(mlp(emb(batch)).squeeze(1), y)
+        loss = nn.functional.binary_cross_entropy_with_logits(model(batch).squeeze(1), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
     states = {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()} for t in case.tables}
     return {"losses": losses, "weights": {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables},
-            "states": states, "dense": [p.detach().clone() for p in mlp.parameters()]}
+            "states": states, "dense": [p.detach().clone() for p in dense_params]}
+
+
+def train_reference(case: Case) -> Dict[str, Any]:
+    """Single-process training on the global batches."""
+    emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
+    mlp = dense(case)
+    opt = torch.optim.SGD(mlp.parameters(), lr=case.dense_lr)
+    return train_unsharded(lambda b: mlp(emb(b)), emb, mlp.parameters(), opt, case)
 
 
 class ToyModel(nn.Module):

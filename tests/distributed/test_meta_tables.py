@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distributed_cases import ALL_TYPES, Case, dense, global_batches, labels, local_slice, tables
+from distributed_cases import (ALL_TYPES, Case, dense, global_batches, labels, local_slice, tables,
+                               train_unsharded)
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, parallelize
 from neo.embedding import TableBatchedEmbedding
@@ -181,18 +182,7 @@ def _train_oracle(case: Case, init: Dict[str, torch.Tensor]) -> Dict[str, Any]:
         for name, w in init.items():
             model.ebc.table_weight(name).copy_(w)
     opt = torch.optim.SGD(model.top.parameters(), lr=case.dense_lr)
-    losses = []
-    for batch, y in zip(global_batches(case), labels(case)):
-        loss = _bce(model(batch), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    emb = model.ebc
-    return {"losses": losses, "weights": {t.name: emb.table_weight(t.name).clone() for t in case.tables},
-            "states": {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()}
-                       for t in case.tables},
-            "dense": [p.detach().clone() for p in model.top.parameters()]}
+    return train_unsharded(model, model.ebc, model.top.parameters(), opt, case)
 
 
 def test_meta_tables_sharded_by_a_plan_train_as_by_hand_and_as_the_unsharded_model():

@@ -73,6 +73,19 @@ def _error(fn) -> str:
     raise AssertionError("no error")
 
 
+def _save_then_dcp_load(sec, sd, ts, plan, pg, seed: int, path: str):
+    """``dcp.save(sd)`` of ``sec``, then a fresh collection under ``plan`` and ``dcp.load`` into its
+    ``state_dict()``: (``sec``'s snapshot, the new one's before the load, the new collection, its
+    filled state dict); ``load_state_dict`` is the caller's."""
+    dcp.save(sd, checkpoint_id=path)
+    saved = _snapshot(sec)
+    sec2 = ShardedEmbeddingCollection(ts, plan, pg, seed=seed)
+    before = _snapshot(sec2)
+    sd2 = sec2.state_dict()
+    dcp.load(sd2, checkpoint_id=path)
+    return saved, before, sec2, sd2
+
+
 # ------------------------------------------------------------------ (i) plan A -> plan B, and (ii)
 def _save_then_load_under_another_plan(rank: int, world_size: int, path: str) -> Dict[str, Any]:
     pg = _pg()
@@ -88,13 +101,7 @@ def _save_then_load_under_another_plan(rank: int, world_size: int, path: str) ->
                 k = next(k for k, s in enumerate(sec.plan.tables[t.name].shards) if s.rank == rank
                          and [s.row_offset, s.col_offset] == shard.metadata.shard_offsets)
                 live[t.name] = shard.tensor.data_ptr() == sec.lookup.table_weight(f"{t.name}#{k}").data_ptr()
-    dcp.save(sd, checkpoint_id=path)
-    saved = _snapshot(sec)
-
-    sec2 = ShardedEmbeddingCollection(ts, b.plan(), pg, seed=11)
-    before = _snapshot(sec2)
-    sd2 = sec2.state_dict()
-    dcp.load(sd2, checkpoint_id=path)
+    saved, before, sec2, sd2 = _save_then_dcp_load(sec, sd, ts, b.plan(), pg, 11, path)
     after_dcp = sec2.full_weights()            # dcp.load wrote straight into the live shards
     result = sec2.load_state_dict(sd2)
     return {"keys": list(sd), "kinds": {k: type(v).__name__ for k, v in sd.items()}, "live": live,
@@ -274,12 +281,7 @@ def _cached(rank: int, world_size: int, path: str) -> Dict[str, Any]:
     b = Case("B", ts, {"t0": "table_wise", "t1": "row_wise", "t2": "row_wise"}, world_size, L, batch_size=2)
     sec = _trained(case, pg, rank)
     sd = sec.state_dict()
-    dcp.save(sd, checkpoint_id=path)
-    saved = _snapshot(sec)
-    sec2 = ShardedEmbeddingCollection(ts, b.plan(), pg, seed=5)
-    before = _snapshot(sec2)
-    sd2 = sec2.state_dict()
-    dcp.load(sd2, checkpoint_id=path)
+    saved, before, sec2, sd2 = _save_then_dcp_load(sec, sd, ts, b.plan(), pg, 5, path)
     sec2.load_state_dict(sd2)
     loaded = _snapshot(sec2)
     late = _trained(b, pg, rank, steps=0, seed=9)           # state_dict(), a step, then dcp.load: refused

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distributed_cases import ALL_TYPES, Case, dense, global_batches, initial_tables, labels, local_slice, tables
+from distributed_cases import (ALL_TYPES, Case, dense, global_batches, initial_tables, labels, local_slice, tables,
+                               train_unsharded)
 from neo.config.embedding import OptimizerConfig
 from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, parallelize
 from neo.embedding import TableBatchedEmbedding
@@ -102,18 +103,7 @@ def _nested_case(types_shift: int = 0) -> Case:
 def _train_nested_reference(case: Case) -> dict:
     model = _NestedModel(case)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    losses = []
-    for batch, y in zip(global_batches(case), labels(case)):
-        loss = _bce(model(batch), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    emb = model.sparse_arch.embedding_bag_collection
-    return {"losses": losses, "weights": {t.name: emb.table_weight(t.name).clone() for t in case.tables},
-            "states": {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()}
-                       for t in case.tables},
-            "dense": [p.detach().clone() for p in model.over.parameters()]}
+    return train_unsharded(model, model.sparse_arch.embedding_bag_collection, model.over.parameters(), opt, case)
 
 
 def _build_nested(case: Case, pg: ProcessGroups):
