@@ -172,7 +172,7 @@ class ShardedEmbeddingCollection(nn.Module):
     ``<table>.sum@<c0>:<c1>``, and loads into the same bands only (an error naming the table
     otherwise). Cached tables' values are their backing stores, written back when the state
     dict is taken: take it right before ``dcp.save`` / ``dcp.load``. Creating the state dict
-    is local (no collective); a rank that holds no shard at all has no ``<table>.step`` keys.
+    is local (no collective); ``<table>.step`` is only on the ranks that hold a shard of the table.
     """
 
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",

@@ -9,8 +9,9 @@ Keys, as the unsharded :class:`~neo.embedding.TableBatchedEmbedding`'s (under th
     <table>.<state>@<c0>:<c1>  (rows,)     per-row state (row-wise Adagrad) of the column band
                                            [c0, c1) of a table split by columns (see below)
     <table>.step               int64 ()    the fused optimizer's updates (Adam / LAMB bias correction):
-                                           a copy, set by load_state_dict; absent on a rank that
-                                           holds no shard at all (see :func:`save_tables`)
+                                           a copy of the count when the state dict was taken, set
+                                           by load_state_dict; only on the ranks that hold a shard
+                                           of the table (see :func:`save_tables`)
 
 A data-parallel table's entries are this rank's replica, plain tensors (every replica is equal:
 DCP writes one). Neo's own checkpoints (:mod:`neo.train.checkpoint.dcp_state`) hold the same
@@ -195,27 +196,27 @@ def entry_value(sec: "ShardedEmbeddingCollection", entry: Entry) -> torch.Tensor
 
 
 # ---------------------------------------------------------------------- saving
-def _steps(sec: "ShardedEmbeddingCollection") -> Dict[str, int]:
-    """Each table's fused-update count as this rank knows it (no collective).
-
-    A table with a shard here: its group's counter. Otherwise: the largest counter of this
-    rank's module (every rank's lookup takes one fused update per training step, so they
-    agree; Neo's own checkpoints rely on the same for ``embedding_optimizer_step``)."""
+def _local_steps(sec: "ShardedEmbeddingCollection") -> Dict[str, int]:
+    """The fused-update count of each table with a shard on this rank (no collective): its
+    shards' group counter. Tables with no shard here are left out: this rank does not know
+    their count (tables of other groups take their own updates, e.g. one loaded or added later)."""
+    if sec.lookup is None:
+        return {}
     local = sec.lookup.optimizer_steps()
-    anyone = max(local.values(), default=0)
     out = {}
     for t in sec.tables:
         mine = [f"{t.name}#{k}" for k, s in table_shards(sec, t.name) if s.rank == sec.pg.rank]
-        out[t.name] = local[mine[0]] if mine else anyone
+        if mine:
+            out[t.name] = local[mine[0]]
     return out
 
 
 def save_tables(sec: "ShardedEmbeddingCollection", destination: Dict[str, Any], prefix: str) -> None:
     """Every table's entries into ``destination`` under ``prefix`` (see module doc).
 
-    ``<table>.step`` is left out on a rank that holds no shard at all (no local module: it
-    takes no updates, so its count would be wrong; DCP takes the step from the other ranks)."""
-    steps = _steps(sec) if sec.lookup is not None else {}
+    ``<table>.step`` is there only on the ranks that hold a shard of the table (DCP writes one
+    of their counts, all equal); it is a copy of the count at the time of the call."""
+    steps = _local_steps(sec)
     for t in sec.tables:
         for e in table_layout(sec, t):
             destination[f"{prefix}{t.name}.{e.key}"] = entry_value(sec, e)
@@ -331,7 +332,7 @@ def load_tables(sec: "ShardedEmbeddingCollection", state_dict: Dict[str, Any], p
             work.append((t, key, e, sources))
         step_key = f"{stem}step"
         taken.add(step_key)
-        if sec.lookup is not None:                           # a rank without shards takes no updates
+        if any(sh.rank == sec.pg.rank for _, sh in table_shards(sec, t.name)):   # others take no updates of it
             _load_step(sec, t, step_key, state_dict, missing_keys, error_msgs)
     before = _writebacks(sec.lookup)
     views = [[piece_view(sec.lookup, e, p) for p in e.pieces] for _, _, e, _ in work]   # flushes cached tables

@@ -104,7 +104,8 @@ def _save_then_load_under_another_plan(rank: int, world_size: int, path: str) ->
     saved, before, sec2, sd2 = _save_then_dcp_load(sec, sd, ts, b.plan(), pg, 11, path)
     after_dcp = sec2.full_weights()            # dcp.load wrote straight into the live shards
     result = sec2.load_state_dict(sd2)
-    return {"keys": list(sd), "kinds": {k: type(v).__name__ for k, v in sd.items()}, "live": live,
+    held = [t.name for t in ts if any(s.rank == rank and s.rows and s.cols for s in sec.plan.tables[t.name].shards)]
+    return {"keys": list(sd), "kinds": {k: type(v).__name__ for k, v in sd.items()}, "live": live, "held": held,
             "saved": saved, "before": before, "after_dcp": after_dcp, "loaded": _snapshot(sec2),
             "result": (list(result.missing_keys), list(result.unexpected_keys))}
 
@@ -117,13 +118,15 @@ def test_dcp_save_under_one_plan_loads_under_another_and_into_one_process(tmp_pa
     got = run_multiprocess(_save_then_load_under_another_plan, W, path)
     ts = tables(6, ADAGRAD)
     unsharded_keys = list(TableBatchedEmbedding(ts, backend="reference").state_dict())
+    assert any(len(out["held"]) < len(ts) for out in got), "some rank should lack a table"
     for rank, out in enumerate(got):
-        assert out["keys"] == unsharded_keys, f"rank {rank}"
+        # the unsharded module's keys, a table's step only where the rank holds a shard of it
+        assert out["keys"] == [k for k in unsharded_keys if not k.endswith(".step") or k[:-5] in out["held"]], rank
         types = _types(ts, 0)
         for t in ts:
             kind = "Tensor" if types[t.name] == "data_parallel" else "ShardedTensor"
             assert out["kinds"][f"{t.name}.weight"] == kind and out["kinds"][f"{t.name}.sum"] == kind, t.name
-            assert out["kinds"][f"{t.name}.step"] == "Tensor"
+            assert out["kinds"].get(f"{t.name}.step", "Tensor") == "Tensor"
         assert out["live"] and all(out["live"].values()), f"rank {rank}: {out['live']}"
         saved = out["saved"]
         assert saved["steps"] == [2]
@@ -336,3 +339,36 @@ def test_a_rank_without_shards_leaves_the_step_to_the_others(tmp_path):
         assert _equal(out["loaded"]["states"], got[0]["saved"]["states"])
         assert out["loaded"]["steps"] == [2], f"rank {rank}"
         assert out["result"] == ([], [])
+
+
+def _counts_differ_by_table(rank: int, world_size: int, path: str) -> Dict[str, Any]:
+    pg = _pg()
+    ts = [TableConfig(f"t{k}", num_rows=10, dim=4, feature_names=[f"f{k}"],
+                      optimizer=OptimizerConfig("adam", lr=0.01 * (k + 1))) for k in range(3)]   # a group each
+    a = Case("A", ts, {t.name: "table_wise" for t in ts}, world_size, L)
+    sec = ShardedEmbeddingCollection(ts, a.plan(), pg)
+    # e.g. a fine-tune: two tables' counters restored from a checkpoint, a new table starting at 0
+    result = sec.load_state_dict({"t0.step": torch.tensor(1000), "t2.step": torch.tensor(1000)}, strict=False)
+    owners = {t.name: sorted({s.rank for s in sec.plan.tables[t.name].shards}) for t in ts}
+    sd = sec.state_dict()
+    dcp.save(sd, checkpoint_id=path)
+    b = Case("B", ts, {t.name: "row_wise" for t in ts}, world_size, L)
+    sec2 = ShardedEmbeddingCollection(ts, b.plan(), pg)
+    sd2 = sec2.state_dict()
+    dcp.load(sd2, checkpoint_id=path)
+    sec2.load_state_dict(sd2)
+    return {"owners": owners, "step_keys": sorted(k for k in sd if k.endswith(".step")),
+            "loaded": {t.name: sec2.lookup.optimizer_steps()[f"{t.name}#{rank}"] for t in ts},
+            "missing": list(result.missing_keys)}
+
+
+def test_each_tables_step_comes_from_the_ranks_holding_it(tmp_path):
+    """Tables of different groups count different updates (a table added to a fine-tune starts at
+    0): a rank writes ``<table>.step`` only for the tables it holds, so DCP cannot keep another
+    rank's count for it, and under another plan every table gets its own count back."""
+    got = run_multiprocess(_counts_differ_by_table, W, str(tmp_path / "ck"))
+    owners = got[0]["owners"]
+    assert owners["t0"] != owners["t2"] or owners["t1"] != owners["t0"], owners     # some rank lacks some table
+    for rank, out in enumerate(got):
+        assert out["step_keys"] == sorted(f"{t}.step" for t, r in owners.items() if r == [rank]), (rank, out)
+        assert out["loaded"] == {"t0": 1000, "t1": 0, "t2": 1000}, f"rank {rank}: {out['loaded']}"
