@@ -19,7 +19,6 @@ bits), is a :class:`ConfigError` naming the file, the override or the field.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 import typing
@@ -203,10 +202,20 @@ def _merge(old: Any, new: Any) -> Any:
     return new
 
 
+def _own(node: Any) -> Any:
+    """A shallow copy of a mapping or list (this override's own, to change), other values as they are."""
+    return dict(node) if isinstance(node, dict) else list(node) if isinstance(node, list) else node
+
+
 def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str, Any]:
     """A copy of the plain mapping ``data`` with ``key=value`` overrides applied (values parsed as
-    YAML; a mapping value merges into a mapping)."""
-    data = copy.deepcopy(data)
+    YAML; a mapping value merges into a mapping).
+
+    Every mapping and list on an override's path is copied before it changes, and nothing else:
+    ``data`` stays as it was, and a node that YAML aliases or merge keys share between several
+    places (``- {<<: *base, name: t1}``) changes in the overridden place only (a deep copy keeps
+    such nodes shared; a full unsharing copy would expand an alias bomb)."""
+    data = dict(data)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r}: expected key=value")
@@ -216,10 +225,10 @@ def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str,
         for k, part in enumerate(path[:-1]):
             nxt = path[k + 1]
             if isinstance(node, dict):
-                if node.get(part) is None:
-                    node[part] = [] if isinstance(nxt, int) else {}
+                node[part] = ([] if isinstance(nxt, int) else {}) if node.get(part) is None else _own(node[part])
                 node = node[part]
             elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node[part] = _own(node[part])
                 node = node[part]
             else:
                 raise ConfigError(f"override {ov!r}: no {part!r} in {'.'.join(map(str, path[:k])) or 'config'}")

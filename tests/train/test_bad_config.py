@@ -280,3 +280,16 @@ def test_nested_yaml_merges_stay_the_size_of_their_keys(monkeypatch):
         loader.dispose()
     assert data["a5"] == {"x": 1, "y": 2}
     assert max(len(value.value) for _, value in root.value) == 2
+
+
+def test_an_override_changes_one_place_of_a_shared_yaml_node(tmp_path):
+    """A mapping that aliases or merge keys share between tables (``<<: *base``, ``optimizer: *opt``)
+    changes only where an override names it: the other tables keep the anchored values."""
+    path = tmp_path / "shared.yaml"
+    path.write_text("tables:\n"
+                    "  - &base {name: t0, num_rows: 100, dim: 8, optimizer: &opt {type: adagrad, lr: 0.05}}\n"
+                    "  - {<<: *base, name: t1}\n"
+                    "  - {name: t2, num_rows: 100, dim: 8, optimizer: *opt}\n")
+    cfg = load_config(str(path), ["tables[1].optimizer.lr=0.5", "tables[2].optimizer={lr: 0.7}"])
+    assert [t.optimizer.lr for t in cfg.tables] == [0.05, 0.5, 0.7]
+    assert [t.optimizer.type for t in cfg.tables] == ["adagrad"] * 3
