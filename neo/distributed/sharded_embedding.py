@@ -45,7 +45,7 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
-from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer
+from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_key
 from neo.models.interaction import PooledPieces
 from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
@@ -216,6 +216,12 @@ class ShardedEmbeddingCollection(nn.Module):
         """Set by the trainer: the backward collectives and the fused update are timed into it."""
         assert sum(self._local_widths) == self._local_dim
         self._loading: Optional[LoadRecord] = None
+        grouped: Dict[tuple, List[TableConfig]] = {}
+        for t in self.tables:
+            grouped.setdefault(group_key(t), []).append(t)
+        self._lr_groups = [[t.name for t in ts] for ts in grouped.values()]
+        """The global tables that share a fused update and its learning rate (one optimizer config and dtype)."""
+        self._group_lrs = [ts[0].optimizer.lr for ts in grouped.values()]
         self.register_state_dict_post_hook(_drop_local_entries)
         self.register_load_state_dict_post_hook(_after_load)
         self._broadcast_replicas()
@@ -513,14 +519,16 @@ class ShardedEmbeddingCollection(nn.Module):
         """Each named table's learning rate (table name -> lr), on this rank's shards of it. As
         :meth:`neo.embedding.TableBatchedEmbedding.set_learning_rates`: tables that share a fused
         update (one optimizer config and dtype) are set together, to one value."""
-        names = {t.name for t in self.layout.tables}
-        unknown = [t for t in lrs if t not in names]
-        if unknown:
-            raise ValueError(f"set_learning_rate: no table {unknown[0]!r}; tables: {sorted(names)}")
+        new = group_rates(self._lr_groups, lrs)     # checked on every rank, whatever shards it holds
+        for i, lr in new.items():
+            self._group_lrs[i] = lr
         if self.lookup is not None:
             local = {s.name: lrs[s.name.rpartition("#")[0]] for s in self.lookup.tables
                      if s.name.rpartition("#")[0] in lrs}
             self.lookup.set_learning_rates(local)
+        opt = self.__dict__.get("_fused_optimizer")
+        if opt is not None:
+            opt.sync({t: self._group_lrs[i] for i in new for t in self._lr_groups[i]})
 
     @property
     def fused_optimizer(self) -> FusedOptimizer:
@@ -530,26 +538,20 @@ class ShardedEmbeddingCollection(nn.Module):
         One param group per group of the GLOBAL tables (one optimizer config and dtype), in
         table order, the same on every rank: ``{"lr", "tables": [global table names], "params":
         [this rank's shard weight views of them, possibly none]}``. ``step()`` sets this rank's
-        shards' rates: local, no collective. Made once, at the first access; a group's lr starts
-        as its kernels' (a rank with no shard of it: the table config's ``optimizer.lr``)."""
+        shards' rates: local, no collective. Made once, at the first access; a group's lr is the
+        collection's (the config's, then what :meth:`set_learning_rates` set: every rank keeps
+        every group's, shards or not)."""
         opt = self.__dict__.get("_fused_optimizer")
         if opt is None:
             opt = self.__dict__["_fused_optimizer"] = FusedOptimizer(self._fused_groups(), self.set_learning_rates)
         return opt
 
     def _fused_groups(self) -> List[FusedGroupSpec]:
-        """The global tables' fused groups, each with its lr and this rank's shard weights: a
-        global group's shards share one group of the local module (same optimizer and dtype)."""
-        grouped: Dict[tuple, List[TableConfig]] = {}
-        for t in self.tables:
-            grouped.setdefault(group_key(t), []).append(t)
-        local = self.lookup.fused_optimizer.param_groups if self.lookup is not None else []
-        specs = []
-        for ts in grouped.values():
-            names = {t.name for t in ts}
-            lr, params = ts[0].optimizer.lr, []
-            for g in local:
-                if g["tables"][0].rpartition("#")[0] in names:
-                    lr, params = g["lr"], list(g["params"])
-            specs.append(FusedGroupSpec([t.name for t in ts], lr, params))
-        return specs
+        """The global tables' fused groups, each with its lr and this rank's shard weights (a
+        global group's shards are one group of the local module: same optimizer and dtype)."""
+        params: Dict[str, List[torch.Tensor]] = {}
+        for g in self.lookup.groups if self.lookup is not None else []:
+            for k, cfg in enumerate(g.layout.tables):
+                params.setdefault(cfg.name.rpartition("#")[0], []).append(g.table_slots(k))
+        return [FusedGroupSpec(names, lr, [p for t in names for p in params.get(t, [])])
+                for names, lr in zip(self._lr_groups, self._group_lrs)]

@@ -36,8 +36,9 @@ right before ``dcp.save`` / ``dcp.load``. Loading refuses (naming the table) whe
 since then would be written back over what ``dcp.load`` read into the store.
 
 ShardedTensor carries the shard offsets; torch marks it deprecated in favour of DTensor, whose
-placements cannot express Neo's uneven row and column blocks, so its deprecation warning is
-silenced for these objects only.
+placements cannot express Neo's uneven row and column blocks, so its deprecation message is
+filtered out (a process-wide filter on that one message: it is printed for ShardedTensors
+made elsewhere neither).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ Learning rates: a group's ``"lr"`` reaches the kernels as soon as it is set
 ``zero_grad()`` (TorchRec's ``EmbeddingFusedOptimizer`` applies it there). So the update in
 the next ``backward()`` uses the lr the groups hold then, whatever the order of the calls in
 the loop: as ``torch.optim.SGD`` would use it in its ``step()``. ``module.set_learning_rates``
-(the trainer's schedule) sets the kernels directly, past this object; the groups' lrs win at
-their next ``step()`` or ``zero_grad()``: drive one module's rates from one of the two.
+(the trainer's schedule) sets the kernels and the groups alike (:meth:`FusedOptimizer.sync`):
+whichever sets a rate last is what the next update uses.
 
 ``state_dict()`` carries the groups without their params (``lr``, ``tables``, and what a
 scheduler added: ``initial_lr``, ...) and an empty ``state``; ``load_state_dict`` matches
@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["FusedOptimizer", "FusedGroupSpec"]
+__all__ = ["FusedOptimizer", "FusedGroupSpec", "group_rates"]
 
 ApplyRates = Callable[[Dict[str, float]], None]
 """Sets the kernels' learning rates, table name -> lr (``module.set_learning_rates``)."""
@@ -70,7 +70,7 @@ class _FusedGroup(dict):
 
     def __setitem__(self, key: str, value: Any) -> None:
         apply = self.__dict__.get("apply")       # None while unpickling: the items come first
-        if key == "lr" and apply is not None:
+        if key == "lr" and apply is not None and "tables" in self:     # deepcopy: "lr" before "tables"
             value = _checked_lr(value, self["tables"])
             apply({t: value for t in self["tables"]})
         elif key == "tables" and "tables" in self and list(value) != self["tables"]:
@@ -85,8 +85,34 @@ class _FusedGroup(dict):
 def _checked_lr(value: Any, tables: List[str]) -> float:
     lr = float(value.item() if isinstance(value, torch.Tensor) else value)
     if not (lr >= 0 and math.isfinite(lr)):
-        raise ValueError(f"learning rate of tables {tables} must be a finite number >= 0, got {value!r}")
+        which = f"table {tables[0]!r}" if len(tables) == 1 else f"tables {tables}"
+        raise ValueError(f"learning rate of {which} must be a finite number >= 0, got {value!r}")
     return lr
+
+
+def group_rates(groups: Sequence[Sequence[str]], lrs: Dict[str, Any]) -> Dict[int, float]:
+    """The new learning rate of each group (index into ``groups``, lists of table names) that
+    ``lrs`` (table name -> lr) sets; the others are left out. A group's tables share one fused
+    update: all of them named, with one value, or none. ValueError, before anything is set, for
+    an unknown table, an lr that is not a finite number >= 0, or part of a group."""
+    names = [t for g in groups for t in g]
+    unknown = [t for t in lrs if t not in names]
+    if unknown:
+        raise ValueError(f"set_learning_rate: no table {unknown[0]!r} here; tables: {names}")
+    for t, lr in lrs.items():
+        _checked_lr(lr, [t])
+    new: Dict[int, float] = {}
+    for i, group in enumerate(groups):
+        given = {float(lrs[t]) for t in group if t in lrs}
+        if not given:
+            continue
+        if len(given) > 1 or any(t not in lrs for t in group):
+            asked = ", ".join(f"{t!r}: {lrs[t]}" for t in group if t in lrs)
+            raise ValueError(f"tables {list(group)} share one fused update and learning rate (the same optimizer "
+                             f"config and dtype); set them together to one value, or give a table an optimizer "
+                             f"config of its own; asked: {{{asked}}}")
+        new[i] = given.pop()
+    return new
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -148,6 +174,13 @@ class FusedOptimizer(torch.optim.Optimizer):
             for k, v in saved[tuple(g["tables"])].items():
                 if k not in ("params", "tables"):
                     g[k] = v
+
+    def sync(self, lrs: Dict[str, float]) -> None:
+        """Record rates the module was given directly (``set_learning_rates``: table name -> lr) in
+        the groups that hold those tables, without setting the kernels again."""
+        for g in self.param_groups:
+            if g["tables"] and g["tables"][0] in lrs:
+                dict.__setitem__(g, "lr", float(lrs[g["tables"][0]]))
 
     def learning_rates(self) -> Dict[str, float]:
         """Every table's lr as the groups hold it (table name -> lr)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import warnings
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
@@ -47,7 +46,7 @@ from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
-from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer
+from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import GroupLayout, group_key
 from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
@@ -177,6 +176,10 @@ class TableBatchedEmbedding(nn.Module):
             table's ``cache_dir`` overrides it).
     """
 
+    is_meta = False
+    """A placeholder (``device="meta"``, set per instance): the table configs alone, no storage;
+    see :meth:`_require_tables`. (A class default: a module pickled before it existed loads.)"""
+
     def __init__(
         self,
         tables: Sequence[TableConfig],
@@ -208,7 +211,6 @@ class TableBatchedEmbedding(nn.Module):
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
         self.is_meta = device.type == "meta"
-        """A placeholder (``device="meta"``): the table configs alone, no storage; see :meth:`_require_tables`."""
         self.groups: List[_GroupRunner] = []
         self.learning_rates: List[float] = []
         self._cache: Optional[ModuleCache] = None
@@ -623,27 +625,12 @@ class TableBatchedEmbedding(nn.Module):
         """Set the learning rate of each table named in ``lrs`` (table name -> lr). The tables of a
         group (:meth:`set_learning_rate`) are set together: all of them named, with one value, or
         none (ValueError naming the group's tables otherwise); the others keep theirs."""
-        names = [c.name for g in self.groups for c in g.layout.tables]
-        unknown = [t for t in lrs if t not in names]
-        if unknown:
-            raise ValueError(f"set_learning_rate: no table {unknown[0]!r} here; tables: {names}")
-        for t, lr in lrs.items():
-            lr = float(lr)
-            if not (lr >= 0 and math.isfinite(lr)):
-                raise ValueError(f"learning rate of table {t!r} must be a finite number >= 0, got {lr!r}")
-        new: Dict[int, float] = {}
-        for i, g in enumerate(self.groups):
-            group = [c.name for c in g.layout.tables]
-            given = {float(lrs[t]) for t in group if t in lrs}
-            if not given:
-                continue
-            if len(given) > 1 or any(t not in lrs for t in group):
-                raise ValueError(f"tables {group} share one fused update and learning rate (the same optimizer "
-                                 f"config and dtype); set them together to one value, or give a table an "
-                                 f"optimizer config of its own; asked: {{{', '.join(f'{t!r}: {lrs[t]}' for t in group if t in lrs)}}}")
-            new[i] = given.pop()
+        new = group_rates([[c.name for c in g.layout.tables] for g in self.groups], lrs)
         for i, lr in new.items():                   # all checked: nothing is set when one is refused
             self.learning_rates[i] = lr
+        opt = self.__dict__.get("_fused_optimizer")
+        if opt is not None:
+            opt.sync({c.name: self.learning_rates[i] for i in new for c in self.groups[i].layout.tables})
 
     @property
     @_needs_tables

@@ -312,6 +312,29 @@ def _keyed_worker(rank: int, world_size: int) -> dict:
     return out
 
 
+def _rates_on_every_rank(rank: int, world_size: int) -> dict:
+    pg = _pg()
+    ts = [dataclasses.replace(t, optimizer=OptimizerConfig("sgd", lr=0.1 * (k + 1))) for k, t in enumerate(tables(2))]
+    sec = ShardedEmbeddingCollection(ts, Case("tw", ts, {t.name: "table_wise" for t in ts}, world_size, W).plan(), pg)
+    held = sorted({s.rank for t in ts for s in sec.plan.tables[t.name].shards if s.rank == rank})
+    sec.set_learning_rates({"t0": 0.7})                 # before the optimizer exists; rank 1 holds no t0
+    opt = sec.fused_optimizer
+    first = opt.learning_rates()
+    sec.set_learning_rates({"t1": 0.05})                # after: the groups follow
+    with pytest.raises(ValueError, match="no table 'nope'"):
+        sec.set_learning_rates({"nope": 1.0})
+    return {"held": held, "first": first, "then": opt.learning_rates(), "saved": opt.state_dict()["param_groups"]}
+
+
+def test_every_rank_keeps_every_groups_rate():
+    """A group's lr is the collection's on every rank, shards of it or not: set before the fused
+    optimizer exists or after, the ranks' groups (and so a state_dict saved on any rank) agree."""
+    got = run_multiprocess(_rates_on_every_rank, W)
+    for out in got:
+        assert out["first"] == {"t0": 0.7, "t1": 0.2} and out["then"] == {"t0": 0.7, "t1": 0.05}, out
+    assert got[0]["saved"] == got[1]["saved"]
+
+
 def _embedding_bag(weight: torch.Tensor, mode: str, batch, feature: str) -> torch.Tensor:
     values, lengths, _ = batch.feature(feature)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])

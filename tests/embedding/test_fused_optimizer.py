@@ -196,15 +196,24 @@ def test_refusals_leave_the_kernels_as_they_were():
         opt.param_groups[0]["tables"] = ["t0"]
 
 
-def test_set_learning_rates_still_drives_the_kernels_and_the_groups_win_at_their_next_step():
+def test_set_learning_rates_drives_the_kernels_and_the_groups_alike():
     """The trainer's schedule (``set_learning_rates`` every step) works as before, fused
-    optimizer made or not; a group's lr is put back by its next step()."""
+    optimizer made or not, and the groups follow it: their next step() keeps that rate, a
+    scheduler's next value replaces it, and a deep copy of the module (EMA, SWA) works."""
+    import copy
+
     emb = TableBatchedEmbedding(tables_for(OptimizerConfig("sgd", lr=0.1)), backend="reference")
     opt = emb.fused_optimizer
     emb.set_learning_rates({"t0": 0.03, "t1": 0.03, "t2": 0.03})
-    assert emb.learning_rates == [0.03]
+    assert emb.learning_rates == [0.03] and opt.param_groups[0]["lr"] == 0.03
     opt.step()
-    assert emb.learning_rates == [0.1]
+    assert emb.learning_rates == [0.03]
+    opt.param_groups[0]["lr"] = 0.2
+    assert emb.learning_rates == [0.2]
+    twin = copy.deepcopy(emb)
+    assert twin.fused_optimizer.param_groups[0]["lr"] == 0.2 and twin.learning_rates == [0.2]
+    twin.fused_optimizer.param_groups[0]["lr"] = 0.5
+    assert twin.learning_rates == [0.5] and emb.learning_rates == [0.2]
 
 
 def test_step_applies_the_lr_before_its_closure_runs():
