@@ -10,11 +10,12 @@ PORT=${PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 
 export OMP_NUM_THREADS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 LOGDIR=$(mktemp -d)
-# removed however the script ends (a failure, Ctrl-C, kill): a signal exits through the EXIT trap
-trap 'rm -rf "$LOGDIR"' EXIT
+pids=()
+# however the script ends (a failure, Ctrl-C, kill; a signal exits through the EXIT trap): the
+# agents still running are stopped (they pass SIGTERM on to their ranks) and the logs removed
+trap 'kill -TERM "${pids[@]}" 2>/dev/null || true; rm -rf "$LOGDIR"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-pids=()
 for node in 0 1; do
   "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 2 \
       --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$PORT" --rdzv-id neo-two-node-$PORT \
