@@ -29,9 +29,10 @@ def _machinery_twice(rank: int, world_size: int, tmp: str) -> list:
     for _ in range(2):
         run = measure.machinery(pg, quick=True)
         assert run["measured"] and run["plan"]
-        dist.barrier()
+        dist.barrier()                                            # every rank's run over
         after.append([p for p in _listing(tmp)                   # torch's own (torchinductor_*) aside
                       if p.startswith("neo-") and not p.startswith(os.path.join("neo-calibrate", "data"))])
+        dist.barrier()                                            # every rank's listing taken before the next run
     return after
 
 
