@@ -11,9 +11,13 @@ cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# torchrun's log folders (empty unless it redirects output) in a folder removed at the end: without
+# --log-dir it leaves a torchelastic_* folder in the temporary directory at every launch
+LOGDIR=$(mktemp -d -t neo-torchrun-XXXXXX)
+trap 'rm -rf "$LOGDIR"' EXIT
 start=$(date +%s)
 set +e
-"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m neo.train configs/main_job.yaml "$@"
+"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 --log-dir "$LOGDIR" -m neo.train configs/main_job.yaml "$@"
 status=$?
 set -e
 echo "main job: exit status $status, wall time $(( $(date +%s) - start )) s" >&2

@@ -19,7 +19,7 @@ trap 'exit 143' TERM
 for node in 0 1; do
   "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 2 \
       --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$PORT" --rdzv-id neo-two-node-$PORT \
-      --max-restarts 0 tools/two_node_check.py >"$LOGDIR/node$node.log" 2>&1 &
+      --max-restarts 0 --log-dir "$LOGDIR/torchrun$node" tools/two_node_check.py >"$LOGDIR/node$node.log" 2>&1 &
   pids+=($!)
 done
 status=0

@@ -174,14 +174,19 @@ def _check_before_launch(cfg, ranks: int) -> None:
 
 def _torchrun(ranks: int, argv: List[str]) -> int:
     """``neo train`` of a pipelined config in one process: relaunch it on ``ranks`` local ranks
-    (one per pipeline stage) with ``torchrun --standalone``."""
+    (one per pipeline stage) with ``torchrun --standalone``. torchrun's log folders go to a
+    temporary folder removed when it ends (without ``--log-dir`` it leaves a ``torchelastic_*``
+    folder in the temporary directory at every launch); the ranks' output stays on the console."""
     import subprocess
+    import tempfile
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "neo.train", *argv]
-    print(f"neo train: parallel.pipeline.stages = {ranks}: running {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    child = subprocess.Popen(cmd)
-    return _wait_forwarding_signals(child)
+    with tempfile.TemporaryDirectory(prefix="neo-torchrun-") as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+               "--log-dir", logs, "-m", "neo.train", *argv]
+        print(f"neo train: parallel.pipeline.stages = {ranks}: running {' '.join(cmd[1:])}", file=sys.stderr,
+              flush=True)
+        child = subprocess.Popen(cmd)
+        return _wait_forwarding_signals(child)
 
 
 # Signals passed on to a relaunched torchrun (which passes SIGTERM and SIGHUP on to its workers:

@@ -7,11 +7,13 @@ its own, and torchrun's agent forwarding a SIGTERM to its two workers.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -267,8 +269,11 @@ def test_neo_train_passes_sigterm_to_the_torchrun_it_launched(tmp_data):
     cmd = [sys.executable, "-m", "neo.cli", "train", cfg, f"data.synthetic.cache_dir={tmp_data}/cache",
            f"train.run_dir={tmp_data}/pipelined", "train.progress=false", "train.log_every=4", "train.steps=100000",
            "train.eval_every=0", "train.stop_signals=[SIGTERM]"]
+    elastic = os.path.join(tempfile.gettempdir(), "torchelastic_*")             # torchrun's default log folders
+    before = set(glob.glob(elastic))
     rc, out, err = _signal_once_training(cmd, env, f"{tmp_data}/pipelined/metrics.jsonl")
     assert rc != 0, err[-3000:]
     stops = [r for r in _records(f"{tmp_data}/pipelined/metrics.jsonl") if r["kind"] == "stopped"]
     assert len(stops) == 1 and stops[0]["stopped"] == "SIGTERM" and stops[0]["checkpoint"] is None, err[-3000:]
+    assert set(glob.glob(elastic)) == before, "the relaunch left torchrun's log folder in the temporary directory"
     assert f"neo train: stopped by SIGTERM after step {stops[0]['step']}; nothing saved" in err, err[-3000:]
