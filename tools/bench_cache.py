@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List
 
@@ -148,10 +149,12 @@ def plot_a(records, path: str) -> None:
 
 # ----------------------------------------------------------------------------- (b) training
 def _train(overrides: List[str], steps: int) -> Dict[str, Any]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "neo.train", "configs/cached_tables.yaml", "train.progress=false", f"train.steps={steps}"] + overrides
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    with tempfile.TemporaryDirectory(prefix="neo-torchrun-") as logs:      # else a torchelastic_* folder per run
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--log-dir", logs, "-m", "neo.train", "configs/cached_tables.yaml", "train.progress=false",
+               f"train.steps={steps}"] + overrides
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"training failed ({' '.join(overrides)}):\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])

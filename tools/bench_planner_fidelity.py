@@ -97,10 +97,11 @@ def mixes() -> Dict[str, dict]:
 
 
 def run(config: str, world: int, overrides: List[str], steps: int) -> Dict[str, Any]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           "-m", "neo.train", config, f"train.steps={steps}"] + overrides
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    with tempfile.TemporaryDirectory(prefix="neo-torchrun-") as logs:      # else a torchelastic_* folder per run
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               "--log-dir", logs, "-m", "neo.train", config, f"train.steps={steps}"] + overrides
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:                  # the ranks' own words, not torchrun's summary of them
         said = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith((" ", "[", "W1", "-", "="))]
         raise RuntimeError(f"neo train failed ({' '.join(overrides)}), exit {p.returncode}:\n"
@@ -110,10 +111,11 @@ def run(config: str, world: int, overrides: List[str], steps: int) -> Dict[str, 
 
 def calibrate(world: int, out: str, quick: bool) -> None:
     """``neo calibrate`` at ``world`` ranks (one thread each, as the runs) into ``out``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           "-m", "neo.calibrate", "--out", out] + (["--quick"] if quick else [])
-    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=3600)
+    with tempfile.TemporaryDirectory(prefix="neo-torchrun-") as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               "--log-dir", logs, "-m", "neo.calibrate", "--out", out] + (["--quick"] if quick else [])
+        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                           text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"neo calibrate at {world} ranks failed, exit {p.returncode}:\n{p.stderr[-3000:]}")
 

@@ -70,7 +70,7 @@ from bench_common import write_json  # noqa: E402
 STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "rss_anon_kib", "RssFile": "rss_file_kib", "RssShmem": "rss_shmem_kib"}
 """Fields of /proc/<pid>/status (kB) recorded per rank, and their names in the records."""
 
-RUN_OUTPUTS = ("metrics.jsonl", "metrics.jsonl.tmp", "plan.json", "train.log", "tensorboard", "checkpoints")
+RUN_OUTPUTS = ("metrics.jsonl", "metrics.jsonl.tmp", "plan.json", "train.log", "tensorboard", "checkpoints", "torchrun")
 """What a soak leaves in its run directory (removed before a new soak starts there)."""
 
 
@@ -257,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _command(args, run_dir: str) -> List[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-            "-m", "neo.train", args.config, f"train.steps={args.steps}",
+            "--log-dir", os.path.join(run_dir, "torchrun"), "-m", "neo.train", args.config, f"train.steps={args.steps}",
             f"train.checkpoint_every={args.checkpoint_every}",
             f"train.checkpoint_dir={os.path.join(run_dir, 'checkpoints')}", f"train.run_dir={run_dir}",
             f"train.log_every={args.sample_every}", "train.resume=false", "train.progress=false"] + list(args.overrides)
