@@ -33,123 +33,27 @@ whose tables are sharded later (``neo.distributed.parallelize``); using its tabl
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import warnings
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from neo.config.embedding import TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
-from neo.embedding.cache import CacheStats, ModuleCache, Prefetched, TableCache, make_store
+from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
+from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.layout import GroupLayout, group_key
+from neo.embedding.placeholder import needs_tables
 from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
-
-
-class _GroupRunner:
-    """One group's storage and its backend; ``forward``/``backward_update`` in one place."""
-
-    def __init__(self, owner: "TableBatchedEmbedding", index: int, layout: GroupLayout):
-        self.owner, self.index, self.layout = owner, index, layout
-
-    @property
-    def weights(self) -> torch.Tensor:
-        return getattr(self.owner, f"group{self.index}_weights")
-
-    @property
-    def states(self) -> List[torch.Tensor]:
-        return [getattr(self.owner, f"group{self.index}_{n}") for n in self.layout.optimizer.type.state_names()]
-
-    @property
-    def step(self) -> torch.Tensor:
-        return getattr(self.owner, f"group{self.index}_step")
-
-    def table_slots(self, t: int) -> torch.Tensor:
-        """(kernel rows, D) view of table ``t``'s part of the weight buffer (a cached table: its slots)."""
-        rows, dim, off = int(self.layout.table_rows[t]), int(self.layout.table_dims[t]), int(self.layout.weight_offsets[t])
-        return self.weights[off : off + rows * dim].view(rows, dim)
-
-    def table_state_slots(self, t: int) -> List[torch.Tensor]:
-        """Views of table ``t``'s optimizer state: (kernel rows, D) per element, (kernel rows,) per row."""
-        rows, dim = int(self.layout.table_rows[t]), int(self.layout.table_dims[t])
-        if self.layout.optimizer.type.rowwise_state:
-            r0 = int(self.layout.row_offsets[t])
-            return [s[r0 : r0 + rows] for s in self.states]
-        off = int(self.layout.weight_offsets[t])
-        return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
-
-
-def _pool(runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size: int) -> torch.Tensor:
-    """The group's pooled lookup (B, sum of D), through its backend."""
-    backend = runner.owner.backend
-    prepare = getattr(backend, "prepare", None)   # backends that wrap storage (fbgemm)
-    if prepare is not None:
-        prepare(runner.layout, runner.weights, runner.states)
-    return backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
-
-
-def _ids_of_bags(bags: torch.Tensor, offsets: torch.Tensor, n: int) -> torch.Tensor:
-    """(n,) bool: the ids of the flagged bags (``bags``: (nb,) bool; ``offsets``: (nb + 1,) int64).
-    What ``repeat_interleave(bags, lengths)`` gives, at half its cost on the CPU: +1 where a run of
-    flagged bags starts, -1 where it ends, at the bags' first ids, then a running sum."""
-    flag = bags.to(torch.int32)
-    change = torch.diff(flag, prepend=flag.new_zeros(1))
-    marks = torch.zeros(n + 1, dtype=torch.int32, device=bags.device)
-    # bags starting at the same id (empty ones before a full one) add their changes there: the
-    # running sum then holds the flag of the last of them, the bag that owns the id
-    marks.index_add_(0, offsets[:-1], change)
-    return torch.cumsum(marks[:-1], 0, dtype=torch.int32).bool()
-
-
-class _PooledLookup(torch.autograd.Function):
-    """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
-
-    @staticmethod
-    def forward(ctx, anchor, runner: _GroupRunner, indices, offsets, per_sample_weights, batch_size: int,
-                prefetched: Optional[Prefetched] = None, pooled=None):
-        """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
-        pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
-        ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
-        ctx.save_for_backward(indices, offsets, per_sample_weights)
-        return _pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)), batch_size)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        indices, offsets, per_sample_weights = ctx.saved_tensors
-        runner = ctx.runner
-        owner = runner.owner
-        step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
-        with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
-            owner.backend.backward_update(
-                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
-                indices, offsets, per_sample_weights, ctx.batch_size,
-                owner.learning_rates[runner.index], step, owner.seed,
-            )
-        runner.step.fill_(step)
-        if ctx.prefetched is not None:       # this step is done with the group's cached rows
-            owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
-        return None, None, None, None, None, None, None, None
-
-
-def _needs_tables(method: Callable) -> Callable:
-    """Marks a method that reads or writes the tables: on a meta placeholder it raises instead
-    (:meth:`TableBatchedEmbedding._require_tables`)."""
-    @functools.wraps(method)
-    def guarded(self: "TableBatchedEmbedding", *args, **kwargs):
-        if self.is_meta:
-            self._require_tables(method.__name__)
-        return method(self, *args, **kwargs)
-    return guarded
 
 
 class TableBatchedEmbedding(nn.Module):
@@ -178,7 +82,7 @@ class TableBatchedEmbedding(nn.Module):
 
     is_meta = False
     """A placeholder (``device="meta"``, set per instance): the table configs alone, no storage;
-    see :meth:`_require_tables`. (A class default: a module pickled before it existed loads.)"""
+    see :mod:`neo.embedding.placeholder`. (A class default: a module pickled before it existed loads.)"""
 
     def __init__(
         self,
@@ -211,7 +115,7 @@ class TableBatchedEmbedding(nn.Module):
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
         self.is_meta = device.type == "meta"
-        self.groups: List[_GroupRunner] = []
+        self.groups: List[GroupRunner] = []
         self.learning_rates: List[float] = []
         self._cache: Optional[ModuleCache] = None
         if self.is_meta:
@@ -248,7 +152,7 @@ class TableBatchedEmbedding(nn.Module):
                 self.register_buffer(f"group{gi}_{name}", torch.full((state_len,), init, dtype=torch.float32, device=device),
                                      persistent=False)
             self.register_buffer(f"group{gi}_step", torch.zeros((), dtype=torch.int64), persistent=False)
-            runner = _GroupRunner(self, gi, layout)
+            runner = GroupRunner(self, gi, layout)
             self.groups.append(runner)
             self.learning_rates.append(opt.lr)
             for t, store in stores.items():
@@ -272,7 +176,7 @@ class TableBatchedEmbedding(nn.Module):
                 starts[f] = acc
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
-        self._sequence_runners: Dict[tuple, _GroupRunner] = {}   # one-feature views for sequence()
+        self._sequence_runners: Dict[tuple, GroupRunner] = {}   # one-feature views for sequence()
         self._feature_table_names = [self.feature_table[f] for f in self._group_order]
         # per feature (group order): its table's rows (the id checks), and the ids skipped, added
         # up where the tables are (no wait for the device per batch; read only by skipped_ids).
@@ -281,23 +185,6 @@ class TableBatchedEmbedding(nn.Module):
         self._feature_num_rows = torch.tensor([num_rows[n] for n in self._feature_table_names], dtype=torch.int64,
                                               device=device)
         self._skipped = torch.zeros(len(self._group_order), dtype=torch.int64, device=device)
-
-    def _require_tables(self, what: str) -> None:
-        """Raise, naming ``what``, where this module is a meta placeholder (it has no tables to use)."""
-        if not self.is_meta:
-            return
-        moving = what == "_apply"
-        what = {"_apply": "moving or converting it (.to, .cuda, to_empty, ...)",
-                "_save_to_state_dict": "state_dict", "_load_from_state_dict": "load_state_dict"}.get(what, what)
-        hint = (". Move the model's other modules alone; the shards are made on the device given to the "
-                "collection (parallelize(..., collection_kwargs={'device': ...}))" if moving else "")
-        raise RuntimeError(
-            f"TableBatchedEmbedding: {what} needs the tables, but this module was built with device='meta': a "
-            f"placeholder that holds the configs of its {len(self.tables)} tables and no weights. Shard it: "
-            "neo.distributed.parallelize(model, '<its attribute path>', plan, pg) replaces it by a "
-            "ShardedEmbeddingCollection that allocates this rank's shards only (or build "
-            "ShardedEmbeddingCollection(module.tables, plan, pg) yourself); for whole tables in one process, "
-            f"build the module on a real device{hint}")
 
     # ------------------------------------------------------------------ forward
     @property
@@ -318,13 +205,13 @@ class TableBatchedEmbedding(nn.Module):
             c += d
         return out
 
-    @_needs_tables
+    @needs_tables
     def keyed(self, batch: KeyedJaggedBatch) -> KeyedEmbeddings:
         """:meth:`forward`'s output keyed by feature (TorchRec's ``KeyedTensor``): ``.to_dict()``
         gives ``{feature: (B, D) view}``, ``.regroup(groups)`` concatenates named features."""
         return KeyedEmbeddings.of(self, self(batch))
 
-    @_needs_tables
+    @needs_tables
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
 
@@ -363,7 +250,7 @@ class TableBatchedEmbedding(nn.Module):
         psw = None if batch.weights is None else batch.weights.to(torch.float32)
         pooled = None
         if pooled_bags is not None:                      # the same bags, the unpooled ones emptied
-            keep = _ids_of_bags(pooled_bags, offsets, values.numel())
+            keep = ids_of_bags(pooled_bags, offsets, values.numel())
             p_off = torch.zeros_like(offsets)
             torch.cumsum(batch.lengths.to(torch.int64) * pooled_bags, 0, out=p_off[1:])
             pooled = (values.masked_select(keep), p_off, None if psw is None else psw.masked_select(keep))
@@ -398,9 +285,9 @@ class TableBatchedEmbedding(nn.Module):
                 plo, phi = int(po[f0 * B]), int(po[(f0 + nf) * B])
                 g_pooled = (pv[plo:phi], po[f0 * B : (f0 + nf) * B + 1] - plo, None if pw is None else pw[plo:phi])
             if anchor is None:        # no backward will come: no autograd node
-                outputs.append(_pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B))
+                outputs.append(pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B))
             else:
-                outputs.append(_PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
+                outputs.append(PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")
@@ -416,7 +303,7 @@ class TableBatchedEmbedding(nn.Module):
             out = out.index_select(1, self._out_perm)                           # (B, sum D) table order
         return out
 
-    @_needs_tables
+    @needs_tables
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
@@ -432,12 +319,12 @@ class TableBatchedEmbedding(nn.Module):
 
     # ------------------------------------------------------------------ the cache
     @property
-    @_needs_tables
+    @needs_tables
     def has_cache(self) -> bool:
         """True when some table is ``placement: cached``."""
         return self._cache is not None
 
-    @_needs_tables
+    @needs_tables
     def prefetch(self, batch: KeyedJaggedBatch, future: Sequence[KeyedJaggedBatch] = ()) -> None:
         """Start making ``batch``'s cached rows resident on the cache's worker thread, for a
         training step that will look ``batch`` up (this same object) later; ``future``: the
@@ -453,12 +340,12 @@ class TableBatchedEmbedding(nn.Module):
             self._check_batch_ids(batch)
         self._cache.prefetch_async(batch, future, train=True)
 
-    @_needs_tables
+    @needs_tables
     def flush_cache(self) -> int:
         """Write every dirty cached row back to its store (before a checkpoint); rows written."""
         return 0 if self._cache is None else self._cache.flush()
 
-    @_needs_tables
+    @needs_tables
     def cache_stats(self, settled: bool = False) -> Dict[str, CacheStats]:
         """Counters of every cached table (sums since creation); ``settled``: after the prefetches
         in flight have finished (exact per-step accounting, at the price of a wait)."""
@@ -485,7 +372,7 @@ class TableBatchedEmbedding(nn.Module):
                     return g, t, cfg
         raise KeyError(f"no table named '{name}' (tables: {[t.name for t in self.tables]})")
 
-    @_needs_tables
+    @needs_tables
     def table_weight(self, name: str) -> torch.Tensor:
         """A ``(rows, D)`` view of one table's weights, in their storage dtype (writes go through).
 
@@ -495,7 +382,7 @@ class TableBatchedEmbedding(nn.Module):
             return self._store_view(cfg).weights
         return g.table_slots(t)
 
-    @_needs_tables
+    @needs_tables
     def table_optimizer_state(self, name: str) -> Dict[str, torch.Tensor]:
         """Views of one table's optimizer state: ``(rows, D)`` per element, ``(rows,)`` per row."""
         g, t, cfg = self._locate(name)
@@ -506,7 +393,7 @@ class TableBatchedEmbedding(nn.Module):
         self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
 
     @property
-    @_needs_tables
+    @needs_tables
     def skipped_ids(self) -> Dict[str, int]:
         """Ids outside their table's rows that lookups (pooled and :meth:`sequence`) skipped since
         creation, each counted once, per table (with ``validate=False``: such ids contribute zero
@@ -521,7 +408,7 @@ class TableBatchedEmbedding(nn.Module):
             out[table] += n
         return out
 
-    @_needs_tables
+    @needs_tables
     def _apply(self, fn, recurse=True):
         """``.to(device)`` moves the tables; a change of dtype (``.half()``, ``.to(torch.bfloat16)``,
         ``model.double()`` on a model holding this module) is refused: the weights keep the
@@ -550,7 +437,7 @@ class TableBatchedEmbedding(nn.Module):
             weight, states = g.table_slots(t), g.table_state_slots(t)
         return {"weight": weight, **dict(zip(cfg.optimizer.type.state_names(), states)), "step": g.step}
 
-    @_needs_tables
+    @needs_tables
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """``TABLE.weight``, ``TABLE.<state>`` (e.g. ``TABLE.sum``, ``TABLE.exp_avg``) and
         ``TABLE.step`` for every table, like TorchRec's ``embedding_bags.TABLE.weight``: the keys
@@ -560,7 +447,7 @@ class TableBatchedEmbedding(nn.Module):
             for key, value in self._table_entries(cfg).items():
                 destination[f"{prefix}{cfg.name}.{key}"] = value if keep_vars else value.detach()
 
-    @_needs_tables
+    @needs_tables
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -593,12 +480,12 @@ class TableBatchedEmbedding(nn.Module):
             error_msgs.append("this state dict holds group buffers (group0_weights, ...) from an older Neo; "
                               "save it again with that version's table_weight / table_optimizer_state per table")
 
-    @_needs_tables
+    @needs_tables
     def optimizer_steps(self) -> Dict[str, int]:
         """Updates applied so far, per table (tables of one group share the counter)."""
         return {cfg.name: int(g.step) for g in self.groups for cfg in g.layout.tables}
 
-    @_needs_tables
+    @needs_tables
     def set_optimizer_steps(self, step: int, table: Optional[str] = None) -> None:
         """Set the update counter (Adam's and LAMB's bias correction) of every group, or of the
         group holding ``table``: restoring a checkpoint saved under another sharding."""
@@ -606,7 +493,7 @@ class TableBatchedEmbedding(nn.Module):
             if table is None or any(c.name == table for c in g.layout.tables):
                 g.step.fill_(int(step))
 
-    @_needs_tables
+    @needs_tables
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
         """Set the sparse optimizer's learning rate of every table, or of ``table`` alone.
 
@@ -620,7 +507,7 @@ class TableBatchedEmbedding(nn.Module):
         else:
             self.set_learning_rates({table: lr})
 
-    @_needs_tables
+    @needs_tables
     def set_learning_rates(self, lrs: Dict[str, float]) -> None:
         """Set the learning rate of each table named in ``lrs`` (table name -> lr). The tables of a
         group (:meth:`set_learning_rate`) are set together: all of them named, with one value, or
@@ -633,7 +520,7 @@ class TableBatchedEmbedding(nn.Module):
             opt.sync({c.name: self.learning_rates[i] for i in new for c in self.groups[i].layout.tables})
 
     @property
-    @_needs_tables
+    @needs_tables
     def fused_optimizer(self) -> FusedOptimizer:
         """The fused groups' learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
         (TorchRec's fused ``KeyedOptimizer``): one param group per group of :attr:`groups`,

@@ -45,7 +45,8 @@ from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
-    from neo.embedding.module import TableBatchedEmbedding, _GroupRunner
+    from neo.embedding.group_runner import GroupRunner
+    from neo.embedding.module import TableBatchedEmbedding
 
 __all__ = ["SequenceEmbedding", "sequence_lookup"]
 
@@ -117,7 +118,7 @@ class _SequenceLookup(torch.autograd.Function):
 
 @dataclass
 class _Lookup:
-    runner: "_GroupRunner"      # one table of a group, as one feature (see _table_runner)
+    runner: "GroupRunner"      # one table of a group, as one feature (see _table_runner)
     step: int                   # the group's step count after this lookup's update
 
 
@@ -126,7 +127,7 @@ def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
 
 
-def _lookup(runner: "_GroupRunner", ids: torch.Tensor,
+def _lookup(runner: "GroupRunner", ids: torch.Tensor,
             on_invalid: Optional[Callable[[], None]] = None) -> torch.Tensor:
     """(N, D): ``ids`` as bags of one. ``on_invalid``: called when the backend counted invalid
     ids (to raise, naming the id; with ``validate=False``, to have them counted)."""
@@ -137,10 +138,10 @@ def _lookup(runner: "_GroupRunner", ids: torch.Tensor,
     return rows
 
 
-def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_GroupRunner":
+def _table_runner(emb: "TableBatchedEmbedding", g: "GroupRunner", t: int) -> "GroupRunner":
     """A runner over group ``g``'s buffers whose layout has one feature reading its table ``t``
     unpooled (made once per table and kept: backends may key state on the layout)."""
-    from neo.embedding.module import _GroupRunner
+    from neo.embedding.group_runner import GroupRunner
 
     key = (g.index, t)
     runner = emb._sequence_runners.get(key)
@@ -151,7 +152,7 @@ def _table_runner(emb: "TableBatchedEmbedding", g: "_GroupRunner", t: int) -> "_
             feature_table=torch.tensor([t], dtype=torch.int64, device=dev),
             output_offsets=torch.tensor([0, int(L.table_dims[t])], dtype=torch.int64, device=dev),
             feature_mean=torch.zeros(1, dtype=torch.int64, device=dev))
-        runner = emb._sequence_runners[key] = _GroupRunner(emb, g.index, view)
+        runner = emb._sequence_runners[key] = GroupRunner(emb, g.index, view)
     return runner
 
 

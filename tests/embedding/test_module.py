@@ -336,7 +336,7 @@ def test_count_skipped_off_counts_nothing_and_says_so():
 def test_ids_of_bags_equals_repeat_interleave():
     """The id mask of the flagged bags (pooled_bags' compaction) against repeat_interleave, with
     empty bags (flagged or not) before, between and after runs."""
-    from neo.embedding.module import _ids_of_bags
+    from neo.embedding.group_runner import ids_of_bags
 
     gen = torch.Generator().manual_seed(5)
     for nb in (1, 2, 7, 300):
@@ -346,7 +346,7 @@ def test_ids_of_bags_equals_repeat_interleave():
             offsets = torch.zeros(nb + 1, dtype=torch.int64)
             torch.cumsum(lengths, 0, out=offsets[1:])
             want = torch.repeat_interleave(bags, lengths)
-            assert torch.equal(_ids_of_bags(bags, offsets, int(lengths.sum())), want), (lengths, bags)
+            assert torch.equal(ids_of_bags(bags, offsets, int(lengths.sum())), want), (lengths, bags)
 
 
 def test_skipped_counts_move_with_the_module():

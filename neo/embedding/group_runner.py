@@ -1,0 +1,109 @@
+"""A group's storage and its fused kernels under autograd: what :class:`~neo.embedding.TableBatchedEmbedding`
+runs once per group of tables (one flat buffer, one kernel launch each way).
+
+- :class:`GroupRunner`: the group's buffers (registered on the owning module) and views of each table's part;
+- :func:`pool`: the pooled lookup through the backend;
+- :class:`PooledLookup`: that lookup with its backward, the fused gradient aggregation and
+  optimizer update in place (no gradient returned);
+- :func:`ids_of_bags`: the ids of the bags a rank pools (data-parallel tables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from neo.embedding.cache import Prefetched
+from neo.embedding.layout import GroupLayout
+
+if TYPE_CHECKING:
+    from neo.embedding.module import TableBatchedEmbedding
+
+__all__ = ["GroupRunner", "PooledLookup", "pool", "ids_of_bags"]
+
+
+class GroupRunner:
+    """One group's storage and its backend; ``forward``/``backward_update`` in one place."""
+
+    def __init__(self, owner: "TableBatchedEmbedding", index: int, layout: GroupLayout):
+        self.owner, self.index, self.layout = owner, index, layout
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return getattr(self.owner, f"group{self.index}_weights")
+
+    @property
+    def states(self) -> List[torch.Tensor]:
+        return [getattr(self.owner, f"group{self.index}_{n}") for n in self.layout.optimizer.type.state_names()]
+
+    @property
+    def step(self) -> torch.Tensor:
+        return getattr(self.owner, f"group{self.index}_step")
+
+    def table_slots(self, t: int) -> torch.Tensor:
+        """(kernel rows, D) view of table ``t``'s part of the weight buffer (a cached table: its slots)."""
+        rows, dim, off = int(self.layout.table_rows[t]), int(self.layout.table_dims[t]), int(self.layout.weight_offsets[t])
+        return self.weights[off : off + rows * dim].view(rows, dim)
+
+    def table_state_slots(self, t: int) -> List[torch.Tensor]:
+        """Views of table ``t``'s optimizer state: (kernel rows, D) per element, (kernel rows,) per row."""
+        rows, dim = int(self.layout.table_rows[t]), int(self.layout.table_dims[t])
+        if self.layout.optimizer.type.rowwise_state:
+            r0 = int(self.layout.row_offsets[t])
+            return [s[r0 : r0 + rows] for s in self.states]
+        off = int(self.layout.weight_offsets[t])
+        return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
+
+
+def pool(runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int) -> torch.Tensor:
+    """The group's pooled lookup (B, sum of D), through its backend."""
+    backend = runner.owner.backend
+    prepare = getattr(backend, "prepare", None)   # backends that wrap storage (fbgemm)
+    if prepare is not None:
+        prepare(runner.layout, runner.weights, runner.states)
+    return backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+
+
+def ids_of_bags(bags: torch.Tensor, offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) bool: the ids of the flagged bags (``bags``: (nb,) bool; ``offsets``: (nb + 1,) int64).
+    What ``repeat_interleave(bags, lengths)`` gives, at half its cost on the CPU: +1 where a run of
+    flagged bags starts, -1 where it ends, at the bags' first ids, then a running sum."""
+    flag = bags.to(torch.int32)
+    change = torch.diff(flag, prepend=flag.new_zeros(1))
+    marks = torch.zeros(n + 1, dtype=torch.int32, device=bags.device)
+    # bags starting at the same id (empty ones before a full one) add their changes there: the
+    # running sum then holds the flag of the last of them, the bag that owns the id
+    marks.index_add_(0, offsets[:-1], change)
+    return torch.cumsum(marks[:-1], 0, dtype=torch.int32).bool()
+
+
+class PooledLookup(torch.autograd.Function):
+    """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
+
+    @staticmethod
+    def forward(ctx, anchor, runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int,
+                prefetched: Optional[Prefetched] = None, pooled=None):
+        """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
+        pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
+        ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
+        ctx.save_for_backward(indices, offsets, per_sample_weights)
+        return pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)), batch_size)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        indices, offsets, per_sample_weights = ctx.saved_tensors
+        runner = ctx.runner
+        owner = runner.owner
+        step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
+        with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
+            owner.backend.backward_update(
+                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
+                indices, offsets, per_sample_weights, ctx.batch_size,
+                owner.learning_rates[runner.index], step, owner.seed,
+            )
+        runner.step.fill_(step)
+        if ctx.prefetched is not None:       # this step is done with the group's cached rows
+            owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
+        return None, None, None, None, None, None, None, None
