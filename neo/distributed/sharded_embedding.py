@@ -46,7 +46,7 @@ from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
-from neo.embedding.layout import group_key
+from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
 from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
@@ -216,12 +216,10 @@ class ShardedEmbeddingCollection(nn.Module):
         """Set by the trainer: the backward collectives and the fused update are timed into it."""
         assert sum(self._local_widths) == self._local_dim
         self._loading: Optional[LoadRecord] = None
-        grouped: Dict[tuple, List[TableConfig]] = {}
-        for t in self.tables:
-            grouped.setdefault(group_key(t), []).append(t)
-        self._lr_groups = [[t.name for t in ts] for ts in grouped.values()]
+        groups = group_tables(self.tables)
+        self._lr_groups = [[t.name for t in ts] for ts in groups]
         """The global tables that share a fused update and its learning rate (one optimizer config and dtype)."""
-        self._group_lrs = [ts[0].optimizer.lr for ts in grouped.values()]
+        self._group_lrs = [ts[0].optimizer.lr for ts in groups]
         self.register_state_dict_post_hook(_drop_local_entries)
         self.register_load_state_dict_post_hook(_after_load)
         self._broadcast_replicas()

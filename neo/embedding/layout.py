@@ -25,7 +25,7 @@ per-row state (rowwise_adagrad) has one value per global row.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -107,3 +107,12 @@ class GroupLayout:
 def group_key(table: TableConfig):
     """Tables with equal keys share one group (one flat buffer, one kernel launch)."""
     return (table.dtype, table.optimizer, table.stochastic_rounding)
+
+
+def group_tables(tables: Sequence[TableConfig]) -> List[List[TableConfig]]:
+    """``tables`` in their groups (equal :func:`group_key`), groups in the order of their first
+    table, tables in their own order."""
+    grouped: Dict[tuple, List[TableConfig]] = {}
+    for t in tables:
+        grouped.setdefault(group_key(t), []).append(t)
+    return list(grouped.values())

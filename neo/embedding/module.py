@@ -46,7 +46,7 @@ from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
-from neo.embedding.layout import GroupLayout, group_key
+from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
 
@@ -122,19 +122,16 @@ class TableBatchedEmbedding(nn.Module):
             return
         self.backend = get_backend(self.backend_name)
 
-        grouped: Dict[tuple, List[TableConfig]] = {}
-        for t in tables:
-            grouped.setdefault(group_key(t), []).append(t)
         gen = torch.Generator().manual_seed(seed)
         caches: Dict[str, TableCache] = {}
         moves = moves_for(self.backend_name) if any(t.cached for t in tables) else None
-        for gi, group_tables in enumerate(grouped.values()):
-            layout = GroupLayout.build(group_tables, device)
+        for gi, members in enumerate(group_tables(tables)):
+            layout = GroupLayout.build(members, device)
             opt = layout.optimizer
             state_init = [opt.initial_accumulator_value if n == "sum" else 0.0 for n in opt.type.state_names()]
             weights = torch.empty(layout.num_weights, dtype=torch.float32)
             stores = {}
-            for t, cfg in enumerate(group_tables):
+            for t, cfg in enumerate(members):
                 scale = cfg.init_scale if cfg.init_scale is not None else cfg.num_rows ** -0.5
                 off, n = int(layout.weight_offsets[t]), cfg.num_rows * cfg.dim
                 if cfg.cached:           # the same numbers, drawn into the backing store
@@ -156,7 +153,7 @@ class TableBatchedEmbedding(nn.Module):
             self.groups.append(runner)
             self.learning_rates.append(opt.lr)
             for t, store in stores.items():
-                cfg = group_tables[t]
+                cfg = members[t]
                 caches[cfg.name] = TableCache(cfg, runner.table_slots(t), runner.table_state_slots(t), store, moves)
                 if cfg.cache_capacity >= cfg.num_rows:
                     warnings.warn(f"table '{cfg.name}': its cache of {cfg.cache_capacity} rows holds all "
