@@ -47,7 +47,7 @@ import torch
 from neo.distributed.state_dict import band_key, parse_band  # noqa: F401 (parse_band: re-exported)
 from neo.distributed.state_dict import Entry, entry_value, piece_view, table_layout
 
-__all__ = ["embedding_state", "dense_state", "load_dense", "rank_state", "restore_rank_state", "FORMAT_VERSION"]
+__all__ = ["embedding_state", "dense_state", "dense_tensors", "load_dense", "rank_state", "restore_rank_state", "FORMAT_VERSION"]
 
 FORMAT_VERSION = "neo-dcp-1"
 
@@ -131,26 +131,53 @@ def embedding_state(sharded, for_load: bool,
     return out, after
 
 
+def _embedding_modules(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
+    """(name, module) of ``model``'s Neo embedding modules, ``model`` itself included."""
+    from neo.distributed import ShardedEmbeddingCollection
+    from neo.embedding import TableBatchedEmbedding
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (ShardedEmbeddingCollection, TableBatchedEmbedding))]
+
+
 def embedding_prefixes(model: torch.nn.Module) -> Tuple[str, ...]:
     """The state-dict prefixes of ``model``'s embedding modules (a sharded collection or a
     table-batched module, under whatever attribute name: ``embedding.`` in Neo's DLRM, ``ebc.``
     after ``parallelize(model, "ebc", ...)``): their tensors are saved by table, not as dense ones."""
-    from neo.distributed import ShardedEmbeddingCollection
-    from neo.embedding import TableBatchedEmbedding
-
-    found = tuple(f"{name}." for name, m in model.named_modules()
-                  if name and isinstance(m, (ShardedEmbeddingCollection, TableBatchedEmbedding)))
+    found = tuple(f"{name}." if name else "" for name, _ in _embedding_modules(model))   # "": the model is one
     return found or ("embedding.",)
 
 
+def dense_tensors(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """``model.state_dict()`` without the embedding modules' entries (:func:`embedding_prefixes`),
+    whose own ``state_dict()`` is never called: a sharded collection's builds a ShardedTensor per
+    table and state (milliseconds at hundreds of tables), here only to be dropped. Modules holding
+    no embedding module give their ``state_dict()`` (hooks included); those above one (the model
+    itself, a wrapper) only their own parameters and buffers, without their state-dict hooks."""
+    skip = {id(m) for _, m in _embedding_modules(model)}
+    if not skip:                                    # no Neo embedding module: the default prefix
+        return {k: v for k, v in model.state_dict().items() if not k.startswith(embedding_prefixes(model))}
+    out: Dict[str, torch.Tensor] = {}
+
+    def visit(module: torch.nn.Module, prefix: str) -> None:
+        if id(module) in skip:
+            return
+        if not any(id(m) in skip for m in module.modules()):
+            module.state_dict(destination=out, prefix=prefix)
+            return
+        module._save_to_state_dict(out, prefix, False)
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{name}.")
+
+    visit(model, "")
+    return out
+
+
 def dense_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
-    """The dense modules' tensors (none of the embedding modules', :func:`embedding_prefixes`) and
-    the dense optimizer's state by name."""
+    """The dense modules' tensors (:func:`dense_tensors`) and the dense optimizer's state by name."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    skip = embedding_prefixes(model)
-    params = {k: v for k, v in model.state_dict().items() if not k.startswith(skip)}
-    return {"model": params, "optimizer": get_optimizer_state_dict(model, optimizer)}
+    return {"model": dense_tensors(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
 
 
 def load_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:

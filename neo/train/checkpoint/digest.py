@@ -55,10 +55,9 @@ def _embedding_lines(sharded) -> List[str]:
 
 
 def _dense_lines(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> List[str]:
-    from neo.train.checkpoint.dcp_state import embedding_prefixes
+    from neo.train.checkpoint.dcp_state import dense_tensors
 
-    skip = embedding_prefixes(model)
-    lines = [f"dense/{k}={tensor_sha256(v)}" for k, v in model.state_dict().items() if not k.startswith(skip)]
+    lines = [f"dense/{k}={tensor_sha256(v)}" for k, v in dense_tensors(model).items()]
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:

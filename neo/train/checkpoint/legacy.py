@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from neo.train.checkpoint.dcp_state import embedding_prefixes
+from neo.train.checkpoint.dcp_state import dense_tensors, embedding_prefixes
 from neo.train.checkpoint.layout import CheckpointError, commit, latest_checkpoint, step_dir, tmp_dir
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
@@ -103,8 +103,7 @@ def save_checkpoint(root: str, step: int, *, sharded, dense_model, optimizer, lo
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         save_fn({"loader": loader_state, "rng": rng}, os.path.join(tmp, f"rank-{pg.rank}.pt"))
         if pg.rank == 0:
-            skip = embedding_prefixes(dense_model)
-            dense = {k: v for k, v in dense_model.state_dict().items() if not k.startswith(skip)}
+            dense = dense_tensors(dense_model)
             save_fn({"model": dense, "optimizer": optimizer.state_dict()}, os.path.join(tmp, "dense.pt"))
             info = dict(meta or {}, step=step, world_size=pg.world_size, local_world_size=pg.local_world_size,
                         plan=sharded.plan.to_dict() if hasattr(sharded.plan, "to_dict") else None)
