@@ -20,6 +20,7 @@ docs/data_pipeline.md, "MLPerf reference layout").
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -72,6 +73,9 @@ class SyntheticDataConfig:
     """Standard deviation of the teacher's sparse score."""
     cache_dir: str = ".cache/neo-synthetic"
     """Parent directory of generated data sets (one sub-directory per option set)."""
+    cache_max_gb: float = 16.0
+    """Most GiB the sets in ``cache_dir`` may take: after taking its set, a run removes the least
+    recently used others that no process is reading (neo/train/data_cache.py); 0: no limit."""
 
     def validate(self, where: str) -> None:
         if self.num_samples <= 0 or self.val_samples <= 0:
@@ -87,6 +91,9 @@ class SyntheticDataConfig:
         self.distribution = choice(self.distribution, ["uniform", "zipf"], f"{where}.distribution")
         if not self.skew or any(s < 0 for s in self.skew):
             raise ConfigError(f"{where}.skew: must be >= 0, got {list(self.skew)}")
+        if not (math.isfinite(self.cache_max_gb) and self.cache_max_gb >= 0):
+            raise ConfigError(f"{where}.cache_max_gb: must be a finite number >= 0 (0: no limit), "
+                              f"got {self.cache_max_gb}")
         if not 0 < self.base_ctr < 1:
             raise ConfigError(f"{where}.base_ctr: must be in (0, 1), got {self.base_ctr}")
 

@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -128,6 +128,9 @@ class DataSpec:
     """The synthetic teacher's AUC (the best a model can reach), when the data reports it."""
     mlperf: Optional["MlperfData"] = None
     """``source: mlperf``: the opened, checked day files (the paths above are informational)."""
+    lease: Optional[Any] = field(default=None, repr=False, compare=False)
+    """``source: synthetic``: this process's lease on the set (neo.train.data_cache.SetLease),
+    held while this object lives, so that no other run's eviction removes the files read."""
 
 
 @dataclass
@@ -201,6 +204,33 @@ def _generate(cfg, tables, out: str, log) -> None:
         raise
 
 
+def _lease(out: str, log):
+    """This process's lease on the set ``out`` (neo.train.data_cache), or None: no complete set
+    there, or no lease possible (a read-only cache, a file system without flock: read anyway)."""
+    from neo.train.data_cache import take_lease
+
+    try:
+        return take_lease(out)
+    except OSError as e:
+        log(f"neo train: no lease on {out} ({e}); reading it without one, evicting nothing")
+        return None
+
+
+def _leased_set(cfg, tables, out: str, log):
+    """Rank 0: the synthetic set ``out``, generated if missing, with this process's lease on it
+    (None where leases cannot be held). Generates again if another run's eviction removes the
+    set between its check and the lease (after three times: an error)."""
+    for _ in range(3):
+        if _synthetic_complete(out):
+            lease = _lease(out, log)
+            if lease is not None or _synthetic_complete(out):
+                return lease                     # leased, or in place and not leasable
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        _generate(cfg, tables, out, log)
+    raise RuntimeError(f"the synthetic set {out} was removed by another run's eviction three times while this run "
+                       "took it: raise data.synthetic.cache_max_gb, or give the runs different cache_dir")
+
+
 def _prepare_mlperf(cfg, tables: Sequence[TableConfig], pg) -> DataSpec:
     """Open and check the MLPerf day files before training: every file present and complete, row
     counts equal per day, bag widths as ``data.mlperf.multi_hot_sizes``, features matching the
@@ -254,15 +284,20 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
         return _prepare_mlperf(cfg, tables, pg)
     if cfg.data.source == "synthetic":
         out = synthetic_dir(cfg, tables)
-        if pg.rank == 0 and not _synthetic_complete(out):
-            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-            _generate(cfg, tables, out, log)
+        lease = _leased_set(cfg, tables, out, log) if pg.rank == 0 else None
         if pg.world_size > 1:
             dist.barrier(group=pg.world)
+        if pg.rank != 0:
+            lease = _lease(out, log)                # rank 0 holds its lease: the set is in place
+        elif lease is not None and cfg.data.synthetic.cache_max_gb > 0:
+            from neo.train import data_cache
+
+            limit = int(cfg.data.synthetic.cache_max_gb * 2**30)
+            data_cache.describe(data_cache.evict(os.path.dirname(out) or ".", out, limit), limit, log)
         files = list_parquet_files(os.path.join(out, "train"))
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
-        return DataSpec(files[:-1], files[-1:], cfg.data.synthetic.num_dense, summary.get("best_auc"))
+        return DataSpec(files[:-1], files[-1:], cfg.data.synthetic.num_dense, summary.get("best_auc"), lease=lease)
     import pyarrow.parquet as pq
 
     from data_pipeline.schema import read_meta
