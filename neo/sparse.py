@@ -36,7 +36,7 @@ from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 __all__ = ["KeyedJaggedBatch", "JaggedValidationError", "KeyedEmbeddings", "as_batch", "concat_features",
-           "offsets_from_lengths", "regroup"]
+           "expand_variable_batch", "offsets_from_lengths", "regroup"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -292,7 +292,11 @@ class KeyedJaggedBatch:
 
     @classmethod
     def from_torchrec(cls, kjt, validate: bool = True) -> "KeyedJaggedBatch":
-        """Convert from a ``torchrec.KeyedJaggedTensor`` (its stride is the batch size)."""
+        """Convert from a ``torchrec.KeyedJaggedTensor`` (its stride is the batch size). A
+        variable-batch KJT (TorchRec's VBE: a batch size per feature, ``stride_per_key_per_rank``)
+        with its ``inverse_indices`` is expanded to the full batch (:func:`expand_variable_batch`)."""
+        if getattr(kjt, "variable_stride_per_key", lambda: False)():
+            return expand_variable_batch(kjt, validate=validate)
         return cls(
             keys=tuple(kjt.keys()), values=kjt.values(), lengths=kjt.lengths(),
             batch_size=kjt.stride(), weights=kjt.weights_or_none(), offsets=kjt.offsets(),
@@ -300,17 +304,67 @@ class KeyedJaggedBatch:
         )
 
 
+def expand_variable_batch(kjt, validate: bool = True) -> KeyedJaggedBatch:
+    """A variable-batch ``torchrec.KeyedJaggedTensor`` as the full batch it stands for.
+
+    In TorchRec's variable batch (VBE) input, feature ``f`` holds ``B_f`` bags (its
+    ``stride_per_key()``; e.g. one bag per distinct user in a batch of requests) and
+    ``inverse_indices()`` = ``(keys, (F, B) tensor)`` says which of them sample ``b`` reads:
+    bag ``(f, b)`` of the full batch is bag ``inverse[f, b]`` of feature ``f``. TorchRec's
+    ``EmbeddingBagCollection`` returns pooled embeddings of the full ``B`` samples; so does Neo,
+    on this expansion (the same outputs, and gradients summed over the samples sharing a bag:
+    the same update; the lookups and exchanges are those of the full batch). ValueError naming
+    the feature: no inverse indices, a feature missing from them, an index outside the
+    feature's ``B_f`` bags."""
+    keys = list(kjt.keys())
+    inverse = kjt.inverse_indices_or_none() if hasattr(kjt, "inverse_indices_or_none") else None
+    if inverse is None:
+        raise ValueError("a variable-batch KeyedJaggedTensor (a batch size per feature) needs its inverse_indices "
+                         "(keys, (F, B) tensor: which of a feature's bags each sample reads) to be looked up")
+    inv_keys, inv = list(inverse[0]), inverse[1]
+    if not isinstance(inv, torch.Tensor) or inv.dim() != 2 or inv.size(0) != len(inv_keys):
+        raise ValueError(f"inverse_indices: expected (keys, ({len(inv_keys)}, B) tensor), got a tensor of shape "
+                         f"{tuple(getattr(inv, 'shape', ()))}")
+    B = int(inv.size(1))
+    strides = [int(x) for x in kjt.stride_per_key()]
+    lengths = kjt.lengths().to(torch.int64)
+    if lengths.numel() != sum(strides):
+        raise JaggedValidationError(f"a variable-batch KeyedJaggedTensor with {sum(strides)} bags "
+                                    f"(stride_per_key {strides}) has {lengths.numel()} lengths")
+    first = [0]
+    for n in strides:
+        first.append(first[-1] + n)
+    sources = []
+    for f, key in enumerate(keys):
+        if key not in inv_keys:
+            raise ValueError(f"feature {key!r}: not in the KeyedJaggedTensor's inverse_indices (keys {inv_keys})")
+        rows = inv[inv_keys.index(key)].to(torch.int64)
+        if B and (int(rows.min()) < 0 or int(rows.max()) >= strides[f]):
+            bad = int(((rows < 0) | (rows >= strides[f])).nonzero()[0])
+            raise ValueError(f"feature {key!r}: inverse_indices[{inv_keys.index(key)}, {bad}] = {int(rows[bad])} "
+                             f"is outside its {strides[f]} bags")
+        sources.append(rows + first[f])
+    src = torch.cat(sources) if sources else torch.zeros(0, dtype=torch.int64)     # (F * B,) bag in the KJT
+    starts = offsets_from_lengths(lengths)[:-1]
+    out_lengths = lengths[src]                                                     # (F * B,)
+    out_offsets = offsets_from_lengths(out_lengths)
+    n = int(out_offsets[-1])
+    take = torch.repeat_interleave(starts[src] - out_offsets[:-1], out_lengths, output_size=n) + \
+        torch.arange(n, dtype=torch.int64)                                         # (n,) position in values
+    weights = kjt.weights_or_none()
+    return KeyedJaggedBatch(tuple(keys), kjt.values()[take], out_lengths.to(kjt.lengths().dtype), B,
+                            weights=None if weights is None else weights[take], offsets=out_offsets,
+                            validate=validate)
+
+
 def as_batch(batch) -> "KeyedJaggedBatch":
     """``batch`` as a :class:`KeyedJaggedBatch`: itself, or a ``torchrec.KeyedJaggedTensor``
     converted (:meth:`KeyedJaggedBatch.from_torchrec`, the tensors shared), so that modules take
-    what a TorchRec user passes. TypeError for anything else, ValueError for a variable-batch
-    KJT (a batch size per feature: Neo's batches have one)."""
+    what a TorchRec user passes (a variable-batch KJT expanded to its full batch:
+    :func:`expand_variable_batch`). TypeError for anything else."""
     if isinstance(batch, KeyedJaggedBatch):
         return batch
     if type(batch).__name__ == "KeyedJaggedTensor" and hasattr(batch, "stride"):
-        if getattr(batch, "variable_stride_per_key", lambda: False)():
-            raise ValueError("a variable-batch KeyedJaggedTensor (a batch size per feature) is not supported: "
-                             "every feature of a batch has the same batch size here")
         return KeyedJaggedBatch.from_torchrec(batch)
     raise TypeError(f"expected a neo.sparse.KeyedJaggedBatch (or a torchrec KeyedJaggedTensor), "
                     f"got {type(batch).__module__}.{type(batch).__name__}")

@@ -364,7 +364,7 @@ def test_skipped_counts_move_with_the_module():
 
 def test_torchrec_inputs_are_taken_and_other_types_named():
     """What a TorchRec user passes: a KeyedJaggedTensor is looked up as the same KeyedJaggedBatch
-    (pooled and unpooled); a list, or a variable-batch KJT, is a named error, not an attribute
+    (pooled and unpooled); a list, or a variable-batch KJT without inverse indices, is a named error, not an attribute
     error from inside; device='meta' says what to do instead."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -378,9 +378,9 @@ def test_torchrec_inputs_are_taken_and_other_types_named():
     with pytest.raises(TypeError, match=r"expected a neo\.sparse\.KeyedJaggedBatch .*got builtins\.list"):
         emb([[1], [2]])
     vbe = KeyedJaggedTensor(keys=["a", "b1"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]),
-                            stride_per_key_per_rank=[[2], [1]], inverse_indices=(["a", "b1"], torch.zeros(2, 2, dtype=torch.int64)))
-    with pytest.raises(ValueError, match="variable-batch KeyedJaggedTensor"):
-        emb(vbe)
+                            stride_per_key_per_rank=[[2], [1]])
+    with pytest.raises(ValueError, match="variable-batch KeyedJaggedTensor .* needs its inverse_indices"):
+        emb(vbe)                               # taken with its inverse indices: tests/embedding/test_variable_batch.py
     meta = TableBatchedEmbedding(mixed_tables(), device="meta")       # a placeholder: its use says what to do
     with pytest.raises(RuntimeError, match="device='meta'.*parallelize.*ShardedEmbeddingCollection"):
         meta(kjt)
