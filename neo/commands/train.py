@@ -122,7 +122,8 @@ def run(cfg, pg=None) -> int:
             print(f"neo train: auc {final['auc']:.4f} {verdict} best_auc {final['best_auc']:.4f} - {delta} "
                   f"= {final['target_auc']:.4f}", file=sys.stderr, flush=True)
         if final.get("eval_samples") == 0:
-            print("neo train: warning: the validation data held no samples: auc, logloss and accuracy are null",
+            print("neo train: warning: the validation data held no samples: auc, logloss, ne, calibration and "
+                  "accuracy are null",
                   file=sys.stderr, flush=True)
         from data_pipeline.writer import json_ready       # NaN metrics (no samples) as null
 

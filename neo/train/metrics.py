@@ -1,4 +1,11 @@
-"""Evaluation metrics: exact AUC (ties counted half, as the Mann-Whitney U statistic), log loss, accuracy.
+"""Evaluation metrics: exact AUC (ties counted half, as the Mann-Whitney U statistic), log loss,
+normalized entropy, calibration, accuracy.
+
+Normalized entropy (NE; He et al., "Practical Lessons from Predicting Clicks on Ads at Facebook",
+ADKDD 2014; TorchRec's ``NEMetric``): the log loss divided by the entropy of the evaluation set's
+click rate p, ``-(p log p + (1 - p) log(1 - p))``: 1.0 for a model that predicts p for every
+sample, lower is better. Calibration (TorchRec's ``CalibrationMetric``): the sum of the predicted
+probabilities over the number of positives (1.0: as many clicks predicted as observed).
 
 ``BinaryMetrics`` accumulates predictions on each rank; ``compute(group)`` gathers every
 rank's predictions (variable counts allowed) so that the AUC is exact over the whole
@@ -7,6 +14,7 @@ evaluation set, not an average of per-rank AUCs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -42,6 +50,21 @@ def log_loss(probs: torch.Tensor, labels: torch.Tensor, eps: float = 1e-7) -> fl
     return float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
 
 
+def normalized_entropy(logloss: float, labels: torch.Tensor) -> float:
+    """``logloss`` over the entropy of the labels' click rate (module doc); NaN when the labels
+    hold one class only (the entropy is 0)."""
+    ctr = float(labels.detach().double().mean()) if labels.numel() else float("nan")
+    if not 0 < ctr < 1:
+        return float("nan")
+    return logloss / -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr))
+
+
+def calibration(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Sum of the predicted probabilities over the number of positives; NaN without positives."""
+    positives = float(labels.detach().double().sum())
+    return float(probs.detach().double().sum()) / positives if positives > 0 else float("nan")
+
+
 @dataclass
 class BinaryMetrics:
     """Collects logits and labels of an evaluation pass."""
@@ -69,14 +92,19 @@ class BinaryMetrics:
         return merged[:, 0], merged[:, 1]
 
     def compute(self, group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
-        """AUC, log loss, accuracy and count over every rank's samples (all ranks get the result)."""
+        """AUC, log loss, normalized entropy (``ne``), ``calibration``, accuracy and count over every
+        rank's samples (all ranks get the result)."""
         logits, labels = self._gathered(group)
         if labels.numel() == 0:
-            return {"auc": float("nan"), "logloss": float("nan"), "accuracy": float("nan"), "count": 0}
+            nan = float("nan")
+            return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "accuracy": nan, "count": 0}
         probs = torch.sigmoid(logits)
+        loss = log_loss(probs, labels)
         return {
             "auc": exact_auc(logits, labels),
-            "logloss": log_loss(probs, labels),
+            "logloss": loss,
+            "ne": normalized_entropy(loss, labels),
+            "calibration": calibration(probs, labels),
             "accuracy": float(((probs > 0.5).float() == labels).double().mean()),
             "count": int(labels.numel()),
         }

@@ -510,7 +510,8 @@ class Trainer:
                     last_eval_step = self.step
                     runlog.record("eval", self.step, last_eval)
                     runlog.message(f"step {self.step}: auc {last_eval.get('auc', float('nan')):.4f} "
-                                   f"logloss {last_eval.get('logloss', float('nan')):.4f}")
+                                   f"logloss {last_eval.get('logloss', float('nan')):.4f} "
+                                   f"ne {last_eval.get('ne', float('nan')):.4f}")
                 if ckpt_now:
                     with self.timers("checkpoint"):
                         self.save()
@@ -543,7 +544,8 @@ class Trainer:
         phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()
                   if k not in _PHASES_OUTSIDE_STEPS}
         final = dict(self._run_figures(steps_run, train_s),
-                     auc=last_eval.get("auc"), logloss=last_eval.get("logloss"), accuracy=last_eval.get("accuracy"),
+                     auc=last_eval.get("auc"), logloss=last_eval.get("logloss"), ne=last_eval.get("ne"),
+                     calibration=last_eval.get("calibration"), accuracy=last_eval.get("accuracy"),
                      eval_samples=last_eval.get("count"), best_auc=self.data.best_auc, phase_ms_per_step=phases)
         if self.cache_monitor.active:
             final["cache"] = self.cache_monitor.summary()

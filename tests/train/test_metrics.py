@@ -50,3 +50,35 @@ def test_schedule():
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert s(9) == 1.0 and s(10) == 1.0
     assert math.isclose(s(15), 0.25) and s(20) == 0.0 and s(100) == 0.0
+
+
+def test_ne_and_calibration_equal_torchrecs():
+    """Normalized entropy and calibration against TorchRec's own formulas (torchrec.metrics)."""
+    import pytest
+
+    ne_mod = pytest.importorskip("torchrec.metrics.ne")
+    from torchrec.metrics.calibration import compute_calibration
+
+    g = torch.Generator().manual_seed(3)
+    for n, rate in ((50, 0.3), (400, 0.05), (1000, 0.5)):
+        logits = torch.randn(n, generator=g) * 2 - 1
+        labels = (torch.rand(n, generator=g) < rate).float()
+        m = BinaryMetrics()
+        m.update(logits[: n // 2], labels[: n // 2])
+        m.update(logits[n // 2:], labels[n // 2:])
+        r = m.compute()
+        probs = torch.sigmoid(logits).double()
+        w = torch.ones(n, dtype=torch.float64)
+        ce = ne_mod.compute_cross_entropy(labels.double(), probs, w, 1e-7)
+        want_ne = ne_mod.compute_ne(ce.sum(), w.sum(), labels.double().sum(), (1 - labels.double()).sum(), 1e-12)
+        want_cal = compute_calibration(probs.sum(), labels.double().sum())
+        assert math.isclose(r["ne"], float(want_ne), rel_tol=1e-6), (n, rate)
+        assert math.isclose(r["calibration"], float(want_cal), rel_tol=1e-9), (n, rate)
+
+
+def test_ne_and_calibration_of_one_class_are_nan():
+    m = BinaryMetrics()
+    m.update(torch.tensor([0.3, -0.2]), torch.tensor([0.0, 0.0]))
+    r = m.compute()
+    assert math.isnan(r["ne"]) and math.isnan(r["calibration"]) and math.isnan(r["auc"])
+    assert math.isnan(BinaryMetrics().compute()["ne"])
