@@ -127,7 +127,7 @@ def main(argv=None) -> int:
 
     retain_freed_memory()
     machine = machine_info(args.isa)
-    print(f"machine: {describe_machine(machine)}")
+    print(describe_machine(machine))
     print(f"workload: {args.tables} tables x {args.rows} rows x D {args.dim} fp32, {args.batch} samples x "
           f"{args.seq_len} ids a table ({args.tables * args.batch * args.seq_len} ids a step), row-wise Adagrad")
     systems, weights, notes = _systems(args, args.batch, torch.Generator().manual_seed(0))

@@ -33,6 +33,7 @@ whose tables are sharded later (``neo.distributed.parallelize``); using its tabl
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
@@ -48,12 +49,30 @@ from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
-from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
+from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
+
+
+def take_rows(pooled: torch.Tensor, cols: List[slice], rows: List[torch.Tensor]) -> torch.Tensor:
+    """(B, sum of D): feature f's columns ``cols[f]`` of sample b from row ``rows[f][b]`` of
+    ``pooled``. One ``index_select`` over chunks of c columns (c: the widths' common divisor),
+    so that autograd's backward is one ``index_add`` (the samples sharing a row summed)."""
+    n, width = pooled.shape
+    B = rows[0].numel() if rows else 0
+    c = 0
+    for sl in cols:
+        c = math.gcd(c, sl.start, sl.stop)
+    c = c or width or 1
+    chunks = width // c
+    row_of_chunk = torch.empty(chunks, B, dtype=torch.int64, device=pooled.device)     # (chunks, B)
+    for sl, r in zip(cols, rows):
+        row_of_chunk[sl.start // c: sl.stop // c] = r
+    index = row_of_chunk.t() * chunks + torch.arange(chunks, device=pooled.device)      # (B, chunks)
+    return pooled.reshape(n * chunks, c).index_select(0, index.reshape(-1)).view(B, width)
 
 
 class TableBatchedEmbedding(nn.Module):
@@ -208,6 +227,18 @@ class TableBatchedEmbedding(nn.Module):
         gives ``{feature: (B, D) view}``, ``.regroup(groups)`` concatenates named features."""
         return KeyedEmbeddings.of(self, self(batch))
 
+    def _variable_batch(self, kjt, pooled_bags: Optional[torch.Tensor]) -> torch.Tensor:
+        """(B, sum of D) of a variable-batch KJT: the ``max_f B_f`` padded distinct bags pooled
+        (:func:`neo.sparse.padded_variable_batch`), then feature ``f``'s columns of sample ``b``
+        from padded row ``inverse[f][b]``; backward sums the samples sharing a bag (index_select),
+        the fused update then sees each distinct bag once."""
+        if pooled_bags is not None:
+            raise EmbeddingInputError("pooled_bags is not supported with a variable-batch KeyedJaggedTensor")
+        padded, inverse = padded_variable_batch(kjt, validate=self.validate)
+        pooled = self(padded)                                          # (max B_f, sum of D)
+        slices = self.feature_slices()
+        return take_rows(pooled, [slices[f] for f in self.feature_names], [inverse[f] for f in self.feature_names])
+
     @needs_tables
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
@@ -216,7 +247,11 @@ class TableBatchedEmbedding(nn.Module):
         come out as zeros, but the fused backward still updates from every bag (its gradient
         rows must then be given for all B samples). Data-parallel replicas pool only their own
         samples this way, and apply the update of the whole global batch. ``batch`` may also be a
-        ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
+        ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`), a variable-batch one (VBE)
+        included: its distinct bags are pooled once, then each sample's row taken
+        (:meth:`_variable_batch`)."""
+        if is_variable_batch(batch):
+            return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
         if self.validate:
             batch.ensure_checked()        # the layout, where the batch was built with validate=False

@@ -15,7 +15,7 @@ from torch import nn
 from neo.config import TableConfig
 from neo.config.embedding import OptimizerConfig
 from neo.embedding import TableBatchedEmbedding
-from neo.sparse import KeyedJaggedBatch, as_batch, expand_variable_batch
+from neo.sparse import KeyedJaggedBatch, as_batch, expand_variable_batch, padded_variable_batch
 from tests.multiprocess import run_multiprocess
 
 KJT = pytest.importorskip("torchrec.sparse.jagged_tensor").KeyedJaggedTensor
@@ -40,8 +40,11 @@ def _random_vbe(seed: int, keys=("a", "b", "c"), B: int = 6, rows: int = 20, wei
     return kjt, full, full_w
 
 
+@pytest.mark.parametrize("kernel", ["jagged_take", "torch"])
 @pytest.mark.parametrize("seed", range(8))
-def test_the_expansion_is_the_full_batch_written_out(seed):
+def test_the_expansion_is_the_full_batch_written_out(seed, kernel, monkeypatch):
+    if kernel == "torch":                                  # the path without neo._C (or off the CPU)
+        monkeypatch.setattr("neo.cpp.cpu_kernels", lambda op: None)
     kjt, full, full_w = _random_vbe(seed, weighted=seed % 2 == 1, lengths_dtype=torch.int32 if seed % 3 else torch.int64)
     got = expand_variable_batch(kjt)
     assert got.batch_size == 6 and got.to_dict() == full
@@ -50,6 +53,20 @@ def test_the_expansion_is_the_full_batch_written_out(seed):
         want = torch.tensor([w for k in full_w for bag in full_w[k] for w in bag])
         assert torch.equal(got.weights, want)
     assert as_batch(kjt).to_dict() == full                # what every module calls on its input
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_padded_batch_holds_each_distinct_bag_once(seed):
+    """What a TableBatchedEmbedding looks up: each feature's B_f bags, then empty ones up to
+    max B_f; its inverse indices pick each sample's."""
+    kjt, full, _ = _random_vbe(seed)
+    padded, inverse = padded_variable_batch(kjt)
+    strides = dict(zip(kjt.keys(), kjt.stride_per_key()))
+    Bp = max(strides.values())
+    assert padded.batch_size == Bp and torch.equal(padded.values, kjt.values())
+    for k, bags in padded.to_dict().items():
+        assert bags[strides[k]:] == [[]] * (Bp - strides[k])
+        assert [bags[j] for j in inverse[k].tolist()] == full[k]
 
 
 def _tables(lr: float):
@@ -100,6 +117,25 @@ def test_outputs_and_sgd_updates_equal_torchrecs_embedding_bag_collection(backen
                                        rtol=1e-6, atol=1e-6, msg=lambda m: f"step {step} table {t.name}: {m}")
 
 
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_weighted_variable_batches_pool_like_embedding_bag_on_the_full_batch(backend):
+    emb = TableBatchedEmbedding(_tables(0.1), backend=backend, seed=5)
+    kjt, full, full_w = _random_vbe(7, weighted=True)
+    out = emb(kjt)
+    for f, cols in emb.feature_slices().items():
+        t = next(t for t in emb.tables if f in t.feature_names)
+        flat = [i for bag in full[f] for i in bag]
+        offsets = torch.tensor([0] + [len(b) for b in full[f]][:-1]).cumsum(0)
+        bag = nn.EmbeddingBag.from_pretrained(emb.table_weight(t.name).detach(), mode="sum")
+        want = bag(torch.tensor(flat, dtype=torch.int64), offsets,
+                   per_sample_weights=torch.tensor([w for ws in full_w[f] for w in ws]))
+        if t.pooling.value == "mean":
+            want = want / torch.tensor([max(len(b), 1) for b in full[f]]).unsqueeze(1)
+        torch.testing.assert_close(out[:, cols], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{f}: {m}")
+    with pytest.raises(ValueError, match="pooled_bags is not supported with a variable-batch"):
+        emb(kjt, pooled_bags=torch.ones(18, dtype=torch.bool))
+
+
 def test_bad_variable_batches_are_named():
     kjt, _, _ = _random_vbe(1)
     no_inverse = KJT(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
@@ -119,6 +155,12 @@ def test_bad_variable_batches_are_named():
     with pytest.raises(ValueError, match=rf"feature 'b': inverse_indices\[1, 4\] = {kjt.stride_per_key()[1]} "
                                          rf"is outside its {kjt.stride_per_key()[1]} bags"):
         emb(outside)
+    lengths = kjt.lengths().clone()
+    lengths[kjt.stride_per_key()[0] + 1] = -1                 # feature b's bag 1
+    negative = KJT(keys=kjt.keys(), values=kjt.values(), lengths=lengths,
+                   stride_per_key_per_rank=kjt.stride_per_key_per_rank(), inverse_indices=(inv_keys, inv))
+    with pytest.raises(ValueError, match="feature 'b': bag 1 of a variable-batch KeyedJaggedTensor has the negative"):
+        emb(negative)
     assert emb.table_weight("t0").isfinite().all()            # nothing looked up, nothing changed
 
 
