@@ -40,7 +40,7 @@ import torch
 
 from neo.sparse import KeyedJaggedBatch
 
-from .reader import list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
+from .reader import first_id_out_of_range, list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
 from .schema import DataFileError, read_meta
 from .writer import Columns
 
@@ -97,6 +97,12 @@ class LoaderOptions:
     """Pin batch tensors; None = when CUDA is available."""
     arrow_threads: bool = False
     """Let Arrow decode a row group's columns with its own thread pool."""
+    id_limits: Optional[Sequence[Optional[int]]] = None
+    """Per sparse column (the data's order): its ids must lie in ``[0, limit)`` (the rows of the
+    table reading it; None: not checked), checked as each row group (MLPerf: each batch) is
+    read; an id outside is a ``DataFileError`` naming the file, row, column, id and ``id_owners``."""
+    id_owners: Optional[Sequence[str]] = None
+    """Per sparse column, what reads it (e.g. ``table 't3'``), for those messages."""
 
     def check(self) -> None:
         """TypeError or ValueError naming the first option that is not an integer or out of range
@@ -116,6 +122,15 @@ class LoaderOptions:
         for name in ("first_window", "prefetch_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"LoaderOptions.{name} must be >= 0, got {getattr(self, name)}")
+        if self.id_owners is not None and (self.id_limits is None or len(self.id_owners) != len(self.id_limits)):
+            raise ValueError("LoaderOptions.id_owners: one per id_limits entry")
+
+    def id_error(self, where: str, names: Sequence[str], found: Tuple[int, int, int]) -> DataFileError:
+        """The message of an id outside its column's limit: ``found`` = (column, row, id) at ``where``."""
+        f, row, value = found
+        owner = f" of {self.id_owners[f]}" if self.id_owners is not None else ""
+        return DataFileError(f"{where}: column {names[f]!r} row {row}: id {value} is outside [0, "
+                             f"{self.id_limits[f]}){owner} (num_rows)")
 
 
 @dataclass
@@ -218,6 +233,10 @@ class ParquetLoader:
         except (OSError, pa.ArrowException) as e:     # pyarrow's messages have no path
             raise DataFileError(f"{where}: unreadable ({type(e).__name__}: {e})") from None
         cols = table_to_columns(table, self.meta, source=where)
+        if self.options.id_limits is not None:
+            bad = first_id_out_of_range(cols.sparse, self.options.id_limits)
+            if bad is not None:
+                raise self.options.id_error(where, self.meta.sparse_names, bad)
         self._cache = (gi, cols)
         return cols
 

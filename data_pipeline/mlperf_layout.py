@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from .loader import Batch, LoaderOptions, ParquetLoader
-from .reader import first_bad_label, first_nonfinite, take_rows
+from .reader import first_bad_label, first_id_out_of_range, first_nonfinite, take_rows
 from .schema import DatasetMeta, sparse_names
 from .writer import Columns
 
@@ -419,6 +419,15 @@ class MlperfLoader(ParquetLoader):
             inv = np.empty_like(order)
             inv[order] = np.arange(len(order))
             cols = take_rows(cols, inv)
+        if self.fold is None and self.options.id_limits is not None:
+            bad = first_id_out_of_range(cols.sparse, self.options.id_limits)
+            if bad is not None:
+                f, r, value = bad
+                g = (sel.start + r) if isinstance(sel, slice) else int(sel[r])          # its global index
+                k = int(np.searchsorted(self._start, g, side="right")) - 1
+                seg = self.segments[k]
+                row = seg.begin + g - int(self._start[k])                            # its row in the day
+                raise self.options.id_error(seg.day.paths[1], self.meta.sparse_names, (f, row, value)) from None
         if self.fold is not None:
             cols.sparse = [np.asarray(s, np.int64) % rows for s, rows in zip(cols.sparse, self.fold)]
         return cols

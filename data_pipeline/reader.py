@@ -16,7 +16,7 @@ from .writer import Columns
 
 __all__ = ["take_from_parts", "list_parquet_files", "table_to_columns", "take_rows", "jagged_take",
            "jagged_take_reference", "fixed_take", "fixed_take_reference", "load_arrow_conversions",
-           "check_parquet_file"]
+           "check_parquet_file", "first_id_out_of_range"]
 
 _MAGIC = b"PAR1"
 
@@ -126,6 +126,28 @@ def first_bad_label(label: np.ndarray) -> Optional[Tuple[int, int]]:
         return None
     bad = ~((label >= 0) & (label <= 1))
     return int(np.flatnonzero(bad)[0]), int(bad.sum())
+
+
+def first_id_out_of_range(sparse: Sequence[object], limits: Sequence[Optional[int]]
+                           ) -> Optional[Tuple[int, int, int]]:
+    """(feature, row, id) of the first id outside ``[0, limits[f])`` in columns ``sparse`` (one
+    per feature: (n,) or (n, k) arrays, or (values, offsets) of a list column), or None. A
+    feature whose limit is None is not checked. One min / max per column first: only a column
+    that fails them is searched."""
+    for f, (col, limit) in enumerate(zip(sparse, limits)):
+        if limit is None:
+            continue
+        values = col[0] if isinstance(col, tuple) else col
+        if not values.size or (values.min() >= 0 and values.max() < limit):
+            continue
+        flat = np.asarray(values).reshape(-1)
+        at = int(np.flatnonzero((flat < 0) | (flat >= limit))[0])
+        if isinstance(col, tuple):
+            row = int(np.searchsorted(col[1], at, side="right")) - 1        # the list holding it
+        else:
+            row = at // (values.shape[1] if values.ndim == 2 else 1)
+        return f, row, int(flat[at])
+    return None
 
 
 def first_nonfinite(dense: np.ndarray) -> Optional[Tuple[int, int, int]]:

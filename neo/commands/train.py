@@ -50,10 +50,15 @@ def input_errors() -> tuple:
     smaller than a batch's distinct rows (the message names the table and both numbers)."""
     from data_pipeline.mlperf_layout import LayoutError
     from data_pipeline.schema import DataFileError
+    from neo.distributed.input_dist import DistributedInputError
     from neo.embedding.cache.index import CacheCapacityError
     from neo.embedding.cache.store import CacheStoreError
+    from neo.embedding.checks import EmbeddingInputError
 
-    return (DataFileError, LayoutError, CacheStoreError, CacheCapacityError)
+    # the lookups' own checks (an id past its table in a batch the loaders did not check, e.g. a
+    # plan or hook that feeds other batches): the message names the table, feature and sample
+    return (DataFileError, LayoutError, CacheStoreError, CacheCapacityError, DistributedInputError,
+            EmbeddingInputError)
 
 
 def report_error(e: BaseException, pg, status: int) -> int:
@@ -93,11 +98,14 @@ def run(cfg, pg=None) -> int:
         trainer = Trainer(cfg, pg=pg)
     except setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
         return report_error(e, pg, 2)
+    from neo.distributed.comms import CollectiveError
     from neo.train.trainer import TrainingDiverged
 
     try:
         final, rank = trainer.fit(), trainer.rank
     except TrainingDiverged as e:
+        return report_error(e, pg, 1)
+    except CollectiveError as e:                      # another rank failed or stalled: named, one line
         return report_error(e, pg, 1)
     except input_errors() as e:                       # a bad data row, or a cache too small, met as the run goes
         return report_error(e, pg, 2)

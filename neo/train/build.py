@@ -310,8 +310,24 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
     return DataSpec(train, val, meta.num_dense, best)
 
 
-def make_loaders(cfg, data: DataSpec, pg):
-    """(train loader, validation loader or None) of this rank."""
+def make_loaders(cfg, data: DataSpec, pg, tables: Optional[Sequence[TableConfig]] = None):
+    """(train loader, validation loader or None) of this rank. With ``tables``, the loaders check
+    every id against the rows of the table that reads it as they read (``LoaderOptions.id_limits``):
+    an id past its table is an error naming the file and row, not the lookup's error mid-step."""
+    train, val = _loaders(cfg, data, pg)
+    if tables is not None:
+        for loader in (train, val):
+            if loader is not None:
+                keys = loader.meta.sparse_names
+                mapping = feature_mapping(keys, tables) or {}
+                owner = {f: t for t in tables for f in t.feature_names}
+                table = [owner.get(mapping.get(k, k)) for k in keys]
+                loader.options = replace(loader.options, id_limits=[t.num_rows if t else None for t in table],
+                                         id_owners=[f"table {t.name!r}" if t else "no table" for t in table])
+    return train, val
+
+
+def _loaders(cfg, data: DataSpec, pg):
     from data_pipeline.loader import LoaderOptions, ParquetLoader
 
     B = cfg.train.batch_size
@@ -567,7 +583,7 @@ def build_job(cfg, pg=None, log=print, warm_up: bool = False) -> Job:
     say = log if pg.rank == 0 else (lambda *a, **k: None)
     tables = resolve_tables(cfg)
     data = prepare_data(cfg, tables, pg, log=say)
-    train_loader, val_loader = make_loaders(cfg, data, pg)
+    train_loader, val_loader = make_loaders(cfg, data, pg, tables)
     if warm_up:
         train_loader.warm_up()
     B = t.batch_size

@@ -429,8 +429,17 @@ class Trainer:
         return final
 
     def _named_failure(self, e: BaseException) -> CollectiveError:
+        from neo.distributed.shm import ShmPeerGone
+
         phase = self.timers.failed_in or "a collective"
         cause = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        gone, seen = e, set()
+        while gone is not None and not isinstance(gone, ShmPeerGone) and id(gone) not in seen:
+            seen.add(id(gone))
+            gone = gone.__cause__ or gone.__context__
+        if isinstance(gone, ShmPeerGone):             # a peer exited (its own error is in its output)
+            return CollectiveError(f"rank {self.rank}: step {self.step + 1}: {_PHASES.get(phase, phase)} stopped: "
+                                   f"{str(gone).strip().splitlines()[0]}; that rank's own error says why")
         return CollectiveError(
             f"rank {self.rank}: step {self.step + 1}: {_PHASES.get(phase, phase)} did not complete within "
             f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: {self.heartbeat.diagnose()}. "

@@ -321,6 +321,29 @@ def test_neo_train_stops_with_status_2_on_a_bad_row(data, tmp_path):
     assert re.search(r"neo train: error: .*day_1_labels\.npy: row 400 holds label 2, labels must be in \[0, 1\]", err), err
 
 
+@pytest.mark.parametrize("id_check", ["off", "head"])
+def test_an_id_past_its_table_met_mid_run_is_named_with_file_and_row(data, tmp_path, id_check):
+    """The id scan off, or reading only the first rows: the loader checks each batch's ids as it
+    reads them; one line naming the day file, row, column and table, exit status 2."""
+    from tests.multiprocess import run_multiprocess
+
+    d = _copy(data["mh"], tmp_path / "bad")
+    os.remove(os.path.join(d, "neo_layout.json"))          # no table sizes to check at setup
+    path = os.path.join(d, "day_1_sparse_multi_hot.npz")
+    arrays = dict(np.load(path))
+    arrays["1"][400, 1] = 150                               # global sample 900 of 1000
+    np.savez(path, **arrays)
+    mlperf = {"source": "mlperf", "mlperf": {"dir": d, "train_days": ["0-1"], "val_day": 2, "multi_hot_sizes": BAGS,
+                                             "id_check": id_check, "id_check_rows": 100}}
+    cfg = _config(str(tmp_path / "run"), mlperf)
+    cfg["train"].update(steps=0, epochs=1)
+    cfg["data"]["shuffle"] = id_check == "head"            # shuffled: the file row still named
+    (status, err), = run_multiprocess(_neo_train, 1, cfg)
+    assert status == 2 and "Traceback" not in err, err
+    assert re.search(r"neo train: error: \S*day_1_sparse_multi_hot\.npz: column 'cat_1' row 400: id 150 is outside "
+                     r"\[0, 100\) of table 't1' \(num_rows\)", err), err
+
+
 def _prepare(tmp: str, mlperf: dict, rows: int = 100):
     import types
 
