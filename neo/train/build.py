@@ -204,29 +204,36 @@ def _generate(cfg, tables, out: str, log) -> None:
         raise
 
 
+_UNLEASABLE = object()
+"""What :func:`_lease` returns where no lease can be held (read-only cache, no flock)."""
+
+
 def _lease(out: str, log):
-    """This process's lease on the set ``out`` (neo.train.data_cache), or None: no complete set
-    there, or no lease possible (a read-only cache, a file system without flock: read anyway)."""
+    """This process's lease on the set ``out`` (neo.train.data_cache); None if ``out`` is not a
+    complete set in place (never made, or evicted meanwhile); ``_UNLEASABLE`` where no lease can
+    be held (a read-only cache, a file system without flock: the set is read without one)."""
     from neo.train.data_cache import take_lease
 
     try:
         return take_lease(out)
     except OSError as e:
         log(f"neo train: no lease on {out} ({e}); reading it without one, evicting nothing")
-        return None
+        return _UNLEASABLE
 
 
 def _leased_set(cfg, tables, out: str, log):
     """Rank 0: the synthetic set ``out``, generated if missing, with this process's lease on it
-    (None where leases cannot be held). Generates again if another run's eviction removes the
-    set between its check and the lease (after three times: an error)."""
-    for _ in range(3):
+    (None where leases cannot be held). Takes it again, or generates it again, while another
+    run's eviction removes it between the check and the lease (after three times: an error)."""
+    for attempt in range(4):
         if _synthetic_complete(out):
             lease = _lease(out, log)
-            if lease is not None or _synthetic_complete(out):
-                return lease                     # leased, or in place and not leasable
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        _generate(cfg, tables, out, log)
+            if lease is not None:
+                return None if lease is _UNLEASABLE else lease
+            continue                             # evicted (and perhaps made again) meanwhile: again
+        if attempt < 3:
+            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+            _generate(cfg, tables, out, log)
     raise RuntimeError(f"the synthetic set {out} was removed by another run's eviction three times while this run "
                        "took it: raise data.synthetic.cache_max_gb, or give the runs different cache_dir")
 
@@ -289,6 +296,7 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
             dist.barrier(group=pg.world)
         if pg.rank != 0:
             lease = _lease(out, log)                # rank 0 holds its lease: the set is in place
+            lease = None if lease is _UNLEASABLE else lease
         elif lease is not None and cfg.data.synthetic.cache_max_gb > 0:
             from neo.train import data_cache
 

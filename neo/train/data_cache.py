@@ -12,7 +12,9 @@ complete set or none (and then generates it again). The set of the run itself is
 however large. Staging copies (``.tmp-``) and other files are not counted or touched.
 
 Where the file system has no ``flock`` (some network file systems), leases are not held and
-nothing is evicted (a message says so): the cache then grows as before.
+nothing is evicted (a message says so): the cache then grows as before; so too where a set's
+``.lease`` file cannot be made (a read-only cache). What an interrupted eviction left
+(``.evicted-<pid>`` folders) is removed by the next one.
 """
 
 from __future__ import annotations
@@ -23,12 +25,18 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 __all__ = ["SetLease", "EvictedSet", "take_lease", "evict", "set_bytes"]
 
 LEASE_FILE = ".lease"
-_SET_NAME = re.compile(r"^synth-[0-9a-f]{12}$")
+_SET_NAME = re.compile(r"synth-[0-9a-f]{12}")
+_EVICTED_NAME = re.compile(r"synth-[0-9a-f]{12}\.evicted-[0-9]+")
+
+_held: Dict[str, int] = {}
+"""Sets this process holds leases on (real path -> count). Where flock is emulated by fcntl
+locks (NFS), locks belong to the process, so its own exclusive lock would not see its own
+shared ones: its eviction skips these by name."""
 
 
 class SetLease:
@@ -37,11 +45,18 @@ class SetLease:
 
     def __init__(self, path: str, fd: int):
         self.path, self._fd = path, fd
+        self._key = os.path.realpath(path)
+        _held[self._key] = _held.get(self._key, 0) + 1
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)          # closing the descriptor drops the flock
             self._fd = None
+            left = _held.get(self._key, 1) - 1
+            if left > 0:
+                _held[self._key] = left
+            else:
+                _held.pop(self._key, None)
 
     def __del__(self) -> None:
         self.release()
@@ -113,12 +128,17 @@ def evict(cache_dir: str, keep: str, max_bytes: int) -> List[EvictedSet]:
     """Remove the least recently used complete sets of ``cache_dir`` other than ``keep`` until
     the sets' total is at most ``max_bytes`` (or nothing else can go: the rest are leased);
     returns what was removed, oldest first."""
-    sets = [os.path.join(cache_dir, n) for n in os.listdir(cache_dir) if _SET_NAME.match(n)]
+    names = os.listdir(cache_dir)
+    for n in names:                       # what an interrupted eviction left: nobody reads it any more
+        if _EVICTED_NAME.fullmatch(n):
+            shutil.rmtree(os.path.join(cache_dir, n), ignore_errors=True)
+    sets = [os.path.join(cache_dir, n) for n in names if _SET_NAME.fullmatch(n)]
     sets = [p for p in sets if os.path.isdir(p) and os.path.exists(os.path.join(p, "summary.json"))]
     size = {p: set_bytes(p) for p in sets}
     total = sum(size.values())
     out: List[EvictedSet] = []
-    for p in sorted((p for p in sets if os.path.abspath(p) != os.path.abspath(keep)), key=_last_used):
+    skip = {os.path.realpath(keep)} | set(_held)
+    for p in sorted((p for p in sets if os.path.realpath(p) not in skip), key=_last_used):
         if total <= max_bytes:
             break
         when = _last_used(p)
@@ -130,15 +150,18 @@ def evict(cache_dir: str, keep: str, max_bytes: int) -> List[EvictedSet]:
 
 def _remove_unleased(path: str) -> bool:
     """Remove the set ``path`` if no process holds a lease on it (True if removed)."""
-    try:
-        fd = os.open(os.path.join(path, LEASE_FILE), os.O_RDONLY | os.O_CREAT, 0o644)
+    lease = os.path.join(path, LEASE_FILE)
+    try:      # for writing: where flock is emulated by fcntl locks (NFS) an exclusive one needs it
+        fd = os.open(lease, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:                                        # gone already, or not ours to change
         return False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False                                   # in use
+        except OSError:
+            return False                                   # in use (or no locks here): keep it
+        if not _same_file(fd, lease):                      # evicted and made again since we opened it
+            return False
         gone = f"{path}.evicted-{os.getpid()}"
         try:
             os.rename(path, gone)                          # readers now find no set, never half of one

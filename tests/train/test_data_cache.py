@@ -162,3 +162,80 @@ def _prepare_seed(tmp_path, seed: int):
 def test_a_bad_cache_limit_is_named(tmp_path, value):
     with pytest.raises(ConfigError, match="data.synthetic.cache_max_gb"):
         tiny_config(str(tmp_path), f"data.synthetic.cache_max_gb={value}")
+
+
+def test_an_evictor_whose_lock_comes_after_the_set_was_made_again_keeps_it(tmp_path, monkeypatch):
+    """Evictor C opens X's lease file; meanwhile X is evicted and made again (a new lease file);
+    C's exclusive lock then holds the old file: X is not removed."""
+    from neo.train import data_cache
+
+    cache = str(tmp_path)
+    x = _fake_set(cache, 1, 100, 1.0)
+    keep = _fake_set(cache, 2, 10, time.time())
+    real = fcntl.flock
+
+    def remade_first(fd, op):
+        if op & fcntl.LOCK_EX:
+            shutil.rmtree(x)
+            _fake_set(cache, 1, 100, time.time())           # another run made X again
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", remade_first)
+    assert data_cache.evict(cache, keep, 0) == []
+    monkeypatch.setattr(fcntl, "flock", real)
+    assert os.path.exists(os.path.join(x, "summary.json"))
+
+
+def test_locks_that_fail_or_sets_this_process_reads_are_kept(tmp_path, monkeypatch):
+    import errno
+
+    from neo.train import data_cache
+
+    cache = str(tmp_path)
+    a = _fake_set(cache, 1, 100, 1.0)
+    b = _fake_set(cache, 2, 100, 2.0)
+    keep = _fake_set(cache, 3, 10, time.time())
+    lease = take_lease(b)                                 # this process reads b
+    real = fcntl.flock
+
+    def emulated(fd, op):          # NFS: flock emulated by fcntl locks, which belong to the process
+        if op & fcntl.LOCK_EX and os.fstat(fd).st_ino == os.stat(os.path.join(a, LEASE_FILE)).st_ino:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return None if op & fcntl.LOCK_EX else real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", emulated)
+    assert data_cache.evict(cache, keep, 0) == []          # a: its lock failed; b: this process's lease
+    monkeypatch.setattr(fcntl, "flock", real)
+    assert os.path.isdir(a) and os.path.isdir(b)
+    lease.release()
+    assert [e.path for e in data_cache.evict(cache, keep, 0)] == [a, b]
+
+
+def test_what_an_interrupted_eviction_left_is_removed_and_names_are_matched_whole(tmp_path):
+    cache = str(tmp_path)
+    keep = _fake_set(cache, 3, 10, time.time())
+    left = os.path.join(cache, f"synth-{1:012x}.evicted-999999")
+    os.makedirs(os.path.join(left, "train"))
+    odd = os.path.join(cache, f"synth-{2:012x}\n")
+    os.makedirs(odd)
+    with open(os.path.join(odd, "summary.json"), "w") as f:
+        f.write("{}")
+    assert evict(cache, keep, 0) == []
+    assert not os.path.exists(left) and os.path.isdir(odd) and os.path.isdir(keep)
+
+
+def test_the_run_leases_again_when_its_set_was_made_again_between_check_and_lease(tmp_path, monkeypatch):
+    from neo.train import data_cache
+
+    cfg = tiny_config(str(tmp_path))
+    tables = resolve_tables(cfg)
+    prepare_data(cfg, tables, ONE, log=lambda *a: None).lease.release()
+    real, calls = data_cache.take_lease, []
+
+    def raced_once(path):
+        calls.append(path)
+        return None if len(calls) == 1 else real(path)     # the first: lost to an eviction and remake
+
+    monkeypatch.setattr(data_cache, "take_lease", raced_once)
+    spec = prepare_data(cfg, tables, ONE, log=lambda *a: None)
+    assert spec.lease is not None and len(calls) == 2
