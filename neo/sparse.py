@@ -380,7 +380,7 @@ def expand_variable_batch(kjt, validate: bool = True) -> KeyedJaggedBatch:
     lengths = kjt.lengths().to(torch.int64)
     values, weights = kjt.values(), kjt.weights_or_none()
     src = torch.cat([r + parts.first[f] for f, r in enumerate(parts.inverse)]) if parts.inverse \
-        else torch.zeros(0, dtype=torch.int64)                                     # (F * B,) bag in the KJT
+        else torch.zeros(0, dtype=torch.int64, device=lengths.device)              # (F * B,) bag in the KJT
     offsets = offsets_from_lengths(lengths)
     out_lengths = lengths[src]                                                     # (F * B,)
     out_values, out_weights, out_offsets = _take_bags(values, weights, offsets, src, out_lengths)
@@ -410,13 +410,17 @@ def _take_bags(values: torch.Tensor, weights: Optional[torch.Tensor], offsets: t
     return values[take], None if weights is None else weights[take], out_offsets
 
 
-def padded_variable_batch(kjt, validate: bool = True) -> Tuple[KeyedJaggedBatch, Dict[str, torch.Tensor]]:
+def padded_variable_batch(kjt, validate: bool = True, pad_to: Optional[int] = None
+                          ) -> Tuple[KeyedJaggedBatch, Dict[str, torch.Tensor]]:
     """A variable-batch ``torchrec.KeyedJaggedTensor``'s distinct bags as a batch of
-    ``max_f B_f`` samples (feature ``f``'s ``B_f`` bags, then empty ones: the values and weights
-    unchanged), and each feature's (B,) inverse indices into it: the full batch's pooled
-    embeddings are the padded batch's rows ``inverse[f]`` in feature ``f``'s columns."""
+    ``pad_to`` (default ``max_f B_f``) samples (feature ``f``'s ``B_f`` bags, then empty ones:
+    the values and weights unchanged), and each feature's (B,) inverse indices into it: the full
+    batch's pooled embeddings are the padded batch's rows ``inverse[f]`` in feature ``f``'s
+    columns, and feature ``f``'s own bags its first ``B_f``."""
     parts = variable_batch_parts(kjt)
-    Bp = max(parts.strides, default=0)
+    Bp = max(parts.strides, default=0) if pad_to is None else int(pad_to)
+    if Bp < max(parts.strides, default=0):
+        raise ValueError(f"pad_to {Bp} is below a feature's {max(parts.strides)} bags")
     lengths = kjt.lengths()
     pieces = []
     for f, n in enumerate(parts.strides):

@@ -45,10 +45,12 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
+from neo.embedding.module import own_bags, take_rows
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
-from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch
+from neo.sparse import (KeyedEmbeddings, KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch,
+                        variable_batch_parts)
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -363,9 +365,26 @@ class ShardedEmbeddingCollection(nn.Module):
         return places
 
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
-        """Pooled embeddings (B, sum D) of this rank's samples, features in table order."""
+        """Pooled embeddings (B, sum D) of this rank's samples, features in table order. A
+        variable-batch ``torchrec.KeyedJaggedTensor`` (VBE): its distinct bags are sent and pooled
+        (:meth:`_padded_variable_batch`), then each sample's row taken (``take_rows``)."""
+        if is_variable_batch(batch):
+            padded, inverse = self._padded_variable_batch(batch)
+            pooled = self(padded)
+            slices = self.feature_slices()
+            return take_rows(pooled, list(slices.values()), [inverse[f] for f in slices])
         dist_batch = self.input_dist(batch).wait()
         return self.output_dist(self.compute(dist_batch), dist_batch).wait()
+
+    def _padded_variable_batch(self, kjt):
+        """The variable batch's distinct bags padded to a batch size every rank agrees on (the
+        largest of any rank's B and B_f: one small AllReduce) and its inverse indices
+        (:func:`neo.sparse.padded_variable_batch`). Collective."""
+        parts = variable_batch_parts(kjt)
+        size = torch.tensor([max([parts.batch_size, *parts.strides])], dtype=torch.int64)
+        if self.pg.world_size > 1:
+            dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.pg.world)
+        return padded_variable_batch(kjt, validate=self._input_dist.validate, pad_to=int(size))
 
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup of this rank's samples: ``{feature: SequenceEmbedding(values (N, D),
@@ -374,6 +393,9 @@ class ShardedEmbeddingCollection(nn.Module):
         Collective: every rank calls it with a batch of the same size."""
         from neo.distributed.sequence import sharded_sequence_lookup
 
+        if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
+            padded, _ = self._padded_variable_batch(batch)
+            return own_bags(sharded_sequence_lookup(self, padded), batch)
         return sharded_sequence_lookup(self, as_batch(batch))
 
     @property

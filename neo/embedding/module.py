@@ -57,6 +57,15 @@ if TYPE_CHECKING:
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
 
 
+def own_bags(seq: Dict[str, "SequenceEmbedding"], kjt) -> Dict[str, "SequenceEmbedding"]:
+    """An unpooled lookup of a padded variable batch cut to each feature's ``B_f`` bags (the
+    padding is empty bags at the end: the rows are all the feature's)."""
+    from neo.embedding.sequence import SequenceEmbedding
+
+    strides = dict(zip(kjt.keys(), kjt.stride_per_key()))
+    return {f: SequenceEmbedding(s.values, s.lengths[:strides[f]]) for f, s in seq.items()}
+
+
 def take_rows(pooled: torch.Tensor, cols: List[slice], rows: List[torch.Tensor]) -> torch.Tensor:
     """(B, sum of D): feature f's columns ``cols[f]`` of sample b from row ``rows[f][b]`` of
     ``pooled``. One ``index_select`` over chunks of c columns (c: the widths' common divisor),
@@ -342,6 +351,9 @@ class TableBatchedEmbedding(nn.Module):
         update; see :mod:`neo.embedding.sequence`."""
         from neo.embedding.sequence import sequence_lookup
 
+        if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
+            padded, _ = padded_variable_batch(batch, validate=self.validate)
+            return own_bags(sequence_lookup(self, padded), batch)
         return sequence_lookup(self, as_batch(batch))
 
     def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:

@@ -22,10 +22,12 @@ KJT = pytest.importorskip("torchrec.sparse.jagged_tensor").KeyedJaggedTensor
 
 
 def _random_vbe(seed: int, keys=("a", "b", "c"), B: int = 6, rows: int = 20, weighted: bool = False,
-                lengths_dtype=torch.int64):
-    """A VBE KJT and, as lists, the bags of each feature and the full batch it stands for."""
+                lengths_dtype=torch.int64, max_bags: int = 0, own: bool = False):
+    """A VBE KJT and, as lists, the bags of each feature and the full batch it stands for (with
+    ``own``: each feature's own bags instead). ``max_bags``: at most this many bags a feature
+    (default B; more than B: some bags no sample reads)."""
     rnd = random.Random(seed)
-    bags = {k: [[rnd.randrange(rows) for _ in range(rnd.randrange(4))] for _ in range(rnd.randint(1, B))]
+    bags = {k: [[rnd.randrange(rows) for _ in range(rnd.randrange(4))] for _ in range(rnd.randint(1, max_bags or B))]
             for k in keys}
     inverse = {k: [rnd.randrange(len(bags[k])) for _ in range(B)] for k in keys}
     wbags = {k: [[rnd.random() for _ in bag] for bag in bags[k]] for k in keys}
@@ -37,6 +39,8 @@ def _random_vbe(seed: int, keys=("a", "b", "c"), B: int = 6, rows: int = 20, wei
               inverse_indices=(inv_keys, torch.tensor([inverse[k] for k in inv_keys])))
     full = {k: [bags[k][j] for j in inverse[k]] for k in keys}
     full_w = {k: [wbags[k][j] for j in inverse[k]] for k in keys}
+    if own:
+        return kjt, bags, wbags
     return kjt, full, full_w
 
 
@@ -136,6 +140,20 @@ def test_weighted_variable_batches_pool_like_embedding_bag_on_the_full_batch(bac
         emb(kjt, pooled_bags=torch.ones(18, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_unpooled_lookups_return_each_features_own_bags_as_torchrecs_embedding_collection(backend):
+    """TorchRec's EmbeddingCollection on a VBE KJT returns feature f's B_f bags (no expansion)."""
+    emb = TableBatchedEmbedding(_tables(0.1), backend=backend, seed=6)
+    for seed in range(3):
+        kjt, bags, _ = _random_vbe(20 + seed, max_bags=9, own=True)
+        got = emb.sequence(kjt)
+        for f, seq in got.items():
+            t = next(t for t in emb.tables if f in t.feature_names)
+            assert seq.lengths.tolist() == [len(b) for b in bags[f]], f
+            want = emb.table_weight(t.name)[torch.tensor([i for b in bags[f] for i in b], dtype=torch.int64)]
+            assert torch.equal(seq.values, want), f
+
+
 def test_bad_variable_batches_are_named():
     kjt, _, _ = _random_vbe(1)
     no_inverse = KJT(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
@@ -180,14 +198,15 @@ def _sharded_worker(rank: int, world_size: int) -> dict:
     vbe, plain = (ShardedEmbeddingCollection(tables, plan, pg) for _ in range(2))
     for sec in (vbe, plain):
         sec.load_full_weights({t.name: init.table_weight(t.name) for t in tables})
-    kjt, _, _ = _random_vbe(200 + rank)
+    kjt, _, _ = _random_vbe(200 + rank, max_bags=6 + 3 * rank)    # rank 1: up to 9 bags a feature, B 6
     g = torch.randn(6, 16, generator=torch.Generator().manual_seed(300 + rank))
     out = vbe(kjt)
     out.backward(g)
     ref = plain(expand_variable_batch(kjt))
     ref.backward(g)
+    seq = {f: (s.values.detach().clone(), s.lengths.clone()) for f, s in vbe.sequence(kjt).items()}
     return {"out": out.detach(), "ref": ref.detach(), "weights": vbe.full_weights(), "ref_weights": plain.full_weights(),
-            "slices": vbe.feature_slices()}
+            "slices": vbe.feature_slices(), "sequence": seq, "after": vbe.full_weights()}
 
 
 def test_a_sharded_collection_takes_each_ranks_variable_batch():
@@ -195,7 +214,13 @@ def test_a_sharded_collection_takes_each_ranks_variable_batch():
     init = TableBatchedEmbedding(_tables(0.1), backend="reference", seed=4)
     table_of = {f: t for t in init.tables for f in t.feature_names}
     for rank, out in enumerate(got):
-        _, full, _ = _random_vbe(200 + rank)
+        _, full, _ = _random_vbe(200 + rank, max_bags=6 + 3 * rank)
+        _, bags, _ = _random_vbe(200 + rank, max_bags=6 + 3 * rank, own=True)
+        for f, (values, lengths) in out["sequence"].items():          # each feature's own bags, unpooled
+            t = table_of[f]
+            assert lengths.tolist() == [len(b) for b in bags[f]], (rank, f)
+            ids = torch.tensor([i for b in bags[f] for i in b], dtype=torch.int64)
+            assert torch.equal(values, out["after"][t.name][ids]), (rank, f)
         batch = KeyedJaggedBatch.from_lists(full)
         for f, cols in out["slices"].items():
             t = table_of[f]
