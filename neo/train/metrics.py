@@ -4,8 +4,11 @@ normalized entropy, calibration, accuracy.
 Normalized entropy (NE; He et al., "Practical Lessons from Predicting Clicks on Ads at Facebook",
 ADKDD 2014; TorchRec's ``NEMetric``): the log loss divided by the entropy of the evaluation set's
 click rate p, ``-(p log p + (1 - p) log(1 - p))``: 1.0 for a model that predicts p for every
-sample, lower is better. Calibration (TorchRec's ``CalibrationMetric``): the sum of the predicted
-probabilities over the number of positives (1.0: as many clicks predicted as observed).
+sample, lower is better; NaN when the labels hold one class only (the entropy is 0; TorchRec
+then divides by its eta and reports about 1e11). Calibration (TorchRec's ``CalibrationMetric``):
+the sum of the predicted probabilities over the number of positives (1.0: as many clicks
+predicted as observed); NaN without positives (TorchRec: 0). The log loss is computed from the
+logits in float64 (no clamping of saturated probabilities, where TorchRec clamps at 1e-12).
 
 ``BinaryMetrics`` accumulates predictions on each rank; ``compute(group)`` gathers every
 rank's predictions (variable counts allowed) so that the AUC is exact over the whole
@@ -99,12 +102,13 @@ class BinaryMetrics:
             nan = float("nan")
             return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "accuracy": nan, "count": 0}
         probs = torch.sigmoid(logits)
-        loss = log_loss(probs, labels)
+        # from the logits in float64: exact where a float32 probability saturates at 0 or 1
+        loss = float(torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double()))
         return {
             "auc": exact_auc(logits, labels),
             "logloss": loss,
             "ne": normalized_entropy(loss, labels),
-            "calibration": calibration(probs, labels),
+            "calibration": calibration(torch.sigmoid(logits.double()), labels),
             "accuracy": float(((probs > 0.5).float() == labels).double().mean()),
             "count": int(labels.numel()),
         }
