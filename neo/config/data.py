@@ -162,6 +162,9 @@ class MlperfDataConfig:
             raise ConfigError(f"{where}.train_days: days repeat: {days}")
         if self.val_day is not None and self.val_day < 0:
             raise ConfigError(f"{where}.val_day: must be >= 0 or null, got {self.val_day}")
+        if self.val_day is not None and self.val_day in days:
+            raise ConfigError(f"{where}.val_day: day {self.val_day} is also a training day ({where}.train_days "
+                              f"{list(self.train_days)}): the evaluation would read samples the model trained on")
         self.eval_split = choice(self.eval_split, ["validation", "test"], f"{where}.eval_split")
         if not self.multi_hot_sizes or any(k <= 0 for k in self.multi_hot_sizes):
             raise ConfigError(f"{where}.multi_hot_sizes: must be positive, got {list(self.multi_hot_sizes)}")

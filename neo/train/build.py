@@ -312,10 +312,25 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
 
     train = list_parquet_files(list(cfg.data.train_paths))
     val = list_parquet_files(list(cfg.data.val_paths)) if cfg.data.val_paths else []
+    _check_files_once(train, val)
     meta = read_meta(pq.read_schema(train[0]), train[0])
     check_table_sizes(meta.sparse_names, meta.table_sizes, tables, f"{train[0]}'s metadata")
     best = meta.extra.get("best_auc") if isinstance(meta.extra, dict) else None
     return DataSpec(train, val, meta.num_dense, best)
+
+
+def _check_files_once(train: Sequence[str], val: Sequence[str]) -> None:
+    """Each Parquet file read once: not twice in the training split (its samples would be trained
+    on twice an epoch), nor in both splits (evaluated on samples trained on); a ConfigError naming it."""
+    seen: Dict[str, str] = {}
+    for split, files in (("data.train_paths", train), ("data.val_paths", val)):
+        for path in files:
+            key = os.path.realpath(path)
+            if key in seen:
+                what = "twice in it" if seen[key] == split else f"in {seen[key]} too"
+                raise ConfigError(f"{split}: {path} is given {what} (directly or through a directory): "
+                                  "every file must be read once")
+            seen[key] = split
 
 
 def make_loaders(cfg, data: DataSpec, pg, tables: Optional[Sequence[TableConfig]] = None):
@@ -587,6 +602,10 @@ def build_job(cfg, pg=None, log=print, warm_up: bool = False) -> Job:
         torch.set_num_threads(t.threads)
     if t.retain_freed_memory:
         retain_freed_memory()
+    device = torch.device(t.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device: {t.device!r}, but this torch sees no CUDA device (torch.cuda.is_available() "
+                          f"is False: torch {torch.__version__} without CUDA, or no GPU here); use train.device=cpu")
     pg = pg or init_process_groups(t)
     say = log if pg.rank == 0 else (lambda *a, **k: None)
     tables = resolve_tables(cfg)

@@ -4,7 +4,9 @@ Each rank's cached shards keep counters (:class:`neo.embedding.cache.CacheStats`
 log step the trainer waits for the prefetch in flight (so a window holds exactly the prefetches
 launched in its steps), sums the counters per table across ranks (one AllReduce) and writes the counts
 of the window since the previous record (``kind: "cache"`` in ``metrics.jsonl`` and
-TensorBoard); the final summary carries the totals. Windows add up to the totals.
+TensorBoard); the final summary carries the totals. At the end of the run one more window
+holds what came after the last one (the last evaluation's lookups, the final write-back of dirty
+rows), so that the windows add up to the totals.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ class CacheMonitor:
             dist.all_reduce(local, group=self.group)
         return {n: dict(zip(_FIELDS, local[i].tolist())) for n, i in row.items()}
 
-    def window(self) -> Dict[str, Dict[str, float]]:
-        """Counters per table since the previous call (collective)."""
-        now = self.totals()
+    def window(self, now: Optional[Dict[str, Dict[str, float]]] = None) -> Dict[str, Dict[str, float]]:
+        """Counters per table since the previous call (collective unless ``now``, :meth:`totals`, is given)."""
+        now = now if now is not None else self.totals()
         out = {n: _derived({k: now[n][k] - self._last[n][k] for k in _FIELDS}) for n in self.names}
         self._last = now
         return out

@@ -557,7 +557,11 @@ class Trainer:
                      calibration=last_eval.get("calibration"), accuracy=last_eval.get("accuracy"),
                      eval_samples=last_eval.get("count"), best_auc=self.data.best_auc, phase_ms_per_step=phases)
         if self.cache_monitor.active:
-            final["cache"] = self.cache_monitor.summary()
+            totals = self.cache_monitor.totals()
+            tail = self.cache_monitor.window(totals)           # after the last window: evaluation, write-back
+            if any(v for counts in tail.values() for k, v in counts.items() if k in ("batches", "writebacks")):
+                runlog.record("cache", self.step, tail)
+            final["cache"] = self.cache_monitor.summary(totals)
         final.update(self._predicted_vs_measured())
         if t.state_digest:
             with self.timers("state_digest"):

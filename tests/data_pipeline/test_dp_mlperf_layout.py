@@ -369,6 +369,8 @@ def test_config_and_checks_before_training(data, tmp_path):
     with pytest.raises(ConfigError, match=r"data\.mlperf\.dir: needed"):
         _prepare(str(tmp_path), {})
     base = {"dir": data["mh"], "train_days": [0, 1], "val_day": 2, "multi_hot_sizes": BAGS}
+    with pytest.raises(ConfigError, match=r"data\.mlperf\.val_day: day 1 is also a training day .*trained on"):
+        _prepare(str(tmp_path), dict(base, val_day=1))
     with pytest.raises(LayoutError, match=r"day_5_dense\.npy: missing, with 2 other file\(s\) of days \[0, 1, 5\]"):
         _prepare(str(tmp_path), dict(base, val_day=5))
     with pytest.raises(LayoutError, match=r"\[0\.npy\]: bags of 3 ids, data\.mlperf\.multi_hot_sizes\[0\] = 2"):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from neo.config import ConfigError, load_config
+from neo.config import ConfigError, config_from_dict, load_config
 from neo.train.build import load_plan_file
 from tests.train.test_trainer import ROOT, TINY, tiny_config
 
@@ -293,3 +293,39 @@ def test_an_override_changes_one_place_of_a_shared_yaml_node(tmp_path):
     cfg = load_config(str(path), ["tables[1].optimizer.lr=0.5", "tables[2].optimizer={lr: 0.7}"])
     assert [t.optimizer.lr for t in cfg.tables] == [0.05, 0.5, 0.7]
     assert [t.optimizer.type for t in cfg.tables] == ["adagrad"] * 3
+
+
+def test_cuda_without_cuda_is_one_line(tmp_data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: train.device=cuda is a valid choice here")
+    p = _neo_train(tmp_data, "train.steps=2", "train.device=cuda")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "neo train: error: train.device: 'cuda', but this torch sees no CUDA device" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_parquet_file_read_twice_or_in_both_splits_is_refused(tmp_path):
+    import types
+
+    from neo.train.build import prepare_data, resolve_tables
+    from tests.data_pipeline.test_dp_loader import write_indexed
+
+    write_indexed(tmp_path / "train", n=600, rows_per_file=300)
+    write_indexed(tmp_path / "val", n=300, rows_per_file=300)
+    one = types.SimpleNamespace(rank=0, world_size=1)
+    files = sorted(str(p) for p in (tmp_path / "train").glob("*.parquet"))
+
+    def prepare(train, val):
+        cfg = config_from_dict({
+            "tables": [{"name": "a", "num_rows": 1000, "dim": 8}, {"name": "b", "num_rows": 9000, "dim": 8}],
+            "model": {"interaction": "dot", "dense_arch": [8], "over_arch": [4, 1]},
+            "data": {"source": "parquet", "train_paths": train, "val_paths": val},
+            "train": {"batch_size": 50, "run_dir": str(tmp_path / "run")}})
+        return prepare_data(cfg, resolve_tables(cfg), one)
+
+    assert len(prepare([str(tmp_path / "train")], [str(tmp_path / "val")]).train_paths) == 2
+    with pytest.raises(ConfigError, match=r"data\.train_paths: .*part-0+0\.parquet is given twice in it"):
+        prepare([str(tmp_path / "train"), files[0]], [str(tmp_path / "val")])
+    with pytest.raises(ConfigError, match=r"data\.val_paths: .*part-0+1\.parquet is given in data\.train_paths too"):
+        prepare([str(tmp_path / "train")], [files[1]])

@@ -56,9 +56,14 @@ def test_one_process_pipelined_and_plain(tmp_data):
     plain = run_multiprocess(train_and_collect, 1, tmp_data, common + CACHED + ["train.pipelined=false"])[0]
     assert_identical(device, pipe)
     assert_identical(device, plain)
-    assert len(windows) == 24 and all(w["user"]["evictions"] > 0 and w["item"]["evictions"] > 0
-                                      for w in windows[8:-1])   # full caches (the last step prefetches nothing)
+    # a window a step, then one of what followed (the final evaluation's lookups, the write-back)
+    assert len(windows) == 25 and all(w["user"]["evictions"] > 0 and w["item"]["evictions"] > 0
+                                      for w in windows[8:23])   # full caches (the last step prefetches nothing)
+    assert windows[-1]["step"] == 24 and windows[-1]["user"]["batches"] > 0
     final = pipe["final"]["cache"]
+    for table in ("user", "item"):                             # the windows add up to the totals
+        for k in ("batches", "accesses", "hits", "misses", "evictions", "writebacks", "bytes_in", "bytes_out"):
+            assert sum(w[table][k] for w in windows) == final[table][k], (table, k)
     assert final["user"]["accesses"] == final["user"]["hits"] + final["user"]["misses"]
     assert final["user"]["batches"] >= 24 and final["user"]["hidden_s"] >= 0
 
