@@ -373,9 +373,9 @@ def variable_batch_parts(kjt) -> VariableBatch:
 def expand_variable_batch(kjt, validate: bool = True) -> KeyedJaggedBatch:
     """A variable-batch ``torchrec.KeyedJaggedTensor`` as the full batch of B samples it stands
     for (:func:`variable_batch_parts`): every sample's bag written out, so the lookups are those
-    of the full batch. TorchRec's ``EmbeddingBagCollection`` returns pooled embeddings of the
-    full batch; so does Neo: a sharded collection on this expansion, a ``TableBatchedEmbedding``
-    on the distinct bags (:func:`padded_variable_batch`)."""
+    of the full batch (what :func:`as_batch` and a sharded collection's ``input_dist`` stage
+    make of one). The modules' ``forward`` and ``sequence`` look up the distinct bags instead
+    (:func:`padded_variable_batch`)."""
     parts = variable_batch_parts(kjt)
     lengths = kjt.lengths().to(torch.int64)
     values, weights = kjt.values(), kjt.weights_or_none()
