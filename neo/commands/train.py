@@ -169,7 +169,9 @@ def _check_before_launch(cfg, ranks: int) -> None:
     """What the pipeline's ranks would each find at start (layers to cut, micro-batches, the
     split, a WSP config), checked once here instead of by ``ranks`` processes after the launch."""
     from neo.pipeline.layers import dense_layers
+    from neo.pipeline.trainer import check_pipelined_train
 
+    check_pipelined_train(cfg)
     if cfg.async_train.mode == "wsp":
         from neo.async_train.wsp import check_wsp_config
 

@@ -29,6 +29,7 @@ gradients by W, so the run equals single-process training on the global batch.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 from torch import nn
@@ -101,4 +102,6 @@ def parallelize(model: nn.Module, embedding_attr: str, sharded: Any, pg: Process
     ignore += [f"{embedding_attr}.{n}" for n, _ in sharded.named_parameters()]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ddp_kwargs.setdefault("broadcast_buffers", False)
-    return DistributedDataParallel(model, process_group=pg.dense, **ddp_kwargs)
+    with warnings.catch_warnings():   # broadcast_buffers=False is what we mean (as neo/train/step.py)
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        return DistributedDataParallel(model, process_group=pg.dense, **ddp_kwargs)

@@ -53,7 +53,7 @@ from neo.pipeline.route import SampleRouter
 from neo.pipeline.schedules import TorchPipeline
 from neo.pipeline.stages import BusyMeter, ContiguousOutputs, ReplicaLoss
 
-__all__ = ["PipelinedDense", "pipelined_dense", "plan_pipeline"]
+__all__ = ["PipelinedDense", "check_pipelined_train", "pipelined_dense", "plan_pipeline"]
 
 
 def _null_timer(name: str):
@@ -108,9 +108,9 @@ def plan_pipeline(cfg: PipelineConfig, layers: Sequence[Tuple[str, nn.Module]], 
                                 threads_per_rank=threads_per_rank, replicas=replicas)[0]
 
 
-def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "PipelinedDense":
-    """The :class:`PipelinedDense` of a whole :class:`~neo.config.NeoConfig` (``neo train``), after
-    the rules the pipeline adds across sections; ``log`` gets one line saying what runs where."""
+def check_pipelined_train(cfg) -> None:
+    """The ``train`` settings a pipelined dense tower cannot honour: a ConfigError naming the field
+    (``neo train`` checks them before it launches the stages' ranks, each rank again at start)."""
     t = cfg.train
     if t.dense_dtype != "fp32":
         raise ConfigError(f"train.dense_dtype: the pipelined dense towers run in fp32, got {t.dense_dtype!r} "
@@ -118,6 +118,13 @@ def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "Pi
     if t.checkpoint_dir:
         raise ConfigError("train.checkpoint_dir: checkpoints are not supported with parallel.pipeline.stages > 1 "
                           "yet (each rank's dense optimizer holds the state of its own chunks only)")
+
+
+def pipelined_dense(cfg, model: nn.Module, pg, num_dense: int, log=print) -> "PipelinedDense":
+    """The :class:`PipelinedDense` of a whole :class:`~neo.config.NeoConfig` (``neo train``), after
+    the rules the pipeline adds across sections; ``log`` gets one line saying what runs where."""
+    t = cfg.train
+    check_pipelined_train(cfg)
     from neo.pipeline.profile import bandwidth_from_constants
 
     bandwidth = bandwidth_from_constants(cfg)[0]

@@ -164,7 +164,7 @@ class CostConstants:
             raise PlanningError(f"cost constants: device_kind {self.device_kind!r} is not one of {list(DEVICE_KINDS)}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("device_kind", "source") or isinstance(v, str):
+            if f.name in ("device_kind", "source"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise PlanningError(f"cost constant {f.name}: expected a number, got {v!r}")

@@ -606,6 +606,10 @@ def build_job(cfg, pg=None, log=print, warm_up: bool = False) -> Job:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"train.device: {t.device!r}, but this torch sees no CUDA device (torch.cuda.is_available() "
                           f"is False: torch {torch.__version__} without CUDA, or no GPU here); use train.device=cpu")
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if t.embedding_backend == "triton" and device.type != "cuda" and not interpreted:
+        raise ConfigError("train.embedding_backend: 'triton' runs on CUDA tensors (train.device: cuda), or on the CPU "
+                          "under Triton's interpreter (TRITON_INTERPRET=1, for tests: slow); on the CPU use auto or cpu")
     pg = pg or init_process_groups(t)
     say = log if pg.rank == 0 else (lambda *a, **k: None)
     tables = resolve_tables(cfg)

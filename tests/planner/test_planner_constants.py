@@ -375,6 +375,19 @@ def test_a_file_of_non_finite_or_negative_constants_is_refused_naming_the_field_
         CostConstants(**{name: float(text.replace("Infinity", "inf"))})
 
 
+@pytest.mark.parametrize("name, text", [("lookup_id_s", '"fast"'), ("inter_bw", '"1e9"'), ("id_bytes", "true"),
+                                        ("dense_flops", "null"), ("hot_bytes", "[1]")])
+def test_a_constant_that_is_not_a_number_is_refused_naming_the_field_and_the_file(tmp_path, name, text):
+    """A string (even one that reads as a number), a boolean, null or a list: refused by name, not
+    a numpy error inside the cost model."""
+    flat = tmp_path / "flat.json"
+    flat.write_text(f'{{"device_kind": "cpu", "{name}": {text}}}')
+    with pytest.raises(PlanningError, match=f"{re.escape(str(flat))}: cost constant {name}: expected a number, got"):
+        CostConstants.from_json(str(flat))
+    with pytest.raises(PlanningError, match=f"cannot use '{re.escape(str(flat))}'.*cost constant {name}: expected"):
+        resolve_constants(str(flat), CPU, 1)
+
+
 @pytest.mark.parametrize("fmt", ["Infinity", "NaN", "-Infinity"])
 def test_a_non_finite_format_is_refused_naming_the_file(tmp_path, fmt):
     """A format of ``Infinity`` or ``NaN`` is a wrong format, not an overflow out of int()."""

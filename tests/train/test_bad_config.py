@@ -164,6 +164,8 @@ def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message):
     ("parallel.pipeline.stages=20", "parallel.pipeline.stages: 20 model chunks, but the dense model has only 16 layers"),
     ("parallel.pipeline.micro_batches=7", "parallel.pipeline.micro_batches: 7 does not divide"),
     ("parallel.pipeline.split=[[0,3],[4,40]]", "parallel.pipeline.split: must cover layers 0 .. 15"),
+    ("train.checkpoint_dir=/tmp/never-made", "train.checkpoint_dir: checkpoints are not supported with parallel"),
+    ("train.dense_dtype=bf16", "train.dense_dtype: the pipelined dense towers run in fp32"),
 ])
 def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, override, message):
     """neo train relaunches a pipelined config under torchrun, one rank a stage: what each rank
@@ -329,3 +331,10 @@ def test_a_parquet_file_read_twice_or_in_both_splits_is_refused(tmp_path):
         prepare([str(tmp_path / "train"), files[0]], [str(tmp_path / "val")])
     with pytest.raises(ConfigError, match=r"data\.val_paths: .*part-0+1\.parquet is given in data\.train_paths too"):
         prepare([str(tmp_path / "train")], [files[1]])
+
+
+def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    p = _neo_train(tmp_data, "train.steps=2", "train.embedding_backend=triton")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "neo train: error: train.embedding_backend: 'triton' runs on CUDA tensors" in p.stderr, p.stderr[-2000:]

@@ -200,18 +200,25 @@ def _train_and_say(rank, world_size, tmp, overrides):
     return [s for s in said if isinstance(s, str)]
 
 
-def test_a_checkpoint_of_another_model_is_a_named_error(tmp_data, two_checkpoints, tmp_path):
-    """A dense model or optimizer that differs from the checkpoint's: torch's CheckpointException
-    (a BaseException) becomes a CheckpointError naming the checkpoint; neo train exits 2."""
+@pytest.mark.parametrize("override, message", [
+    # a dense layer of another shape: named before DCP's load
+    ("model.dense_arch=[32,8]", r"dense tensor 'bottom\.0\.weight' is \(16, 4\) in the checkpoint, "
+                                r"\(32, 4\) here \(the model section differs"),
+    # another dense optimizer: DCP's CheckpointException (a BaseException), named by the checkpoint
+    ("optim.type=adam", "torch.distributed.checkpoint could not load it"),
+])
+def test_a_checkpoint_of_another_model_is_a_named_error(tmp_data, two_checkpoints, tmp_path, override, message):
+    """A dense model or optimizer that differs from the checkpoint's: a CheckpointError naming the
+    checkpoint (and the tensor, where a shape differs); neo train exits 2."""
     ck = str(tmp_path / "ck")
     shutil.copytree(two_checkpoints, ck)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
                         f"train.run_dir={tmp_data}/other", "train.progress=false", "train.steps=10",
-                        f"train.checkpoint_dir={ck}", "model.dense_arch=[32,8]"],
+                        f"train.checkpoint_dir={ck}", override],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]
-    assert f"neo train: error: {ck}/step-8: torch.distributed.checkpoint could not load it" in p.stderr
+    assert re.search(rf"neo train: error: {re.escape(ck)}/step-8: {message}", p.stderr), p.stderr[-2000:]
     assert "Traceback (most recent call last):\n" not in p.stderr.split("neo train: error:")[0]
 
 

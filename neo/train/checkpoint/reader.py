@@ -83,6 +83,7 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
     _check_tables(path, sharded, md)
     emb, after = embedding_state(sharded, for_load=True, saved=list(md.state_dict_metadata))
     dense = dense_state(dense_model, optimizer)
+    _check_dense(path, dense["model"], md)
     ranks = [pg.rank] if same_world else list(range(W0))
     state: Dict[str, Any] = {"embedding": emb, "dense": dense, "embedding_optimizer_step": 0,
                              "ranks": {str(r): b"" for r in ranks}}
@@ -138,6 +139,24 @@ class _LoadPlanner(DefaultLoadPlanner):
 
     def create_local_plan(self):
         return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+
+
+def _check_dense(path: str, tensors: Dict[str, Any], md) -> None:
+    """Name a dense parameter or buffer this job has and the checkpoint lacks, or whose shape
+    differs (a changed ``model`` section), before DCP's load reports it as a traceback."""
+    saved = md.state_dict_metadata
+    theirs = sorted(k[len("dense.model."):] for k in saved if k.startswith("dense.model."))
+    for name, v in tensors.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        key = f"dense.model.{name}"
+        if key not in saved:
+            raise CheckpointError(f"{path}: the checkpoint has no dense tensor '{name}' (it has {theirs}); "
+                                  "was it saved with another model section?")
+        size = tuple(getattr(saved[key], "size", ()))
+        if size != tuple(v.shape):
+            raise CheckpointError(f"{path}: dense tensor '{name}' is {size} in the checkpoint, {tuple(v.shape)} here "
+                                  "(the model section differs from the checkpoint's)")
 
 
 def _check_tables(path: str, sharded, md) -> None:
