@@ -19,7 +19,8 @@ the same for every system.
 - ``torchrec``: TorchRec's unsharded ``EmbeddingBagCollection`` on the VBE KJT (forward only:
   its backward materializes dense (rows, D) gradients, a different job).
 
-Phases: ``fwd`` (no autograd) and ``fwd_bwd`` (forward, backward with a fixed upstream
+Also timed: ``expand_variable_batch`` itself, by ``neo._C.jagged_take`` and by torch's ops
+(``expansion`` in the JSON). Phases: ``fwd`` (no autograd) and ``fwd_bwd`` (forward, backward with a fixed upstream
 gradient, the fused SGD update). Iterations interleaved across the systems (alternating
 order), medians reported; outputs are checked to agree before timing. Records carry the
 machine (tools/bench_common.py); ``vs_neo``: the system's time over Neo's.
@@ -100,6 +101,30 @@ def _systems(args, kjt, gen) -> Dict[str, Callable[[bool], object]]:
     return systems
 
 
+def _time_expansion(kjt, iters: int) -> Dict[str, float]:
+    """Median ms of ``expand_variable_batch(kjt)`` by neo._C's jagged take and by torch's ops
+    (the path without the extension), one thread."""
+    import torch
+
+    import neo.cpp
+    from neo.sparse import expand_variable_batch
+
+    torch.set_num_threads(1)
+    real, out = neo.cpp.cpu_kernels, {}
+    for name, kernels in (("jagged_take_ms", real), ("torch_ops_ms", lambda op: None)):
+        neo.cpp.cpu_kernels = kernels
+        try:
+            ts = []
+            for _ in range(iters + 1):
+                t0 = time.perf_counter()
+                expand_variable_batch(kjt)
+                ts.append(time.perf_counter() - t0)
+            out[name] = round(statistics.median(ts[1:]) * 1e3, 3)
+        finally:
+            neo.cpp.cpu_kernels = real
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--features", type=int, default=16)
@@ -150,6 +175,9 @@ def main(argv=None) -> int:
                                 "features": args.features, "rows": args.rows, "dim": args.dim, "dedup": args.dedup,
                                 "kjt_ids": int(kjt.values().numel()), "machine": machine,
                                 "peer_version": peer_version("torchrec") if s == "torchrec" else None})
+    expansion = _time_expansion(kjt, args.iters)
+    print(f"expand_variable_batch: {expansion['jagged_take_ms']:.2f} ms by neo._C.jagged_take, "
+          f"{expansion['torch_ops_ms']:.2f} ms by torch's ops (one thread, median of {args.iters})")
     print(f"\n{'system':13} {'threads':>7} {'phase':8} {'ms':>9} {'vs neo':>7}")
     for r in records:
         neo = next(x for x in records if x["system"] == "neo" and x["phase"] == r["phase"]
@@ -157,7 +185,7 @@ def main(argv=None) -> int:
         r["vs_neo"] = round(r["ms"] / neo["ms"], 3)
         print(f"{r['system']:13} {r['threads']:>7} {r['phase']:8} {r['ms']:>9.2f} {r['vs_neo']:>6.2f}x")
     if args.json:
-        write_json(args.json, {"records": records})
+        write_json(args.json, {"records": records, "expansion": dict(expansion, machine=machine)})
     return 0
 
 
