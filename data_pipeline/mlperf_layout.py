@@ -427,7 +427,8 @@ class MlperfLoader(ParquetLoader):
                 k = int(np.searchsorted(self._start, g, side="right")) - 1
                 seg = self.segments[k]
                 row = seg.begin + g - int(self._start[k])                            # its row in the day
-                raise self.options.id_error(seg.day.paths[1], self.meta.sparse_names, (f, row, value)) from None
+                path = seg.day.paths[1] if seg.day.one_hot else f"{seg.day.paths[1]}[{f}.npy]"   # as scan_ids
+                raise self.options.id_error(path, self.meta.sparse_names, (f, row, value)) from None
         if self.fold is not None:
             cols.sparse = [np.asarray(s, np.int64) % rows for s, rows in zip(cols.sparse, self.fold)]
         return cols

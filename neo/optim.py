@@ -18,6 +18,10 @@ optimizers were given): what a scheduler sets on a group reaches its optimizer (
 lr goes to its kernels at once). ``state_dict()`` is ``{"optimizers": {name: that optimizer's
 state_dict()}}`` and ``load_state_dict`` loads each by name (ValueError where the names differ,
 nothing loaded then). Groups cannot be added to it (add them to an optimizer it holds, before).
+
+A fused group has no momentum: ``OneCycleLR`` over one needs ``cycle_momentum=False``. A hook
+registered for every optimizer (``torch.optim.optimizer.register_optimizer_step_pre_hook``)
+runs for the combined optimizer's ``step()`` and for each optimizer's it calls.
 """
 
 from __future__ import annotations
@@ -108,9 +112,27 @@ class CombinedOptimizer(torch.optim.Optimizer):
             o.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}}
+        """``{"optimizers": {name: state_dict}}``; the hooks of ``register_state_dict_pre_hook`` /
+        ``_post_hook`` run around it, as on any torch optimizer."""
+        for pre in self._optimizer_state_dict_pre_hooks.values():
+            pre(self)
+        out = {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}}
+        for post in self._optimizer_state_dict_post_hooks.values():
+            changed = post(self, out)
+            out = changed if changed is not None else out
+        return out
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Each optimizer's state by name (ValueError where the names differ, nothing loaded);
+        ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
+        for pre in self._optimizer_load_state_dict_pre_hooks.values():
+            changed = pre(self, state_dict)
+            state_dict = changed if changed is not None else state_dict
+        self._load(state_dict)
+        for post in self._optimizer_load_state_dict_post_hooks.values():
+            post(self)
+
+    def _load(self, state_dict: Dict[str, Any]) -> None:
         saved = state_dict.get("optimizers") if isinstance(state_dict, dict) else None
         if not isinstance(saved, dict) or sorted(saved) != sorted(self.optimizers):
             names = sorted(saved) if isinstance(saved, dict) else None

@@ -340,8 +340,8 @@ def test_an_id_past_its_table_met_mid_run_is_named_with_file_and_row(data, tmp_p
     cfg["data"]["shuffle"] = id_check == "head"            # shuffled: the file row still named
     (status, err), = run_multiprocess(_neo_train, 1, cfg)
     assert status == 2 and "Traceback" not in err, err
-    assert re.search(r"neo train: error: \S*day_1_sparse_multi_hot\.npz: column 'cat_1' row 400: id 150 is outside "
-                     r"\[0, 100\) of table 't1' \(num_rows\)", err), err
+    assert re.search(r"neo train: error: \S*day_1_sparse_multi_hot\.npz\[1\.npy\]: column 'cat_1' row 400: id 150 is "
+                     r"outside \[0, 100\) of table 't1' \(num_rows\)", err), err
 
 
 def _prepare(tmp: str, mlperf: dict, rows: int = 100):

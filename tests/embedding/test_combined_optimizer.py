@@ -111,3 +111,25 @@ def test_bad_uses_are_named():
     clone = copy.deepcopy(opt)                         # deep-copied with its model, e.g. for EMA or a checkpoint
     assert list(clone.optimizers) == ["dense", "sparse"] and len(clone.param_groups) == len(opt.param_groups)
     assert repr(opt) == "CombinedOptimizer(dense: SGD, sparse: FusedOptimizer)"
+
+
+def test_state_dict_hooks_run_as_on_any_torch_optimizer():
+    _, emb, head = _model()
+    opt = CombinedOptimizer([("dense", torch.optim.SGD(head.parameters(), lr=0.1)), ("sparse", emb.fused_optimizer)])
+    calls = []
+    opt.register_state_dict_pre_hook(lambda o: calls.append("save pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: calls.append("save post"))
+    opt.register_load_state_dict_pre_hook(lambda o, sd: calls.append("load pre"))
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("load post"))
+    saved = opt.state_dict()
+    saved["optimizers"]["dense"]["param_groups"][0]["lr"] = 0.25
+
+    def changed(o, sd):                                  # a pre-load hook may hand back another state dict
+        out = copy.deepcopy(sd)
+        out["optimizers"]["dense"]["param_groups"][0]["lr"] = 0.5
+        return out
+
+    opt.register_load_state_dict_pre_hook(changed)
+    opt.load_state_dict(saved)
+    assert calls == ["save pre", "save post", "load pre", "load post"]
+    assert opt.optimizers["dense"].param_groups[0]["lr"] == 0.5
