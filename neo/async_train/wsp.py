@@ -337,6 +337,9 @@ class WSPTrainer:
                 f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: "
                 f"{self.heartbeat.diagnose()}. Cause: {cause}") from e
         finally:
+            runlog = self.__dict__.pop("_runlog", None)
+            if runlog is not None:
+                runlog.close()
             self.heartbeat.close()
             self._release()
 
@@ -385,6 +388,7 @@ class WSPTrainer:
         resumed = self.start_version > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
                         rewind_to=self.step if resumed else None)
+        self._runlog = runlog                  # closed by fit() on every way out (an error too)
         start_run_log(runlog, self.plan, self.device, self.step)
         rng = random.Random(t.seed * 7919 + self.rank)
         slow = self.slowdown

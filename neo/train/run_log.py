@@ -83,12 +83,17 @@ class RunLog:
             self._tb.flush()
 
     def close(self) -> None:
+        """Close the progress bar, metrics.jsonl and the TensorBoard writer (whose background
+        thread, left running at interpreter exit, can abort the process); a second call does nothing."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
         if self._jsonl is not None:
             self._jsonl.close()
+            self._jsonl = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
 
 
 def start_run_log(runlog: RunLog, plan: Dict[str, Any], device, step: int) -> None:

@@ -396,6 +396,9 @@ class Trainer:
                 raise
             raise self._named_failure(e) from e
         finally:
+            runlog = self.__dict__.pop("_runlog", None)
+            if runlog is not None:
+                runlog.close()
             self.heartbeat.close()
             self.release_checkpoint_dir()
 
@@ -450,6 +453,7 @@ class Trainer:
         restarted = self.resumed_from is not None or self.attempt > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
                         rewind_to=self.step if restarted else None)
+        self._runlog = runlog                  # closed by fit() on every way out (an error too)
         if restarted:       # records of the steps being redone were dropped: say where the run went on from
             runlog.record("restart", self.step, {"from_step": self.step, "attempt": self.attempt,
                                                  "checkpoint": self.resumed_from,

@@ -338,3 +338,21 @@ def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):
     p = _neo_train(tmp_data, "train.steps=2", "train.embedding_backend=triton")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "neo train: error: train.embedding_backend: 'triton' runs on CUDA tensors" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_run_that_raises_closes_its_log(tmp_data):
+    """A diverged run (an exception out of fit()) closes its run log: TensorBoard's writer thread,
+    left running at interpreter exit, could abort the process ("terminate called without an
+    active exception", seen once in a CI run of the divergence test above)."""
+    import threading
+
+    from neo.train.trainer import Trainer, TrainingDiverged
+
+    cfg = tiny_config(tmp_data, "train.steps=12", "train.log_every=4", "optim.lr=1e30",
+                      f"train.run_dir={tmp_data}/diverged")
+    before = {t.ident for t in threading.enumerate()}
+    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    with pytest.raises(TrainingDiverged):
+        trainer.fit()
+    left = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert not [t for t in left if "AsyncWriter" in type(t).__name__], left
