@@ -53,6 +53,7 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_common import json_path, positive_int  # noqa: E402
 from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, write_json  # noqa: E402
 
 MODES = {"bsp": 0, "wsp1": 1, "wsp4": 4}
@@ -198,19 +199,19 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=list(MODES) + list(PIPELINE_MODES),
                    choices=list(MODES) + list(PIPELINE_MODES))
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    p.add_argument("--samples", type=int, default=65536, help="synthetic training samples (WSP scenarios)")
-    p.add_argument("--steps", type=int, default=128, help="local steps per rank (WSP scenarios)")
-    p.add_argument("--pipeline-samples", type=int, default=524288,
+    p.add_argument("--samples", type=positive_int, default=65536, help="synthetic training samples (WSP scenarios)")
+    p.add_argument("--steps", type=positive_int, default=128, help="local steps per rank (WSP scenarios)")
+    p.add_argument("--pipeline-samples", type=positive_int, default=524288,
                    help="synthetic training samples of the pipeline modes (default: enough that no sample is "
                         "seen more than twice in --pipeline-steps)")
-    p.add_argument("--pipeline-steps", type=int, default=1024,
+    p.add_argument("--pipeline-steps", type=positive_int, default=1024,
                    help="steps of the pipeline modes: to convergence by default (the final AUCs compared)")
-    p.add_argument("--batch", type=int, default=128, help="samples per rank per step")
-    p.add_argument("--wave-steps", type=int, default=1)
+    p.add_argument("--batch", type=positive_int, default=128, help="samples per rank per step")
+    p.add_argument("--wave-steps", type=positive_int, default=1)
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "neo-synthetic"))
     p.add_argument("--out-dir", default=str(ROOT / "bench_out" / "async_runs"))
     p.add_argument("--quick", action="store_true", help="16k samples, 48 steps (every scenario)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, type=json_path)
     p.add_argument("--plot", default=None, help="PNG: samples/s per mode and scenario, AUC on each bar")
     add_isa_arg(p)
     args = p.parse_args(argv)

@@ -39,6 +39,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))   # bench_common
 
 POLICIES = ("lru", "lfu", "lookahead", "belady")
+PARTS = ("a", "b", "c")
 
 
 def machine() -> Dict[str, Any]:
@@ -225,6 +226,42 @@ def _rss() -> Dict[str, int]:
     return out
 
 
+DISK_DIM = 64
+DISK_ROW_BYTES = DISK_DIM * 4 + 4                              # fp32 weights + rowwise_adagrad state
+DISK_BATCH = 8192                                              # ids per batch (one per sample)
+DISK_CACHE_FRACTION = 0.01
+
+
+def min_disk_gib() -> float:
+    """The smallest --disk-gib whose cache (DISK_CACHE_FRACTION of the rows) holds two batches'
+    distinct rows, at most 2 x DISK_BATCH: the step computing and the batch prefetched under it
+    (a smaller one fails with CacheCapacityError)."""
+    min_rows = -(-2 * DISK_BATCH * 100 // round(DISK_CACHE_FRACTION * 100))
+    return min_rows * DISK_ROW_BYTES / 2**30
+
+
+def disk_gib_arg(s: str) -> float:
+    """--disk-gib: 0 (the default: 2 x RAM) or at least min_disk_gib()."""
+    from bench_common import nonneg_float
+
+    v = nonneg_float(s)
+    if 0 < v < min_disk_gib():
+        raise argparse.ArgumentTypeError(
+            f"{s} GiB is too small: the disk run's cache is {DISK_CACHE_FRACTION:.0%} of the rows and must hold two "
+            f"batches of {DISK_BATCH} ids, so the table needs at least {min_disk_gib():.3f} GiB (or 0: 2 x RAM)")
+    return v
+
+
+def parts_arg(s: str) -> List[str]:
+    """--parts: a comma-separated list of a, b, c."""
+    out = [x.strip() for x in s.split(",")]
+    bad = [x for x in out if x not in PARTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(map(repr, bad))}: choose from "
+                                         f"{', '.join(PARTS)} (comma-separated, e.g. a,b)")
+    return out
+
+
 def disk_run(args) -> None:
     """Runs in its own process: one cached table of ``--disk-gib`` (default 2 x RAM) on disk."""
     import torch
@@ -236,12 +273,12 @@ def disk_run(args) -> None:
 
     torch.manual_seed(0)
     ram = machine()["ram_bytes"]
-    D = 64
-    row_bytes = D * 4 + 4                                      # fp32 weights + rowwise_adagrad state
+    D = DISK_DIM
+    row_bytes = DISK_ROW_BYTES
     gib = args.disk_gib or 2 * ram / 2**30
     rows = int(gib * 2**30 / row_bytes)
-    B, steps = 8192, args.disk_steps
-    cache_rows = int(0.01 * rows)
+    B, steps = DISK_BATCH, args.disk_steps
+    cache_rows = int(DISK_CACHE_FRACTION * rows)
     t = TableConfig("huge", rows, D, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.05), placement="cached",
                     cache_rows=cache_rows, cache_policy="lru", cache_store="mmap", init_scale=0.01,
                     cache_store_resident_gib=args.store_resident_gib)
@@ -292,22 +329,27 @@ def disk_run(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=None, help="write the records here")
-    ap.add_argument("--parts", default="a,b,c")
+    from bench_common import json_path, positive_float, positive_int
+
+    ap.add_argument("--json", default=None, type=json_path, help="write the records here")
+    ap.add_argument("--parts", default=list(PARTS), type=parts_arg, help="comma-separated parts to run, of a, b, c")
     ap.add_argument("--quick", action="store_true", help="shorter traces and runs (a smoke test)")
-    ap.add_argument("--rounds", type=int, default=3, help="(b): rounds of in-memory + cached runs (medians)")
-    ap.add_argument("--plot", default=None, help="PNG of hit rate vs capacity (needs matplotlib)")
+    ap.add_argument("--rounds", type=positive_int, default=3, help="(b): rounds of in-memory + cached runs (medians)")
+    ap.add_argument("--plot", default=None, type=json_path, help="PNG of hit rate vs capacity (needs matplotlib)")
     ap.add_argument("--disk-dir", default=os.path.join(ROOT, ".cache", "bench_cache_store"))
-    ap.add_argument("--disk-gib", type=float, default=0.0, help="size of the on-disk table (default: 2 x RAM)")
-    ap.add_argument("--disk-steps", type=int, default=200)
-    ap.add_argument("--budget-gib", type=float, default=6.0, help="resident memory the disk run must stay under")
-    ap.add_argument("--store-resident-gib", type=float, default=1.0, help="the disk run's cache_store_resident_gib")
+    ap.add_argument("--disk-gib", type=disk_gib_arg, default=0.0,
+                    help=f"size of the on-disk table (default 0: 2 x RAM; at least {min_disk_gib():.3f})")
+    ap.add_argument("--disk-steps", type=positive_int, default=200)
+    ap.add_argument("--budget-gib", type=positive_float, default=6.0,
+                    help="resident memory the disk run must stay under")
+    ap.add_argument("--store-resident-gib", type=positive_float, default=1.0,
+                    help="the disk run's cache_store_resident_gib")
     ap.add_argument("--disk-run", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.disk_run:
         disk_run(args)
         return 0
-    parts = set(args.parts.split(","))
+    parts = set(args.parts)
     out: Dict[str, Any] = {"benchmark": "cache", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "machine": machine(), "command": " ".join([sys.executable, *sys.argv])}
     if "a" in parts:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench_common import json_path, nonneg_int, positive_float, positive_int  # noqa: E402
 from bench_common import describe_machine, machine_info, start_rank, write_json  # noqa: E402
 
 
@@ -76,11 +77,11 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--sizes", type=float, nargs="+", default=[0.0625, 0.5, 2, 8], help="MB per peer")
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--world-size", type=positive_int, default=2)
+    p.add_argument("--sizes", type=positive_float, nargs="+", default=[0.0625, 0.5, 2, 8], help="MB per peer")
+    p.add_argument("--iters", type=positive_int, default=30)
+    p.add_argument("--warmup", type=nonneg_int, default=5)
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
     from tests.multiprocess import run_multiprocess
 

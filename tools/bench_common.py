@@ -100,6 +100,139 @@ def balanced_orders(n: int) -> List[List[int]]:
     return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
+# argparse ``type=`` helpers: bad command-line input gives argparse's one-line error (exit status 2,
+# naming the flag) before any benchmark work, rather than a traceback, a hang or a silent nonsense figure.
+def _parse_int(s: str) -> int:
+    try:
+        return int(s)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+
+
+def _parse_float(s: str) -> float:
+    try:
+        v = float(s)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {s!r}")
+    return v
+
+
+def positive_int(s: str) -> int:
+    """An integer >= 1."""
+    v = _parse_int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {s!r}")
+    return v
+
+
+def nonneg_int(s: str) -> int:
+    """An integer >= 0 (e.g. --warmup)."""
+    v = _parse_int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer (>= 0), got {s!r}")
+    return v
+
+
+def positive_float(s: str) -> float:
+    """A finite number > 0."""
+    v = _parse_float(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number (> 0), got {s!r}")
+    return v
+
+
+def nonneg_float(s: str) -> float:
+    """A finite number >= 0."""
+    v = _parse_float(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number (>= 0), got {s!r}")
+    return v
+
+
+def multiple_of(m: int):
+    """A ``type=``: a positive integer that is a multiple of ``m`` (e.g. 4 for an embedding dim)."""
+    def parse(s: str) -> int:
+        v = positive_int(s)
+        if v % m:
+            raise argparse.ArgumentTypeError(f"must be a positive multiple of {m}, got {s!r}")
+        return v
+    parse.__name__ = f"multiple_of_{m}"
+    return parse
+
+
+def positive_int_list(s: str, multiple: int = 1) -> List[int]:
+    """A comma-separated list of integers >= 1 (e.g. "1,2" for --threads)."""
+    parts = [x.strip() for x in str(s).split(",")]
+    if not parts or any(not x for x in parts):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of positive integers, e.g. 1,2; got {s!r}")
+    out = []
+    for x in parts:
+        try:
+            v = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {x!r} (in {s!r})") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"every value must be a positive integer (>= 1), got {x!r} (in {s!r})")
+        if v % multiple:
+            raise argparse.ArgumentTypeError(f"every value must be a multiple of {multiple}, got {x!r} (in {s!r})")
+        out.append(v)
+    return out
+
+
+def nonneg_int_list(s: str) -> List[int]:
+    """A comma-separated list of integers >= 0 (e.g. bench_eval.py's --sizes, where 0 means the default)."""
+    out = []
+    for x in (x.strip() for x in str(s).split(",")):
+        try:
+            v = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {x!r} (in {s!r})") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"every value must be a non-negative integer (>= 0), got {x!r} (in {s!r})")
+        out.append(v)
+    return out
+
+
+def multiple_of_list(m: int):
+    """A ``type=``: a comma-separated list of positive multiples of ``m``."""
+    def parse(s: str) -> List[int]:
+        return positive_int_list(s, multiple=m)
+    parse.__name__ = f"multiple_of_{m}_list"
+    return parse
+
+
+def json_path(s: str) -> str:
+    """An output file path that can be written: its folder exists (or can be created, as
+    write_json does) and is writable, and the path is not a folder. Checked at parse time so
+    that a bad path fails at once, not after the whole benchmark."""
+    if not s:
+        raise argparse.ArgumentTypeError("empty path")
+    path = os.path.abspath(s)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{s!r} is a folder, not a file")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{s!r} exists and is not writable")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):           # write_json creates missing folders: the first existing one decides
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"cannot write {s!r}: {parent!r} is not a folder")
+    import tempfile
+
+    try:                                        # a real write: os.access says yes to root even on /proc
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {s!r}: folder {parent!r} is not writable "
+                                         f"({e.strerror or e})") from None
+    return s
+
+
 def write_json(path: str, payload: Any) -> None:
     """Write the benchmark's records (creating the folder) and say where."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

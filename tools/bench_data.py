@@ -33,7 +33,7 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench_common import write_json  # noqa: E402
+from bench_common import json_path, positive_int, write_json  # noqa: E402
 
 PREPROCESS_TARGET = 200_000  # lines / s / core
 LOADER_TARGET = 1_000_000  # samples / s / core
@@ -81,14 +81,28 @@ def bench_preprocess(tsv: str, tiny: str, out: str, workers: int, lines: int, ex
     assert s["rows_written"] == lines, s["rows_written"]
     cores = min(workers, os.cpu_count() or 1)
     rate = lines / wall
-    steady = lines / max(wall - w0, 1e-9)
+    # The steady rate subtracts the start-up run's time; where little is left (under 10% of the run,
+    # or 1 ms: e.g. the tiny run paid one-time import costs the big one did not), the difference is
+    # noise and the rate would be a nonsense number (1e13 lines/s): write null and say why.
+    steady_ok = wall - w0 >= max(0.1 * wall, 1e-3)
+    steady_cpu_ok = cpu - c0 >= max(0.1 * cpu, 1e-3)
+    notes = []
+    if not steady_ok:
+        notes.append(f"steady_lines_per_s_per_core: null, the run's wall time ({wall:.3f} s) is not meaningfully "
+                     f"above the start-up run's ({w0:.3f} s); use more --tsv-lines")
+    if not steady_cpu_ok:
+        notes.append(f"steady_lines_per_cpu_s: null, the run's CPU time ({cpu:.3f} s) is not meaningfully "
+                     f"above the start-up run's ({c0:.3f} s); use more --tsv-lines")
+    for n in notes:
+        print(f"note (workers={workers}): {n}", flush=True)
     return {"name": f"criteo-preprocess workers={workers}" + (f" ({executor} pool)" if workers > 1 else ""), "lines": lines, "wall_s": round(wall, 3),
             "cpu_s": round(cpu, 3), "lines_per_s": round(rate), "cores": cores,
             "lines_per_s_per_core": round(rate / cores), "lines_per_cpu_s": round(lines / cpu) if cpu > 0 else None,
             "startup_wall_s": round(w0, 3), "startup_cpu_s": round(c0, 3),
-            "steady_lines_per_s_per_core": round(steady / cores),
-            "steady_lines_per_cpu_s": round(lines / max(cpu - c0, 1e-9)),
-            "target_per_core": PREPROCESS_TARGET, "ratio_to_target": round(rate / cores / PREPROCESS_TARGET, 2)}
+            "steady_lines_per_s_per_core": round(lines / (wall - w0) / cores) if steady_ok else None,
+            "steady_lines_per_cpu_s": round(lines / (cpu - c0)) if steady_cpu_ok else None,
+            "target_per_core": PREPROCESS_TARGET, "ratio_to_target": round(rate / cores / PREPROCESS_TARGET, 2),
+            **({"notes": notes} if notes else {})}
 
 
 def _drain(path: str, opts) -> int:
@@ -216,12 +230,13 @@ def bench_multi_hot_take(batch: int, reps: int = 30) -> List[Dict[str, Any]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=2_000_000, help="samples of the loader data set")
-    ap.add_argument("--tsv-lines", type=int, default=2_000_000, help="lines of the raw TSV")
-    ap.add_argument("--batch-size", type=int, default=4096)
-    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    ap.add_argument("--rows", type=positive_int, default=2_000_000, help="samples of the loader data set")
+    ap.add_argument("--tsv-lines", type=positive_int, default=2_000_000, help="lines of the raw TSV")
+    ap.add_argument("--batch-size", type=positive_int, default=4096)
+    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed); a rerun "
+                    "with the same one regenerates its raw.tsv, pre*/ and syn/")
     ap.add_argument("--sample", default=os.path.join(REPO, "data_pipeline", "samples", "criteo_kaggle_sample.tsv"))
-    ap.add_argument("--json", default=None, help="write the records to this file")
+    ap.add_argument("--json", default=None, type=json_path, help="write the records to this file")
     ap.add_argument("--take-only", action="store_true", help="only the multi-hot gather (numpy vs Neo's C++)")
     args = ap.parse_args(argv)
     import torch
@@ -244,7 +259,8 @@ def main(argv=None) -> int:
             records.append(bench_preprocess(tsv, args.sample, os.path.join(work, f"pre{w}"), w, lines, ex))
             print(json.dumps(records[-1]), flush=True)
         syn = os.path.join(work, "syn")
-        t0 = time.perf_counter()
+        shutil.rmtree(syn, ignore_errors=True)      # this script's own output of an earlier run (--workdir reused):
+        t0 = time.perf_counter()                    # generated anew, since its time is one of the records
         o = SynthOptions(num_samples=args.rows, output=syn, num_dense=13, table_rows=[1_000_000] * 26,
                          ids_per_bag=[1], skew=[1.05], workers=2, auc_samples=100_000)
         generate(o)

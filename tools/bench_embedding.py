@@ -2,10 +2,12 @@
 
     python tools/bench_embedding.py                     # default workload (~8 GB of RAM, a few minutes)
     python tools/bench_embedding.py --quick             # small smoke test, well under a minute
+    python tools/bench_embedding.py --quick --iters 1   # --quick only fills in flags not given explicitly
     python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
     python tools/bench_embedding.py --isa avx2          # every system capped at AVX2 (tools/bench_common.py)
 
-Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``),
+Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``: only
+fp32 and fp16 are accepted; bf16 is refused, FBGEMM's CPU TBE would run it in fp32),
 batch 4096, one feature per table; bag lengths uniform in 1 .. 2 * pooling_factor - 1
 (mean = pooling factor, 20), ids uniform in [0, rows); sum pooling; row-wise Adagrad (lr
 0.01, eps 1e-8).
@@ -63,8 +65,9 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
-                          start_rank, write_json)
+from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, json_path,  # noqa: E402
+                          machine_info, multiple_of, nonneg_int, positive_int, positive_int_list, start_rank,
+                          write_json)
 from bench_gather_probe import make_table  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
@@ -323,26 +326,48 @@ def run_cuda(args) -> List[dict]:
     return records
 
 
+DTYPES = ("fp32", "fp16")   # weight dtypes run (bf16 is not: FBGEMM's CPU TBE would run it in fp32)
+DEFAULTS = {"tables": 8, "rows": 1_000_000, "batch": 4096, "iters": 10, "warmup": 2}
+QUICK = {"tables": 4, "rows": 20_000, "batch": 256, "iters": 3, "warmup": 1}
+
+
+def dtype_list(s: str) -> List[str]:
+    """--dtypes: a comma-separated list of DTYPES."""
+    out = [x.strip() for x in s.split(",")]
+    bad = [x for x in out if x not in DTYPES]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"unsupported dtype(s) {', '.join(map(repr, bad)) or repr(s)}: "
+                                         f"choose from {', '.join(DTYPES)}")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tables", type=int, default=8)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--pooling-factor", type=int, default=20, help="mean bag length (lengths uniform in 1..2L-1)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "fp16"], help="weight dtypes (fp32, fp16)")
-    p.add_argument("--quick", action="store_true", help="small workload for a smoke test")
+    # --tables/--rows/--batch/--iters/--warmup default to None: filled in after parsing from
+    # DEFAULTS, or with --quick from QUICK, but only where the flag was not given (--quick never
+    # overrides an explicit flag).
+    p.add_argument("--tables", type=positive_int, default=None, help=f"default {DEFAULTS['tables']}")
+    p.add_argument("--rows", type=positive_int, default=None, help=f"default {DEFAULTS['rows']}")
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=None, help=f"default {DEFAULTS['batch']}")
+    p.add_argument("--pooling-factor", type=positive_int, default=20, help="mean bag length (lengths uniform in 1..2L-1)")
+    p.add_argument("--iters", type=positive_int, default=None, help=f"default {DEFAULTS['iters']}")
+    p.add_argument("--warmup", type=nonneg_int, default=None, help=f"default {DEFAULTS['warmup']}")
+    p.add_argument("--threads", type=positive_int_list, default=[1, 2], help="comma-separated thread counts, e.g. 1,2")
+    p.add_argument("--dtypes", type=dtype_list, default=["fp32", "fp16"],
+                   help=f"comma-separated weight dtypes, from {', '.join(DTYPES)}")
+    p.add_argument("--quick", action="store_true",
+                   help="small workload for a smoke test: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
+                        + " (flags given explicitly are kept)")
     p.add_argument("--no-fbgemm", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     add_isa_arg(p)
-    p.add_argument("--json", metavar="FILE", help="write the records (a JSON list) to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path, help="write the records (a JSON list) to FILE")
     args = p.parse_args(argv)
+    for k, v in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     apply_isa(args.isa)
-    if args.quick:
-        args.tables, args.rows, args.batch, args.iters, args.warmup = 4, 20_000, 256, 3, 1
     start_rank(torch.get_num_threads(), system_malloc=False)
     machine = machine_info(args.isa)
     print(describe_machine(machine))

@@ -19,18 +19,20 @@ from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import describe_machine, machine_info, write_json  # noqa: E402
+from bench_common import (describe_machine, json_path, machine_info, nonneg_int_list, positive_int,  # noqa: E402
+                          write_json)
 
 
 def main(argv: List[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=os.path.join(str(Path(__file__).resolve().parents[1]), "configs", "main_job.yaml"))
-    p.add_argument("--sizes", default="0,4096,16384", help="train.eval_batch_size values (0: train.batch_size)")
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sizes", type=nonneg_int_list, default=[0, 4096, 16384],
+                   help="comma-separated train.eval_batch_size values (0: train.batch_size)")
+    p.add_argument("--reps", type=positive_int, default=2, help="timed evaluations per size (the best is kept)")
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--run-dir", default=None, help="the runs' train.run_dir (default: a temporary folder)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, type=json_path)
     args = p.parse_args(argv)
     import tempfile
 
@@ -52,7 +54,7 @@ def measure(args, run_dir: str, machine) -> List[dict]:
     from neo.train.trainer import Trainer
 
     records = []
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in args.sizes:
         cfg = load_config(args.config, [f"train.eval_batch_size={size}", "train.progress=false",
                                         f"train.run_dir={run_dir}", *args.overrides])
         tr = Trainer(cfg, log=lambda *a, **k: None)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from bench_common import json_path, positive_int  # noqa: E402
 from bench_common import describe_machine, machine_info, write_json  # noqa: E402
 
 CHAINS = 12
@@ -79,9 +80,9 @@ def measure(isa: str, iterations: int, reps: int, workdir: str) -> Dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iterations", type=int, default=30_000_000, help="loop trips (12 vector FMAs each)")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--iterations", type=positive_int, default=30_000_000, help="loop trips (12 vector FMAs each)")
+    p.add_argument("--reps", type=positive_int, default=5)
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
     machine = machine_info()
     print(describe_machine(machine))

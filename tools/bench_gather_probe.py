@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, write_json  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
+                          multiple_of_list, positive_float, positive_int, positive_int_list, write_json)
 
 import torch  # noqa: E402
 
@@ -143,18 +144,21 @@ def print_probe(records: List[Dict]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256],
-                   help="row lengths in fp32 elements (row bytes = 4 x dim)")
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--table-gib", type=float, default=2.0)
-    p.add_argument("--lookups", type=int, default=1 << 20)
-    p.add_argument("--reps", type=int, default=5, help="timed calls per schedule (the median is kept)")
+    p.add_argument("--dims", type=multiple_of_list(16), default=[64, 128, 256],
+                   help="row lengths in fp32 elements (row bytes = 4 x dim: whole 64-byte lines, so multiples of 16)")
+    p.add_argument("--threads", type=positive_int_list, default=[1, 2], help="comma-separated thread counts, e.g. 1,2")
+    p.add_argument("--table-gib", type=positive_float, default=2.0)
+    p.add_argument("--lookups", type=positive_int, default=1 << 20)
+    p.add_argument("--reps", type=positive_int, default=5, help="timed calls per schedule (the median is kept)")
     p.add_argument("--wide", action="store_true",
                    help="also the far prefetch's variants: prefetcht2, non-temporal, every other line")
     p.add_argument("--sorted", action="store_true", help="also the same ids in address order (not part of the limit)")
     add_isa_arg(p)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
+    if 4 * max(args.dims) > table_bytes(args.table_gib):
+        p.error(f"argument --dims: rows of {4 * max(args.dims)} bytes do not fit a --table-gib "
+                f"{args.table_gib} table ({table_bytes(args.table_gib)} bytes)")
     apply_isa(args.isa)
     from bench_common import start_rank
 

@@ -44,7 +44,7 @@ traffic, the next power of two MiB, with that many threads (``bound_memory_ms``,
 the Intel Xeon of 2026-11-29 came out below what the kernels' own pattern of reads and writes
 takes. At one thread, Neo's kernels are also timed alone
 (``neo._C``, no autograd) on as many samples as fit in 1 MiB (inputs, outputs and gradients:
-66 at n 27, D 64; 33 at D 128), used again and again, whose data stay in L2 (the arithmetic
+61 at n 27, D 64; 33 at D 128), used again and again, whose data stay in L2 (the arithmetic
 alone, ``kernel_in_l2_ms``), and on the B samples used again and again
 (``kernel_from_memory_ms``: partly in the last-level cache, where the benchmark's own inputs
 come from DRAM), both per B samples; each also per phase (``kernel_in_l2_fwd_ms``, ``kernel_in_l2_bwd_ms``,
@@ -69,8 +69,9 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, machine_info,  # noqa: E402
-                          peer_version, quiet_peer_logs, start_rank, write_json)
+from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, json_path,  # noqa: E402
+                          machine_info, multiple_of_list, nonneg_int, peer_version, positive_int, positive_int_list,
+                          quiet_peer_logs, start_rank, write_json)
 
 import torch  # noqa: E402
 
@@ -339,19 +340,20 @@ def print_records(records: List[dict]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--features", type=int, default=26, help="pooled features F (n = F + 1 vectors)")
-    p.add_argument("--dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
-    p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1])
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=10,
+    p.add_argument("--features", type=positive_int, default=26, help="pooled features F (n = F + 1 vectors)")
+    p.add_argument("--dims", type=multiple_of_list(4), default=[64, 128],
+                   help="comma-separated embedding dims (positive multiples of 4, as Neo's tables need)")
+    p.add_argument("--batch", type=positive_int, default=2048)
+    p.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
+    p.add_argument("--iters", type=positive_int, default=30)
+    p.add_argument("--warmup", type=nonneg_int, default=10,
                    help="untimed iterations first: on the VM the first touches of freshly allocated memory are slow")
     p.add_argument("--all-variants", action="store_true", help="also time the fused kernel's lower ISA variants")
     p.add_argument("--bounds", action="store_true", help="also measure this machine's arithmetic and memory floors")
     p.add_argument("--no-torchrec", dest="torchrec", action="store_false",
                    help="leave out TorchRec's InteractionArch (it is left out with a note where not importable)")
     add_isa_arg(p)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
     apply_isa(args.isa)
     start_rank(1, system_malloc=False)

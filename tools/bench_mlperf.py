@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench_common import json_path, nonneg_int, positive_int  # noqa: E402
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
                           machine_info, start_rank, torchrec_local_blocks, write_json)
 
@@ -347,14 +348,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="dotted config overrides for both systems, e.g. mlperf.target_auc=0.75")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="Neo config with an mlperf section (default: the tiny one)")
-    p.add_argument("--batch", type=int, default=256, help="samples per rank (default 256: global 512 on 2 ranks, "
+    p.add_argument("--batch", type=positive_int, default=256, help="samples per rank (default 256: global 512 on 2 ranks, "
                                                           "the tiny config's global batch)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=15, help="runs per system, alternating which goes first (a tiny "
+    p.add_argument("--world-size", type=positive_int, default=2)
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--repeats", type=positive_int, default=15, help="runs per system, alternating which goes first (a tiny "
                                                           "run is about a second: its samples/s moves by 20%% "
                                                           "from run to run on a shared machine)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs per system first (imports, first-step "
+    p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed runs per system first (imports, first-step "
                                                          "allocations, page cache)")
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "neo-synthetic"), help="synthetic data cache")
     p.add_argument("--no-torchrec", action="store_true")
@@ -365,7 +366,7 @@ def main(argv=None) -> int:
     add_no_shm_arg(p)
     add_isa_arg(p)
     p.add_argument("--quick", action="store_true", help="one timed run per system (after the warm-up run)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, type=json_path)
     p.add_argument("--plot", default=None, help="PNG of AUC against training samples, both systems")
     args = p.parse_args(argv)
     apply_isa(args.isa)

@@ -68,6 +68,7 @@ from typing import Any, Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_common import json_path, nonneg_int, positive_int  # noqa: E402
 from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, start_rank,  # noqa: E402
                           write_json)
 from neo.pipeline.simulate import COST_FIELDS  # noqa: E402
@@ -482,21 +483,21 @@ def _plot(records, path: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worlds", nargs="+", type=int, default=[2, 4])
-    p.add_argument("--batch", type=int, default=256, help="samples per rank")
-    p.add_argument("--micro-batches", type=int, default=8, help="per step and pipeline (a multiple of every world size)")
+    p.add_argument("--worlds", nargs="+", type=positive_int, default=[2, 4])
+    p.add_argument("--batch", type=positive_int, default=256, help="samples per rank")
+    p.add_argument("--micro-batches", type=positive_int, default=8, help="per step and pipeline (a multiple of every world size)")
     names = [s for s, _ in SCHEDULES]
     p.add_argument("--schedules", nargs="+", default=names, choices=names,
                    help="the pipeline schedules to run (the data-parallel baseline always runs)")
-    p.add_argument("--top-layers", type=int, default=12)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=10, help="profile repeats per layer")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--top-layers", type=positive_int, default=12)
+    p.add_argument("--width", type=positive_int, default=512)
+    p.add_argument("--warmup", type=nonneg_int, default=3)
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--repeats", type=positive_int, default=10, help="profile repeats per layer")
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--bandwidth-gbps", type=float, default=None, help="default: measured (gloo send/recv)")
     p.add_argument("--quick", action="store_true", help="a smaller model, fewer steps")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, type=json_path)
     p.add_argument("--plot", default=None, help="PNG of predicted and measured step time per schedule")
     add_isa_arg(p)
     args = p.parse_args(argv)

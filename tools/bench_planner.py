@@ -30,7 +30,7 @@ from typing import Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_common import machine_info, peer_version, write_json  # noqa: E402
+from bench_common import json_path, machine_info, nonneg_int, peer_version, positive_int, write_json  # noqa: E402
 
 from neo.planner import (GIB, Placement, PlanningError, Shard, ShardingType, TableConstraints,  # noqa: E402
                          TablePlan, TableSpec, Topology, evaluate_plan, plan_tables)
@@ -154,19 +154,21 @@ def speed(n: int, W: int, L: int, repeat: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=None, help="write the records to this file")
-    ap.add_argument("--repeat", type=int, default=3, help="runs of the speed case (best reported)")
+    ap.add_argument("--json", default=None, type=json_path, help="write the records to this file")
+    ap.add_argument("--repeat", type=positive_int, default=3, help="runs of the speed case (best reported)")
     ap.add_argument("--quick", action="store_true", help="small cases only")
     ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
-    ap.add_argument("--torchrec-max-tables", type=int, default=200,
+    ap.add_argument("--torchrec-max-tables", type=nonneg_int, default=200,
                     help="skip TorchRec above this many tables (its planner takes ~3 min for 200 tables here)")
     args = ap.parse_args(argv)
 
     trv = None if args.no_torchrec else peer_version("torchrec", "torchrec.distributed.planner")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
             "cpus": os.cpu_count(), "numpy": np.__version__, "torchrec": trv, "machine": machine_info()}
+    trnote = trv or ("left out by --no-torchrec: column skipped" if args.no_torchrec
+                     else "not available: column skipped")
     print(f"# Neo planner benchmark ({meta['date']}, {meta['cpus']} CPUs, python {meta['python']}, "
-          f"torchrec {trv or 'not available: column skipped'})\n")
+          f"torchrec {trnote})\n")
     records = {"meta": meta}
     if not args.quick:
         sp = speed(1000, 128, 8, args.repeat)

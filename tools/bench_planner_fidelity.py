@@ -141,11 +141,13 @@ def second_best(cfg_path: str, world: int, batch: int, out: str, overrides: List
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--world-sizes", default="1,2,4")
-    ap.add_argument("--steps", type=int, default=80)
+    from tools.bench_common import json_path, positive_int, positive_int_list
+
+    ap.add_argument("--json", default=None, type=json_path)
+    ap.add_argument("--world-sizes", type=positive_int_list, default=[1, 2, 4], help="comma-separated, e.g. 1,2")
+    ap.add_argument("--steps", type=positive_int, default=80)
     ap.add_argument("--mixes", default="main_job,zipf_mix,wide_mix")
-    ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, interleaved; the median is reported")
+    ap.add_argument("--rounds", type=positive_int, default=3, help="runs of every plan, interleaved; the median is reported")
     ap.add_argument("--quick", action="store_true", help="30 steps, world sizes 1 and 2, two mixes, one round")
     ap.add_argument("--calibrate", action="store_true",
                     help="run neo calibrate before every round, and predict that round's runs with its "
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
                          "by default it is removed at the end")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.world_sizes, args.mixes, args.rounds = 30, "1,2", "main_job,zipf_mix", 1
+        args.steps, args.world_sizes, args.mixes, args.rounds = 30, [1, 2], "main_job,zipf_mix", 1
     tmp = tempfile.mkdtemp(prefix="neo-fidelity-")
     try:
         return measure(args, tmp)
@@ -177,7 +179,7 @@ def measure(args, tmp: str) -> int:
         names = [f"t{k}" for k in range(len(all_mixes[name]["tables"]))] if name != "main_job" else \
             [t["name"] for t in all_mixes[name]["tables"]]
         batch = all_mixes[name]["train"]["batch_size"]
-        for world in [int(w) for w in args.world_sizes.split(",")]:
+        for world in args.world_sizes:
             def constants(r: int) -> List[str]:
                 """Round ``r``'s constants: calibrated just before it (``--calibrate``), or this machine's file."""
                 if not args.calibrate:

@@ -34,7 +34,8 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, write_json  # noqa: E402
+from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
+                                multiple_of, nonneg_int, positive_int, positive_int_list, write_json)
 
 
 def _systems(args, B: int, gen):
@@ -109,15 +110,15 @@ def _systems(args, B: int, gen):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tables", type=int, default=4)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--seq-len", type=int, default=50)
-    p.add_argument("--threads", default="1")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--json", default=None)
+    p.add_argument("--tables", type=positive_int, default=4)
+    p.add_argument("--rows", type=positive_int, default=1_000_000)
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=1024)
+    p.add_argument("--seq-len", type=positive_int, default=50)
+    p.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
+    p.add_argument("--iters", type=positive_int, default=10)
+    p.add_argument("--warmup", type=nonneg_int, default=2)
+    p.add_argument("--json", default=None, type=json_path)
     add_isa_arg(p)
     args = p.parse_args(argv)
     apply_isa(args.isa)
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
     for n in notes:
         print(n)
     records = []
-    for threads in [int(x) for x in args.threads.split(",")]:
+    for threads in args.threads:
         torch.set_num_threads(threads)
         for phase, train in (("fwd", False), ("fwd_bwd", True)):
             times: Dict[str, List[float]] = {s: [] for s in systems}

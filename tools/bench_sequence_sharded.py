@@ -48,6 +48,7 @@ import torch.distributed as dist  # noqa: E402
 
 from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
                           start_rank, torchrec_local_blocks, write_json)
+from bench_common import json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
 TORCHREC_TYPES = ("table_wise", "column_wise")
@@ -197,22 +198,24 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[2])
+    p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2])
     p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
-    p.add_argument("--tables", type=int, default=8)
-    p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=1024, help="samples per rank")
-    p.add_argument("--seq-len", type=int, default=20, help="ids per sample and feature")
-    p.add_argument("--cw-dim", type=int, default=32, help="columns per column shard (both systems)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--tables", type=positive_int, default=8)
+    p.add_argument("--rows", type=positive_int, default=100_000)
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=1024, help="samples per rank")
+    p.add_argument("--seq-len", type=positive_int, default=20, help="ids per sample and feature")
+    p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (both systems)")
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--warmup", type=nonneg_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--no-torchrec", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
     add_isa_arg(p)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
+    if args.cw_dim > args.dim:
+        p.error(f"argument --cw-dim: {args.cw_dim} is wider than --dim {args.dim}")
     apply_isa(args.isa)
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 32, 2, 1

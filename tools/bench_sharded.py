@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, run_world_sizes,  # noqa: E402
                           machine_info, start_rank, write_json)
+from bench_common import json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -217,17 +218,17 @@ def _print(records: List[Dict[str, Any]]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2, 4])
     p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
-    p.add_argument("--tables", type=int, default=8)
-    p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=2048, help="samples per rank")
-    p.add_argument("--mean-ids", type=int, default=20, help="mean bag length (lengths uniform in 1 .. 2m-1)")
-    p.add_argument("--cw-dim", type=int, default=32, help="columns per column shard (Neo and TorchRec)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--tables", type=positive_int, default=8)
+    p.add_argument("--rows", type=positive_int, default=100_000)
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=2048, help="samples per rank")
+    p.add_argument("--mean-ids", type=positive_int, default=20, help="mean bag length (lengths uniform in 1 .. 2m-1)")
+    p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (Neo and TorchRec)")
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--warmup", type=nonneg_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--backend", default="auto", help="Neo embedding backend")
     p.add_argument("--no-validate", action="store_true", help="skip Neo's id validation at the source")
     p.add_argument("--comm", default="fp32", choices=["fp32", "fp16", "bf16"],
@@ -237,8 +238,10 @@ def main(argv=None) -> int:
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
     add_isa_arg(p)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
+    if args.cw_dim > args.dim:
+        p.error(f"argument --cw-dim: {args.cw_dim} is wider than --dim {args.dim}")
     apply_isa(args.isa)
     if args.quick:
         args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1

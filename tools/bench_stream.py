@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from bench_common import json_path, positive_int, positive_int_list  # noqa: E402
 from bench_common import describe_machine, machine_info, write_json  # noqa: E402
 
 SIZES_MB = (1, 4, 16, 32, 64, 128, 512)
@@ -42,9 +43,10 @@ def measure(mb: int) -> Dict[str, float]:
 
 def main(argv: List[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default=",".join(map(str, SIZES_MB)), help="working sets in MiB")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", default=None)
+    p.add_argument("--sizes", type=positive_int_list, default=",".join(map(str, SIZES_MB)),
+                   help="comma-separated working sets in MiB")
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--json", default=None, type=json_path)
     args = p.parse_args(argv)
     import torch
 
@@ -52,7 +54,7 @@ def main(argv: List[str] = None) -> int:
     machine = machine_info()
     print(describe_machine(machine))
     records = []
-    for mb in [int(s) for s in args.sizes.split(",")]:
+    for mb in args.sizes:
         r = measure(mb)
         records.append({"mib": mb, "threads": args.threads, "read_gb_s": round(r["read"], 2),
                         "copy_gb_s": round(r["copy"], 2), "machine": machine})

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
-                          machine_info, start_rank, write_json)
+                          json_path, machine_info, multiple_of, nonneg_int, positive_int, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -266,20 +266,28 @@ def _print(records: List[Dict[str, Any]]) -> None:
               f"{r['step_ms']:9.1f} {ratio:>12s} {r['samples_per_cpu_s']:14.0f} {cratio:>12s}")
 
 
+TRAIN_DEFAULTS = {"rows": 100_000, "batch": 2048, "warmup": 5, "steps": 30, "block": 5}
+TRAIN_QUICK = {"rows": 1000, "batch": 256, "warmup": 2, "steps": 4, "block": 2}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
     p.add_argument("--neo-plans", nargs="+", default=["table_wise", "row_wise", "mixed"],
                    choices=["table_wise", "row_wise", "mixed"] + list(SIX))
-    p.add_argument("--tables", type=int, default=26)
-    p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=2048, help="samples per rank")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30, help="timed steps per system")
-    p.add_argument("--block", type=int, default=5, help="steps per alternating block")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tables", type=positive_int, default=26,
+                   help=f"tables (multi-hot: at most {len(MULTI_HOT)}, one per MLPerf bag size)")
+    p.add_argument("--rows", type=positive_int, default=None, help=f"default {TRAIN_DEFAULTS['rows']}")
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help=f"samples per rank (default {TRAIN_DEFAULTS['batch']})")
+    p.add_argument("--world-size", type=positive_int, default=2)
+    p.add_argument("--warmup", type=nonneg_int, default=None, help=f"default {TRAIN_DEFAULTS['warmup']}")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help=f"timed steps per system (default {TRAIN_DEFAULTS['steps']})")
+    p.add_argument("--block", type=positive_int, default=None,
+                   help=f"steps per alternating block (default {TRAIN_DEFAULTS['block']})")
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--backend", default="auto")
     p.add_argument("--plain", action="store_true", help="Neo without the pipeline (PlainLoop)")
     p.add_argument("--dense-dtype", default="fp32", choices=["fp32", "bf16"],
@@ -294,12 +302,18 @@ def main(argv=None) -> int:
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
     add_isa_arg(p)
-    p.add_argument("--quick", action="store_true", help="small tables and batches, few steps")
-    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true",
+                   help="small tables and batches, few steps: " + ", ".join(f"--{k} {v}" for k, v in TRAIN_QUICK.items())
+                        + " (flags given explicitly are kept)")
+    p.add_argument("--json", default=None, type=json_path)
     args = p.parse_args(argv)
+    if "multi-hot" in args.workloads and args.tables > len(MULTI_HOT):
+        p.error(f"argument --tables: the multi-hot workload has {len(MULTI_HOT)} bag sizes (MLPerf DLRM-DCNv2), "
+                f"so at most {len(MULTI_HOT)} tables; got {args.tables}")
+    for k, v in (TRAIN_QUICK if args.quick else TRAIN_DEFAULTS).items():    # --quick: only flags not given
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     apply_isa(args.isa)
-    if args.quick:
-        args.rows, args.batch, args.warmup, args.steps, args.block = 1000, 256, 2, 4, 2
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from tests.multiprocess import run_multiprocess
 

@@ -37,7 +37,8 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, peer_version,  # noqa: E402
+from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
+                                multiple_of, nonneg_int, peer_version, positive_int, positive_int_list,
                                 quiet_peer_logs, write_json)
 
 
@@ -127,16 +128,16 @@ def _time_expansion(kjt, iters: int) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--rows", type=int, default=500_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--dedup", type=int, default=16, help="user features: B / dedup distinct bags")
-    p.add_argument("--max-len", type=int, default=20)
-    p.add_argument("--threads", default="1")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--json", default=None)
+    p.add_argument("--features", type=positive_int, default=16)
+    p.add_argument("--rows", type=positive_int, default=500_000)
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=4096)
+    p.add_argument("--dedup", type=positive_int, default=16, help="user features: B / dedup distinct bags")
+    p.add_argument("--max-len", type=positive_int, default=20)
+    p.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
+    p.add_argument("--iters", type=positive_int, default=10)
+    p.add_argument("--warmup", type=nonneg_int, default=2)
+    p.add_argument("--json", default=None, type=json_path)
     add_isa_arg(p)
     args = p.parse_args(argv)
     apply_isa(args.isa)
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
         for name, fn in systems.items():
             torch.testing.assert_close(fn(False), ref, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
     records: List[Dict] = []
-    for threads in [int(x) for x in args.threads.split(",")]:
+    for threads in args.threads:
         torch.set_num_threads(threads)
         for phase, train in (("fwd", False), ("fwd_bwd", True)):
             names = [s for s in systems if not (train and s == "torchrec")]

@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))          # bench_common, also when imported (tests)
 
-from bench_common import write_json  # noqa: E402
+from bench_common import json_path, nonneg_float, nonneg_int, positive_float, positive_int, write_json  # noqa: E402
 
 STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "rss_anon_kib", "RssFile": "rss_file_kib", "RssShmem": "rss_shmem_kib"}
 """Fields of /proc/<pid>/status (kB) recorded per rank, and their names in the records."""
@@ -226,19 +226,19 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/main_job.yaml", help="Neo config (default: the main job's)")
-    p.add_argument("--steps", type=int, default=20000, help="training steps (default 20000)")
-    p.add_argument("--checkpoint-every", type=int, default=1000, help="checkpoint cadence in steps (default 1000)")
-    p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc-per-node; default 2)")
-    p.add_argument("--sample-every", type=int, default=50,
+    p.add_argument("--steps", type=positive_int, default=20000, help="training steps (default 20000)")
+    p.add_argument("--checkpoint-every", type=nonneg_int, default=1000, help="checkpoint cadence in steps (default 1000)")
+    p.add_argument("--nproc", type=positive_int, default=2, help="ranks (torchrun --nproc-per-node; default 2)")
+    p.add_argument("--sample-every", type=positive_int, default=50,
                    help="steps between samples (= train.log_every; default 50)")
     p.add_argument("--warmup-fraction", type=float, default=None,
                    help="share of the steps that is warm-up (default 0.1; 0.2 with --quick)")
-    p.add_argument("--max-growth-pct", type=float, default=2.0,
+    p.add_argument("--max-growth-pct", type=nonneg_float, default=2.0,
                    help="the bound: RSS growth after warm-up, percent (default 2)")
-    p.add_argument("--window", type=int, default=0,
+    p.add_argument("--window", type=nonneg_int, default=0,
                    help="steps per row of the table and of the medians the verdict compares (default: the "
                         "checkpoint interval)")
-    p.add_argument("--median-steps", type=int, default=0,
+    p.add_argument("--median-steps", type=nonneg_int, default=0,
                    help="steps of the two windows whose median RSS the verdict compares (default: a quarter of "
                         "the steps after warm-up, at least one --window)")
     p.add_argument("--no-smooth", dest="smooth", action="store_false",
@@ -246,11 +246,11 @@ def _parser() -> argparse.ArgumentParser:
                         "of a window at each")
     p.add_argument("--run-dir", default="runs/soak",
                    help="train.run_dir (default runs/soak); the soak's earlier outputs there are removed first")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", default=None, type=json_path, help="write the results here")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 600 steps, checkpoints and evaluations every 100 (train.eval_every=100), "
                         "a sample every 10 steps, warm-up 20%%")
-    p.add_argument("--poll-s", type=float, default=0.1, help="seconds between looks at the run log")
+    p.add_argument("--poll-s", type=positive_float, default=0.1, help="seconds between looks at the run log")
     p.add_argument("overrides", nargs="*", help="further dotted config overrides, e.g. train.eval_every=0")
     return p
 
