@@ -101,53 +101,21 @@ def balanced_orders(n: int) -> List[List[int]]:
 
 
 # argparse ``type=`` helpers: bad command-line input gives argparse's one-line error (exit status 2,
-# naming the flag) before any benchmark work, rather than a traceback, a hang or a silent nonsense figure.
-def _parse_int(s: str) -> int:
-    try:
-        return int(s)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
-
-
-def _parse_float(s: str) -> float:
-    try:
-        v = float(s)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
-    if v != v or v in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"not a finite number: {s!r}")
-    return v
-
-
-def positive_int(s: str) -> int:
-    """An integer >= 1."""
-    v = _parse_int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {s!r}")
-    return v
-
-
-def nonneg_int(s: str) -> int:
-    """An integer >= 0 (e.g. --warmup)."""
-    v = _parse_int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (>= 0), got {s!r}")
-    return v
-
-
-def positive_float(s: str) -> float:
-    """A finite number > 0."""
-    v = _parse_float(s)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number (> 0), got {s!r}")
-    return v
+# naming the flag) before any benchmark work, rather than a traceback, a hang or a silent nonsense
+# figure. The scalar ones are the neo commands' own (neo/commands/arg_types.py: importing it does
+# not import torch, so --isa still takes effect).
+from neo.commands.arg_types import non_negative_int as nonneg_int  # noqa: E402
+from neo.commands.arg_types import output_problem, positive_float, positive_int  # noqa: E402,F401
 
 
 def nonneg_float(s: str) -> float:
     """A finite number >= 0."""
-    v = _parse_float(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number (>= 0), got {s!r}")
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
     return v
 
 
@@ -162,37 +130,24 @@ def multiple_of(m: int):
     return parse
 
 
-def positive_int_list(s: str, multiple: int = 1) -> List[int]:
-    """A comma-separated list of integers >= 1 (e.g. "1,2" for --threads)."""
+def _int_list(s: str, each) -> List[int]:
     parts = [x.strip() for x in str(s).split(",")]
-    if not parts or any(not x for x in parts):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of positive integers, e.g. 1,2; got {s!r}")
-    out = []
-    for x in parts:
-        try:
-            v = int(x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {x!r} (in {s!r})") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"every value must be a positive integer (>= 1), got {x!r} (in {s!r})")
-        if v % multiple:
-            raise argparse.ArgumentTypeError(f"every value must be a multiple of {multiple}, got {x!r} (in {s!r})")
-        out.append(v)
-    return out
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of integers, e.g. 1,2; got {s!r}")
+    try:
+        return [each(x) for x in parts]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (in {s!r})") from None
+
+
+def positive_int_list(s: str, multiple: int = 1) -> List[int]:
+    """A comma-separated list of integers >= 1 (e.g. "1,2" for --threads), each a multiple of ``multiple``."""
+    return _int_list(s, multiple_of(multiple) if multiple > 1 else positive_int)
 
 
 def nonneg_int_list(s: str) -> List[int]:
     """A comma-separated list of integers >= 0 (e.g. bench_eval.py's --sizes, where 0 means the default)."""
-    out = []
-    for x in (x.strip() for x in str(s).split(",")):
-        try:
-            v = int(x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {x!r} (in {s!r})") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"every value must be a non-negative integer (>= 0), got {x!r} (in {s!r})")
-        out.append(v)
-    return out
+    return _int_list(s, nonneg_int)
 
 
 def multiple_of_list(m: int):
@@ -204,33 +159,30 @@ def multiple_of_list(m: int):
 
 
 def json_path(s: str) -> str:
-    """An output file path that can be written: its folder exists (or can be created, as
-    write_json does) and is writable, and the path is not a folder. Checked at parse time so
-    that a bad path fails at once, not after the whole benchmark."""
-    if not s:
-        raise argparse.ArgumentTypeError("empty path")
-    path = os.path.abspath(s)
-    if os.path.isdir(path):
-        raise argparse.ArgumentTypeError(f"{s!r} is a folder, not a file")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{s!r} exists and is not writable")
-    parent = os.path.dirname(path)
-    while not os.path.exists(parent):           # write_json creates missing folders: the first existing one decides
-        up = os.path.dirname(parent)
-        if up == parent:
-            break
-        parent = up
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"cannot write {s!r}: {parent!r} is not a folder")
-    import tempfile
-
-    try:                                        # a real write: os.access says yes to root even on /proc
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot write {s!r}: folder {parent!r} is not writable "
-                                         f"({e.strerror or e})") from None
+    """An output file path that can be written (its folder exists, or can be made as write_json
+    makes it, and takes a new file; not a folder), checked at parse time so that a bad path fails
+    at once, not after the whole benchmark."""
+    problem = output_problem(s, make_dirs=True) if s else "an empty path"
+    if problem:
+        raise argparse.ArgumentTypeError(f"cannot write {s!r}: {problem}")
     return s
+
+
+def time_interleaved(systems: Dict[str, Any], warmup: int, iters: int) -> Dict[str, List[float]]:
+    """Seconds of each ``systems[name]()`` call over ``iters`` timed rounds after ``warmup``
+    untimed ones; the systems run one after the other, in alternating order from round to round
+    (so that load from other jobs hits them alike)."""
+    import time
+
+    names = list(systems)
+    times: Dict[str, List[float]] = {s: [] for s in names}
+    for it in range(warmup + iters):
+        for s in (names if it % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            systems[s]()
+            if it >= warmup:
+                times[s].append(time.perf_counter() - t0)
+    return times
 
 
 def write_json(path: str, payload: Any) -> None:

@@ -25,6 +25,7 @@ systems, median reported. Records carry the machine (tools/bench_common.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -35,7 +36,8 @@ from typing import Callable, Dict, List
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
-                                multiple_of, nonneg_int, positive_int, positive_int_list, write_json)
+                                multiple_of, nonneg_int, positive_int, positive_int_list, time_interleaved,
+                                write_json)
 
 
 def _systems(args, B: int, gen):
@@ -138,14 +140,8 @@ def main(argv=None) -> int:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for phase, train in (("fwd", False), ("fwd_bwd", True)):
-            times: Dict[str, List[float]] = {s: [] for s in systems}
-            for it in range(args.warmup + args.iters):
-                order = list(systems) if it % 2 == 0 else list(systems)[::-1]
-                for s in order:
-                    t0 = time.perf_counter()
-                    systems[s](train)
-                    if it >= args.warmup:
-                        times[s].append(time.perf_counter() - t0)
+            times = time_interleaved({s: functools.partial(fn, train) for s, fn in systems.items()},
+                                     args.warmup, args.iters)
             for s, ts in times.items():
                 ms = statistics.median(ts) * 1e3
                 records.append({"system": s, "phase": phase, "threads": threads, "ms": round(ms, 3),

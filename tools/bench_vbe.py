@@ -29,6 +29,7 @@ machine (tools/bench_common.py); ``vs_neo``: the system's time over Neo's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -39,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
                                 multiple_of, nonneg_int, peer_version, positive_int, positive_int_list,
-                                quiet_peer_logs, write_json)
+                                quiet_peer_logs, time_interleaved, write_json)
 
 
 def _kjt(args, gen):
@@ -163,13 +164,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(threads)
         for phase, train in (("fwd", False), ("fwd_bwd", True)):
             names = [s for s in systems if not (train and s == "torchrec")]
-            times: Dict[str, List[float]] = {s: [] for s in names}
-            for it in range(args.warmup + args.iters):
-                for s in (names if it % 2 == 0 else names[::-1]):
-                    t0 = time.perf_counter()
-                    systems[s](train)
-                    if it >= args.warmup:
-                        times[s].append(time.perf_counter() - t0)
+            times = time_interleaved({s: functools.partial(systems[s], train) for s in names}, args.warmup, args.iters)
             for s, ts in times.items():
                 records.append({"system": s, "phase": phase, "threads": threads,
                                 "ms": round(statistics.median(ts) * 1e3, 3), "batch": args.batch,

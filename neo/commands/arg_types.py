@@ -16,6 +16,7 @@ def output_problem(path: str, make_dirs: bool = False) -> Optional[str]:
     if os.path.isdir(path):
         return "is a directory"
     parent = os.path.dirname(os.path.abspath(path))
+    probe = parent
     if not os.path.isdir(parent):
         if not make_dirs:
             return "its directory does not exist"
@@ -24,16 +25,15 @@ def output_problem(path: str, make_dirs: bool = False) -> Optional[str]:
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
             return f"{existing} is not a directory"
-        if not os.access(existing, os.W_OK | os.X_OK):
-            return f"its directory cannot be created ({existing} is not writable)"
-        return None
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+        probe = existing
+    elif os.path.exists(path) and not os.access(path, os.W_OK):
         return "is not writable"
-    try:                                          # what the write needs: a new file beside it
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".neo-output-probe-"):
+    try:      # what the write needs: a new entry there (os.access says yes to root even on /proc)
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".neo-output-probe-"):
             pass
     except OSError as e:
-        return f"cannot write in its directory ({e.strerror or e})"
+        where = "its directory" if probe == parent else f"its directory cannot be created in {probe}"
+        return f"cannot write in {where} ({e.strerror or e})" if probe == parent else f"{where} ({e.strerror or e})"
     return None
 
 
