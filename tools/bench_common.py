@@ -168,6 +168,29 @@ def json_path(s: str) -> str:
     return s
 
 
+def add_timing_args(parser: argparse.ArgumentParser, iters: int = 10, warmup: int = 2) -> None:
+    """The flags of a one-process benchmark's timed loop: --threads (a list), --iters, --warmup,
+    --json and --isa."""
+    parser.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
+    parser.add_argument("--iters", type=positive_int, default=iters)
+    parser.add_argument("--warmup", type=nonneg_int, default=warmup)
+    parser.add_argument("--json", default=None, type=json_path)
+    add_isa_arg(parser)
+
+
+def start_one_process(args: argparse.Namespace) -> Dict[str, Any]:
+    """A one-process benchmark's start, after parsing: the --isa cap applied (before torch is
+    imported), freed memory kept (as training does), the machine described and printed; returns
+    its record (``machine_info``)."""
+    apply_isa(args.isa)
+    from neo.host_memory import retain_freed_memory
+
+    retain_freed_memory()
+    machine = machine_info(args.isa)
+    print(describe_machine(machine))
+    return machine
+
+
 def time_interleaved(systems: Dict[str, Any], warmup: int, iters: int) -> Dict[str, List[float]]:
     """Seconds of each ``systems[name]()`` call over ``iters`` timed rounds after ``warmup``
     untimed ones; the systems run one after the other, in alternating order from round to round

@@ -29,15 +29,13 @@ import functools
 import os
 import statistics
 import sys
-import time
 import warnings
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
-                                multiple_of, nonneg_int, positive_int, positive_int_list, time_interleaved,
-                                write_json)
+from tools.bench_common import (add_timing_args, multiple_of, positive_int, start_one_process,  # noqa: E402
+                                time_interleaved, write_json)
 
 
 def _systems(args, B: int, gen):
@@ -117,20 +115,11 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
     p.add_argument("--batch", type=positive_int, default=1024)
     p.add_argument("--seq-len", type=positive_int, default=50)
-    p.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
-    p.add_argument("--iters", type=positive_int, default=10)
-    p.add_argument("--warmup", type=nonneg_int, default=2)
-    p.add_argument("--json", default=None, type=json_path)
-    add_isa_arg(p)
+    add_timing_args(p)
     args = p.parse_args(argv)
-    apply_isa(args.isa)
+    machine = start_one_process(args)
     import torch
 
-    from neo.host_memory import retain_freed_memory
-
-    retain_freed_memory()
-    machine = machine_info(args.isa)
-    print(describe_machine(machine))
     print(f"workload: {args.tables} tables x {args.rows} rows x D {args.dim} fp32, {args.batch} samples x "
           f"{args.seq_len} ids a table ({args.tables * args.batch * args.seq_len} ids a step), row-wise Adagrad")
     systems, weights, notes = _systems(args, args.batch, torch.Generator().manual_seed(0))

@@ -38,9 +38,8 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
-                                multiple_of, nonneg_int, peer_version, positive_int, positive_int_list,
-                                quiet_peer_logs, time_interleaved, write_json)
+from tools.bench_common import (add_timing_args, multiple_of, peer_version, positive_int, quiet_peer_logs,  # noqa: E402
+                                start_one_process, time_interleaved, write_json)
 
 
 def _kjt(args, gen):
@@ -135,20 +134,11 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=positive_int, default=4096)
     p.add_argument("--dedup", type=positive_int, default=16, help="user features: B / dedup distinct bags")
     p.add_argument("--max-len", type=positive_int, default=20)
-    p.add_argument("--threads", type=positive_int_list, default=[1], help="comma-separated thread counts, e.g. 1,2")
-    p.add_argument("--iters", type=positive_int, default=10)
-    p.add_argument("--warmup", type=nonneg_int, default=2)
-    p.add_argument("--json", default=None, type=json_path)
-    add_isa_arg(p)
+    add_timing_args(p)
     args = p.parse_args(argv)
-    apply_isa(args.isa)
+    machine = start_one_process(args)
     import torch
 
-    from neo.host_memory import retain_freed_memory
-
-    retain_freed_memory()
-    machine = machine_info(args.isa)
-    print(describe_machine(machine))
     gen = torch.Generator().manual_seed(0)
     kjt, strides = _kjt(args, gen)
     print(f"workload: {args.features} tables x {args.rows} rows x D {args.dim} fp32, B {args.batch}; "
