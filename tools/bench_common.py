@@ -168,6 +168,14 @@ def json_path(s: str) -> str:
     return s
 
 
+def apply_quick(args: argparse.Namespace, defaults: Dict[str, Any], quick: Dict[str, Any]) -> None:
+    """Fill in the flags parsed as None (not given on the command line): from ``quick`` under
+    --quick, else from ``defaults``. --quick never overrides a flag given explicitly."""
+    for k, v in (quick if args.quick else defaults).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+
+
 def add_timing_args(parser: argparse.ArgumentParser, iters: int = 10, warmup: int = 2) -> None:
     """The flags of a one-process benchmark's timed loop: --threads (a list), --iters, --warmup,
     --json and --isa."""

@@ -65,7 +65,7 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, json_path,  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, apply_quick, balanced_orders, describe_machine, json_path,  # noqa: E402
                           machine_info, multiple_of, nonneg_int, positive_int, positive_int_list, start_rank,
                           write_json)
 from bench_gather_probe import make_table  # noqa: E402
@@ -364,9 +364,7 @@ def main(argv=None) -> int:
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path, help="write the records (a JSON list) to FILE")
     args = p.parse_args(argv)
-    for k, v in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    apply_quick(args, DEFAULTS, QUICK)
     apply_isa(args.isa)
     start_rank(torch.get_num_threads(), system_malloc=False)
     machine = machine_info(args.isa)

@@ -48,7 +48,7 @@ import torch.distributed as dist  # noqa: E402
 
 from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
                           start_rank, torchrec_local_blocks, write_json)
-from bench_common import json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
+from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
 TORCHREC_TYPES = ("table_wise", "column_wise")
@@ -201,24 +201,25 @@ def main(argv=None) -> int:
     p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2])
     p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
     p.add_argument("--tables", type=positive_int, default=8)
-    p.add_argument("--rows", type=positive_int, default=100_000)
+    p.add_argument("--rows", type=positive_int, default=None, help="default 100_000")
     p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
-    p.add_argument("--batch", type=positive_int, default=1024, help="samples per rank")
+    p.add_argument("--batch", type=positive_int, default=None, help="samples per rank (default 1024)")
     p.add_argument("--seq-len", type=positive_int, default=20, help="ids per sample and feature")
     p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (both systems)")
-    p.add_argument("--steps", type=positive_int, default=10)
-    p.add_argument("--warmup", type=nonneg_int, default=3)
+    p.add_argument("--steps", type=positive_int, default=None, help="default 10")
+    p.add_argument("--warmup", type=nonneg_int, default=None, help="default 3")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--no-torchrec", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny workload for a smoke test: --rows 1000 --batch 32 --steps 2 --warmup 1, for the flags not given")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
     if args.cw_dim > args.dim:
         p.error(f"argument --cw-dim: {args.cw_dim} is wider than --dim {args.dim}")
     apply_isa(args.isa)
-    if args.quick:
-        args.rows, args.batch, args.steps, args.warmup = 1000, 32, 2, 1
+    apply_quick(args, {"rows": 100_000, "batch": 1024, "steps": 10, "warmup": 3},
+                {"rows": 1000, "batch": 32, "steps": 2, "warmup": 1})
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     print(f"{args.tables} tables x {args.rows} rows, D={args.dim}, {args.batch} samples/rank x {args.seq_len} ids "
           f"a feature, fused SGD; {args.steps} timed steps (median)")

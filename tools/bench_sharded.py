@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, run_world_sizes,  # noqa: E402
                           machine_info, start_rank, write_json)
-from bench_common import json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
+from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -221,20 +221,21 @@ def main(argv=None) -> int:
     p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2, 4])
     p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
     p.add_argument("--tables", type=positive_int, default=8)
-    p.add_argument("--rows", type=positive_int, default=100_000)
+    p.add_argument("--rows", type=positive_int, default=None, help="default 100_000")
     p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
-    p.add_argument("--batch", type=positive_int, default=2048, help="samples per rank")
+    p.add_argument("--batch", type=positive_int, default=None, help="samples per rank (default 2048)")
     p.add_argument("--mean-ids", type=positive_int, default=20, help="mean bag length (lengths uniform in 1 .. 2m-1)")
     p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (Neo and TorchRec)")
-    p.add_argument("--steps", type=positive_int, default=10)
-    p.add_argument("--warmup", type=nonneg_int, default=3)
+    p.add_argument("--steps", type=positive_int, default=None, help="default 10")
+    p.add_argument("--warmup", type=nonneg_int, default=None, help="default 3")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--backend", default="auto", help="Neo embedding backend")
     p.add_argument("--no-validate", action="store_true", help="skip Neo's id validation at the source")
     p.add_argument("--comm", default="fp32", choices=["fp32", "fp16", "bf16"],
                    help="Neo's pooled-embedding wire precision, forward and backward (system name neo-fp16 ...)")
     p.add_argument("--no-torchrec", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny workload for a smoke test: --rows 1000 --batch 64 --steps 2 --warmup 1, for the flags not given")
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
     add_isa_arg(p)
@@ -243,8 +244,8 @@ def main(argv=None) -> int:
     if args.cw_dim > args.dim:
         p.error(f"argument --cw-dim: {args.cw_dim} is wider than --dim {args.dim}")
     apply_isa(args.isa)
-    if args.quick:
-        args.rows, args.batch, args.steps, args.warmup = 1000, 64, 2, 1
+    apply_quick(args, {"rows": 100_000, "batch": 2048, "steps": 10, "warmup": 3},
+                {"rows": 1000, "batch": 64, "steps": 2, "warmup": 1})
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from neo.embedding.backends import resolve_backend_name
 

@@ -48,8 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, describe_machine,  # noqa: E402
-                          json_path, machine_info, multiple_of, nonneg_int, positive_int, start_rank, write_json)
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, apply_quick,  # noqa: E402
+                          describe_machine, json_path, machine_info, multiple_of, nonneg_int, positive_int, start_rank,
+                          write_json)
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -310,9 +311,7 @@ def main(argv=None) -> int:
     if "multi-hot" in args.workloads and args.tables > len(MULTI_HOT):
         p.error(f"argument --tables: the multi-hot workload has {len(MULTI_HOT)} bag sizes (MLPerf DLRM-DCNv2), "
                 f"so at most {len(MULTI_HOT)} tables; got {args.tables}")
-    for k, v in (TRAIN_QUICK if args.quick else TRAIN_DEFAULTS).items():    # --quick: only flags not given
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    apply_quick(args, TRAIN_DEFAULTS, TRAIN_QUICK)
     apply_isa(args.isa)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from tests.multiprocess import run_multiprocess

@@ -92,3 +92,13 @@ def test_int_list_helpers():
     assert common.nonneg_int("0") == 0
     with pytest.raises(argparse.ArgumentTypeError):
         common.positive_float("nan")
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_quick_fills_in_only_the_flags_not_given(quick):
+    import argparse
+
+    common = load_tool("bench_common.py")
+    args = argparse.Namespace(quick=quick, rows=None, steps=7)
+    common.apply_quick(args, {"rows": 100, "steps": 10}, {"rows": 5, "steps": 2})
+    assert (args.rows, args.steps) == ((5 if quick else 100), 7)
