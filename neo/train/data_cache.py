@@ -59,7 +59,19 @@ class SetLease:
                 _held.pop(self._key, None)
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except (TypeError, AttributeError):       # at interpreter exit module globals may be gone
+            pass
+
+    def __copy__(self) -> "SetLease":
+        return self                               # one lease, shared: a copy must not close it twice
+
+    def __deepcopy__(self, memo) -> "SetLease":
+        return self
+
+    def __reduce__(self):
+        raise TypeError(f"a lease on {self.path} holds a lock of this process: it cannot be pickled")
 
 
 def take_lease(path: str) -> Optional[SetLease]:

@@ -239,3 +239,16 @@ def test_the_run_leases_again_when_its_set_was_made_again_between_check_and_leas
     monkeypatch.setattr(data_cache, "take_lease", raced_once)
     spec = prepare_data(cfg, tables, ONE, log=lambda *a: None)
     assert spec.lease is not None and len(calls) == 2
+
+
+def test_a_lease_is_shared_by_copies_and_not_pickled(tmp_path):
+    import copy
+    import pickle
+
+    path = _fake_set(str(tmp_path), 1, 10, time.time())
+    lease = take_lease(path)
+    assert copy.copy(lease) is lease and copy.deepcopy({"l": lease})["l"] is lease
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(lease)
+    lease.release()
+    lease.release()                                       # a second release does nothing
