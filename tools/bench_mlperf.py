@@ -164,7 +164,8 @@ def _torchrec(cfg, pg, group, same_init: bool) -> Dict[str, Any]:
     import torch.nn.functional as F
 
     from neo.mlperf.hook import Cadence
-    from neo.train.build import make_loaders, prepare_data, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import make_loaders, prepare_data
     from neo.train.metrics import BinaryMetrics
 
     quiet = lambda *a, **k: None  # noqa: E731

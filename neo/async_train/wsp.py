@@ -62,7 +62,8 @@ from neo.config.embedding import ConfigError
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
 from neo.distributed.process_groups import on_rank0
-from neo.train.build import build_job, rename_features, validate_training_config
+from neo.train.build import build_job, validate_training_config
+from neo.train.data import rename_features
 from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog, start_run_log
 from neo.train.checkpoint import CheckpointError, CheckpointLease

@@ -315,7 +315,8 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
     (``ParquetLoader.decode_seconds``): the reader thread does that beside the batches, and a
     median of the batches' times leaves it out (multi-hot rows decode at about 2 us each here)."""
     from data_pipeline.loader import LoaderOptions, ParquetLoader
-    from neo.train.build import prepare_data, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import prepare_data
 
     out = []
     n = 8 if quick else 20

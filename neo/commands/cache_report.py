@@ -60,7 +60,8 @@ def config_trace(path: str, overrides: List[str], table: str, batches: int,
     """(the ids of ``table`` (all its features) in each of the first ``batches`` batches of the
     config's training data, rows of the table)."""
     from neo.config import load_config
-    from neo.train.build import feature_mapping, make_loaders, prepare_data, rename_features, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import feature_mapping, make_loaders, prepare_data, rename_features
 
     cfg = load_config(path, overrides)
     if batch_size:

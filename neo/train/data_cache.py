@@ -1,6 +1,6 @@
 """The synthetic data cache: leases on the sets in use, and eviction of the least recently used.
 
-Each synthetic set lives in ``cache_dir/synth-<hash>`` (:func:`neo.train.build.synthetic_dir`),
+Each synthetic set lives in ``cache_dir/synth-<hash>`` (:func:`neo.train.data.synthetic_dir`),
 one per generator option set, so the cache grows with every new setting. A process that reads a
 set holds a **lease** on it for as long as it may read: a shared ``flock`` on the set's
 ``.lease`` file, whose modification time also records when the set was last used. After

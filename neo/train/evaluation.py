@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from neo.embedding.cache import CacheCapacityError
 from neo.sparse import KeyedJaggedBatch
-from neo.train.build import rename_features
+from neo.train.data import rename_features
 from neo.train.metrics import BinaryMetrics
 
 __all__ = ["Evaluator", "pad_batch"]

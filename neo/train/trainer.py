@@ -32,7 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
-from neo.train.build import build_job, rename_features, restart_attempt, validate_training_config
+from neo.train.build import build_job, restart_attempt, validate_training_config
+from neo.train.data import rename_features
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat

@@ -348,7 +348,8 @@ def _prepare(tmp: str, mlperf: dict, rows: int = 100):
     import types
 
     from neo.config import config_from_dict
-    from neo.train.build import make_loaders, prepare_data, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import make_loaders, prepare_data
 
     cfg = config_from_dict(_config(tmp, {"source": "mlperf", "mlperf": mlperf}, rows))
     one = types.SimpleNamespace(rank=0, world_size=1)

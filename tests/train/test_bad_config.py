@@ -310,7 +310,8 @@ def test_cuda_without_cuda_is_one_line(tmp_data):
 def test_a_parquet_file_read_twice_or_in_both_splits_is_refused(tmp_path):
     import types
 
-    from neo.train.build import prepare_data, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import prepare_data
     from tests.data_pipeline.test_dp_loader import write_indexed
 
     write_indexed(tmp_path / "train", n=600, rows_per_file=300)

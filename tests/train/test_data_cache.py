@@ -16,7 +16,8 @@ import types
 import pytest
 
 from neo.config import ConfigError
-from neo.train.build import prepare_data, resolve_tables, synthetic_dir
+from neo.train.build import resolve_tables
+from neo.train.data import prepare_data, synthetic_dir
 from neo.train.data_cache import LEASE_FILE, evict, set_bytes, take_lease
 from tests.train.test_trainer import tiny_config
 

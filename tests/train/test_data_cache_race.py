@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 import data_pipeline.synthetic
-from neo.train.build import _generate, resolve_tables, synthetic_dir
+from neo.train.build import resolve_tables
+from neo.train.data import _generate, synthetic_dir
 from tests.train.test_trainer import tiny_config
 
 

@@ -1,4 +1,4 @@
-"""How a config's table features meet the data's sparse columns (neo.train.build): by name, by
+"""How a config's table features meet the data's sparse columns (neo.train.data): by name, by
 position when no name matches, a ConfigError for a partial match or for ids past a table's rows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from neo.config import ConfigError
 from neo.config.embedding import TableConfig
-from neo.train.build import check_table_sizes, feature_mapping
+from neo.train.data import check_table_sizes, feature_mapping
 
 CRITEO = ["cat_0", "cat_1", "cat_2", "cat_3"]
 

@@ -148,7 +148,8 @@ def test_neo_train_command_prints_final_json(tmp_data):
 
 def test_parquet_source(tmp_data):
     """``data.source: parquet`` on files written by the data pipeline (here: the synthetic cache's)."""
-    from neo.train.build import synthetic_dir, resolve_tables
+    from neo.train.build import resolve_tables
+    from neo.train.data import synthetic_dir
 
     (first,) = run_multiprocess(train_and_collect, 1, tmp_data, ["train.steps=4"])   # makes sure the cache exists
     cfg = tiny_config(tmp_data)
