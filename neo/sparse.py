@@ -410,14 +410,15 @@ def _take_bags(values: torch.Tensor, weights: Optional[torch.Tensor], offsets: t
     return values[take], None if weights is None else weights[take], out_offsets
 
 
-def padded_variable_batch(kjt, validate: bool = True, pad_to: Optional[int] = None
-                          ) -> Tuple[KeyedJaggedBatch, Dict[str, torch.Tensor]]:
+def padded_variable_batch(kjt, validate: bool = True, pad_to: Optional[int] = None,
+                          parts: Optional[VariableBatch] = None) -> Tuple[KeyedJaggedBatch, Dict[str, torch.Tensor]]:
     """A variable-batch ``torchrec.KeyedJaggedTensor``'s distinct bags as a batch of
     ``pad_to`` (default ``max_f B_f``) samples (feature ``f``'s ``B_f`` bags, then empty ones:
     the values and weights unchanged), and each feature's (B,) inverse indices into it: the full
     batch's pooled embeddings are the padded batch's rows ``inverse[f]`` in feature ``f``'s
-    columns, and feature ``f``'s own bags its first ``B_f``."""
-    parts = variable_batch_parts(kjt)
+    columns, and feature ``f``'s own bags its first ``B_f``. ``parts``: :func:`variable_batch_parts`
+    of ``kjt`` where the caller has them already."""
+    parts = parts if parts is not None else variable_batch_parts(kjt)
     Bp = max(parts.strides, default=0) if pad_to is None else int(pad_to)
     if Bp < max(parts.strides, default=0):
         raise ValueError(f"pad_to {Bp} is below a feature's {max(parts.strides)} bags")

@@ -384,7 +384,7 @@ class ShardedEmbeddingCollection(nn.Module):
         size = torch.tensor([max([parts.batch_size, *parts.strides])], dtype=torch.int64)
         if self.pg.world_size > 1:
             dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.pg.world)
-        return padded_variable_batch(kjt, validate=self._input_dist.validate, pad_to=int(size))
+        return padded_variable_batch(kjt, validate=self._input_dist.validate, pad_to=int(size), parts=parts)
 
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup of this rank's samples: ``{feature: SequenceEmbedding(values (N, D),
