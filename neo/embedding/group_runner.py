@@ -57,13 +57,18 @@ class GroupRunner:
         return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
 
 
-def pool(runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int) -> torch.Tensor:
-    """The group's pooled lookup (B, sum of D), through its backend."""
+def pool(runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int, with_graph: bool = False):
+    """The group's pooled lookup (B, sum of D), through its backend; with ``with_graph``, also
+    what the backend's update needs from this forward (``take_forward_graph``: fbgemm's output
+    graph; None for the others), for the caller to keep with the lookup (never left in the backend)."""
     backend = runner.owner.backend
     prepare = getattr(backend, "prepare", None)   # backends that wrap storage (fbgemm)
     if prepare is not None:
         prepare(runner.layout, runner.weights, runner.states)
-    return backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+    out = backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+    take = getattr(backend, "take_forward_graph", None)
+    graph = take(runner.layout) if take is not None else None
+    return (out, graph) if with_graph else out
 
 
 def ids_of_bags(bags: torch.Tensor, offsets: torch.Tensor, n: int) -> torch.Tensor:
@@ -89,7 +94,13 @@ class PooledLookup(torch.autograd.Function):
         pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
         ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
         ctx.save_for_backward(indices, offsets, per_sample_weights)
-        return pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)), batch_size)
+        out, graph = pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)),
+                          batch_size, with_graph=True)
+        if graph is not None and pooled is not None:
+            # the update is from every bag: the graph of the whole lookup (the output stays the pooled one)
+            _, graph = pool(runner, indices, offsets, per_sample_weights, batch_size, with_graph=True)
+        ctx.forward_graph = graph
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -102,7 +113,9 @@ class PooledLookup(torch.autograd.Function):
                 runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
                 indices, offsets, per_sample_weights, ctx.batch_size,
                 owner.learning_rates[runner.index], step, owner.seed,
+                **({} if ctx.forward_graph is None else {"forward_graph": ctx.forward_graph}),
             )
+        ctx.forward_graph = None
         runner.step.fill_(step)
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])

@@ -502,6 +502,14 @@ class TableBatchedEmbedding(nn.Module):
                                   "before loading a state dict into cached tables")
                 return
             self._cache.drop()      # every row back in its store and out of the cache: the store is the table
+        for g in self.groups:       # a group's tables share one step counter: their saved steps must agree
+            steps = {c.name: int(state_dict[f"{prefix}{c.name}.step"]) for c in g.layout.tables
+                     if isinstance(state_dict.get(f"{prefix}{c.name}.step"), torch.Tensor)
+                     and state_dict[f"{prefix}{c.name}.step"].numel() == 1}
+            if len(set(steps.values())) > 1:
+                error_msgs.append(f"tables {sorted(steps)} share one optimizer step counter here (one fused "
+                                  f"update), but their saved steps differ: {dict(sorted(steps.items()))}; set them "
+                                  f"with set_optimizer_steps after loading the rest")
         mine = set()
         for cfg in self.tables:
             for key, dst in self._table_entries(cfg).items():

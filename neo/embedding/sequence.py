@@ -102,15 +102,21 @@ class _SequenceLookup(torch.autograd.Function):
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         owner = ctx.lookups[0].runner.owner
+        # each group's step is counted here, as the pooled lookup's backward counts it: lookups
+        # whose forwards ran before either backward take steps t + 1, t + 2, ... in backward order
+        steps: Dict[int, int] = {}
+        for lk in ctx.lookups:
+            steps.setdefault(lk.runner.index, int(lk.runner.step) + 1)
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             for lk, ids, grad in zip(ctx.lookups, saved, grads):
                 owner.backend.backward_update(
                     lk.runner.layout, lk.runner.weights, lk.runner.states, grad.contiguous().to(torch.float32),
-                    ids, _bags_of_one(ids), None, ids.numel(), owner.learning_rates[lk.runner.index], lk.step,
+                    ids, _bags_of_one(ids), None, ids.numel(), owner.learning_rates[lk.runner.index],
+                    steps[lk.runner.index],
                     owner.seed,
                 )
         for lk in ctx.lookups:
-            lk.runner.step.fill_(lk.step)
+            lk.runner.step.fill_(steps[lk.runner.index])
         if ctx.prefetched is not None:
             owner._cache.complete(ctx.prefetched)
         return (None, None, None, None) + (None,) * len(saved)
@@ -119,7 +125,6 @@ class _SequenceLookup(torch.autograd.Function):
 @dataclass
 class _Lookup:
     runner: "GroupRunner"      # one table of a group, as one feature (see _table_runner)
-    step: int                   # the group's step count after this lookup's update
 
 
 def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
@@ -208,11 +213,10 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     table_ids: List[torch.Tensor] = []             # per table: all its features' ids, concatenated
     features: List[List[str]] = []
     for g in emb.groups:
-        step = int(g.step) + 1
         for t, cfg in enumerate(g.layout.tables):
             feats = [f for f in cfg.feature_names if f in by_feature]
             ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
-            lookups.append(_Lookup(_table_runner(emb, g, t), step))
+            lookups.append(_Lookup(_table_runner(emb, g, t)))
             table_ids.append(ids)
             features.append(feats)
     if train:

@@ -100,6 +100,50 @@ def test_every_policy_is_exact_and_evicts_every_step(policy):
     assert all(e > 0 for e in evictions[1:]), f"a step without evictions: {evictions}"
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_copy_of_a_cached_module_trains_on_its_own(how):
+    """A module with cached tables (host store), trained a few steps, then copied (deep copy, or
+    torch.save and load): the copy and the original, trained on the same later batches, stay
+    equal to a module whose tables are all on the device; training the copy leaves the original
+    untouched."""
+    import copy
+    import io
+
+    dev, cached, _ = train_pair("adagrad", steps=4)
+    if how == "deepcopy":
+        twin = copy.deepcopy(cached)
+    else:
+        buf = io.BytesIO()
+        torch.save(cached, buf)
+        buf.seek(0)
+        twin = torch.load(buf, weights_only=False)
+    before = {t.name: cached.table_weight(t.name).clone() for t in cached.tables}
+    gen = torch.Generator().manual_seed(5)
+    for i in range(4):
+        b = make_batch(gen, weighted=True)
+        grad = torch.randn(b.batch_size, dev.output_dim, generator=gen)
+        if i % 2 == 0:
+            twin.prefetch(b)
+        outs = [m(b) for m in (dev, twin)]
+        assert torch.equal(outs[0], outs[1]), f"step {i}"
+        for o in outs:
+            (o * grad).sum().backward()
+    assert_same_tables(dev, twin)
+    for n, w in before.items():
+        assert torch.equal(cached.table_weight(n), w), f"table {n}: the original moved with its copy"
+    assert any(not torch.equal(before[n], dev.table_weight(n)) for n in before)      # the copy moved on
+    b = make_batch(gen)
+    (cached(b) * torch.randn(b.batch_size, dev.output_dim, generator=gen)).sum().backward()   # the original still trains
+
+
+def test_a_module_with_tables_in_files_refuses_to_be_copied(tmp_path):
+    import copy
+
+    m = TableBatchedEmbedding(make_tables("sgd", True, store="mmap"), backend="cpu", seed=3, store_dir=str(tmp_path))
+    with pytest.raises(TypeError, match=r"cached tables \['big', 'mean'\] keep their rows in files"):
+        copy.deepcopy(m)
+
+
 def test_mmap_store_is_exact_and_leaves_no_file(tmp_path):
     dev, cached, _ = train_pair("rowwise_adagrad", "cpu", store="mmap", store_dir=str(tmp_path))
     assert_same_tables(dev, cached)

@@ -134,6 +134,11 @@ def test_state_dict_names_the_tables():
     fp16 = TableBatchedEmbedding([TableConfig("a", 10, 4, dtype="fp16", optimizer=opt), tables[1]], backend="reference")
     with pytest.raises(RuntimeError, match=r"table 'a': a\.weight is \(10, 4\) torch\.float32 .* torch\.float16"):
         fp16.load_state_dict(sd)
+    # tables of one group share its step counter: saved steps that disagree are named, not merged
+    split = dict(sd, **{"a.step": torch.tensor(10), "b.step": torch.tensor(3)})
+    with pytest.raises(RuntimeError, match=r"tables \['a', 'b'\] share one optimizer step counter here .*"
+                                           r"\{'a': 10, 'b': 3\}"):
+        swapped.load_state_dict(split)
 
 
 def test_state_dict_of_cached_tables_holds_every_row():

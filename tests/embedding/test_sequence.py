@@ -64,6 +64,38 @@ def test_fused_update_matches_dense_torch_optim(backend, opt):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opt", [OptimizerConfig("adam", lr=0.01, beta1=0.8, beta2=0.95, eps=1e-6),
+                                 OptimizerConfig("lamb", lr=0.01, weight_decay=0.01)], ids=lambda o: o.type.value)
+def test_two_lookups_then_their_backwards_take_steps_one_and_two(backend, opt):
+    """Two sequence lookups before either backward: their updates are steps 1 and 2 (Adam's bias
+    correction, LAMB's), in backward order, as two lookups one after the other and as the dense
+    problem under torch.optim with the gradients of the weights each forward read."""
+    tables = tables_for(opt)
+    emb = TableBatchedEmbedding(tables, backend=backend, seed=3)
+    oracle = DenseOracle(tables, opt, emb)
+    gen = torch.Generator().manual_seed(12)
+    batches = [covering_batch(tables, 6, gen, weighted=False) for _ in range(2)]
+    losses, dense_losses = [], []
+    for batch in batches:                                  # both forwards first
+        got = emb.sequence(batch)
+        loss, dense_loss = 0.0, 0.0
+        for f, seq in got.items():
+            ids = batch.feature(f)[0].to(torch.int64)
+            coeff = torch.randn(seq.values.shape, generator=gen)
+            loss = loss + (seq.values * coeff).sum()
+            dense_loss = dense_loss + (F.embedding(ids, oracle.params[emb.feature_table[f]]) * coeff).sum()
+        losses.append(loss)
+        dense_losses.append(dense_loss)
+    for step, (loss, dense_loss) in enumerate(zip(losses, dense_losses), start=1):   # linear: grads do not depend on the weights
+        loss.backward()
+        oracle.zero_grad()
+        dense_loss.backward()
+        oracle.step(step)
+        oracle.assert_matches(emb, f"{backend} {opt.type.value} step {step}")
+    assert emb.optimizer_steps() == {t.name: 2 for t in tables}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_pooled_and_unpooled_updates_agree_on_bags_of_one(backend):
     """A batch whose every bag holds one id: the sequence lookup is the pooled one (sum), and the
     same gradients give the same update."""

@@ -6,12 +6,16 @@ row), so the FBGEMM module is made to *alias* Neo's weight and state buffers: up
 FBGEMM applies are Neo's updates, and checkpoints, sharding and state access keep working.
 
 FBGEMM's fused update runs in its own autograd backward: ``forward`` keeps FBGEMM's
-output graph and ``backward_update`` back-propagates into it.
+output graph, the caller takes it (``take_forward_graph``) and keeps it with the lookup's
+autograd node, and ``backward_update`` back-propagates into the graph of that lookup (so
+several lookups may run before their backwards, in any order, and a lookup without a backward
+leaves nothing behind).
 
 Supported: sgd, adagrad and rowwise_adagrad (FBGEMM's EXACT_* optimizers) without weight
 decay (FBGEMM's CPU kernels either ignore it or apply it differently from torch.optim); one pooling mode per group; per-id weights with sum pooling. FBGEMM's CPU kernels
-do not support Adam or LAMB; FBGEMM's stochastic rounding draws its own random numbers,
-so fp16/bf16 results agree with Neo's statistically, not bit for bit.
+do not support Adam or LAMB, nor bf16 weights (fp32 and fp16 only); FBGEMM's stochastic
+rounding draws its own random numbers, so fp16 results agree with Neo's statistically, not bit
+for bit.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ _OPTIMIZERS = {
     OptimizerType.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
     OptimizerType.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
 }
-_PRECISION = {WeightDType.FP32: SparseType.FP32, WeightDType.FP16: SparseType.FP16, WeightDType.BF16: SparseType.BF16}
+_PRECISION = {WeightDType.FP32: SparseType.FP32, WeightDType.FP16: SparseType.FP16}   # its CPU kernels: no bf16
 
 
 class FbgemmBackend:
@@ -50,7 +54,7 @@ class FbgemmBackend:
 
     def __init__(self) -> None:
         self._modules: Dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}
-        self._pending: Dict[int, torch.Tensor] = {}   # FBGEMM's output of the last forward, per group
+        self._graphs: Dict[int, torch.Tensor] = {}    # FBGEMM's output of the forward not yet taken, per group
 
     def _module(self, layout: GroupLayout, weights: torch.Tensor, states) -> SplitTableBatchedEmbeddingBagsCodegen:
         key = id(layout)
@@ -70,6 +74,11 @@ class FbgemmBackend:
             raise NotImplementedError(
                 f"the fbgemm backend cannot reproduce Neo's weight decay for '{opt.type.value}'; use "
                 f"weight_decay=0 or another backend (tables {[t.name for t in layout.tables]})"
+            )
+        if layout.dtype not in _PRECISION:
+            raise NotImplementedError(
+                f"the fbgemm backend on CPU stores weights as {[d.value for d in _PRECISION]}, not "
+                f"'{layout.dtype.value}' (tables {[t.name for t in layout.tables]})"
             )
         means = set(layout.feature_mean.tolist())
         if len(means) > 1:
@@ -104,16 +113,24 @@ class FbgemmBackend:
             raise NotImplementedError("the fbgemm backend supports per-id weights with sum pooling only")
         with torch.enable_grad():
             out = tbe(indices, offsets, per_sample_weights)                 # (B, total_dim)
-        self._pending[id(layout)] = out
+        self._graphs[id(layout)] = out
         return out.detach()
+
+    def take_forward_graph(self, layout: GroupLayout) -> torch.Tensor:
+        """FBGEMM's output of the last ``forward`` of this group, with its graph (what
+        ``backward_update`` back-propagates into); the backend keeps no reference to it."""
+        return self._graphs.pop(id(layout))
 
     def prepare(self, layout: GroupLayout, weights: torch.Tensor, states) -> None:
         """Build (or find) the FBGEMM module aliasing this group's buffers."""
         self._module(layout, weights, states)
 
     def backward_update(self, layout, weights, states, grad_output, indices, offsets,
-                        per_sample_weights, batch_size, lr, step, seed):
+                        per_sample_weights, batch_size, lr, step, seed, forward_graph=None):
+        """``forward_graph``: what ``take_forward_graph`` gave after this lookup's forward."""
+        if forward_graph is None:
+            raise RuntimeError(f"the fbgemm backend updates from the graph of the lookup's forward "
+                               f"(take_forward_graph); none was given (tables {[t.name for t in layout.tables]})")
         tbe = self._module(layout, weights, states)
         tbe.set_learning_rate(lr)
-        out = self._pending.pop(id(layout))
-        out.backward(grad_output)
+        forward_graph.backward(grad_output)

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from neo.embedding.cache.store import HostStore
 from neo.embedding.cache.table_cache import CacheStats, TableCache
 from neo.sparse import KeyedJaggedBatch
 
@@ -73,6 +74,29 @@ class ModuleCache:
         moves = next(iter(caches.values())).moves
         self._interpreted = moves.name == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
         self.trace = None                  # a neo.train.trace.TraceRecorder: prefetches become timeline spans
+
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict:
+        """What ``copy.deepcopy``, pickling and ``torch.save`` of the module keep: the caches
+        (slots, index, backing rows) without the worker thread, the side stream or the memo.
+        Refused, naming the tables, where the copy could not be independent: rows in a file
+        (``mmap`` stores) or a prefetch still in flight."""
+        in_files = [t for t, c in self.caches.items() if not isinstance(c.store, HostStore)]
+        if in_files:
+            raise TypeError(f"cached tables {in_files} keep their rows in files (cache_store 'mmap'): a module "
+                            f"holding them cannot be copied or pickled; save its state_dict() and load it into a "
+                            f"new module instead")
+        if self._pending:
+            raise TypeError(f"cached tables {list(self.caches)}: {len(self._pending)} prefetch(es) in flight; copy "
+                            f"or pickle the module between steps")
+        state = dict(self.__dict__)
+        state.update(_worker=None, _pending=OrderedDict(), _rows_memo=OrderedDict(), _stream=None, trace=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-cache")
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ rows of a batch
     def _rows(self, batch: KeyedJaggedBatch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, List[int]]]:
