@@ -180,19 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Parquet of the eval day (its first half is validation, the rest test)")
     ml.add_argument("--output", "-o", required=True)
     ml.add_argument("--one-hot", action="store_true", help="day_<N>_sparse.npy (n, F) instead of multi-hot .npz")
-    ml.add_argument("--days", type=int, default=23,
+    ml.add_argument("--days", type=_int_at_least(1), default=23,
                     help="training days the samples are cut into (the eval day is numbered --days)")
-    ml.add_argument("--samples", type=int, default=None, help="synthetic: training samples")
-    ml.add_argument("--eval-samples", type=int, default=None, help="synthetic: eval-day samples (default: one day's)")
-    ml.add_argument("--dense", type=int, default=13, help="synthetic: dense features")
+    ml.add_argument("--samples", type=_int_at_least(1), default=None, help="synthetic: training samples")
+    ml.add_argument("--eval-samples", type=_int_at_least(0), default=None, help="synthetic: eval-day samples (default: one day's)")
+    ml.add_argument("--dense", type=_int_at_least(1), default=13, help="synthetic: dense features")
     ml.add_argument("--rows", default="mlperf",
                     help="synthetic: rows per table, comma-separated, one value, or 'mlperf'")
     ml.add_argument("--sizes", default="mlperf", help="synthetic multi-hot: ids per bag per table, or 'mlperf'")
     ml.add_argument("--distribution", default="zipf", choices=["zipf", "uniform"])
     ml.add_argument("--skew", default="1.05", help="synthetic: Zipf skew, one value or one per table")
     ml.add_argument("--seed", type=int, default=0)
-    ml.add_argument("--workers", type=int, default=2)
-    ml.add_argument("--auc-samples", type=int, default=1_000_000)
+    ml.add_argument("--workers", type=_int_at_least(1), default=2)
+    ml.add_argument("--auc-samples", type=_int_at_least(0), default=1_000_000)
+    ml.add_argument("--overwrite", action="store_true",
+                    help="replace the day files (and neo_layout.json) of an earlier run in the output; "
+                         "without it such an output is refused")
 
     i = sub.add_parser("inspect", help="schema, row count and feature statistics")
     i.add_argument("paths", nargs="+", help="Parquet files or directories")
@@ -304,7 +307,8 @@ def _mlperf_layout(args: argparse.Namespace, prog) -> Dict[str, Any]:
         if given:
             raise OptionError(f"{', '.join(given)}: options of --from-synthetic; --from-parquet takes the samples "
                               "as the Parquet holds them")
-        return layout_from_parquet(args.from_parquet, args.output, layout, args.days, args.eval_parquet, prog)
+        return layout_from_parquet(args.from_parquet, args.output, layout, args.days, args.eval_parquet, prog,
+                                   overwrite=args.overwrite)
     from .synthetic import SynthOptions
     if args.samples is None:
         raise ValueError("--from-synthetic needs --samples")
@@ -316,7 +320,7 @@ def _mlperf_layout(args: argparse.Namespace, prog) -> Dict[str, Any]:
                      distribution=args.distribution, skew=_floats(args.skew), seed=args.seed, workers=args.workers,
                      auc_samples=args.auc_samples)
     ev = args.samples // args.days if args.eval_samples is None else args.eval_samples
-    return layout_from_synthetic(o, args.output, layout, args.days, ev, prog)
+    return layout_from_synthetic(o, args.output, layout, args.days, ev, prog, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

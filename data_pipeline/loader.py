@@ -41,7 +41,7 @@ import torch
 from neo.sparse import KeyedJaggedBatch
 
 from .reader import first_id_out_of_range, list_parquet_files, load_arrow_conversions, table_to_columns, take_from_parts
-from .schema import DataFileError, read_meta
+from .schema import DataFileError, check_same_layout, read_meta
 from .writer import Columns
 
 _producers: Dict[threading.Thread, threading.Event] = {}
@@ -164,13 +164,13 @@ class ParquetLoader:
         o.check()
         self.options = o
         self.files = list_parquet_files(paths)
-        self.meta = read_meta(pq.read_schema(self.files[0]), self.files[0])
+        first_schema = pq.read_schema(self.files[0])
+        self.meta = read_meta(first_schema, self.files[0])
         groups: List[Tuple[int, int, int]] = []  # (file index, row group, rows)
         for fi, f in enumerate(self.files):
             md = pq.ParquetFile(f).metadata
-            m = read_meta(md.schema.to_arrow_schema(), f)
-            if m.sparse_names != self.meta.sparse_names or m.num_dense != self.meta.num_dense:
-                raise ValueError(f"{f}: layout differs from {self.files[0]}")
+            schema = md.schema.to_arrow_schema()
+            check_same_layout(schema, read_meta(schema, f), f, first_schema, self.meta, self.files[0])
             for g in range(md.num_row_groups):
                 groups.append((fi, g, md.row_group(g).num_rows))
         self._groups = groups

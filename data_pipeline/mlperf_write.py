@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .mlperf_layout import LAYOUTS, META_FILE, day_files
-from .writer import Columns
+from .writer import Columns, OutputExistsError, remove_staged, staging_path
 
-__all__ = ["DayWriter", "layout_from_synthetic", "layout_from_parquet"]
+__all__ = ["DayWriter", "layout_from_synthetic", "layout_from_parquet", "check_days_output"]
 
 
 # ----------------------------------------------------------------------------- writing
@@ -97,6 +98,59 @@ class DayWriter:
                 os.remove(p)
 
 
+# ----------------------------------------------------------------------------- the output directory
+_DAY_FILE = re.compile(r"day_\d+_(dense\.npy|labels\.npy|sparse\.npy|sparse_multi_hot\.npz)$")
+
+
+def _layout_files(directory: str) -> List[str]:
+    """The files an earlier run of this writer left in ``directory``: day files and ``neo_layout.json``."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(f for f in os.listdir(directory) if _DAY_FILE.match(f) or f == META_FILE)
+
+
+def check_days_output(directory: str, overwrite: bool) -> None:
+    """Refuse ``directory`` if it holds day files or a ``neo_layout.json`` (of an earlier run, or
+    MLPerf's own data), unless ``overwrite``: called before any work, so that a rerun fails at once
+    instead of leaving old days next to new ones (a config's ``val_day`` would read the old)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise OutputExistsError(f"output {directory} exists and is not a directory")
+    old = _layout_files(directory)
+    if old and not overwrite:
+        raise OutputExistsError(f"output directory {directory} already holds {len(old)} day file(s) "
+                                f"({old[0]}, ...) of an earlier run; pass --overwrite to replace them, "
+                                f"or choose another --output")
+
+
+def _commit_days(staged: str, final: str, overwrite: bool) -> None:
+    """The staged days into ``final``: one rename where it does not exist; else (re-checked) the
+    earlier run's day files go and the new ones move in: never two runs' days side by side."""
+    if not os.path.exists(final):
+        os.rename(staged, final)
+        return
+    check_days_output(final, overwrite)
+    for old in _layout_files(final):
+        os.remove(os.path.join(final, old))
+    for name in sorted(os.listdir(staged)):
+        os.replace(os.path.join(staged, name), os.path.join(final, name))
+    os.rmdir(staged)
+
+
+def _staged(write: Callable[[str], Dict[str, Any]], output: str, overwrite: bool) -> Dict[str, Any]:
+    """``write(directory)`` into a hidden sibling of ``output``, committed on success, removed on
+    failure: the days appear only whole, and a failed run leaves no partial day or temporary file."""
+    check_days_output(output, overwrite)
+    staged = staging_path(output)
+    remove_staged(staged)
+    try:
+        meta = write(staged)
+        _commit_days(staged, output, overwrite)
+    except BaseException:
+        remove_staged(staged)
+        raise
+    return meta
+
+
 # ----------------------------------------------------------------------------- converters
 def _day_sizes(total: int, days: int) -> List[int]:
     if days <= 0 or total < days:
@@ -128,9 +182,10 @@ def _write_days(blocks: Iterable[Columns], directory: str, layout: str, sizes: S
         raise ValueError(f"the source ended in day {day} of {len(sizes)}")
 
 
-def _finish(directory: str, layout: str, sizes: Sequence[int], has_eval: bool, num_dense: int,
+def _finish(directory: str, final: str, layout: str, sizes: Sequence[int], has_eval: bool, num_dense: int,
             bag_sizes: Sequence[int], table_sizes: Optional[Sequence[int]], id_dtype,
             extra: Dict[str, Any]) -> Dict[str, Any]:
+    """``neo_layout.json`` into ``directory`` (the staged output), naming ``final`` in its config keys."""
     train = list(range(len(sizes) - (1 if has_eval else 0)))
     ev = len(train) if has_eval else None
     n_ev = sizes[-1] if has_eval else 0
@@ -140,7 +195,7 @@ def _finish(directory: str, layout: str, sizes: Sequence[int], has_eval: bool, n
         "validation_rows": n_ev // 2 + n_ev % 2, "test_rows": n_ev // 2, "num_dense": num_dense,
         "num_sparse": len(bag_sizes), "multi_hot_sizes": list(bag_sizes),
         "table_sizes": None if table_sizes is None else list(table_sizes), "id_dtype": np.dtype(id_dtype).name,
-        "config": {"data.source": "mlperf", "data.mlperf.dir": directory, "data.mlperf.layout": layout,
+        "config": {"data.source": "mlperf", "data.mlperf.dir": final, "data.mlperf.layout": layout,
                    "data.mlperf.train_days": [f"0-{len(train) - 1}"], "data.mlperf.val_day": ev,
                    "data.mlperf.multi_hot_sizes": list(bag_sizes)}}
     meta.update(extra)
@@ -154,12 +209,14 @@ def _id_dtype(table_sizes: Optional[Sequence[int]]):
     return np.int32 if table_sizes and max(table_sizes) <= np.iinfo(np.int32).max + 1 else np.int64
 
 
-def layout_from_synthetic(o, output: str, layout: str, days: int, eval_samples: int, progress=None) -> Dict[str, Any]:
+def layout_from_synthetic(o, output: str, layout: str, days: int, eval_samples: int, progress=None,
+                          overwrite: bool = False) -> Dict[str, Any]:
     """Planted-teacher samples (:class:`data_pipeline.synthetic.SynthOptions` ``o``; ``o.num_samples``
     training ones) as days ``0..days-1`` plus an eval day ``days`` of ``eval_samples`` samples: the
     first ``o.num_samples + eval_samples`` samples ``neo-data synth`` writes with the same options.
     The teacher's exact AUC on the training samples, the validation half and the test half (each
-    capped at ``o.auc_samples`` samples) goes to ``neo_layout.json``."""
+    capped at ``o.auc_samples`` samples) goes to ``neo_layout.json``. The days are written staged
+    (:func:`_staged`): an ``output`` holding an earlier run's days is refused unless ``overwrite``."""
     from dataclasses import asdict, replace
 
     from .parallel import ordered_map
@@ -187,22 +244,27 @@ def layout_from_synthetic(o, output: str, layout: str, days: int, eval_samples: 
             yield cols
 
     ids = _id_dtype(o.table_rows)
-    _write_days(blocks(), output, layout, sizes, o.num_dense, bags, ids, progress)
-    aucs = {k: auc(np.concatenate(v[0]), np.concatenate(v[1])) if v[0] else None for k, v in kept.items()}
-    src = {"kind": "synthetic", "options": {k: v for k, v in asdict(o).items() if k != "writer"}}
-    return _finish(output, layout, sizes, bool(eval_samples), o.num_dense, bags, o.table_rows, ids,
-                   dict(aucs, auc_samples=cap, source=src))
+
+    def write(directory: str) -> Dict[str, Any]:
+        _write_days(blocks(), directory, layout, sizes, o.num_dense, bags, ids, progress)
+        aucs = {k: auc(np.concatenate(v[0]), np.concatenate(v[1])) if v[0] else None for k, v in kept.items()}
+        src = {"kind": "synthetic", "options": {k: v for k, v in asdict(o).items() if k != "writer"}}
+        return _finish(directory, output, layout, sizes, bool(eval_samples), o.num_dense, bags, o.table_rows, ids,
+                       dict(aucs, auc_samples=cap, source=src))
+
+    return _staged(write, output, overwrite)
 
 
 def layout_from_parquet(inputs: Sequence[str], output: str, layout: str, days: int,
-                        eval_inputs: Sequence[str] = (), progress=None) -> Dict[str, Any]:
+                        eval_inputs: Sequence[str] = (), progress=None, overwrite: bool = False) -> Dict[str, Any]:
     """Parquet written by ``neo-data`` (one-hot or fixed multi-hot) as days ``0..days-1`` of near-equal
-    size, in file order; ``eval_inputs`` (e.g. ``validation/`` then ``test/``) become day ``days``."""
+    size, in file order; ``eval_inputs`` (e.g. ``validation/`` then ``test/``) become day ``days``.
+    Written staged, as :func:`layout_from_synthetic`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .reader import list_parquet_files, table_to_columns
-    from .schema import read_meta
+    from .schema import check_same_layout, read_meta
 
     train = list_parquet_files(list(inputs))
     evals = list_parquet_files(list(eval_inputs)) if eval_inputs else []
@@ -213,10 +275,10 @@ def layout_from_parquet(inputs: Sequence[str], output: str, layout: str, days: i
         if not (pa.types.is_integer(t) or pa.types.is_fixed_size_list(t)):
             raise ValueError(f"{train[0]}: column {name} has variable-size bags; the MLPerf layout holds fixed bags")
         bags.append(t.list_size if pa.types.is_fixed_size_list(t) else 1)
+    first_schema = pq.read_schema(train[0])
     for f in train + evals:
-        m = read_meta(pq.read_schema(f), f)
-        if m.sparse_names != meta.sparse_names or m.num_dense != meta.num_dense:
-            raise ValueError(f"{f}: layout differs from {train[0]}")
+        schema = pq.read_schema(f)
+        check_same_layout(schema, read_meta(schema, f), f, first_schema, meta, train[0])
     rows = lambda files: sum(pq.ParquetFile(f).metadata.num_rows for f in files)  # noqa: E731
     n_eval = rows(evals)
     sizes = _day_sizes(rows(train), days) + ([n_eval] if n_eval else [])
@@ -228,8 +290,12 @@ def layout_from_parquet(inputs: Sequence[str], output: str, layout: str, days: i
                 yield table_to_columns(pf.read_row_group(g), meta)
 
     ids = _id_dtype(meta.table_sizes)
-    _write_days(blocks(), output, layout, sizes, meta.num_dense, bags, ids, progress)
     best = meta.extra.get("best_auc") if isinstance(meta.extra, dict) else None
-    return _finish(output, layout, sizes, bool(n_eval), meta.num_dense, bags, meta.table_sizes, ids,
-                   {"best_auc": best, "source": {"kind": "parquet", "train": train, "eval": evals,
-                                                 "meta_source": meta.source}})
+
+    def write(directory: str) -> Dict[str, Any]:
+        _write_days(blocks(), directory, layout, sizes, meta.num_dense, bags, ids, progress)
+        return _finish(directory, output, layout, sizes, bool(n_eval), meta.num_dense, bags, meta.table_sizes, ids,
+                       {"best_auc": best, "source": {"kind": "parquet", "train": train, "eval": evals,
+                                                     "meta_source": meta.source}})
+
+    return _staged(write, output, overwrite)

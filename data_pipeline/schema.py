@@ -33,6 +33,7 @@ __all__ = [
     "arrow_schema",
     "read_meta",
     "check_columns",
+    "check_same_layout",
     "DataFileError",
 ]
 
@@ -158,3 +159,37 @@ def check_columns(schema: pa.Schema, meta: DatasetMeta, path: str = "?") -> None
         ids = _value_type(t) or t
         if not pa.types.is_integer(ids):
             raise DataFileError(f"{path}: column {name!r} has type {t}, expected integer ids (or lists of them)")
+
+
+def _column_kind(t: pa.DataType) -> str:
+    """How a column holds its values, as the reader distinguishes them: flat, a fixed-size list of
+    k, or a variable-size list (the integer or float width aside: the reader converts those)."""
+    if pa.types.is_fixed_size_list(t):
+        return f"fixed-size lists of {t.list_size}"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "variable-size lists"
+    return "one value per row"
+
+
+def check_same_layout(schema: pa.Schema, meta: DatasetMeta, path: str, ref_schema: pa.Schema,
+                      ref_meta: DatasetMeta, ref_path: str) -> None:
+    """File ``path`` holds the same layout as ``ref_path`` (files read as one data set, e.g. the
+    files of a split, or the validation split against the training one): the same dense width,
+    the same sparse columns in the same order, each column holding its values the same way (flat,
+    fixed-size lists of the same size, or variable-size lists). A :class:`DataFileError` naming
+    both files and the first difference."""
+    def differ(what: str) -> DataFileError:
+        return DataFileError(f"{path}: {what}, unlike {ref_path}; the files of a data set must share one layout")
+
+    if meta.num_dense != ref_meta.num_dense:
+        raise differ(f"num_dense is {meta.num_dense} (metadata), not {ref_meta.num_dense}")
+    if meta.sparse_names != ref_meta.sparse_names:
+        mine, ref = meta.sparse_names, ref_meta.sparse_names
+        if len(mine) != len(ref):
+            raise differ(f"{len(mine)} sparse columns, not {len(ref)}")
+        i = next(i for i, (a, b) in enumerate(zip(mine, ref)) if a != b)
+        raise differ(f"sparse column {i} is {mine[i]!r}, not {ref[i]!r}")
+    for name in ["dense"] + list(meta.sparse_names):
+        kind, ref_kind = _column_kind(schema.field(name).type), _column_kind(ref_schema.field(name).type)
+        if kind != ref_kind:
+            raise differ(f"column {name!r} holds {kind}, not {ref_kind}")

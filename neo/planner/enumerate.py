@@ -250,11 +250,14 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
                     f"{t.rows} rows of dim {t.dim}; check the table's statistics")
             best = min(counted, key=lambda o: _shortfall(o, topo, hbm_cap, host_cap))
             miss = _shortfall(best, topo, hbm_cap, host_cap)
-            need = best.max_part_hbm
+            # the memory that is short: device (hbm_gib) or host (host_gib: a cached table's rows)
+            host_short = _shortfall(best, topo, np.full_like(hbm_cap, np.inf), host_cap) >= miss
+            need = float(best.costs.host.max()) if host_short else best.max_part_hbm
+            memory = "host memory (topology.host_gib)" if host_short else "device memory (topology.hbm_gib)"
             raise PlanningError(
                 f"table '{t.name}' cannot be placed: its smallest shard ({best.sharding_type.value}, "
-                f"{'cached' if best.cache_fraction is not None else 'device'} placement) needs {need:.0f} bytes ({need / GIB:.2f} GiB) "
-                f"on one device; {miss:.0f} bytes ({miss / GIB:.2f} GiB) missing. Allowed sharding types: "
-                f"{[o.value for o in (t.constraints.sharding_types or tuple(ShardingType))]}")
+                f"{'cached' if best.cache_fraction is not None else 'device'} placement) needs {need:.0f} bytes "
+                f"({need / GIB:.2f} GiB) of {memory} on one rank; {miss:.0f} bytes ({miss / GIB:.2f} GiB) missing. "
+                f"Allowed sharding types: {[o.value for o in (t.constraints.sharding_types or tuple(ShardingType))]}")
         out.append(fits)
     return out

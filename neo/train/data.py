@@ -219,13 +219,19 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
         return DataSpec(files[:-1], files[-1:], cfg.data.synthetic.num_dense, summary.get("best_auc"), lease=lease)
     import pyarrow.parquet as pq
 
-    from data_pipeline.schema import read_meta
+    from data_pipeline.schema import check_same_layout, read_meta
 
     train = list_parquet_files(list(cfg.data.train_paths))
     val = list_parquet_files(list(cfg.data.val_paths)) if cfg.data.val_paths else []
     _check_files_once(train, val)
-    meta = read_meta(pq.read_schema(train[0]), train[0])
+    schema = pq.read_schema(train[0])
+    meta = read_meta(schema, train[0])
     check_table_sizes(meta.sparse_names, meta.table_sizes, tables, f"{train[0]}'s metadata")
+    if val:     # checked now, not at the first evaluation (each split's loader checks its own files)
+        val_schema = pq.read_schema(val[0])
+        val_meta = read_meta(val_schema, val[0])
+        check_same_layout(val_schema, val_meta, val[0], schema, meta, train[0])
+        check_table_sizes(val_meta.sparse_names, val_meta.table_sizes, tables, f"{val[0]}'s metadata")
     best = meta.extra.get("best_auc") if isinstance(meta.extra, dict) else None
     return DataSpec(train, val, meta.num_dense, best)
 

@@ -119,6 +119,35 @@ def test_missing_column_and_wrong_width_name_the_file_and_column(tmp_path):
         read_meta(pq.read_schema(wide), wide)
 
 
+def test_files_of_one_split_must_share_their_layout(tmp_path):
+    """Two files read as one split: a sparse column flat in one and in lists in the other (each
+    file fine alone), another dense width, or other sparse columns, are named with both files
+    when the loader is built (before, a flat / list mix failed mid-epoch in the reader)."""
+    def pair(name, second):
+        d = tmp_path / name
+        d.mkdir()
+        _write(d, "part-00000.parquet", _table())
+        _write(d, "part-00001.parquet", second)
+        return str(d)
+
+    pairs = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * N, dtype=np.int64)), 2)
+    lists = pa.array([[i] for i in range(N)], pa.list_(pa.int64()))
+    other_meta = DatasetMeta(num_dense=D, sparse_names=["cat_0", "cat_9"], source="test")
+    renamed = pa.table({"label": pa.array(np.zeros(N, np.int8)), "dense": _dense(),
+                        "cat_0": pa.array(np.arange(N, dtype=np.int64)), "cat_9": pa.array(np.arange(N, dtype=np.int64))}
+                       ).replace_schema_metadata({META_KEY: other_meta.to_json().encode()})
+    for name, second, expect in (
+            ("fixed", _table(cats=[pa.array(np.arange(N, dtype=np.int64)), pairs]),
+             r"part-00001.parquet: column 'cat_1' holds fixed-size lists of 2, not one value per row, unlike "
+             r".*part-00000.parquet"),
+            ("lists", _table(cats=[lists, pa.array(np.arange(N, dtype=np.int64))]),
+             r"column 'cat_0' holds variable-size lists, not one value per row"),
+            ("renamed", renamed, r"part-00001.parquet: sparse column 1 is 'cat_9', not 'cat_1'")):
+        with pytest.raises(DataFileError, match=expect):
+            ParquetLoader(pair(name, second))
+    assert len(_load_all(pair("same", _table()))) == N       # the same layout twice: read as one
+
+
 def _truncated(tmp_path):
     data = open(_write(tmp_path, "whole.parquet", _table()), "rb").read()
     (tmp_path / "truncated.parquet").write_bytes(data[: len(data) // 2])

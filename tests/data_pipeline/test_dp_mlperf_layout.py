@@ -60,6 +60,45 @@ def test_from_parquet_refuses_the_synthetic_options(data, tmp_path, capsys):
     assert "--samples, --rows: options of --from-synthetic" in capsys.readouterr().err and not out.exists()
 
 
+def test_a_rerun_never_mixes_days_and_a_failed_run_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """Days appear only whole: a rerun into an output with an earlier run's days is refused unless
+    --overwrite, which replaces them all (3 days then 1 day: no day_2 left beside the new run); a
+    run that fails mid-way leaves no day file, temporary part or staging directory; --days 0 is an
+    argparse error, not a division by zero (audit of 2026-11-30)."""
+    from data_pipeline import mlperf_write
+
+    out = tmp_path / "ml"
+    run = ["mlperf-layout", "--from-synthetic", "--samples", "60", "--eval-samples", "0", "--sizes", "1,2", *SYN,
+           "-o", str(out)]
+    _cli(*run, "--days", "3")
+    assert sorted(p.name for p in out.glob("day_*_dense.npy")) == [f"day_{d}_dense.npy" for d in range(3)]
+    assert main([*run, "--days", "1"]) == 2
+    assert "already holds 10 day file(s) (day_0_dense.npy, ...) of an earlier run; pass --overwrite" in \
+        capsys.readouterr().err
+    (out / "mine.txt").write_text("kept")
+    _cli(*run, "--days", "1", "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["day_0_dense.npy", "day_0_labels.npy",
+                                                    "day_0_sparse_multi_hot.npz", "mine.txt", "neo_layout.json"]
+    layout = json.loads((out / "neo_layout.json").read_text())
+    assert layout["days"] == {"0": 60} and layout["config"]["data.mlperf.dir"] == str(out)
+
+    fresh = tmp_path / "failed"
+    close = mlperf_write.DayWriter.close
+
+    def fail_on_day_1(self):
+        if "day_1_" in self.paths[0]:
+            raise OSError("disk full (injected)")
+        close(self)
+
+    monkeypatch.setattr(mlperf_write.DayWriter, "close", fail_on_day_1)
+    assert main([*run[:-1], str(fresh), "--days", "3"]) == 2
+    assert "disk full (injected)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml"]          # no output, no staging left
+    with pytest.raises(SystemExit) as exit_info:
+        main([*run, "--days", "0"])
+    assert exit_info.value.code == 2 and "--days: must be >= 1, got 0" in capsys.readouterr().err
+
+
 def _parquet_rows(directory: str) -> Columns:
     files = list_parquet_files(os.path.join(directory, "train"))
     meta = read_meta(pq.read_schema(files[0]))

@@ -9,7 +9,7 @@ import pytest
 
 from neo.cli import main
 from neo.config import ConfigError, load_config
-from neo.planner import Device, PlanningError, TableSpec, Topology, plan_tables
+from neo.planner import Device, PlanningError, TableConstraints, TableSpec, Topology, plan_tables
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "configs", "plan_example.yaml")
@@ -143,3 +143,22 @@ def test_a_table_whose_bytes_overflow_is_named_without_inf():
     msg = str(e.value)
     assert msg.startswith("table 'big' cannot be placed: ") and "pooling_factor 1e+308" in msg
     assert "overflow" in msg and not re.search(r"\b(inf|nan)\b", msg)
+
+
+def test_a_table_too_large_names_the_memory_that_is_short():
+    """Host memory short (a cached table's rows live there) is named as host memory and
+    topology.host_gib, with the bytes needed there; device memory short as device memory and
+    topology.hbm_gib (before, the host shortfall was printed beside the device bytes)."""
+    with pytest.raises(PlanningError) as e:
+        plan_tables([TableSpec("big", 10**9, 64, constraints=TableConstraints(placement="cached"))],
+                    Topology.uniform(2, 2, hbm_gib=8, host_gib=16))
+    host = re.search(r"needs (\d+) bytes \(\S+ GiB\) of host memory \(topology\.host_gib\) on one rank; "
+                     r"(\d+) bytes \(\S+ GiB\) missing", str(e.value))
+    assert host, str(e.value)
+    assert int(host.group(1)) - int(host.group(2)) == 16 * 2**30          # need - missing = the rank's host memory
+    with pytest.raises(PlanningError) as e:
+        plan_tables([TableSpec("big", 10**8, 64, constraints=TableConstraints(placement="device"))],
+                    Topology.uniform(2, 2, hbm_gib=8))
+    dev = re.search(r"needs (\d+) bytes \(\S+ GiB\) of device memory \(topology\.hbm_gib\) on one rank; "
+                    r"(\d+) bytes \(\S+ GiB\) missing", str(e.value))
+    assert dev, str(e.value)

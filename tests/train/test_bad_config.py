@@ -334,6 +334,50 @@ def test_a_parquet_file_read_twice_or_in_both_splits_is_refused(tmp_path):
         prepare([str(tmp_path / "train")], [files[1]])
 
 
+
+def test_the_validation_split_is_checked_before_training(tmp_path):
+    """Validation Parquet whose ids outgrow the tables (its metadata says so), or of another layout
+    than the training files: refused when the data is prepared, not at the first evaluation."""
+    import types
+
+    import numpy as np
+
+    from data_pipeline.schema import DataFileError
+    from neo.train.build import resolve_tables
+    from neo.train.data import prepare_data
+    from tests.data_pipeline.test_dp_loader import write_indexed
+
+    from data_pipeline.schema import DatasetMeta, sparse_names
+    from data_pipeline.writer import Columns, ShardWriter, WriterOptions
+
+    def write(name, num_dense, table_sizes=None):
+        n = 100
+        meta = DatasetMeta(num_dense=num_dense, sparse_names=sparse_names(2), source="synthetic",
+                           table_sizes=table_sizes)
+        w = ShardWriter(str(tmp_path / name), meta, "onehot", WriterOptions(rows_per_file=n))
+        w.write(Columns(np.zeros(n, np.int8), np.zeros((n, num_dense), np.float32),
+                        [np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)]))
+        w.close()
+
+    write_indexed(tmp_path / "train", n=300, rows_per_file=300)
+    write("val_big", 2, table_sizes=[1000, 90000])
+    write("val_wide", 5)
+    one = types.SimpleNamespace(rank=0, world_size=1)
+
+    def prepare(val):
+        cfg = config_from_dict({
+            "tables": [{"name": "a", "num_rows": 1000, "dim": 8}, {"name": "b", "num_rows": 9000, "dim": 8}],
+            "model": {"interaction": "dot", "dense_arch": [8], "over_arch": [4, 1]},
+            "data": {"source": "parquet", "train_paths": [str(tmp_path / "train")], "val_paths": [val]},
+            "train": {"batch_size": 50, "run_dir": str(tmp_path / "run")}})
+        return prepare_data(cfg, resolve_tables(cfg), one)
+
+    with pytest.raises(ConfigError, match=r"val_big.*part-0+0\.parquet's metadata.*90000"):
+        prepare(str(tmp_path / "val_big"))
+    with pytest.raises(DataFileError, match=r"val_wide.*num_dense is 5 \(metadata\), not .*unlike .*train"):
+        prepare(str(tmp_path / "val_wide"))
+
+
 def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     p = _neo_train(tmp_data, "train.steps=2", "train.embedding_backend=triton")
