@@ -111,8 +111,10 @@ def _layout_files(directory: str) -> List[str]:
 
 def check_days_output(directory: str, overwrite: bool) -> None:
     """Refuse ``directory`` if it holds day files or a ``neo_layout.json`` (of an earlier run, or
-    MLPerf's own data), unless ``overwrite``: called before any work, so that a rerun fails at once
-    instead of leaving old days next to new ones (a config's ``val_day`` would read the old)."""
+    MLPerf's own data), unless ``overwrite`` and a ``neo_layout.json`` says an earlier run of this
+    writer made them (MLPerf's own days are never deleted): called before any work, so that a rerun
+    fails at once instead of leaving old days next to new ones (a config's ``val_day`` would read
+    the old)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise OutputExistsError(f"output {directory} exists and is not a directory")
     old = _layout_files(directory)
@@ -120,6 +122,10 @@ def check_days_output(directory: str, overwrite: bool) -> None:
         raise OutputExistsError(f"output directory {directory} already holds {len(old)} day file(s) "
                                 f"({old[0]}, ...) of an earlier run; pass --overwrite to replace them, "
                                 f"or choose another --output")
+    if old and META_FILE not in old:
+        raise OutputExistsError(f"output directory {directory} holds day files ({old[0]}, ...) without a "
+                                f"{META_FILE}: not written by neo-data (e.g. MLPerf's own data), so never "
+                                f"replaced; choose another --output")
 
 
 def _commit_days(staged: str, final: str, overwrite: bool) -> None:

@@ -172,12 +172,13 @@ def _column_kind(t: pa.DataType) -> str:
 
 
 def check_same_layout(schema: pa.Schema, meta: DatasetMeta, path: str, ref_schema: pa.Schema,
-                      ref_meta: DatasetMeta, ref_path: str) -> None:
-    """File ``path`` holds the same layout as ``ref_path`` (files read as one data set, e.g. the
-    files of a split, or the validation split against the training one): the same dense width,
-    the same sparse columns in the same order, each column holding its values the same way (flat,
-    fixed-size lists of the same size, or variable-size lists). A :class:`DataFileError` naming
-    both files and the first difference."""
+                      ref_meta: DatasetMeta, ref_path: str, column_kinds: bool = True) -> None:
+    """File ``path`` holds the same layout as ``ref_path``: the same dense width, the same sparse
+    columns in the same order and, with ``column_kinds`` (files one reader reads as one stream,
+    e.g. the files of a split), each sparse column holding its ids the same way (flat, fixed-size
+    lists of the same size, or variable-size lists: a reader takes one way per column). The
+    validation split against the training one is checked without: each split has its own loader.
+    A :class:`DataFileError` naming both files and the first difference."""
     def differ(what: str) -> DataFileError:
         return DataFileError(f"{path}: {what}, unlike {ref_path}; the files of a data set must share one layout")
 
@@ -189,7 +190,7 @@ def check_same_layout(schema: pa.Schema, meta: DatasetMeta, path: str, ref_schem
             raise differ(f"{len(mine)} sparse columns, not {len(ref)}")
         i = next(i for i, (a, b) in enumerate(zip(mine, ref)) if a != b)
         raise differ(f"sparse column {i} is {mine[i]!r}, not {ref[i]!r}")
-    for name in ["dense"] + list(meta.sparse_names):
+    for name in meta.sparse_names if column_kinds else ():    # dense: the reader takes either list kind
         kind, ref_kind = _column_kind(schema.field(name).type), _column_kind(ref_schema.field(name).type)
         if kind != ref_kind:
             raise differ(f"column {name!r} holds {kind}, not {ref_kind}")

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from neo.config.embedding import TableConfig
+from neo.config.embedding import OptimizerType, TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
@@ -467,6 +467,17 @@ class TableBatchedEmbedding(nn.Module):
         self._feature_num_rows, self._skipped = fn(self._feature_num_rows), fn(self._skipped)   # int64: device only
         return out
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling: the caches' slots are views of this module's group buffers again."""
+        super().__setstate__(state)
+        cache = self.__dict__.get("_cache")
+        if cache is not None:
+            slots = {}
+            for name in cache.caches:
+                g, t, _ = self._locate(name)
+                slots[name] = (g.table_slots(t), g.table_state_slots(t))
+            cache.rebind(slots)
+
     # ------------------------------------------------------- state dict, by table
     def _table_entries(self, cfg: TableConfig) -> Dict[str, torch.Tensor]:
         """One table's state-dict entries (views): ``weight`` (rows, D) in its storage dtype, its
@@ -502,14 +513,19 @@ class TableBatchedEmbedding(nn.Module):
                                   "before loading a state dict into cached tables")
                 return
             self._cache.drop()      # every row back in its store and out of the cache: the store is the table
-        for g in self.groups:       # a group's tables share one step counter: their saved steps must agree
+        # A group's tables share one step counter; where it counts (Adam's and LAMB's bias
+        # correction) their saved steps must agree, not the last one loaded win.
+        for g in self.groups:
+            if g.layout.optimizer.type not in (OptimizerType.ADAM, OptimizerType.LAMB):
+                continue
             steps = {c.name: int(state_dict[f"{prefix}{c.name}.step"]) for c in g.layout.tables
                      if isinstance(state_dict.get(f"{prefix}{c.name}.step"), torch.Tensor)
                      and state_dict[f"{prefix}{c.name}.step"].numel() == 1}
             if len(set(steps.values())) > 1:
                 error_msgs.append(f"tables {sorted(steps)} share one optimizer step counter here (one fused "
-                                  f"update), but their saved steps differ: {dict(sorted(steps.items()))}; set them "
-                                  f"with set_optimizer_steps after loading the rest")
+                                  f"update), but their saved steps differ: {dict(sorted(steps.items()))}; load "
+                                  f"the state dict without its '.step' entries (strict=False), then choose the "
+                                  f"step with set_optimizer_steps")
         mine = set()
         for cfg in self.tables:
             for key, dst in self._table_entries(cfg).items():

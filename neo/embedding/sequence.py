@@ -106,7 +106,8 @@ class _SequenceLookup(torch.autograd.Function):
         # whose forwards ran before either backward take steps t + 1, t + 2, ... in backward order
         steps: Dict[int, int] = {}
         for lk in ctx.lookups:
-            steps.setdefault(lk.runner.index, int(lk.runner.step) + 1)
+            if lk.runner.index not in steps:              # one read (a device sync on a GPU) per group
+                steps[lk.runner.index] = int(lk.runner.step) + 1
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             for lk, ids, grad in zip(ctx.lookups, saved, grads):
                 owner.backend.backward_update(

@@ -230,7 +230,7 @@ def prepare_data(cfg, tables: Sequence[TableConfig], pg, log=print) -> DataSpec:
     if val:     # checked now, not at the first evaluation (each split's loader checks its own files)
         val_schema = pq.read_schema(val[0])
         val_meta = read_meta(val_schema, val[0])
-        check_same_layout(val_schema, val_meta, val[0], schema, meta, train[0])
+        check_same_layout(val_schema, val_meta, val[0], schema, meta, train[0], column_kinds=False)
         check_table_sizes(val_meta.sparse_names, val_meta.table_sizes, tables, f"{val[0]}'s metadata")
     best = meta.extra.get("best_auc") if isinstance(meta.extra, dict) else None
     return DataSpec(train, val, meta.num_dense, best)

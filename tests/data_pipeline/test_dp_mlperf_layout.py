@@ -82,6 +82,13 @@ def test_a_rerun_never_mixes_days_and_a_failed_run_leaves_nothing(tmp_path, caps
     layout = json.loads((out / "neo_layout.json").read_text())
     assert layout["days"] == {"0": 60} and layout["config"]["data.mlperf.dir"] == str(out)
 
+    theirs = tmp_path / "theirs"                 # day files without neo_layout.json: MLPerf's own download
+    theirs.mkdir()
+    (theirs / "day_0_dense.npy").write_bytes(b"not ours")
+    assert main([*run[:-1], str(theirs), "--days", "1", "--overwrite"]) == 2
+    assert "without a neo_layout.json: not written by neo-data" in capsys.readouterr().err
+    assert sorted(p.name for p in theirs.iterdir()) == ["day_0_dense.npy"]
+
     fresh = tmp_path / "failed"
     close = mlperf_write.DayWriter.close
 
@@ -93,7 +100,7 @@ def test_a_rerun_never_mixes_days_and_a_failed_run_leaves_nothing(tmp_path, caps
     monkeypatch.setattr(mlperf_write.DayWriter, "close", fail_on_day_1)
     assert main([*run[:-1], str(fresh), "--days", "3"]) == 2
     assert "disk full (injected)" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml"]          # no output, no staging left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml", "theirs"]   # no output, no staging left
     with pytest.raises(SystemExit) as exit_info:
         main([*run, "--days", "0"])
     assert exit_info.value.code == 2 and "--days: must be >= 1, got 0" in capsys.readouterr().err

@@ -100,18 +100,21 @@ def test_every_policy_is_exact_and_evicts_every_step(policy):
     assert all(e > 0 for e in evictions[1:]), f"a step without evictions: {evictions}"
 
 
-@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
 def test_a_copy_of_a_cached_module_trains_on_its_own(how):
-    """A module with cached tables (host store), trained a few steps, then copied (deep copy, or
-    torch.save and load): the copy and the original, trained on the same later batches, stay
-    equal to a module whose tables are all on the device; training the copy leaves the original
+    """A module with cached tables (host store), trained a few steps, then copied (deep copy,
+    pickle, or torch.save and load): the copy, trained on the same later batches as a module whose
+    tables are all on the device, stays equal to it; training the copy leaves the original
     untouched."""
     import copy
     import io
+    import pickle
 
     dev, cached, _ = train_pair("adagrad", steps=4)
     if how == "deepcopy":
         twin = copy.deepcopy(cached)
+    elif how == "pickle":
+        twin = pickle.loads(pickle.dumps(cached))
     else:
         buf = io.BytesIO()
         torch.save(cached, buf)
@@ -136,12 +139,20 @@ def test_a_copy_of_a_cached_module_trains_on_its_own(how):
     (cached(b) * torch.randn(b.batch_size, dev.output_dim, generator=gen)).sum().backward()   # the original still trains
 
 
-def test_a_module_with_tables_in_files_refuses_to_be_copied(tmp_path):
+def test_a_module_with_tables_in_files_or_a_batch_in_flight_refuses_to_be_copied(tmp_path):
     import copy
 
     m = TableBatchedEmbedding(make_tables("sgd", True, store="mmap"), backend="cpu", seed=3, store_dir=str(tmp_path))
     with pytest.raises(TypeError, match=r"cached tables \['big', 'mean'\] keep their rows in files"):
         copy.deepcopy(m)
+    m = TableBatchedEmbedding(make_tables("sgd", True), backend="cpu", seed=3)
+    gen = torch.Generator().manual_seed(1)
+    out = m(make_batch(gen))                     # looked up, backward not yet run: its slots are pinned
+    with pytest.raises(TypeError, match=r"1 batch\(es\) in flight \(prefetched or looked up"):
+        copy.deepcopy(m)
+    out.sum().backward()
+    twin = copy.deepcopy(m)                      # between steps
+    assert twin._cache.in_flight == 0
 
 
 def test_mmap_store_is_exact_and_leaves_no_file(tmp_path):

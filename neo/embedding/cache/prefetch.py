@@ -80,23 +80,39 @@ class ModuleCache:
         """What ``copy.deepcopy``, pickling and ``torch.save`` of the module keep: the caches
         (slots, index, backing rows) without the worker thread, the side stream or the memo.
         Refused, naming the tables, where the copy could not be independent: rows in a file
-        (``mmap`` stores) or a prefetch still in flight."""
+        (``mmap`` stores), or a batch in flight (prefetched or looked up, its backward not yet run:
+        the copy would keep its slots pinned, with no backward to release them). The slots' views
+        of the module's buffers are bound again by the module as it loads (``rebind``)."""
         in_files = [t for t, c in self.caches.items() if not isinstance(c.store, HostStore)]
         if in_files:
             raise TypeError(f"cached tables {in_files} keep their rows in files (cache_store 'mmap'): a module "
                             f"holding them cannot be copied or pickled; save its state_dict() and load it into a "
                             f"new module instead")
-        if self._pending:
-            raise TypeError(f"cached tables {list(self.caches)}: {len(self._pending)} prefetch(es) in flight; copy "
-                            f"or pickle the module between steps")
+        flying = self.in_flight
+        if flying:
+            raise TypeError(f"cached tables {list(self.caches)}: {flying} batch(es) in flight (prefetched or looked "
+                            f"up, their backward not yet run); copy or pickle the module between steps")
         state = dict(self.__dict__)
         state.update(_worker=None, _pending=OrderedDict(), _rows_memo=OrderedDict(), _stream=None, trace=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.device = next(iter(self.caches.values())).weights.device     # where the load put the slots
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-cache")
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def rebind(self, slots: Dict[str, Tuple[torch.Tensor, List[torch.Tensor]]]) -> None:
+        """Each table's slots as views of the module's buffers again (table -> (weights, states)):
+        plain ``pickle`` (unlike ``torch.save`` and ``copy.deepcopy``) loads views as tensors of
+        their own, which the kernels would never read. On a GPU, host stores are pinned again."""
+        for t, (weights, states) in slots.items():
+            cache = self.caches[t]
+            cache.weights, cache.states = weights, list(states)
+            store = cache.store
+            if self.device.type == "cuda" and not store.weights.is_pinned():
+                store.weights = store.weights.pin_memory()
+                store.states = [s.pin_memory() for s in store.states]
 
     # ------------------------------------------------------------------ rows of a batch
     def _rows(self, batch: KeyedJaggedBatch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, List[int]]]:
