@@ -99,6 +99,7 @@ def run(cfg, pg=None) -> int:
     except setup_errors() as e:       # the config asks for something this run cannot do: exit 2, as a config error
         return report_error(e, pg, 2)
     from neo.distributed.comms import CollectiveError
+    from neo.train.checkpoint import CheckpointError
     from neo.train.trainer import TrainingDiverged
 
     try:
@@ -106,6 +107,8 @@ def run(cfg, pg=None) -> int:
     except TrainingDiverged as e:
         return report_error(e, pg, 1)
     except CollectiveError as e:                      # another rank failed or stalled: named, one line
+        return report_error(e, pg, 1)
+    except CheckpointError as e:                      # a save that failed mid-run (disk full), a lost lease
         return report_error(e, pg, 1)
     except input_errors() as e:                       # a bad data row, or a cache too small, met as the run goes
         return report_error(e, pg, 2)
@@ -183,6 +186,39 @@ def _check_before_launch(cfg, ranks: int) -> None:
     cfg.parallel.pipeline.check(len(layers), cfg.train.batch_size, ranks)
 
 
+_STATUS_DIR = "NEO_EXIT_STATUS_DIR"
+"""Environment variable naming the folder where each rank of a relaunched run writes its exit
+status (``rank-<R>``): torchrun exits 1 whatever its workers' statuses, and ``neo train`` returns
+theirs (2 for a config error, 143 for a stop by SIGTERM, ...)."""
+
+
+def record_exit_status(status: int) -> int:
+    """``status``, written first to ``$NEO_EXIT_STATUS_DIR/rank-<RANK>`` where that is set (a rank of
+    a run ``neo train`` relaunched under torchrun)."""
+    folder = os.environ.get(_STATUS_DIR)
+    if folder:
+        try:
+            with open(os.path.join(folder, f"rank-{os.environ.get('RANK', '0')}"), "w") as f:
+                f.write(str(int(status)))
+        except (OSError, ValueError, TypeError):
+            pass                                      # the torchrun status stands
+    return status
+
+
+def _ranks_status(folder: str, torchrun_status: int) -> int:
+    """The run's status from its ranks' (the first non-zero one, by rank), else torchrun's."""
+    found = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.startswith("rank-"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    found.append((int(name[5:]), int(f.read().strip())))
+            except (OSError, ValueError):
+                continue
+    failed = [s for _, s in sorted(found) if s != 0]
+    return failed[0] if failed and torchrun_status != 0 else torchrun_status
+
+
 def _torchrun(ranks: int, argv: List[str]) -> int:
     """``neo train`` of a pipelined config in one process: relaunch it on ``ranks`` local ranks
     (one per pipeline stage) with ``torchrun --standalone``. torchrun's log folders go to a
@@ -193,11 +229,13 @@ def _torchrun(ranks: int, argv: List[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="neo-torchrun-") as logs:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "--log-dir", logs, "-m", "neo.train", *argv]
+               "--log-dir", os.path.join(logs, "torchrun"), "-m", "neo.train", *argv]
         print(f"neo train: parallel.pipeline.stages = {ranks}: running {' '.join(cmd[1:])}", file=sys.stderr,
               flush=True)
-        child = subprocess.Popen(cmd)
-        return _wait_forwarding_signals(child)
+        statuses = os.path.join(logs, "status")
+        os.makedirs(statuses)
+        child = subprocess.Popen(cmd, env=dict(os.environ, **{_STATUS_DIR: statuses}))
+        return _ranks_status(statuses, _wait_forwarding_signals(child))
 
 
 # Signals passed on to a relaunched torchrun (which passes SIGTERM and SIGHUP on to its workers:

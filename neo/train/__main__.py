@@ -5,6 +5,6 @@
 
 import sys
 
-from neo.commands.train import main
+from neo.commands.train import main, record_exit_status
 
-sys.exit(main())
+sys.exit(record_exit_status(main()))

@@ -39,6 +39,34 @@ __all__ = ["init_process_groups", "attempt_store", "restart_attempt", "resolve_t
 
 
 # ----------------------------------------------------------------------------- 0. config checks
+def probe_directory(path: str, field: str) -> None:
+    """Create ``path`` and write a file in it, or a ConfigError naming ``field``: found when the
+    run starts, not at its first write after hours of training."""
+    probe = os.path.join(path, f".probe-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"{field}: {path!r} cannot be written ({e.strerror or e})") from None
+
+
+def check_writable(path: str, field: str) -> None:
+    """Whether directory ``path`` can be made and written, without making it: its nearest existing
+    ancestor is a directory this process may write into (``os.access``: permissions, a read-only
+    mount or an immutable directory); else a ConfigError naming ``field``."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        if existing == os.path.abspath(path):
+            raise ConfigError(f"{field}: {path!r} exists and is not a directory")
+        raise ConfigError(f"{field}: {path!r} cannot be made: {existing!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r} is not writable)")
+
+
 def validate_training_config(cfg) -> None:
     """Rules across sections: equal table dims ending the bottom MLP, sharding types name tables."""
     tables = resolve_tables(cfg)
@@ -49,6 +77,18 @@ def validate_training_config(cfg) -> None:
         path = getattr(cfg.train, field, None)
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"train.{field}: {path!r} exists and is not a directory")
+    # written as the run goes (metrics.jsonl, TensorBoard) and at its end (the trace): found now,
+    # not after the training (the checkpoint directory is probed by the trainer, under its lease)
+    if cfg.train.run_dir:
+        check_writable(cfg.train.run_dir, "train.run_dir")
+    if cfg.data.source == "synthetic" and cfg.data.synthetic.cache_dir:
+        check_writable(cfg.data.synthetic.cache_dir, "data.synthetic.cache_dir")
+    trace = getattr(cfg.train, "trace", None)
+    if trace:
+        if os.path.isdir(trace):
+            raise ConfigError(f"train.trace: {trace!r} is a directory; give the trace a file name "
+                              f"(e.g. {os.path.join(trace, 'trace.json')!r})")
+        check_writable(os.path.dirname(os.path.abspath(trace)), "train.trace")
     for k, t in enumerate(cfg.tables):                  # a cached table's own store directory (made if missing)
         path = getattr(t, "cache_dir", None)
         if path:

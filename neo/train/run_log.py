@@ -3,7 +3,9 @@
 Every record is one JSON object per line: ``{"kind": "train" | "eval" | "cache" | "restart" | "stopped" | "final", "step": N, ...}``
 A run that resumes from a checkpoint (a restart under torchrun included) first drops the records
 of the steps after that checkpoint, which it is about to redo, then writes a ``restart`` record
-(``from_step``, ``attempt``, ``checkpoint``, ``dropped_records``): no step appears twice.
+(``from_step``, ``attempt``, ``checkpoint``, ``dropped_records``): no step appears twice. A fresh
+run in a run directory an earlier run wrote moves that run's file and TensorBoard events to
+``RUN_DIR/previous/`` first.
 (nested values, e.g. per-table cache counters, become TensorBoard tags ``kind/table/field``).
 TensorBoard events go to ``RUN_DIR/tensorboard`` when ``tensorboard`` is importable (otherwise a
 warning, once, and the JSONL file alone).
@@ -37,8 +39,12 @@ class RunLog:
             return
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, "metrics.jsonl")
+        self.moved_aside: Optional[str] = None
+        """Where an earlier run's records went (a fresh run in a run directory already used)."""
         if rewind_to is not None:
             self.dropped_records = _rewind(path, rewind_to)
+        else:
+            self.moved_aside = _move_aside(run_dir)
         self._jsonl = open(path, "a")
         if tensorboard:
             try:
@@ -100,6 +106,9 @@ def start_run_log(runlog: RunLog, plan: Dict[str, Any], device, step: int) -> No
     """What a run's log starts with: the sharding plan (``plan.json`` in the run directory, rank
     0) and, on the CPU, the kernels it computes with (:func:`log_cpu_kernels`)."""
     if runlog.active:
+        if runlog.moved_aside:
+            runlog.message(f"neo train: {runlog.run_dir} held an earlier run's metrics.jsonl and TensorBoard events: "
+                           f"moved to {runlog.moved_aside}")
         with open(os.path.join(runlog.run_dir, "plan.json"), "w") as f:
             json.dump(plan, f, indent=1)
     if device.type == "cpu":
@@ -120,6 +129,24 @@ def log_cpu_kernels(runlog: RunLog, step: int) -> None:
     runlog.message(f"CPU kernels: {describe_cpu_kernels(info)}")
     runlog.record("cpu_kernels", step, {k: info[k] for k in ("neo_cpu_isa", "built", "supported", "forced",
                                                              "cpu_model", "interaction_tiles")})
+
+
+def _move_aside(run_dir: str) -> Optional[str]:
+    """A fresh run (step 0, no checkpoint) in ``run_dir`` that an earlier run wrote: that run's
+    ``metrics.jsonl`` and ``tensorboard/`` go to ``run_dir/previous/`` (replacing an older one),
+    so that the file holds this run's records alone (no step twice) and TensorBoard shows the two
+    runs apart. Returns that directory, or None when there was nothing to move."""
+    import shutil
+
+    names = [n for n in ("metrics.jsonl", "tensorboard") if os.path.exists(os.path.join(run_dir, n))]
+    if not names:
+        return None
+    previous = os.path.join(run_dir, "previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    os.makedirs(previous)
+    for n in names:
+        os.replace(os.path.join(run_dir, n), os.path.join(previous, n))
+    return previous
 
 
 def _rewind(path: str, step: int) -> int:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
-from neo.train.build import build_job, restart_attempt, validate_training_config
+from neo.train.build import build_job, probe_directory, restart_attempt, validate_training_config
 from neo.train.data import rename_features
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
@@ -89,19 +89,6 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
         return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused)
-
-
-def _probe_directory(path: str, field: str) -> None:
-    """Create ``path`` and write a file in it, or a ConfigError naming ``field``: found when the
-    run starts, not at its first save after hours of training."""
-    probe = os.path.join(path, f".probe-{os.getpid()}")
-    try:
-        os.makedirs(path, exist_ok=True)
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(f"{field}: {path!r} cannot be written ({e.strerror or e})") from None
 
 
 class TrainingDiverged(RuntimeError):
@@ -202,7 +189,7 @@ class Trainer:
         self._lease_held = False                 # every rank: whether the run holds it (fit takes it again)
         self._saved_step: Optional[int] = None   # the step of the last save() (a stop saves its step once)
         if t.checkpoint_dir:
-            _probe_directory(t.checkpoint_dir, "train.checkpoint_dir")   # a save must not fail after the training
+            probe_directory(t.checkpoint_dir, "train.checkpoint_dir")   # a save must not fail after the training
             self._take_lease()                  # before reading or clearing anything in the directory
             try:
                 self._open_checkpoints(cached)
@@ -323,7 +310,8 @@ class Trainer:
         steps = max(lookup.optimizer_steps().values(), default=0) if lookup is not None else 0
         meta = {"step": self.step, "world_size": self.W, "local_world_size": self.pg.local_world_size,
                 "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan,
-                "table_inputs": self._table_inputs(), "train_data": self._data_identity()}
+                "table_inputs": self._table_inputs(), "train_data": self._data_identity(),
+                "dense_optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None}
         state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
         self.checkpointer.save(self.step, state, meta)
         self._saved_step = self.step

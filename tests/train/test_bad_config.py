@@ -178,6 +178,19 @@ def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, ov
     assert f"neo train: error: {message}" in p.stderr and "torch.distributed.run" not in p.stderr, p.stderr[-2000:]
 
 
+def test_a_relaunched_run_exits_with_its_ranks_status(tmp_data, tmp_path):
+    """What the ranks of a relaunched (pipelined) run find at setup, a plan file for another
+    world, exits 2 as in one process (torchrun itself exits 1 whatever its workers' statuses)."""
+    one = _plan(tmp_path, "one.json", "--world-size", "1", "--local-world-size", "1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cfg = os.path.join(ROOT, "configs", "pipeline_deep_mlp.yaml")
+    p = subprocess.run([sys.executable, "-m", "neo.cli", "train", cfg, f"data.synthetic.cache_dir={tmp_data}/cache",
+                        f"train.run_dir={tmp_data}/relaunched", "train.steps=2", "train.progress=false",
+                        f"sharding.plan_file={one}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert "neo train: error: sharding.plan_file" in p.stderr, p.stderr[-3000:]
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+
+
 def test_the_final_line_stays_json_when_a_metric_is_not_a_number():
     """No validation samples (an empty validation file) give NaN metrics: the final line writes
     them as null (json.dumps would write the bare word NaN, which JSON parsers refuse)."""
@@ -376,6 +389,29 @@ def test_the_validation_split_is_checked_before_training(tmp_path):
         prepare(str(tmp_path / "val_big"))
     with pytest.raises(DataFileError, match=r"val_wide.*num_dense is 5 \(metadata\), not .*unlike .*train"):
         prepare(str(tmp_path / "val_wide"))
+
+
+def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_data, tmp_path):
+    """train.run_dir under a regular file, train.trace naming a directory or under a regular file:
+    one line, exit 2, before any training (before, a traceback after the run: the trace is written
+    at its end; audit of 2026-11-30). The same check without the file system's say: os.access."""
+    from neo.train.build import check_writable
+
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    for override, message in ((f"train.run_dir={tmp_path}/afile/run", r"train\.run_dir: '.*afile/run' cannot be "
+                                                                       r"made: '.*afile' is not a directory"),
+                              (f"train.trace={tmp_path}/adir", r"train\.trace: '.*adir' is a directory; give "
+                                                               r"the trace a file name"),
+                              (f"train.trace={tmp_path}/afile/t.json", r"train\.trace: .* is not a directory"),
+                              (f"data.synthetic.cache_dir={tmp_path}/afile",
+                               r"data\.synthetic\.cache_dir: '.*afile' exists and is not a directory")):
+        p = _neo_train(tmp_data, "train.steps=2", override)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert re.search(r"neo train: error: " + message, p.stderr), p.stderr[-2000:]
+        assert "samples_per_s" not in p.stdout                   # nothing trained
+    check_writable(str(tmp_path / "new" / "deeper"), "train.run_dir")          # made later, by the run
+    assert not (tmp_path / "new").exists()                                      # the check makes nothing
 
 
 def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):

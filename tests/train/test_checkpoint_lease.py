@@ -192,6 +192,46 @@ def test_a_holder_whose_lease_was_taken_over_knows_and_leaves_it(tmp_path, lease
     assert _read_lease(root)["token"] == second._record.token
 
 
+def test_a_holder_whose_lease_was_taken_over_and_released_knows(tmp_path, leases):
+    """A holder paused past its timeout: another run takes the lease over, finishes and releases
+    it (removing the file). The first holder's next check or renewal must not take the absent
+    file for its own (it would then commit into, and prune, the other run's directory: audit of
+    2026-11-30); a file moved aside by a contender still at work (its claim file present) still is."""
+    root = str(tmp_path / "ck")
+    lost = []
+    first = leases(root, 0.2, run_id="paused", on_lost=lost.append)
+    first.acquire()
+    first._stop.set()                                            # its renewals stop (SIGSTOP)
+    time.sleep(0.5)
+    second = leases(root, 0.2, run_id="other")
+    assert "not renewed" in second.acquire()
+    second.release()
+    assert not os.path.exists(os.path.join(root, LEASE_FILE))
+    why = first.check()
+    assert why is not None and "was removed while this run held the lease" in why, why
+    assert not first.held and len(lost) == 1 and "commits no more checkpoints" in lost[0]
+    assert first.renew() is False and not os.path.exists(os.path.join(root, LEASE_FILE))
+
+    # a contender mid-takeover (its claim present, the file moved aside): still this run's lease
+    root2 = str(tmp_path / "ck2")
+    holder = leases(root2, 60.0, run_id="holder")
+    holder.acquire()
+    path = os.path.join(root2, LEASE_FILE)
+    claim = f"{path}.claim-0123456789abcdef"
+    open(claim, "w").close()
+    os.rename(path, f"{path}.stale-x")
+
+    def put_back():
+        time.sleep(0.1)
+        os.rename(f"{path}.stale-x", path)
+        os.remove(claim)
+
+    t = threading.Thread(target=put_back)
+    t.start()
+    assert holder.check() is None and holder.held
+    t.join()
+
+
 @pytest.mark.parametrize("stale", [False, True])
 def test_of_runs_racing_for_a_lease_exactly_one_wins(tmp_path, stale):
     for round_ in range(10):

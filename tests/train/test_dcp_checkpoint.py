@@ -204,8 +204,9 @@ def _train_and_say(rank, world_size, tmp, overrides):
     # a dense layer of another shape: named before DCP's load
     ("model.dense_arch=[32,8]", r"dense tensor 'bottom\.0\.weight' is \(16, 4\) in the checkpoint, "
                                 r"\(32, 4\) here \(the model section differs"),
-    # another dense optimizer: DCP's CheckpointException (a BaseException), named by the checkpoint
-    ("optim.type=adam", "torch.distributed.checkpoint could not load it"),
+    # another dense optimizer: named from the checkpoint's meta before DCP's load (which would fail
+    # with its CheckpointException, a BaseException)
+    ("optim.type=adam", r"the checkpoint's dense optimizer is Adagrad, this job's is Adam \(optim\.type differs\)"),
 ])
 def test_a_checkpoint_of_another_model_is_a_named_error(tmp_data, two_checkpoints, tmp_path, override, message):
     """A dense model or optimizer that differs from the checkpoint's: a CheckpointError naming the

@@ -272,7 +272,7 @@ def test_neo_train_passes_sigterm_to_the_torchrun_it_launched(tmp_data):
     elastic = os.path.join(tempfile.gettempdir(), "torchelastic_*")             # torchrun's default log folders
     before = set(glob.glob(elastic))
     rc, out, err = _signal_once_training(cmd, env, f"{tmp_data}/pipelined/metrics.jsonl")
-    assert rc != 0, err[-3000:]
+    assert rc == 143, (rc, err[-3000:])        # the ranks' status (128 + SIGTERM), not torchrun's 1
     stops = [r for r in _records(f"{tmp_data}/pipelined/metrics.jsonl") if r["kind"] == "stopped"]
     assert len(stops) == 1 and stops[0]["stopped"] == "SIGTERM" and stops[0]["checkpoint"] is None, err[-3000:]
     assert set(glob.glob(elastic)) == before, "the relaunch left torchrun's log folder in the temporary directory"

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import List, Optional
 
-__all__ = ["CheckpointError", "checkpoint_format", "latest_checkpoint", "candidates", "step_of",
+__all__ = ["CheckpointError", "error_summary", "checkpoint_format", "latest_checkpoint", "candidates", "step_of",
            "tmp_dir", "step_dir", "commit", "clear_stale"]
 
 FORMAT_DCP = "dcp"
@@ -33,6 +33,22 @@ FORMAT_NEO1 = "neo1"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written, is damaged, or does not fit the model."""
+
+
+def error_summary(e: BaseException) -> str:
+    """One line for an exception of a checkpoint save or load: for torch.distributed.checkpoint's
+    ``CheckpointException`` (whose text holds every failed rank's traceback) each failed rank's
+    exception alone, e.g. ``rank 0: OSError: [Errno 28] No space left on device: '...'``."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for rank, pair in sorted(failures.items()):
+            exc = pair[0] if isinstance(pair, tuple) and pair else pair
+            parts.append(f"rank {rank}: {type(exc).__name__}: {exc}" if isinstance(exc, BaseException)
+                         else f"rank {rank}: {exc}")
+        return "; ".join(parts)
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def step_dir(root: str, step: int) -> str:

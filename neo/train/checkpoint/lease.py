@@ -27,7 +27,9 @@ contender per version, so none can move aside a newer lease another contender ju
 move aside (``os.rename`` to a name of the contender's own, then checked to be the text judged
 stale), and a new lease created with ``O_EXCL`` as above. A renewal replaces the file through a
 temporary file and ``os.replace`` after checking that it is still this run's; a renewal that
-finds another run's lease stops and reports the loss. What remains unguarded is a holder that
+finds another run's lease stops and reports the loss, and so does one that finds the file gone
+with no contender's claim left (another run took it over and has released it since: the file is
+only ever absent under a claim while a contender moves it aside). What remains unguarded is a holder that
 acts in the instant its stale lease is taken over (it renews after pausing for longer than the
 timeout): its next renewal finds the other lease and says so. Wall clocks of the hosts sharing
 a directory must agree to well within the timeout.
@@ -41,6 +43,7 @@ import json
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -341,20 +344,46 @@ class CheckpointLease:
 
     def _read_own(self):
         """(Under the lock, while held.) The lease file's text if it still carries this run's
-        token; None if it is absent (moved aside by a contender and not yet put back: still ours
-        until replaced); False, the loss recorded and said, if another run's lease is there."""
-        text = _read_settled(self.path)
-        if text is None:
-            return None
+        token; False, the loss recorded and said, if another run's lease is there, or if the file
+        is gone with no contender at work (a run that took it over while this one was stopped, and
+        released it since, removed it); None if it stays absent while a contender's claim stays
+        (a contender that died with the file moved aside: still ours, put back by the renewal).
+
+        A contender moves a stale-looking lease aside only while holding its claim file
+        (``lease.json.claim-*``), and puts it back before dropping the claim if the holder
+        renewed it meanwhile: an absent file with no claim left is not a move in progress."""
+        deadline = time.monotonic() + _CLAIM_S
+        while True:
+            text = _read_settled(self.path)
+            if text is not None:
+                break
+            claims = [n for n in _listdir(self.root) if n.startswith(f"{LEASE_FILE}.claim-")]
+            if not claims:
+                text = _read_settled(self.path)          # put back just before its claim went?
+                if text is not None:
+                    break
+                self._lose(None, absent=True)
+                return False
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
         current = LeaseRecord.from_text(text)
         if current is None or current.token != self._record.token:
             self._lose(current)
             return False
         return text
 
-    def _lose(self, current: Optional[LeaseRecord]) -> None:
-        """Another run holds the lease now (``current``; None: unreadable): stop holding it, say so."""
+    def _lose(self, current: Optional[LeaseRecord], absent: bool = False) -> None:
+        """Another run holds the lease now (``current``; None: unreadable, or with ``absent``,
+        removed by a run that held it since): stop holding it, say so."""
         self._record = None
+        if absent:
+            self._lost = (f"{self.path} was removed while this run held the lease (taken over and released by "
+                          f"another run while this one's renewals were stopped for longer than "
+                          f"train.checkpoint_lease_s = {self.timeout_s:g} s?)")
+            if self.on_lost is not None:
+                self.on_lost(f"neo train: warning: {self._lost}: this run commits no more checkpoints there")
+            return
         holder = current.describe() if current is not None else "an unreadable lease file"
         self._lost = (f"the lease on {self.root} was taken over by {holder} while this run held it (were its "
                       f"renewals stopped for longer than train.checkpoint_lease_s = {self.timeout_s:g} s?)")
@@ -395,9 +424,21 @@ class CheckpointLease:
             record, self._record = self._record, None
             if record is None:
                 return
-            current = LeaseRecord.from_text(_read_text(self.path) or "")
-            if current is not None and current.token == record.token:
-                _remove(self.path)
+            try:
+                current = LeaseRecord.from_text(_read_text(self.path) or "")
+                if current is not None and current.token == record.token:
+                    _remove(self.path)
+            except OSError as e:     # (a directory made read-only meanwhile): said, never raised over the
+                print(f"neo train: warning: the lease {self.path} could not be removed ({e.strerror or e}); "
+                      f"it goes stale after train.checkpoint_lease_s = {self.timeout_s:g} s",   # run's own error
+                      file=sys.stderr, flush=True)
+
+
+def _listdir(path: str) -> list:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
 
 
 def _remove(path: str) -> None:

@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, cre
 from neo.train.checkpoint import legacy
 from neo.train.checkpoint.dcp_state import dense_state, embedding_state, load_dense, restore_rank_state
 from neo.train.checkpoint.integrity import verify_checkpoint
-from neo.train.checkpoint.layout import FORMAT_DCP, FORMAT_NEO1, CheckpointError, candidates, checkpoint_format
+from neo.train.checkpoint.layout import (FORMAT_DCP, FORMAT_NEO1, CheckpointError, candidates, checkpoint_format,
+                                        error_summary)
 
 __all__ = ["find_resumable", "load_checkpoint"]
 
@@ -77,6 +78,11 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
             meta = json.load(f)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{os.path.join(path, 'meta.json')}: missing or unreadable: {e}") from e
+    saved_opt, now_opt = meta.get("dense_optimizer"), type(optimizer).__name__ if optimizer is not None else None
+    if saved_opt is not None and now_opt is not None and saved_opt != now_opt:
+        raise CheckpointError(f"{path}: the checkpoint's dense optimizer is {saved_opt}, this job's is {now_opt} "
+                              f"(optim.type differs): its state cannot be loaded into another optimizer; resume "
+                              f"with the checkpoint's optim.type, or start afresh (train.resume=false)")
     W0 = int(meta["world_size"])
     same_world = W0 == pg.world_size
     md = dcp.FileSystemReader(path).read_metadata()
@@ -94,7 +100,7 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
         # BaseException: a shape or key of the dense model or its optimizer that differs), RuntimeError, KeyError
         raise CheckpointError(f"{path}: torch.distributed.checkpoint could not load it into this job (the model, "
                               f"its optimizer or the tables differ from the checkpoint's config?): "
-                              f"{_first_lines(e)}") from None
+                              f"{error_summary(e)}") from None
     with torch.no_grad():
         for fix in after:
             fix()
@@ -120,12 +126,6 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
         new.update(epoch=int(mine[0]["loader"]["epoch"]), position=min(total // pg.world_size, loader.shard_size))
         loader.load_state_dict(new)
     return meta
-
-
-def _first_lines(e: BaseException, n: int = 6) -> str:
-    """The start of an exception's text (DCP's gathers every rank's traceback into it)."""
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return " / ".join(lines[:n]) + (" ..." if len(lines) > n else "")
 
 
 class _LoadPlanner(DefaultLoadPlanner):

@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from neo.train.checkpoint.integrity import file_digest, write_manifest
-from neo.train.checkpoint.layout import CheckpointError, clear_stale, commit, latest_checkpoint, tmp_dir
+from neo.train.checkpoint.layout import (CheckpointError, clear_stale, commit, error_summary, latest_checkpoint,
+                                        tmp_dir)
 
 __all__ = ["Checkpointer"]
 
@@ -170,11 +170,12 @@ class Checkpointer:
 
 
 def _describe(e: BaseException, rank: int) -> str:
-    """One line naming the rank, the exception and (for OS errors) the file."""
-    text = f"rank {rank}: {e.__class__.__name__}: {e}"
+    """One line naming the rank, the exception and (for OS errors) the file; for DCP's
+    CheckpointException, each failed rank's exception without its traceback."""
+    if isinstance(getattr(e, "failures", None), dict):
+        return error_summary(e)
+    text = f"rank {rank}: {error_summary(e)}"
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause) not in text:
-        text += f" (cause: {cause.__class__.__name__}: {cause})"
-    if not str(e):
-        text += " " + traceback.format_exception_only(type(e), e)[-1].strip()
+        text += f" (cause: {error_summary(cause)})"
     return text
