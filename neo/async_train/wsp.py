@@ -63,6 +63,7 @@ from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
 from neo.distributed.process_groups import on_rank0
 from neo.train.build import build_job, validate_training_config
+from neo.train.checkpoint.digest import replica_sha256
 from neo.train.data import rename_features
 from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog, start_run_log
@@ -480,9 +481,10 @@ class WSPTrainer:
         return metrics.compute(self.pg.world if self.W > 1 else None)
 
     def _final(self, runlog: RunLog, start: float, end: float, last_eval: Dict[str, Any]) -> Dict[str, Any]:
+        recent = self.losses[-50:]
         mine = {"rank": self.rank, "start": start, "end": end, "waves": self.waves_log,
                 "max_staleness": max((w["staleness"] for w in self.waves_log), default=0),
-                "phase_s": self.timers.snapshot()}
+                "phase_s": self.timers.snapshot(), "loss_sum": float(sum(recent)), "loss_n": len(recent)}
         infos = [mine]
         if self.W > 1:
             infos = [None] * self.W
@@ -513,12 +515,17 @@ class WSPTrainer:
             "calibration": last_eval.get("calibration"),
             "accuracy": last_eval.get("accuracy"), "eval_samples": last_eval.get("count"),
             "best_auc": self.data.best_auc,
-            "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+            # the last (up to) 50 steps of every worker, as the synchronous trainer's train_loss
+            "train_loss": (sum(i["loss_sum"] for i in infos) / sum(i["loss_n"] for i in infos))
+            if sum(i["loss_n"] for i in infos) else None,
             "phase_ms_per_step": {k: round(1e3 * v / max(self.step, 1), 3) for k, v in mine["phase_s"].items()
                                   if k != "evaluate"},
             "slowdown": {"rank": self.slowdown.rank, "factor": self.slowdown.factor,
                          "probability": self.slowdown.probability},
         }
+        if self.cfg.train.state_digest and self.rank == 0:    # the replicas are equal once every wave is in
+            with self.timers("state_digest"):
+                out["state_sha256"] = replica_sha256(self.embedding, self.model, self.optimizer)
         if self.start_version >= self.waves:
             out["note"] = (f"nothing left to train: resumed at version {self.start_version}, the config ends at "
                            f"wave {self.waves}")

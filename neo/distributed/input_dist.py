@@ -61,6 +61,7 @@ from neo.sparse import KeyedJaggedBatch
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
 
 _HEADER = 6   # B, has_weights, error, feature index, id, sample
+_MISSING_FEATURE = 2   # the header's error code of a feature absent from a rank's batch (1: an id out of range)
 
 
 class DistributedInputError(EmbeddingInputError):
@@ -176,8 +177,23 @@ class InputDist:
         return (f"rank {rank}: feature '{feat}' (table '{table.name}'): id {bad_id} at sample {sample} "
                 f"is out of range [0, {table.num_rows})")
 
+    def _missing_message(self, rank: int, f: int, count: int) -> str:
+        feat = self.layout.features[f]
+        more = f" and {count - 1} more" if count > 1 else ""
+        return (f"rank {rank}: feature '{feat}' (table '{self.layout.feature_table[feat].name}'){more} not in its "
+                f"batch (every rank passes every feature of the collection)")
+
     def __call__(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
         layout, W = self.layout, self.W
+        missing = [k for k, f in enumerate(layout.features) if f not in batch.keys]
+        if missing and self.validate and W > 1:
+            # said to every rank in the header exchange, so that no rank waits for this one
+            weighted = int(batch.weights is not None)
+            head = torch.tensor([batch.batch_size, weighted, _MISSING_FEATURE, missing[0], len(missing), 0],
+                                dtype=torch.int64, device=batch.values.device)
+            heads = all_to_all(head.repeat(W), [_HEADER] * W, [_HEADER] * W, self.pg.world_comm,
+                               name="input_dist.header").wait().view(W, _HEADER)
+            self._raise_on_bad_input(heads, batch.batch_size, bool(weighted))
         batch = batch.permute(layout.features)                              # global feature order
         B = batch.batch_size
         values = batch.values.to(torch.int64)
@@ -292,7 +308,9 @@ class InputDist:
         me = self.pg.rank
         failed = [r for r in range(self.W) if int(heads[r, 2])]
         if failed:
-            msgs = [self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
+            msgs = [self._missing_message(r, int(heads[r, 3]), int(heads[r, 4]))
+                    if int(heads[r, 2]) == _MISSING_FEATURE else
+                    self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
             who = "this rank" if me in failed else f"rank(s) {failed}"
             raise DistributedInputError(
                 f"input distribution stopped on rank {me}: bad input on {who}: " + "; ".join(msgs))

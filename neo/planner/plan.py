@@ -143,6 +143,10 @@ class Plan:
             bad = [s for s in tp.shards if not 0 <= s.rank < world_size]
             if bad:
                 return f"table {name!r}: shard on rank {bad[0].rank}, outside ranks 0..{world_size - 1}"
+            allowed = spec.constraints.sharding_types
+            if allowed and tp.sharding_type not in allowed:
+                return (f"table {name!r}: the plan shards it {tp.sharding_type.value}, the config allows only "
+                        f"{[t.value for t in allowed]} (sharding.types, or the table's sharding_types)")
             if tp.sharding_type is ShardingType.DATA_PARALLEL:
                 err = next((f"replica {s} is not the whole {spec.rows} x {spec.dim} table" for s in tp.shards
                             if (s.row_offset, s.rows, s.col_offset, s.cols) != (0, spec.rows, 0, spec.dim)), None)

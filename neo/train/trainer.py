@@ -393,9 +393,14 @@ class Trainer:
 
     def _run_figures(self, steps_run: int, train_s: float) -> Dict[str, Any]:
         """What the final JSON line says of any run, finished or stopped: steps, throughput, the
-        recent training loss, the world."""
+        recent training loss (of the last 50 steps, over every rank's samples, as the run log's
+        records; collective), the world."""
+        recent = self.losses[-50:]
+        loss = torch.tensor([sum(recent), float(len(recent))], dtype=torch.float64)
+        if self.W > 1:
+            dist.all_reduce(loss, group=self.pg.world)
         return {"steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
-                "train_loss": (sum(self.losses[-50:]) / len(self.losses[-50:])) if self.losses else None,
+                "train_loss": float(loss[0] / loss[1]) if float(loss[1]) > 0 else None,
                 "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2)}
 
     def _stopped(self, num: int, runlog: RunLog, steps_run: int, train_s: float) -> Dict[str, Any]:

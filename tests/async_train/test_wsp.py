@@ -67,6 +67,11 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
         assert a["losses"] == b["losses"], r                   # every step of every rank
         assert_same_state(a, b)
     assert wsp[0]["final"]["auc"] == pytest.approx(bsp[0]["final"]["auc"], abs=1e-12)
+    # train_loss: every worker's last steps in both (before, rank 0's alone in each, and the
+    # synchronous trainer's differed from its own run log's averages)
+    assert wsp[0]["final"]["train_loss"] == pytest.approx(bsp[0]["final"]["train_loss"], rel=1e-12)
+    mean = sum(sum(r["losses"][-50:]) for r in bsp) / sum(len(r["losses"][-50:]) for r in bsp)
+    assert bsp[0]["final"]["train_loss"] == pytest.approx(mean, rel=1e-12) == bsp[1]["final"]["train_loss"]
     assert wsp[0]["final"]["max_staleness_observed"] == 0
     waves = _records(f"{tmp_data}/wsp0", "wsp_wave")
     assert len(waves) == 2 * 12 and all(w["staleness"] == 0 for w in waves)

@@ -34,6 +34,8 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_ends(tmp_data):
         assert first[r]["losses"] + rest[r]["losses"] == whole[r]["losses"], r        # every step of every rank
         assert_same_state(rest[r], whole[r])
     assert rest[0]["final"]["auc"] == whole[0]["final"]["auc"]
+    assert rest[0]["final"]["state_sha256"] == whole[0]["final"]["state_sha256"]          # the digest says so
+    assert first[0]["final"]["state_sha256"] != whole[0]["final"]["state_sha256"]
     # resumed past the config's end (version 6, a run of 8 steps = 4 waves): nothing trained, said so,
     # throughput 0 and the checkpoint it resumed from (it reported -10M samples/s and an older file)
     past = run_multiprocess(_wsp, 2, tmp_data, args("part", 8))[0]["final"]

@@ -43,6 +43,8 @@ class Case:
     """Put an out-of-range id into this rank's first batch (expects every rank to raise)."""
     short_batch_rank: Optional[int] = None
     """This rank's first batch one sample short (expects every rank to raise)."""
+    missing_feature_rank: Optional[int] = None
+    """This rank's first batch without its first feature (expects every rank to raise)."""
     use_parallelize: bool = False
     """Build the model unsharded, then neo.distributed.parallelize it (instead of DDP by hand)."""
     shm: bool = True
@@ -201,6 +203,8 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
             local.values[-1] = 10_000                                     # out of range on this rank only
         if case.short_batch_rank == rank and step == 0:
             local = local_slice(local, 0, B - 1)                          # a partial batch on this rank only
+        if case.missing_feature_rank == rank and step == 0:
+            local = local.permute(local.keys[1:])                         # its first feature left out
         try:
             logits = step_fn(local)
         except ValueError as e:

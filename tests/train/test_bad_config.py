@@ -73,6 +73,13 @@ def test_a_plan_file_must_fit_the_run(tmp_path):
     assert load_plan_file(good, specs, 1, 1).world_size == 1
     with pytest.raises(ConfigError, match=r"planned for 1 ranks \(1 per host\); this run has 2 \(2 per host\)"):
         load_plan_file(good, specs, 2, 2)
+    # a type the config pins (sharding.types) that the plan does not use: named, not silently ignored
+    kind = load_plan_file(good, specs, 1, 1).tables[specs[0].name].sharding_type.value
+    other = "column_wise" if kind != "column_wise" else "table_wise"
+    pinned = tiny_config(str(tmp_path), f"sharding.types.{specs[0].name}={other}").table_specs()
+    with pytest.raises(ConfigError, match=rf"table '{specs[0].name}': the plan shards it {kind}, the config "
+                                          rf"allows only \['{other}'\] \(sharding\.types"):
+        load_plan_file(good, pinned, 1, 1)
     small = _plan(tmp_path, "small.json", "--world-size", "1", "--local-world-size", "1", "tables[0].num_rows=100")
     with pytest.raises(ConfigError, match=rf"table '{specs[0].name}' \({specs[0].rows} x {specs[0].dim} in the config\)"):
         load_plan_file(small, specs, 1, 1)

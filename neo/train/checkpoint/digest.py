@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from neo.planner.types import ShardingType
 
-__all__ = ["state_sha256", "tensor_sha256"]
+__all__ = ["state_sha256", "replica_sha256", "tensor_sha256"]
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
@@ -65,6 +65,25 @@ def _dense_lines(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Li
                 value = tensor_sha256(v) if isinstance(v, torch.Tensor) else repr(v)
                 lines.append(f"dense_optimizer/{names.get(id(p), '?')}/{key}={value}")
     return lines
+
+
+def replica_sha256(embedding, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """The digest of one worker's whole replica (an unsharded ``TableBatchedEmbedding``, the dense
+    model and its optimizer): wave-synchronous training (neo/async_train), where every worker
+    holds every table. Lines keyed by table and state name over whole tables: comparable between
+    such runs (a resumed one against an uninterrupted one), not with a sharded job's digest."""
+    lines = []
+    for t in embedding.tables:
+        lines.append(f"embedding/{t.name}/weight={tensor_sha256(embedding.table_weight(t.name))}")
+        for name, v in embedding.table_optimizer_state(t.name).items():
+            lines.append(f"embedding/{t.name}/{name}={tensor_sha256(v)}")
+    for name, steps in sorted(embedding.optimizer_steps().items()):
+        lines.append(f"embedding/{name}/optimizer_step={steps}")
+    lines += _dense_lines(model, optimizer)
+    h = hashlib.sha256()
+    for line in sorted(lines):
+        h.update(line.encode() + b"\n")
+    return h.hexdigest()
 
 
 @torch.no_grad()
