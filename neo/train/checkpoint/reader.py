@@ -156,7 +156,8 @@ def _check_dense(path: str, tensors: Dict[str, Any], md) -> None:
         size = tuple(getattr(saved[key], "size", ()))
         if size != tuple(v.shape):
             raise CheckpointError(f"{path}: dense tensor '{name}' is {size} in the checkpoint, {tuple(v.shape)} here "
-                                  "(the model section differs from the checkpoint's)")
+                                  "(the model section differs from the checkpoint's, or the data's dense features: "
+                                  "the bottom MLP's first layer takes num_dense inputs)")
 
 
 def _check_tables(path: str, sharded, md) -> None:
