@@ -270,7 +270,7 @@ class WSPTrainer:
         lr = self.schedule(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
+        factor = self.schedule.factor(step)                 # the tables follow the schedule's shape
         self.embedding.set_learning_rates({tb.name: tb.optimizer.lr * factor for tb in self.embedding.tables})
 
     def apply(self, update: Dict[str, Any]) -> None:

@@ -80,6 +80,11 @@ class OptimConfig:
         for name in ("warmup_steps", "decay_start", "decay_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.decay_steps > 0 and self.decay_start < self.warmup_steps:
+            # the decay would be part done when the warmup ends: the lr would fall at once
+            raise ConfigError(f"{where}.decay_start: {self.decay_start} is inside the warmup ({where}.warmup_steps = "
+                              f"{self.warmup_steps}); the decay starts after the warmup: set decay_start >= "
+                              f"warmup_steps")
         if self.sparse is not None:
             self.sparse.to_config(f"{where}.sparse")
 

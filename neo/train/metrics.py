@@ -29,13 +29,14 @@ def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Area under the ROC curve of ``scores`` for binary ``labels``; ties between scores count 1/2.
 
     Computed as the Mann-Whitney U statistic over average ranks, in O(n log n), in float64.
-    Returns NaN when only one class is present.
+    Returns NaN when only one class is present, or when a score is NaN (a sort would rank it
+    above every number: a diverged model would get an AUC of up to 1).
     """
     scores = scores.detach().double().flatten()
     labels = labels.detach().flatten() > 0.5
     n_pos = int(labels.sum())
     n_neg = labels.numel() - n_pos
-    if n_pos == 0 or n_neg == 0:
+    if n_pos == 0 or n_neg == 0 or bool(torch.isnan(scores).any()):
         return float("nan")
     order = torch.argsort(scores)
     sorted_scores = scores[order]
@@ -101,7 +102,6 @@ class BinaryMetrics:
         if labels.numel() == 0:
             nan = float("nan")
             return {"auc": nan, "logloss": nan, "ne": nan, "calibration": nan, "accuracy": nan, "count": 0}
-        probs = torch.sigmoid(logits)
         # from the logits in float64: exact where a float32 probability saturates at 0 or 1
         loss = float(torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double()))
         return {
@@ -109,6 +109,9 @@ class BinaryMetrics:
             "logloss": loss,
             "ne": normalized_entropy(loss, labels),
             "calibration": calibration(torch.sigmoid(logits.double()), labels),
-            "accuracy": float(((probs > 0.5).float() == labels).double().mean()),
+            # a click predicted where the logit is > 0 (exact; a float32 sigmoid rounds to 0.5 near 0);
+            # a NaN logit predicts nothing right
+            "accuracy": float("nan") if bool(torch.isnan(logits).any())
+            else float(((logits > 0).float() == labels).double().mean()),
             "count": int(labels.numel()),
         }

@@ -26,3 +26,10 @@ class LRSchedule:
             return self.base_lr
         p = min(1.0, (step - self.decay_start) / self.decay_steps)
         return self.base_lr * max(self.end_ratio, (1.0 - p) ** self.power)
+
+    def factor(self, step: int) -> float:
+        """The schedule at ``step`` as a fraction of ``base_lr``: what the tables' own learning
+        rates are multiplied by (``lr(step) / base_lr``, computed so where ``base_lr`` is 0 too)."""
+        if self.base_lr > 0:
+            return self(step) / self.base_lr
+        return LRSchedule(1.0, self.warmup_steps, self.decay_start, self.decay_steps, self.power, self.end_ratio)(step)

@@ -325,7 +325,7 @@ class Trainer:
         lr = self.schedule(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        factor = lr / self.schedule.base_lr if self.schedule.base_lr > 0 else 1.0
+        factor = self.schedule.factor(step)                 # the tables follow the schedule's shape
         lookup = self.sharded.lookup
         if lookup is not None:
             lookup.set_learning_rates({tb.name: tb.optimizer.lr * factor for tb in lookup.tables})

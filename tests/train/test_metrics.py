@@ -50,6 +50,39 @@ def test_schedule():
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert s(9) == 1.0 and s(10) == 1.0
     assert math.isclose(s(15), 0.25) and s(20) == 0.0 and s(100) == 0.0
+    # the shape the tables follow: lr / base_lr, and the same shape where the dense lr is 0 (before,
+    # the tables then ran at their full rates throughout: audit of 2026-11-30)
+    z = LRSchedule(0.0, warmup_steps=4, decay_start=10, decay_steps=10, power=2.0)
+    assert [z.factor(i) for i in (0, 3, 9, 15, 20)] == [s.factor(i) for i in (0, 3, 9, 15, 20)] == \
+        [0.25, 1.0, 1.0, s(15), 0.0]
+    assert all(z(i) == 0.0 for i in range(25))
+
+
+def test_a_decay_inside_the_warmup_is_refused():
+    """decay_start before the warmup's end: the decay would be part done when the warmup ends and
+    the lr would fall 4x in one step; refused, naming both fields."""
+    import pytest
+
+    from neo.config import ConfigError
+    from neo.config.train import OptimConfig
+
+    OptimConfig(lr=1.0, warmup_steps=4, decay_start=4, decay_steps=4).validate()
+    OptimConfig(lr=1.0, warmup_steps=4, decay_start=0, decay_steps=0).validate()       # no decay: any start
+    with pytest.raises(ConfigError, match=r"optim\.decay_start: 2 is inside the warmup \(optim\.warmup_steps = 4\)"):
+        OptimConfig(lr=1.0, warmup_steps=4, decay_start=2, decay_steps=4).validate()
+
+
+def test_nan_logits_have_no_auc_and_accuracy_is_exact_near_zero():
+    """A NaN logit (a diverged model) gives NaN AUC and accuracy, as it gives NaN log loss (a sort
+    ranked NaN above every number: AUC 1.0 for positives scored NaN); a logit of 1e-9 predicts a
+    click (its float32 sigmoid rounds to 0.5)."""
+    m = BinaryMetrics()
+    m.update(torch.tensor([float("nan"), float("nan"), 0.2, -0.1]), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    r = m.compute()
+    assert math.isnan(r["auc"]) and math.isnan(r["accuracy"]) and math.isnan(r["logloss"])
+    m = BinaryMetrics()
+    m.update(torch.tensor([1e-9, -1e-9]), torch.tensor([1.0, 0.0]))
+    assert m.compute()["accuracy"] == 1.0
 
 
 def test_ne_and_calibration_equal_torchrecs():
