@@ -387,7 +387,10 @@ class WSPTrainer:
 
     def _fit(self, stop: StopSignals) -> Dict[str, Any]:
         t = self.cfg.train
-        resumed = self.start_version > 0
+        from neo.train.build import restart_attempt
+
+        # a torchrun restart before any checkpoint rewinds its log too (not moved aside as a fresh run's)
+        resumed = self.start_version > 0 or restart_attempt() > 0
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
                         rewind_to=self.step if resumed else None)
         self._runlog = runlog                  # closed by fit() on every way out (an error too)
@@ -542,10 +545,14 @@ def run(cfg, pg=None) -> int:
         trainer = WSPTrainer(cfg, pg=pg)
     except setup_errors() as e:      # the config asks for something this run cannot do: exit 2
         return report_error(e, pg, 2)
+    from neo.train.checkpoint import CheckpointError
+
     try:
         final, rank = trainer.fit(), trainer.rank
     except input_errors() as e:       # a bad data row, or a cache too small, met as the run goes
         return report_error(e, pg, 2)
+    except CheckpointError as e:      # a save that failed mid-run, a lost lease: one line, as neo train
+        return report_error(e, pg, 1)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = final.get("exit_status", 0)           # 128 + N: a signal of train.stop_signals stopped it
     if rank == 0:

@@ -51,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from neo.train.build import validate_training_config
 
         check_request(cfg, args.division, args.seeds)
-        validate_training_config(cfg)
+        validate_training_config(cfg, outputs=False)   # its runs write under --results-dir
         prepare_results_dir(args.results_dir, overwrite=args.overwrite,
                             first_rank=int(os.environ.get("RANK", "0")) == 0)
         from neo.mlperf.log import import_mllog

@@ -206,16 +206,18 @@ def record_exit_status(status: int) -> int:
 
 
 def _ranks_status(folder: str, torchrun_status: int) -> int:
-    """The run's status from its ranks' (the first non-zero one, by rank), else torchrun's."""
+    """The run's status from its ranks': the non-zero status written first (the rank that failed
+    first, its cause; the others fail after it, e.g. on a collective), else torchrun's."""
     found = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
         if name.startswith("rank-"):
+            path = os.path.join(folder, name)
             try:
-                with open(os.path.join(folder, name)) as f:
-                    found.append((int(name[5:]), int(f.read().strip())))
+                with open(path) as f:
+                    found.append((os.stat(path).st_mtime_ns, int(name[5:]), int(f.read().strip())))
             except (OSError, ValueError):
                 continue
-    failed = [s for _, s in sorted(found) if s != 0]
+    failed = [s for _, _, s in sorted(found) if s != 0]
     return failed[0] if failed and torchrun_status != 0 else torchrun_status
 
 

@@ -186,14 +186,17 @@ class InputDist:
     def __call__(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
         layout, W = self.layout, self.W
         missing = [k for k, f in enumerate(layout.features) if f not in batch.keys]
-        if missing and self.validate and W > 1:
-            # said to every rank in the header exchange, so that no rank waits for this one
-            weighted = int(batch.weights is not None)
-            head = torch.tensor([batch.batch_size, weighted, _MISSING_FEATURE, missing[0], len(missing), 0],
-                                dtype=torch.int64, device=batch.values.device)
-            heads = all_to_all(head.repeat(W), [_HEADER] * W, [_HEADER] * W, self.pg.world_comm,
-                               name="input_dist.header").wait().view(W, _HEADER)
-            self._raise_on_bad_input(heads, batch.batch_size, bool(weighted))
+        missing_err = None
+        if missing:
+            if W == 1:
+                raise DistributedInputError(self._missing_message(self.pg.rank, missing[0], len(missing)))
+            # sent as empty bags with the error in the header (the header exchange, or the lengths
+            # AlltoAll where ids are not validated): every rank raises, none waits for this one
+            absent = [layout.features[k] for k in missing]
+            batch = KeyedJaggedBatch(tuple(batch.keys) + tuple(absent), batch.values,
+                                     torch.cat([batch.lengths, batch.lengths.new_zeros(len(absent) * batch.batch_size)]),
+                                     batch.batch_size, weights=batch.weights)
+            missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
         B = batch.batch_size
         values = batch.values.to(torch.int64)
@@ -201,8 +204,8 @@ class InputDist:
         lengths = batch.lengths.to(torch.int64)
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
-        header_err = [0, 0, 0, 0]
-        if self.validate and values.numel():
+        header_err = [0, 0, 0, 0] if missing_err is None else missing_err
+        if self.validate and values.numel() and missing_err is None:
             bad = self._first_bad_id(values, starts)
             if bad is not None:
                 f, bad_id, pos = bad

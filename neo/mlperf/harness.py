@@ -222,7 +222,7 @@ def run_benchmark(cfg, results_dir: str, seeds: int = 1, division: str = "open",
     from neo.train.build import init_process_groups, validate_training_config
 
     check_request(cfg, division, seeds)
-    validate_training_config(cfg)
+    validate_training_config(cfg, outputs=False)        # its runs write under results_dir
     prepare_results_dir(results_dir, first_rank=(pg.rank if pg is not None else int(os.environ.get("RANK", "0"))) == 0)
     own_pg = pg is None
     pg = pg or init_process_groups(cfg.train)

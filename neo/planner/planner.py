@@ -390,9 +390,10 @@ def _table_plan(o: Option, shards, speeds: np.ndarray) -> TablePlan:
     w = np.maximum(pc.distinct, 1e-30)
     hit = float((pc.hit_rate * w).sum() / w.sum())
     miss_ms = float((pc.miss_seconds / speeds).max() * 1e3)     # the slowest part: what a step waits for
-    parts = [np.ceil(o.cache_fraction * r) for r in o.rows]
-    # the table's cache rows: its shards' together; data-parallel replicas each cache the whole table
-    cache_rows = int(max(parts) if o.sharding_type is ShardingType.DATA_PARALLEL else sum(parts))
+    # the table's cache rows: one cache per distinct row range (data-parallel replicas and column
+    # shards of the same rows each cache those rows: counted once)
+    rows = [r for _, r in {(s.row_offset, s.rows) for s in shards}] if shards else list(o.rows)
+    cache_rows = int(sum(np.ceil(o.cache_fraction * r) for r in rows))
     return TablePlan(o.sharding_type, shards, Placement.CACHED, o.cache_fraction, cache_rows, hit, miss_ms)
 
 

@@ -67,8 +67,9 @@ def check_writable(path: str, field: str) -> None:
         raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r} is not writable)")
 
 
-def validate_training_config(cfg) -> None:
-    """Rules across sections: equal table dims ending the bottom MLP, sharding types name tables."""
+def validate_training_config(cfg, outputs: bool = True) -> None:
+    """Rules across sections: equal table dims ending the bottom MLP, sharding types name tables;
+    the paths the run reads and (``outputs``) writes."""
     tables = resolve_tables(cfg)
     dims = [t.dim for t in tables for _ in t.feature_names]
     cfg.model.check_tables(dims)
@@ -77,18 +78,9 @@ def validate_training_config(cfg) -> None:
         path = getattr(cfg.train, field, None)
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"train.{field}: {path!r} exists and is not a directory")
-    # written as the run goes (metrics.jsonl, TensorBoard) and at its end (the trace): found now,
-    # not after the training (the checkpoint directory is probed by the trainer, under its lease)
-    if cfg.train.run_dir:
-        check_writable(cfg.train.run_dir, "train.run_dir")
-    if cfg.data.source == "synthetic" and cfg.data.synthetic.cache_dir:
-        check_writable(cfg.data.synthetic.cache_dir, "data.synthetic.cache_dir")
-    trace = getattr(cfg.train, "trace", None)
-    if trace:
-        if os.path.isdir(trace):
-            raise ConfigError(f"train.trace: {trace!r} is a directory; give the trace a file name "
-                              f"(e.g. {os.path.join(trace, 'trace.json')!r})")
-        check_writable(os.path.dirname(os.path.abspath(trace)), "train.trace")
+    cache_dir = cfg.data.synthetic.cache_dir if cfg.data.source == "synthetic" else None
+    if cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise ConfigError(f"data.synthetic.cache_dir: {cache_dir!r} exists and is not a directory")
     for k, t in enumerate(cfg.tables):                  # a cached table's own store directory (made if missing)
         path = getattr(t, "cache_dir", None)
         if path:
@@ -97,6 +89,18 @@ def validate_training_config(cfg) -> None:
                 existing = os.path.dirname(existing)
             if not os.path.isdir(existing):
                 raise ConfigError(f"tables[{k}].cache_dir: {path!r} is not a directory (table {t.name!r})")
+    # Written as the run goes (metrics.jsonl, TensorBoard) and at its end (the trace), by rank 0:
+    # found now, not after the training (the checkpoint directory is probed by the trainer, under
+    # its lease). Not for `neo mlperf`, whose runs write under its results directory instead.
+    if outputs and int(os.environ.get("RANK", "0") or 0) == 0:
+        if cfg.train.run_dir:
+            check_writable(cfg.train.run_dir, "train.run_dir")
+        trace = getattr(cfg.train, "trace", None)
+        if trace:
+            if os.path.isdir(trace):
+                raise ConfigError(f"train.trace: {trace!r} is a directory; give the trace a file name "
+                                  f"(e.g. {os.path.join(trace, 'trace.json')!r})")
+            check_writable(os.path.dirname(os.path.abspath(trace)), "train.trace")
 
 
 # ----------------------------------------------------------------------------- 1. process groups

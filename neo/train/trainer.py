@@ -445,8 +445,10 @@ class Trainer:
     def _fit(self, hook: FitHook, stop: StopSignals) -> Dict[str, Any]:
         t = self.cfg.train
         restarted = self.resumed_from is not None or self.attempt > 0
+        # a fresh run (step 0) moves an earlier run's log aside; a restart, a resume, or a second
+        # fit() of this trainer goes on in it
         runlog = RunLog(t.run_dir, self.rank, self.total_steps, self.step, progress=t.progress,
-                        rewind_to=self.step if restarted else None)
+                        rewind_to=self.step if restarted or self.step > 0 else None)
         self._runlog = runlog                  # closed by fit() on every way out (an error too)
         if restarted:       # records of the steps being redone were dropped: say where the run went on from
             runlog.record("restart", self.step, {"from_step": self.step, "attempt": self.attempt,

@@ -45,6 +45,8 @@ class Case:
     """This rank's first batch one sample short (expects every rank to raise)."""
     missing_feature_rank: Optional[int] = None
     """This rank's first batch without its first feature (expects every rank to raise)."""
+    validate: bool = True
+    """ShardedEmbeddingCollection(validate=...): ids checked at the source, or counted."""
     use_parallelize: bool = False
     """Build the model unsharded, then neo.distributed.parallelize it (instead of DDP by hand)."""
     shm: bool = True
@@ -184,7 +186,8 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
     from neo.distributed.parallelize import parallelize
 
     W, B = case.world_size, case.batch_size
-    sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", comm=case.comm, seed=case.seed)
+    sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", comm=case.comm, seed=case.seed,
+                                     validate=case.validate)
     if case.use_parallelize:
         toy = ToyModel(case)
         sec.load_full_weights({t.name: toy.embedding.table_weight(t.name) for t in case.tables})

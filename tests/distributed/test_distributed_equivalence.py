@@ -165,6 +165,8 @@ def test_bad_input_raises_on_every_rank(shm):
     cases = [Case("bad input", ts, _mixed_types(ts), W, 2, bad_id_rank=1, shm=shm),
              Case("short batch", ts, _mixed_types(ts), W, 2, short_batch_rank=1, shm=shm),
              Case("missing feature", ts, _mixed_types(ts), W, 2, missing_feature_rank=1, shm=shm),
+             Case("missing feature, ids unchecked", ts, _mixed_types(ts), W, 2, missing_feature_rank=1, shm=shm,
+                  validate=False),
              Case("after bad input the group still works", ts, _mixed_types(ts), W, 2, shm=shm)]
     got = run_multiprocess(train_sharded, W, cases, local_world_size=2, collective_timeout_s=20)
     for rank, res in enumerate(got):
@@ -173,10 +175,11 @@ def test_bad_input_raises_on_every_rank(shm):
         assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
         err = res[1]["error"]
         assert err is not None and "every rank must pass the same batch size; got [6, 5] per rank" in err, err
-        err = res[2]["error"]            # before, rank 0 waited in the header exchange (audit of 2026-11-30)
-        assert err is not None and "bad input on" in err and "rank 1: feature 'f0a' (table 't0') not in its batch" \
-            in err, err
-    _check(cases[3], got[0][3])
+        for k in (2, 3):                 # before, rank 0 waited in the header exchange (audit of 2026-11-30)
+            err = res[k]["error"]
+            assert err is not None and "bad input on" in err and \
+                "rank 1: feature 'f0a' (table 't0') not in its batch" in err, (k, err)
+    _check(cases[4], got[0][4])
 
 
 def _skip_case(sharding_type: str, world_size: int = 2) -> Case:

@@ -73,12 +73,12 @@ def test_a_fixed_cache_size_is_kept():
     assert tp.placement is Placement.CACHED and tp.cache_load_factor == 0.2 and tp.cache_rows == 200_000
 
 
-@pytest.mark.parametrize("kind", ["data_parallel", "row_wise", "table_wise"])
+@pytest.mark.parametrize("kind", ["data_parallel", "row_wise", "table_wise", "column_wise"])
 def test_cache_rows_are_the_tables_not_the_sum_of_its_replicas(kind):
     """A cached table's cache_rows: its shards' together (row-wise), one replica's (data-parallel:
     each replica caches the whole table), never more than the table's rows (the plan of a
     data-parallel table said 2x its rows at 2 ranks: audit of 2026-11-30)."""
-    t = TableSpec("t", 100_000, 16, constraints=TableConstraints(placement=Placement.CACHED, sharding_types=(kind,)),
+    t = TableSpec("t", 100_000, 64, constraints=TableConstraints(placement=Placement.CACHED, sharding_types=(kind,)),
                   cache_fraction=0.5)
     tp = plan_tables([t], Topology.uniform(2, 2)).tables["t"]
     assert tp.sharding_type.value == kind and tp.cache_rows == 50_000, (kind, tp.cache_rows)

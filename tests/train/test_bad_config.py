@@ -419,6 +419,13 @@ def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_
         assert "samples_per_s" not in p.stdout                   # nothing trained
     check_writable(str(tmp_path / "new" / "deeper"), "train.run_dir")          # made later, by the run
     assert not (tmp_path / "new").exists()                                      # the check makes nothing
+    # neo mlperf's runs write under its results directory: the config's run_dir is not checked there
+    from neo.train.build import validate_training_config
+
+    cfg = tiny_config(str(tmp_path), f"train.run_dir={tmp_path}/afile/run")
+    validate_training_config(cfg, outputs=False)
+    with pytest.raises(ConfigError, match=r"train\.run_dir: .* is not a directory"):
+        validate_training_config(cfg)
 
 
 def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):

@@ -207,7 +207,12 @@ def test_a_holder_whose_lease_was_taken_over_and_released_knows(tmp_path, leases
     assert "not renewed" in second.acquire()
     second.release()
     assert not os.path.exists(os.path.join(root, LEASE_FILE))
+    dead_claim = os.path.join(root, f"{LEASE_FILE}.claim-fedcba9876543210")   # of a contender killed mid-takeover
+    open(dead_claim, "w").close()
+    os.utime(dead_claim, (time.time() - 3600, time.time() - 3600))
+    t0 = time.monotonic()
     why = first.check()
+    assert time.monotonic() - t0 < 5 and not os.path.exists(dead_claim)        # not waited for: removed
     assert why is not None and "was removed while this run held the lease" in why, why
     assert not first.held and len(lost) == 1 and "commits no more checkpoints" in lost[0]
     assert first.renew() is False and not os.path.exists(os.path.join(root, LEASE_FILE))

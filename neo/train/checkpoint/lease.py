@@ -357,7 +357,7 @@ class CheckpointLease:
             text = _read_settled(self.path)
             if text is not None:
                 break
-            claims = [n for n in _listdir(self.root) if n.startswith(f"{LEASE_FILE}.claim-")]
+            claims = _live_claims(self.root)
             if not claims:
                 text = _read_settled(self.path)          # put back just before its claim went?
                 if text is not None:
@@ -434,11 +434,26 @@ class CheckpointLease:
                       file=sys.stderr, flush=True)
 
 
-def _listdir(path: str) -> list:
+def _live_claims(root: str) -> list:
+    """The claim files of contenders at work in ``root``; a claim older than ``_CLAIM_S`` (its
+    contender died during a takeover) is removed, not counted (it would hold every check)."""
     try:
-        return os.listdir(path)
+        names = os.listdir(root)
     except FileNotFoundError:
         return []
+    live = []
+    for name in names:
+        if not name.startswith(f"{LEASE_FILE}.claim-"):
+            continue
+        path = os.path.join(root, name)
+        try:
+            if time.time() - os.stat(path).st_mtime > _CLAIM_S:
+                _remove(path)
+                continue
+        except FileNotFoundError:
+            continue
+        live.append(name)
+    return live
 
 
 def _remove(path: str) -> None:
