@@ -106,6 +106,8 @@ def _capacities(spec: Optional[str], num_rows: int) -> List[int]:
 
 
 def run(args) -> List[dict]:
+    if args.lookahead > 62:             # (the index's window mask holds 63 batches: cut to it, silently, before)
+        raise CacheReportError(f"--lookahead {args.lookahead}: at most 62, as a table's cache_lookahead in training")
     if args.source.endswith(".npy"):
         if args.batch_size is None or args.num_rows is None:
             raise CacheReportError("a trace needs --batch-size and --num-rows")
@@ -141,11 +143,14 @@ def run(args) -> List[dict]:
     if over:
         raise CacheReportError(f"--ways {args.ways}: more ways than the cache has rows (capacities {over}); "
                                f"ways must be <= every capacity")
-    need = max(len(b) for b in batches) * (2 if args.pipelined else 1)
+    if args.pipelined:                  # two consecutive batches pinned at once: their union (as simulate)
+        need = max((len(np.union1d(a, b)) for a, b in zip(batches, batches[1:])), default=len(batches[0]))
+    else:
+        need = max(len(b) for b in batches)
     small = [k for k in caps if k < need and any(p != "belady" for p in policies)]
     if small:
         raise CacheReportError(f"--capacity {small}: below the {need} distinct rows "
-                               f"{'two batches' if args.pipelined else 'one batch'} of this trace need")
+                               f"{'two consecutive batches' if args.pipelined else 'one batch'} of this trace need")
     return [r.to_dict() for r in report(batches, N, caps, policies, args.lookahead, args.ways, args.pipelined)]
 
 
@@ -155,7 +160,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows = run(args)
     except Exception as e:   # noqa: BLE001 - config, planner, data and argument errors end here, named
         from neo.config import ConfigError
-        if not isinstance(e, (CacheReportError, ConfigError, OSError)):
+        if isinstance(e, (MemoryError, RuntimeError)) and "alloc" in str(e).lower():
+            e = CacheReportError(f"the index of --num-rows {args.num_rows} rows does not fit in memory (its "
+                                 f"per-row arrays take 4 to 16 bytes a row): {str(e).splitlines()[0]}")
+        elif not isinstance(e, (CacheReportError, ConfigError, OSError)):
             raise
         print(f"neo cache-report: error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from typing import List, Optional
 
-from neo.commands.arg_types import non_negative_int, positive_int
+from neo.commands.arg_types import non_negative_int, output_problem, positive_int
 from neo.config import ConfigError, load_config
 from neo.planner import PARTITIONERS, Plan, PlanningError, format_report, plan_tables
 
@@ -101,6 +101,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         cfg.sharding.check_tables([t.name for t in cfg.tables])      # as neo train: pins name tables
+        if args.simulate is None and (args.strong or args.json):
+            raise ConfigError(f"{'--strong' if args.strong else '--json'}: only with --simulate (the plan's own "
+                              f"output is its report, and its JSON is --out FILE)")
+        if args.simulate is not None and args.out:
+            raise ConfigError("--out: writes a plan, which --simulate does not make (it predicts steps)")
+        if args.out:                  # found now, not after the planning and its report
+            why = output_problem(args.out)
+            if why:
+                raise ConfigError(f"--out {args.out}: {why}")
         if args.simulate:
             return simulate(cfg, args.simulate, args.strong, args.json)
         topo = cfg.topology.to_topology(args.world_size, args.local_world_size)

@@ -106,6 +106,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except RuntimeError as e:
             raise ConfigError(f"--device {args.device!r}: not a device torch knows (cpu or cuda): {e}") from None
+        if device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {args.device}: the layers are profiled on cpu or cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"--device {args.device}: this torch has no CUDA device (built without CUDA, or "
                               "none visible): use --device cpu")

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from neo.config.embedding import (CachePolicy, CacheStore, ConfigError, OptimizerConfig, choice, OptimizerType,
-                                  Placement, PoolingMode, TableConfig, WeightDType)
+from neo.config.embedding import (CachePolicy, CacheStore, ConfigError, OptimizerConfig, choice, field_default,
+                                  OptimizerType, Placement, PoolingMode, TableConfig, WeightDType)
 from neo.config.topology import MAX_GIB
 
 __all__ = ["OptimizerEntry", "TableEntry", "SHARDING_TYPES", "PLACEMENTS", "MAX_POOLING_FACTOR", "table_spec"]
@@ -143,6 +143,12 @@ class TableEntry:
         if self.placement.lower() != "cached" and (self.cache_rows is not None or self.cache_load_factor is not None):
             raise ConfigError(f"{where}.cache_rows / cache_load_factor: set, but placement is "
                               f"{self.placement!r} (set placement: cached)")
+        if self.placement.lower() == "device":       # (auto: the planner may cache it, with these settings)
+            given = [n for n in ("cache_policy", "cache_lookahead", "cache_store", "cache_dir",
+                                 "cache_store_resident_gib") if getattr(self, n) != field_default(type(self), n)]
+            if given:
+                raise ConfigError(f"{where}.{given[0]}: set, but placement is 'device' (set placement: cached or "
+                                  f"auto, or leave the cache fields out)")
         top = WeightDType(choice(self.dtype, [m.value for m in WeightDType], f"{where}.dtype")).max_value
         if self.init_scale is not None and not 0 < self.init_scale <= top:
             raise ConfigError(f"{where}.init_scale: must be null or a number in (0, {top:g}] (weights start uniform "

@@ -378,6 +378,12 @@ class TableBatchedEmbedding(nn.Module):
         i+1 while step i computes is safe; the lookup waits for what is not finished."""
         if self._cache is None:
             return
+        if not isinstance(batch, KeyedJaggedBatch) or any(not isinstance(b, KeyedJaggedBatch) for b in future):
+            # a prefetch is found again by the batch object itself: a KeyedJaggedTensor would be
+            # converted anew by the lookup, and its prefetched rows never taken (left pinned)
+            raise TypeError("prefetch takes the KeyedJaggedBatch objects the steps will look up: convert a "
+                            "torchrec KeyedJaggedTensor once with neo.sparse.as_batch(kjt) and pass that object "
+                            "to prefetch() and to the lookup")
         if self.validate:
             batch.ensure_checked()
             check_features(batch, self.feature_names, self.feature_table)
@@ -511,6 +517,8 @@ class TableBatchedEmbedding(nn.Module):
             if self._cache.in_flight:
                 error_msgs.append(f"{self._cache.in_flight} prefetched batch(es) are in flight: finish their steps "
                                   "before loading a state dict into cached tables")
+                ours = tuple(f"{prefix}{cfg.name}." for cfg in self.tables)      # the reason, not "unexpected"
+                unexpected_keys[:] = [k for k in unexpected_keys if not k.startswith(ours)]
                 return
             self._cache.drop()      # every row back in its store and out of the cache: the store is the table
         # A group's tables share one step counter; where it counts (Adam's and LAMB's bias

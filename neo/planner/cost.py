@@ -172,7 +172,9 @@ def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.nd
                 seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve)
             hit[k] = seen[key]
     miss_s = U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)
-    device = np.ceil(fraction * rows) * (row_bytes + 17.0) + rows * 12.0      # slots; index per row (docs/cache.md)
+    # slots; the index per row: the row's slot (4 bytes), its batch count (4, lfu and lookahead) and
+    # the lookahead window's mask (8, the default policy): the most, 16 (docs/cache.md)
+    device = np.ceil(fraction * rows) * (row_bytes + 17.0) + rows * 16.0
     return miss_s, hit, device, rows * row_bytes, U
 
 

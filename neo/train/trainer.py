@@ -550,6 +550,8 @@ class Trainer:
                 self.save()
             if self.checkpointer is not None:
                 self.checkpointer.wait()                             # the last checkpoint is committed
+            if self.cache_monitor.active:           # the end of training writes every dirty row back,
+                self.sharded.flush_cache()          # counted in the last cache window (a save did it before)
         phases = {k: round(1e3 * v / max(steps_run, 1), 3) for k, v in self.timers.snapshot().items()
                   if k not in _PHASES_OUTSIDE_STEPS}
         final = dict(self._run_figures(steps_run, train_s),

@@ -265,6 +265,56 @@ def test_cache_smaller_than_a_batch_is_a_clear_error():
         emb(batch)
 
 
+def test_a_table_that_cannot_take_a_batch_leaves_the_others_unpinned():
+    """Table b's cache is too small for the batch: the error names it, and table a's rows of that
+    batch are released (before, they stayed pinned: load_state_dict refused, later batches found
+    a's cache full of pinned slots; audit of 2026-11-30)."""
+    tables = [TableConfig("a", 100, 4, placement="cached", cache_rows=10, cache_store="host"),
+              TableConfig("b", 100, 4, placement="cached", cache_rows=3, cache_store="host")]
+    emb = TableBatchedEmbedding(tables, backend="cpu")
+    with pytest.raises(CacheCapacityError, match=r"table 'b': a batch needs 4 distinct rows"):
+        emb(KeyedJaggedBatch.from_lists({"a": [[1], [2]], "b": [[1, 2], [3, 4]]}))
+    assert emb._cache.in_flight == 0
+    out = emb(KeyedJaggedBatch.from_lists({"a": [list(range(10, 15)), list(range(15, 20))], "b": [[1], [2]]}))
+    with pytest.raises(RuntimeError) as e:                 # a batch in flight: that reason alone
+        emb.load_state_dict(emb.state_dict())
+    assert "1 prefetched batch(es) are in flight" in str(e.value) and "Unexpected key" not in str(e.value)
+    out.sum().backward()                                   # a's 10 slots all free for it
+    emb.load_state_dict(emb.state_dict())
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_batch_refilled_in_place_is_looked_up_anew(prefetch):
+    """One batch object whose ids are overwritten in place every step (a loader reusing its
+    buffers): the cached module reads the new ids, as the device one does (before, the rows of
+    its first contents were memoized by the object's id: audit of 2026-11-30)."""
+    dev = TableBatchedEmbedding(make_tables("adagrad", False), backend="cpu", seed=3)
+    cached = TableBatchedEmbedding(make_tables("adagrad", True), backend="cpu", seed=3)
+    gen = torch.Generator().manual_seed(7)
+    batch = make_batch(gen)
+    rows = {"big1": 500, "big2": 500, "mean": 300, "dev": 50}
+
+    def refill():                                          # the same lengths, other ids, in place
+        starts = batch.offset_per_key()
+        for k, key in enumerate(batch.keys):
+            lo, hi = starts[k], starts[k + 1]
+            batch.values[lo:hi] = torch.randint(0, rows[key], (hi - lo,), generator=gen)
+
+    for step in range(4):
+        refill()
+        if prefetch:
+            cached.prefetch(batch)
+            if step % 2:
+                refill()                                   # refilled after its prefetch
+        outs = [m(batch) for m in (dev, cached)]
+        assert torch.equal(outs[0], outs[1]), f"step {step}"
+        grad = torch.randn(outs[0].shape, generator=gen)
+        for o in outs:
+            (o * grad).sum().backward()
+    assert_same_tables(dev, cached)
+    assert cached._cache.in_flight == 0
+
+
 def test_bad_ids_are_named_before_anything_moves():
     from neo.embedding import EmbeddingInputError
 
@@ -332,3 +382,17 @@ def test_stats_reconcile_and_flush_writes_every_dirty_row():
     dirty = int(cached._cache.caches["big"].dirty.sum())
     assert cached.flush_cache() >= dirty > 0
     assert int(cached._cache.caches["big"].dirty.sum()) == 0
+
+
+def test_prefetch_takes_the_batch_objects_the_steps_look_up():
+    """A torchrec KeyedJaggedTensor would be converted anew by the lookup and its prefetch never
+    taken (rows left pinned): refused with the way to do it (before: an AttributeError)."""
+    torchrec = pytest.importorskip("torchrec")
+    m = TableBatchedEmbedding(make_tables("sgd", True), backend="cpu", seed=3)
+    batch = make_batch(torch.Generator().manual_seed(1))
+    with pytest.raises(TypeError, match=r"convert a torchrec KeyedJaggedTensor once with neo\.sparse\.as_batch"):
+        m.prefetch(batch.to_torchrec())
+    assert isinstance(batch.to_torchrec(), torchrec.KeyedJaggedTensor)
+    m.prefetch(batch)
+    m(batch).sum().backward()
+    assert m._cache.in_flight == 0

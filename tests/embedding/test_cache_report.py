@@ -109,6 +109,9 @@ def test_command_errors_name_the_problem(tmp_path, capsys):
         ([str(path), "--batch-size", "4", "--num-rows", "60", "--capacity", "2"], "below the 4 distinct rows"),
         ([str(path), "--batch-size", "2", "--num-rows", "60", "--capacity", "4", "--policies", "fifo"], "fifo"),
         ([str(path), "--num-rows", "60"], "needs --batch-size and --num-rows"),
+        # (audit of 2026-11-30) the window the training cache holds; an index too large for memory
+        ([str(path), "--batch-size", "2", "--num-rows", "60", "--lookahead", "63"], "--lookahead 63: at most 62"),
+        ([str(path), "--batch-size", "2", "--num-rows", str(10 ** 15)], "does not fit in memory"),
     ]
     for args, msg in cases:
         assert main(["cache-report"] + args) == 2
@@ -119,6 +122,19 @@ def test_command_errors_name_the_problem(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main(["cache-report"] + args)
         assert e.value.code == 2 and f"argument {flag}: {msg}" in capsys.readouterr().err
+
+
+def test_pipelined_capacity_is_what_two_consecutive_batches_need(tmp_path, capsys):
+    """--pipelined takes a capacity as small as the largest union of two consecutive batches (what
+    the simulation and the training cache need), not twice the largest batch (audit of 2026-11-30)."""
+    path = tmp_path / "t.npy"
+    np.save(path, np.array([1, 2, 3, 4, 3, 4, 5, 6, 5, 6, 7, 8], dtype=np.int64))   # batches of 4, unions of 6
+    assert main(["cache-report", str(path), "--batch-size", "4", "--num-rows", "10", "--capacity", "6",
+                 "--pipelined", "--policies", "lru", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["capacity"] == 6
+    assert main(["cache-report", str(path), "--batch-size", "4", "--num-rows", "10", "--capacity", "5",
+                 "--pipelined", "--policies", "lru"]) == 2
+    assert "below the 6 distinct rows two consecutive batches of this trace need" in capsys.readouterr().err
 
 
 def test_config_mode_traces_the_configs_data(tmp_path, capsys):

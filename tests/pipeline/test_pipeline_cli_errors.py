@@ -119,3 +119,21 @@ def test_profile_layers_bounds_threads(threads, tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert f"argument --threads: must be in [1, {4 * (os.cpu_count() or 1)}]" in r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("device", ["meta", "xpu", "mps"])
+def test_profile_layers_profiles_on_cpu_or_cuda_only(device, capsys):
+    """A device torch knows but the profiler does not time (before: a traceback for xpu and mps,
+    made-up times for meta; audit of 2026-11-30)."""
+    assert main(["profile-layers", TINY, "--device", device, *FAST]) == 2
+    _one_line_error(capsys, "profile-layers", f"--device {device}: the layers are profiled on cpu or cuda")
+
+
+def test_plan_refuses_an_out_it_cannot_write_and_flags_without_simulate(tmp_path, capsys):
+    """Found before planning (before: the report, then the error) and not silently ignored."""
+    for args, message in (([f"--out={tmp_path}/missing/p.json"], "its directory does not exist"),
+                          (["--json"], "--json: only with --simulate"),
+                          (["--strong"], "--strong: only with --simulate"),
+                          (["--simulate", "8", f"--out={tmp_path}/p.json"], "--out: writes a plan, which --simulate")):
+        assert main(["plan", TINY, *args]) == 2
+        _one_line_error(capsys, "plan", message)

@@ -44,6 +44,14 @@ def test_values_out_of_range_name_the_field(tmp_path, override, match):
         tiny_config(str(tmp_path), override)
 
 
+def test_cache_settings_on_a_device_table_are_refused(tmp_path):
+    """A cache policy on a table placed on the device would do nothing (a forgotten
+    placement: cached); with placement auto it applies where the planner caches the table."""
+    with pytest.raises(ConfigError, match=r"tables\[0\]\.cache_policy: set, but placement is 'device'"):
+        tiny_config(str(tmp_path), "tables[0].placement=device", "tables[0].cache_policy=lfu")
+    tiny_config(str(tmp_path), "tables[0].placement=auto", "tables[0].cache_policy=lfu")
+
+
 def test_a_key_given_twice_is_an_error(tmp_path):
     with open(TINY) as f:
         text = f.read()
@@ -231,7 +239,8 @@ def test_neo_plan_refuses_what_neo_train_refuses(tmp_path, capsys):
     for args, message in (([TINY, "sharding.types={nope: row_wise}"], r"sharding\.types: unknown tables \['nope'\]"),
                           ([TINY, "sharding.planner=explicit"], r"planner: explicit needs a type for every table"),
                           ([TINY, "--simulate", "2", "model.dense_arch=[16,4]"], r"model\.dense_arch: must end in")):
-        assert plan_main(args + ["--out", str(tmp_path / "p.json")]) == 2
+        out = [] if "--simulate" in args else ["--out", str(tmp_path / "p.json")]     # (--simulate makes no plan)
+        assert plan_main(args + out) == 2
         err = capsys.readouterr().err
         assert re.search(message, err) and err.startswith("neo plan: error:"), err
 

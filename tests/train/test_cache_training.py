@@ -66,6 +66,12 @@ def test_one_process_pipelined_and_plain(tmp_data):
             assert sum(w[table][k] for w in windows) == final[table][k], (table, k)
     assert final["user"]["accesses"] == final["user"]["hits"] + final["user"]["misses"]
     assert final["user"]["batches"] >= 24 and final["user"]["hidden_s"] >= 0
+    # the end of training writes the dirty rows back whether or not a checkpoint does it (before,
+    # without train.checkpoint_dir those were not counted: audit of 2026-11-30)
+    saved = run_multiprocess(train_and_collect, 1, tmp_data, common + CACHED + [f"train.run_dir={tmp_data}/c2",
+                                                                               f"train.checkpoint_dir={tmp_data}/c2ck"])[0]
+    for table in ("user", "item"):
+        assert final[table]["writebacks"] == saved["final"]["cache"][table]["writebacks"], table
 
 
 def test_two_processes_mixed_plan(tmp_data):

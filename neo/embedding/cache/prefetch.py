@@ -67,7 +67,7 @@ class ModuleCache:
         self.table_features = {t: list(table_features[t]) for t in caches}
         self.device = next(iter(caches.values())).weights.device
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-cache")
-        self._pending: "OrderedDict[int, Tuple[KeyedJaggedBatch, Future]]" = OrderedDict()
+        self._pending: "OrderedDict[int, Tuple[KeyedJaggedBatch, Future, tuple]]" = OrderedDict()
         self._rows_memo: "OrderedDict[int, Tuple[KeyedJaggedBatch, Dict[str, torch.Tensor]]]" = OrderedDict()
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._completed: List[Tuple[str, int]] = []
@@ -119,8 +119,9 @@ class ModuleCache:
         """Per cached table of ``batch``: (sorted distinct valid ids, for every id of its features
         the position of its row among them (-1: invalid id), each feature's id count). Memoized: a
         batch is first seen in the lookahead window, then prefetched."""
+        stamp = _stamp(batch)
         hit = self._rows_memo.get(id(batch))
-        if hit is not None and hit[0] is batch:
+        if hit is not None and hit[0] is batch and _same(hit[2], stamp):
             return hit[1]
         out = {}
         for t, feats in self.table_features.items():
@@ -134,7 +135,7 @@ class ModuleCache:
                 where = torch.full_like(ids, -1)
                 where[valid] = inv
             out[t] = (rows, where, [int(p.numel()) for p in parts])
-        self._rows_memo[id(batch)] = (batch, out)
+        self._rows_memo[id(batch)] = (batch, out, stamp)
         while len(self._rows_memo) > _MEMO:
             self._rows_memo.popitem(last=False)
         return out
@@ -152,14 +153,19 @@ class ModuleCache:
             rows = self._rows(batch)
             ahead = [self._rows(b) for b in future]
             seqs, slots = {}, {}
-            for t, cache in self.caches.items():
-                window = [a[t][0] for a in ahead] if cache.cfg.cache_lookahead else []
-                distinct, where, counts = rows[t]
-                seqs[t], row_slots = cache.prefetch(distinct, window[:cache.cfg.cache_lookahead], train=train)
-                per_id = cache.moves.take(row_slots, where)          # slot of every id, -1 for invalid ids
-                feats = [f for f in self.table_features[t] if f in batch.keys]
-                for f, s in zip(feats, torch.split(per_id, counts)):
-                    slots[f] = s
+            try:
+                for t, cache in self.caches.items():
+                    window = [a[t][0] for a in ahead] if cache.cfg.cache_lookahead else []
+                    distinct, where, counts = rows[t]
+                    seqs[t], row_slots = cache.prefetch(distinct, window[:cache.cfg.cache_lookahead], train=train)
+                    per_id = cache.moves.take(row_slots, where)          # slot of every id, -1 for invalid ids
+                    feats = [f for f in self.table_features[t] if f in batch.keys]
+                    for f, s in zip(feats, torch.split(per_id, counts)):
+                        slots[f] = s
+            except BaseException:
+                for t, seq in seqs.items():       # a table that could not take the batch (a cache too small):
+                    self.caches[t].complete(seq)  # the others' rows of it are not left pinned
+                raise
             done = None
             if self._stream is not None:
                 done = torch.cuda.Event()
@@ -188,15 +194,19 @@ class ModuleCache:
         fut = self._submit(batch, future, train)
         if self._interpreted:
             fut.result()
-        self._pending[id(batch)] = (batch, fut)
+        self._pending[id(batch)] = (batch, fut, _stamp(batch))
 
     def take(self, batch: KeyedJaggedBatch, train: bool) -> Prefetched:
-        """The prefetched state of ``batch`` (waiting for it), or a prefetch done now."""
+        """The prefetched state of ``batch`` (waiting for it), or a prefetch done now: also where
+        the batch's ids or lengths were changed in place since its prefetch (a loader reusing its
+        buffers), whose prefetched rows are released."""
         entry = self._pending.pop(id(batch), None)
         t0 = time.perf_counter()
-        if entry is not None and entry[0] is batch:
+        if entry is not None and entry[0] is batch and _same(entry[2], _stamp(batch)):
             p = entry[1].result()
         else:
+            if entry is not None and entry[0] is batch:          # prefetched, then refilled: those rows go
+                self.complete(entry[1].result())
             p = self._submit(batch, [], train).result()
         waited = time.perf_counter() - t0
         for t in p.seqs:
@@ -223,7 +233,7 @@ class ModuleCache:
 
     def wait_idle(self) -> None:
         """Wait for every prefetch in flight (they stay pending: their lookups take them later)."""
-        for _, fut in list(self._pending.values()):
+        for _, fut, _ in list(self._pending.values()):
             fut.result()
 
     def flush(self) -> int:
@@ -255,6 +265,17 @@ class ModuleCache:
         self._worker.shutdown(wait=True)
         for c in self.caches.values():
             c.store.close()
+
+
+def _stamp(batch: KeyedJaggedBatch) -> tuple:
+    """What a batch's rows depend on: its id and length tensors (the objects, and their version
+    counters, which every in-place write advances), its keys and batch size."""
+    return (batch.values, batch.values._version, batch.lengths, batch.lengths._version, tuple(batch.keys),
+            batch.batch_size)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[0] is b[0] and a[1] == b[1] and a[2] is b[2] and a[3] == b[3] and a[4:] == b[4:]
 
 
 class _NullContext:
