@@ -373,6 +373,26 @@ def test_mmap_store_releases_the_pages_it_touched(tmp_path):
     assert float(store.read(torch.tensor([5]))[0].sum()) == 256.0     # the data stayed
 
 
+def test_an_mmap_store_does_not_trim_at_every_access_when_other_mappings_grow(tmp_path, monkeypatch):
+    """Other file-backed memory (a data file read through mmap) counts once against the store's
+    trim_bytes: after a trim the store measures from there (before, every later access trimmed
+    the whole mapping: audit of 2026-11-30)."""
+    import mmap as mmap_module
+
+    store = MmapStore("t", 1 << 12, 64, torch.float32, [], str(tmp_path), trim_bytes=8 << 20)
+    other = tmp_path / "data.bin"
+    other.write_bytes(b"\1" * (32 << 20))
+    with open(other, "rb") as f:
+        mapped = mmap_module.mmap(f.fileno(), 0, prot=mmap_module.PROT_READ)
+        _ = sum(mapped[i] for i in range(0, len(mapped), mmap_module.PAGESIZE))     # 32 MiB resident, not ours
+        trims = []
+        monkeypatch.setattr(store, "trim", lambda real=store.trim: trims.append(1) or real())
+        for k in range(20):
+            store.read(torch.tensor([k]))
+        mapped.close()
+    assert len(trims) <= 1, len(trims)
+
+
 def test_stats_reconcile_and_flush_writes_every_dirty_row():
     dev, cached, _ = train_pair("sgd", "cpu", steps=8)
     s = cached.cache_stats()["big"]

@@ -191,6 +191,10 @@ class MmapStore(BackingStore):
         # cache): measure the process's file-backed resident memory instead of counting rows.
         if _shared_resident_bytes() - self._baseline > self.trim_bytes:
             self.trim()
+            # what is resident after the trim is other memory (other mappings, other stores, data
+            # files read through mmap): the next trim comes after this store's own trim_bytes more,
+            # not at every access once the others have grown (audit of 2026-11-30)
+            self._baseline = _shared_resident_bytes()
 
     def trim(self) -> None:
         """Release the mapped pages from the process (their contents stay in the file)."""
