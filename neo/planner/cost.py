@@ -27,7 +27,7 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   bytes, same split; row-wise ReduceScatter + AllGather of the G*F*c partial sums,
   hierarchical; data-parallel: the AllGather of the (B, c) gradients, (W-1)*B*F*c*a bytes.
 - Memory: weights rows*c*s + optimizer state + I/O buffers (ids received, pooled outputs and
-  their gradients). A cached shard holds f of its rows plus the cache index (12 bytes per row
+  their gradients). A cached shard holds f of its rows plus the cache index (16 bytes per row
   of the shard: slot, count and lookahead window; 17 per slot) in device memory and every row
   in the backing store (``host``).
 - Latency: each collective kind the plan uses costs ``intra_latency`` (``inter_latency``

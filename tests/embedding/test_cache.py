@@ -404,6 +404,19 @@ def test_stats_reconcile_and_flush_writes_every_dirty_row():
     assert int(cached._cache.caches["big"].dirty.sum()) == 0
 
 
+def test_cached_tables_look_up_under_inference_mode():
+    """Tensors made under torch.inference_mode keep no version counter (the batch stamp reads it):
+    a cached module serves there as a device one does (review of 2026-11-30)."""
+    dev = TableBatchedEmbedding(make_tables("sgd", False), backend="cpu", seed=3)
+    cached = TableBatchedEmbedding(make_tables("sgd", True), backend="cpu", seed=3)
+    with torch.inference_mode():
+        batch = make_batch(torch.Generator().manual_seed(2))
+        cached.prefetch(batch)
+        assert torch.equal(cached(batch), dev(batch))
+        assert torch.equal(cached(batch), dev(batch))          # not prefetched: done there and then
+    assert cached._cache.in_flight == 0
+
+
 def test_prefetch_takes_the_batch_objects_the_steps_look_up():
     """A torchrec KeyedJaggedTensor would be converted anew by the lookup and its prefetch never
     taken (rows left pinned): refused with the way to do it (before: an AttributeError)."""

@@ -269,9 +269,15 @@ class ModuleCache:
 
 def _stamp(batch: KeyedJaggedBatch) -> tuple:
     """What a batch's rows depend on: its id and length tensors (the objects, and their version
-    counters, which every in-place write advances), its keys and batch size."""
-    return (batch.values, batch.values._version, batch.lengths, batch.lengths._version, tuple(batch.keys),
+    counters, which every in-place write advances: also a write to another view of the same
+    buffer, which then costs a prefetch done again), its keys and batch size. Inference tensors
+    (``torch.inference_mode``) keep no version counter and cannot be written in place outside it."""
+    return (batch.values, _version(batch.values), batch.lengths, _version(batch.lengths), tuple(batch.keys),
             batch.batch_size)
+
+
+def _version(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version
 
 
 def _same(a: tuple, b: tuple) -> bool:
