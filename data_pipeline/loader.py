@@ -202,14 +202,16 @@ class ParquetLoader:
         o = self.options
         return {"epoch": self.epoch, "position": self.position, "num_samples": self.num_samples,
                 "rank": o.rank, "world_size": o.world_size, "seed": o.seed, "shuffle": o.shuffle,
-                "shuffle_window": o.shuffle_window if o.shuffle else None, "first_window": self._ramp_first()}
+                "shuffle_window": o.shuffle_window if o.shuffle else None,
+                "first_window": self._ramp_first() if o.shuffle else None}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         o = self.options
         for k, mine in (("num_samples", self.num_samples), ("rank", o.rank), ("world_size", o.world_size),
                         ("seed", o.seed), ("shuffle", o.shuffle),
                         ("shuffle_window", o.shuffle_window if o.shuffle else None),
-                        ("first_window", self._ramp_first())):
+                        # unshuffled, the order is the files' whatever the windows' sizes
+                        ("first_window", self._ramp_first() if o.shuffle else None)):
             if state.get(k) != mine:
                 raise ValueError(f"loader state has {k}={state.get(k)!r}, this loader has {mine!r}")
         if not 0 <= state["position"] <= self.shard_size:
@@ -358,10 +360,14 @@ class ParquetLoader:
             reader.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
-        """Wait for the background reader an iteration stopped early left running (call it after
-        closing the iterator, before the process exits: a reader thread still inside pyarrow at
+        """Wait for the background reader an iteration stopped early left running, and for a
+        :meth:`warm_up` read no iteration took (its thread and window go) (call it after closing
+        the iterator, before the process exits: a reader thread still inside pyarrow at
         interpreter shutdown aborts the process). Iterating again later is fine."""
         self._settle()
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm[2].shutdown(wait=True, cancel_futures=True)
 
     def _settle(self) -> None:
         """Reads stay one at a time: wait for the producer an earlier iteration left running."""

@@ -133,7 +133,11 @@ def first_id_out_of_range(sparse: Sequence[object], limits: Sequence[Optional[in
     """(feature, row, id) of the first id outside ``[0, limits[f])`` in columns ``sparse`` (one
     per feature: (n,) or (n, k) arrays, or (values, offsets) of a list column), or None. A
     feature whose limit is None is not checked. One min / max per column first: only a column
-    that fails them is searched."""
+    that fails them is searched. ``limits`` of another length than ``sparse`` is an error (a short
+    list would leave the last columns unchecked)."""
+    if len(limits) != len(sparse):
+        raise ValueError(f"id_limits has {len(limits)} entries for {len(sparse)} sparse columns: give one per "
+                         f"column, in the data's order (None: not checked)")
     for f, (col, limit) in enumerate(zip(sparse, limits)):
         if limit is None:
             continue

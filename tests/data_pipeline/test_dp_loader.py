@@ -115,6 +115,35 @@ def test_state_mismatch_rejected(data):
             ramp.state_dict())
 
 
+def test_an_unshuffled_resume_takes_other_window_sizes(data):
+    """Unshuffled, the order is the files' whatever the read windows: a state saved with another
+    read_rows loads, and the rest of the epoch follows (before: refused for its first_window)."""
+    a = ParquetLoader(data, LoaderOptions(batch_size=8, read_rows=64))
+    it = iter(a)
+    seen = sample_ids([next(it) for _ in range(5)])
+    it.close()
+    b = ParquetLoader(data, LoaderOptions(batch_size=8))
+    b.load_state_dict(a.state_dict())
+    assert seen + sample_ids(list(b)) == sample_ids(list(ParquetLoader(data, LoaderOptions(batch_size=8))))
+
+
+def test_close_ends_a_warm_up_no_iteration_took(data):
+    import threading
+    import time
+
+    L = ParquetLoader(data, LoaderOptions(batch_size=8, shuffle=True, shuffle_window=64))
+    L.warm_up()
+    L.close()
+    time.sleep(0.2)
+    assert L._warm is None and not [t for t in threading.enumerate() if t.name.startswith("neo-data-warm")]
+
+
+def test_id_limits_are_one_per_sparse_column(data):
+    """A short list would leave the last columns unchecked: refused."""
+    with pytest.raises(ValueError, match=r"id_limits has 1 entries for 2 sparse columns"):
+        list(ParquetLoader(data, LoaderOptions(batch_size=8, id_limits=[10 ** 6])))
+
+
 def test_determinism_and_epochs(data):
     o = LoaderOptions(batch_size=50, shuffle=True, shuffle_window=128, seed=11)
     a = ParquetLoader(data, o)
