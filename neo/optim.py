@@ -123,7 +123,8 @@ class CombinedOptimizer(torch.optim.Optimizer):
         return out
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Each optimizer's state by name (ValueError where the names differ, nothing loaded);
+        """Each optimizer's state by name (ValueError where the names differ, or an optimizer
+        refuses its part: nothing loaded then);
         ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
         for pre in self._optimizer_load_state_dict_pre_hooks.values():
             changed = pre(self, state_dict)
@@ -138,5 +139,17 @@ class CombinedOptimizer(torch.optim.Optimizer):
             names = sorted(saved) if isinstance(saved, dict) else None
             raise ValueError(f"CombinedOptimizer.load_state_dict: saved optimizers {names}, these are "
                              f"{sorted(self.optimizers)}")
-        for n, o in self.optimizers.items():
-            o.load_state_dict(saved[n])
+        # all or nothing: an optimizer that refuses its part (a fused one of other tables) puts
+        # back those loaded before it
+        import copy
+
+        before = {n: copy.deepcopy(o.state_dict()) for n, o in self.optimizers.items()}
+        done = []
+        try:
+            for n, o in self.optimizers.items():
+                o.load_state_dict(saved[n])
+                done.append(n)
+        except BaseException:
+            for n in done:
+                self.optimizers[n].load_state_dict(before[n])
+            raise

@@ -253,6 +253,9 @@ class KeyedJaggedBatch:
         missing = [k for k in keys if k not in self.keys]
         if missing:
             raise KeyError(f"features {missing} are not in the batch (it has {list(self.keys)})")
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise ValueError(f"permute: features {repeated} are given more than once")
         B = self.batch_size
         idx = [self.keys.index(k) for k in keys]
         starts = self.offset_per_key()
@@ -288,7 +291,7 @@ class KeyedJaggedBatch:
 
         return KeyedJaggedTensor(
             keys=list(self.keys), values=self.values, lengths=self.lengths,
-            offsets=self.offsets, weights=self.weights,
+            offsets=self.offsets, weights=self.weights, stride=self.batch_size,   # (a batch of no features too)
         )
 
     @classmethod
@@ -457,6 +460,8 @@ def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
 def concat_features(batches: Iterable[KeyedJaggedBatch]) -> KeyedJaggedBatch:
     """Concatenate batches with disjoint keys and the same batch size, feature-wise."""
     batches = list(batches)
+    if not batches:
+        raise JaggedValidationError("concat_features needs at least one batch (their batch size is the result's)")
     B = batches[0].batch_size
     if any(b.batch_size != B for b in batches):
         raise JaggedValidationError("concat_features needs equal batch sizes")

@@ -31,6 +31,10 @@ def test_permute_and_concat():
     assert c.to_dict() == b.to_dict()
     with pytest.raises(KeyError, match="nope"):
         b.permute(["nope"])
+    with pytest.raises(ValueError, match=r"permute: features \['user'\] are given more than once"):
+        b.permute(["user", "user"])
+    with pytest.raises(JaggedValidationError, match="concat_features needs at least one batch"):
+        concat_features([])
 
 
 def test_weights_follow_permutation():
@@ -82,3 +86,5 @@ def test_torchrec_round_trip():
     assert back.to_dict() == b.to_dict()
     assert torch.equal(back.weights, b.weights)
     assert back.batch_size == 2
+    empty = KeyedJaggedBatch((), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
+    assert empty.to_torchrec().stride() == 5 and KeyedJaggedBatch.from_torchrec(empty.to_torchrec()).batch_size == 5

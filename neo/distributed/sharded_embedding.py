@@ -431,7 +431,18 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @torch.no_grad()
     def load_full_weights(self, weights: Dict[str, torch.Tensor]) -> None:
-        """Copy each table's slice into this rank's shards (``weights[name]``: (rows, D), full table)."""
+        """Copy each table's slice into this rank's shards (``weights[name]``: (rows, D), full table).
+        A table this collection does not have, or a tensor of another shape, is a ValueError naming
+        it, before anything is copied."""
+        configs = {t.name: t for t in self.tables}
+        for name, full in weights.items():
+            t = configs.get(name)
+            if t is None:
+                raise ValueError(f"load_full_weights: no table named {name!r} (tables: {sorted(configs)})")
+            if not isinstance(full, torch.Tensor) or tuple(full.shape) != (t.num_rows, t.dim):
+                got = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
+                raise ValueError(f"load_full_weights: table {name!r} is {t.num_rows} x {t.dim}, the tensor "
+                                 f"given is {got}")
         for name, full in weights.items():
             for k, s in self._local_shards(name):
                 w = self.lookup.table_weight(f"{name}#{k}")

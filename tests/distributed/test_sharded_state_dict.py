@@ -372,3 +372,52 @@ def test_each_tables_step_comes_from_the_ranks_holding_it(tmp_path):
     for rank, out in enumerate(got):
         assert out["step_keys"] == sorted(f"{t}.step" for t, r in owners.items() if r == [rank]), (rank, out)
         assert out["loaded"] == {"t0": 1000, "t1": 0, "t2": 1000}, f"rank {rank}: {out['loaded']}"
+
+
+# ------------------------------------------------------------------ model and dense optimizer
+def _model_and_optimizer_in_two_saves(rank: int, world_size: int, path: str) -> Dict[str, Any]:
+    """A user model (the collection and a dense layer) and its dense optimizer (SGD with momentum,
+    state per parameter), saved with plain DCP in two saves, loaded into fresh ones (the docs'
+    way where some rank holds no shard of some table: table-wise tables here)."""
+    pg = _pg()
+    ts = tables(4, ADAGRAD)
+    case = Case("tw", ts, {t.name: "table_wise" for t in ts}, world_size, L)
+    model = _UserModel(_trained(case, pg, rank))
+    opt = torch.optim.SGD(model.top.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        model.top(torch.ones(3, 1)).sum().backward()
+        opt.step()
+    dcp.save(model.state_dict(), checkpoint_id=f"{path}/model")
+    dcp.save(opt.state_dict(), checkpoint_id=f"{path}/optim")
+    model2 = _UserModel(ShardedEmbeddingCollection(ts, case.plan(), pg, seed=9))
+    opt2 = torch.optim.SGD(model2.top.parameters(), lr=0.5, momentum=0.5)
+    model2.top(torch.ones(3, 1)).sum().backward()
+    opt2.step()                                                  # state to be overwritten
+    sd = model2.state_dict()
+    dcp.load(sd, checkpoint_id=f"{path}/model")
+    model2.load_state_dict(sd)
+    osd = opt2.state_dict()
+    dcp.load(osd, checkpoint_id=f"{path}/optim")
+    opt2.load_state_dict(osd)
+    held = [t.name for t in ts if any(s.rank == rank for s in model.ebc.plan.tables[t.name].shards)]
+    errors = []                                  # full tables of another shape or name: named, nothing copied
+    for bad in ({"t0": torch.zeros(3, 3)}, {"nope": torch.zeros(1, 1)}):
+        try:
+            model2.ebc.load_full_weights(bad)
+        except ValueError as e:
+            errors.append(str(e))
+    return {"held": held, "errors": errors, "after_bad": _snapshot(model2.ebc), "saved": _snapshot(model.ebc), "loaded": _snapshot(model2.ebc),
+            "top": [torch.equal(a, b) for a, b in zip(model.top.parameters(), model2.top.parameters())],
+            "momentum": [torch.equal(opt.state[a]["momentum_buffer"], opt2.state[b]["momentum_buffer"])
+                         for a, b in zip(model.top.parameters(), model2.top.parameters())],
+            "groups": (opt2.param_groups[0]["lr"], opt2.param_groups[0]["momentum"])}
+
+
+def test_model_and_dense_optimizer_load_back_from_two_dcp_saves(tmp_path):
+    got = run_multiprocess(_model_and_optimizer_in_two_saves, W, str(tmp_path / "ck"))
+    assert any(len(out["held"]) < 4 for out in got), "some rank should hold no shard of some table"
+    for rank, out in enumerate(got):
+        assert _equal(out["loaded"], out["saved"]), rank
+        assert all(out["top"]) and all(out["momentum"]) and out["groups"] == (0.1, 0.9), (rank, out)
+        assert "table 't0' is 20 x 8, the tensor given is (3, 3)" in out["errors"][0], out["errors"]
+        assert "no table named 'nope'" in out["errors"][1] and _equal(out["after_bad"], out["saved"])

@@ -133,3 +133,29 @@ def test_state_dict_hooks_run_as_on_any_torch_optimizer():
     opt.load_state_dict(saved)
     assert calls == ["save pre", "save post", "load pre", "load post"]
     assert opt.optimizers["dense"].param_groups[0]["lr"] == 0.5
+
+
+def test_the_fused_optimizer_runs_state_dict_hooks_too():
+    _, emb, _ = _model()
+    fused = emb.fused_optimizer
+    calls = []
+    fused.register_state_dict_pre_hook(lambda o: calls.append("save pre"))
+    fused.register_state_dict_post_hook(lambda o, sd: calls.append("save post"))
+    fused.register_load_state_dict_pre_hook(lambda o, sd: calls.append("load pre"))
+    fused.register_load_state_dict_post_hook(lambda o: calls.append("load post"))
+    fused.load_state_dict(fused.state_dict())
+    assert calls == ["save pre", "save post", "load pre", "load post"]
+
+
+def test_a_load_one_optimizer_refuses_loads_nothing():
+    """The sparse part of another module's tables is refused after the dense part would have
+    loaded: the dense optimizer keeps its own state (all or nothing; audit of 2026-11-30)."""
+    _, emb, head = _model()
+    dense = torch.optim.SGD(head.parameters(), lr=0.1)
+    opt = CombinedOptimizer([("dense", dense), ("sparse", emb.fused_optimizer)])
+    saved = opt.state_dict()
+    saved["optimizers"]["dense"]["param_groups"][0]["lr"] = 0.9
+    saved["optimizers"]["sparse"]["param_groups"][0]["tables"] = ["another"]
+    with pytest.raises(ValueError, match="FusedOptimizer.load_state_dict: the saved groups' tables"):
+        opt.load_state_dict(saved)
+    assert dense.param_groups[0]["lr"] == 0.1
