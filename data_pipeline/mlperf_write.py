@@ -119,9 +119,8 @@ def check_days_output(directory: str, overwrite: bool) -> None:
         raise OutputExistsError(f"output {directory} exists and is not a directory")
     old = _layout_files(directory)
     if old and not overwrite:
-        raise OutputExistsError(f"output directory {directory} already holds {len(old)} day file(s) "
-                                f"({old[0]}, ...) of an earlier run; pass --overwrite to replace them, "
-                                f"or choose another --output")
+        raise OutputExistsError(f"output directory {directory} already holds {len(old)} file(s) of an earlier "
+                                f"run ({old[0]}, ...); pass --overwrite to replace them, or choose another --output")
     if old and META_FILE not in old:
         raise OutputExistsError(f"output directory {directory} holds day files ({old[0]}, ...) without a "
                                 f"{META_FILE}: not written by neo-data (e.g. MLPerf's own data), so never "

@@ -55,7 +55,8 @@ def probe_directory(path: str, field: str) -> None:
 def check_writable(path: str, field: str) -> None:
     """Whether directory ``path`` can be made and written, without making it: its nearest existing
     ancestor is a directory this process may write into (``os.access``: permissions, a read-only
-    mount or an immutable directory); else a ConfigError naming ``field``."""
+    mount or an immutable directory; then a directory made and removed there); else a ConfigError
+    naming ``field``."""
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -65,6 +66,12 @@ def check_writable(path: str, field: str) -> None:
         raise ConfigError(f"{field}: {path!r} cannot be made: {existing!r} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r} is not writable)")
+    try:                    # what os.access cannot say (root on /proc, some network mounts): a probe that
+        import tempfile     # leaves nothing behind
+
+        os.rmdir(tempfile.mkdtemp(prefix=".neo-probe-", dir=existing))
+    except OSError as e:
+        raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r}: {e.strerror or e})") from None
 
 
 def validate_training_config(cfg, outputs: bool = True) -> None:

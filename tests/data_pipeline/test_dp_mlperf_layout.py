@@ -73,7 +73,7 @@ def test_a_rerun_never_mixes_days_and_a_failed_run_leaves_nothing(tmp_path, caps
     _cli(*run, "--days", "3")
     assert sorted(p.name for p in out.glob("day_*_dense.npy")) == [f"day_{d}_dense.npy" for d in range(3)]
     assert main([*run, "--days", "1"]) == 2
-    assert "already holds 10 day file(s) (day_0_dense.npy, ...) of an earlier run; pass --overwrite" in \
+    assert "already holds 10 file(s) of an earlier run (day_0_dense.npy, ...); pass --overwrite" in \
         capsys.readouterr().err
     (out / "mine.txt").write_text("kept")
     _cli(*run, "--days", "1", "--overwrite")

@@ -428,6 +428,20 @@ def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_
         assert "samples_per_s" not in p.stdout                   # nothing trained
     check_writable(str(tmp_path / "new" / "deeper"), "train.run_dir")          # made later, by the run
     assert not (tmp_path / "new").exists()                                      # the check makes nothing
+    import errno
+    import tempfile
+
+    def read_only(*a, **k):                       # what os.access does not see (root on /proc, some mounts)
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    real = tempfile.mkdtemp
+    tempfile.mkdtemp = read_only
+    try:
+        with pytest.raises(ConfigError, match=r"train\.run_dir: .* cannot be written \(.*Read-only file system\)"):
+            check_writable(str(tmp_path / "new"), "train.run_dir")
+    finally:
+        tempfile.mkdtemp = real
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]     # no probe left behind
     # neo mlperf's runs write under its results directory: the config's run_dir is not checked there
     from neo.train.build import validate_training_config
 
