@@ -115,3 +115,22 @@ def test_kernels_alone_are_timed_per_phase_in_l2_and_from_memory():
     assert set(phases) == {"in_l2", "from_memory"}
     for fwd_ms, bwd_ms in phases.values():
         assert 0 < fwd_ms < 1e3 and 0 < bwd_ms < 1e3
+
+
+def test_bounds_of_the_baseline_kernels_are_a_note_and_the_records_are_written(tmp_path):
+    """The FMA probe knows avx2 and avx512 only: --isa baseline --bounds says so and still writes
+    its records (before: a KeyError after the timings, nothing written; audit of 2026-11-30)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.json"                # a process of its own: --isa re-executes the script
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
+                        "bench_interaction.py")
+    p = subprocess.run([sys.executable, tool, "--isa", "baseline", "--bounds", "--features", "4", "--dims", "16",
+                        "--batch", "32", "--iters", "1", "--warmup", "0", "--no-torchrec", "--threads", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "--bounds left out" in p.stdout, p.stderr[-2000:]
+    records = json.loads(out.read_text())
+    assert records and all(r["bounds_note"] == "no FMA floor for the baseline kernels" for r in records)
