@@ -53,7 +53,7 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_common import json_path, positive_int  # noqa: E402
+from bench_common import apply_quick, json_path, positive_int  # noqa: E402
 from bench_common import add_isa_arg, apply_isa, describe_machine, machine_info, write_json  # noqa: E402
 
 MODES = {"bsp": 0, "wsp1": 1, "wsp4": 4}
@@ -194,30 +194,46 @@ def plot(records: List[Dict[str, Any]], path: str) -> None:
     print(f"wrote {path}")
 
 
-def main(argv=None) -> int:
+# --samples/--steps/--pipeline-samples/--pipeline-steps default to None: filled in after parsing
+# from DEFAULTS, or with --quick from QUICK, but only where the flag was not given (--quick never
+# overrides an explicit flag).
+DEFAULTS = {"samples": 65536, "steps": 128, "pipeline_samples": 524288, "pipeline_steps": 1024}
+QUICK = {"samples": 16384, "steps": 48, "pipeline_samples": 16384, "pipeline_steps": 48}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with --quick's or the default workload filled in for the flags not given."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", nargs="+", default=list(MODES) + list(PIPELINE_MODES),
                    choices=list(MODES) + list(PIPELINE_MODES))
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    p.add_argument("--samples", type=positive_int, default=65536, help="synthetic training samples (WSP scenarios)")
-    p.add_argument("--steps", type=positive_int, default=128, help="local steps per rank (WSP scenarios)")
-    p.add_argument("--pipeline-samples", type=positive_int, default=524288,
-                   help="synthetic training samples of the pipeline modes (default: enough that no sample is "
-                        "seen more than twice in --pipeline-steps)")
-    p.add_argument("--pipeline-steps", type=positive_int, default=1024,
-                   help="steps of the pipeline modes: to convergence by default (the final AUCs compared)")
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help=f"synthetic training samples (WSP scenarios; default {DEFAULTS['samples']})")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help=f"local steps per rank (WSP scenarios; default {DEFAULTS['steps']})")
+    p.add_argument("--pipeline-samples", type=positive_int, default=None,
+                   help=f"synthetic training samples of the pipeline modes (default {DEFAULTS['pipeline_samples']}: "
+                        "enough that no sample is seen more than twice in --pipeline-steps)")
+    p.add_argument("--pipeline-steps", type=positive_int, default=None,
+                   help=f"steps of the pipeline modes (default {DEFAULTS['pipeline_steps']}: to convergence, "
+                        "the final AUCs compared)")
     p.add_argument("--batch", type=positive_int, default=128, help="samples per rank per step")
     p.add_argument("--wave-steps", type=positive_int, default=1)
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "neo-synthetic"))
     p.add_argument("--out-dir", default=str(ROOT / "bench_out" / "async_runs"))
-    p.add_argument("--quick", action="store_true", help="16k samples, 48 steps (every scenario)")
+    p.add_argument("--quick", action="store_true",
+                   help="16k samples, 48 steps (every scenario and mode), for the flags not given")
     p.add_argument("--json", default=None, type=json_path)
     p.add_argument("--plot", default=None, help="PNG: samples/s per mode and scenario, AUC on each bar")
     add_isa_arg(p)
     args = p.parse_args(argv)
+    apply_quick(args, DEFAULTS, QUICK)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     apply_isa(args.isa)
-    if args.quick:
-        args.samples, args.steps = args.pipeline_samples, args.pipeline_steps = 16384, 48
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from tests.multiprocess import run_multiprocess
 

@@ -322,3 +322,23 @@ def torchrec_local_blocks(t) -> List[tuple]:
     if hasattr(t, "local_shards"):
         return [(*sh.metadata.shard_offsets, sh.tensor) for sh in t.local_shards()]
     return [(0, 0, t)]
+
+
+def torchrec_table_blocks(model, weights: Dict[str, Any]):
+    """``(TorchRec's local block, the same block of Neo's full table)`` for every table of a
+    sharded TorchRec ``model``; ``weights``: Neo's full tables by name (``full_weights()``)."""
+    for key, w in model.state_dict().items():
+        if key.endswith(".weight"):
+            full = weights[key.split(".")[-2]]
+            for r, c, blk in torchrec_local_blocks(w):
+                yield blk, full[r:r + blk.shape[0], c:c + blk.shape[1]]
+
+
+def copy_into_torchrec(model, weights: Dict[str, Any]) -> None:
+    """Neo's full tables into TorchRec's local shards (or a replica's whole table), so that both
+    systems start from the same tables and do the same work."""
+    import torch
+
+    with torch.no_grad():
+        for blk, mine in torchrec_table_blocks(model, weights):
+            blk.copy_(mine)

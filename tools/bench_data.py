@@ -33,7 +33,7 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench_common import json_path, positive_int, write_json  # noqa: E402
+from bench_common import describe_machine, json_path, machine_info, positive_int, write_json  # noqa: E402
 
 PREPROCESS_TARGET = 200_000  # lines / s / core
 LOADER_TARGET = 1_000_000  # samples / s / core
@@ -153,11 +153,12 @@ def bench_loader(path: str, batch: int, mode: str, rows: int) -> Dict[str, Any]:
 
 
 def _environment() -> Dict[str, Any]:
-    """The machine (CPU model and ISA of the kernels included), the date and the load."""
-    from neo.machine import machine_info
-
-    return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "cpu": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    """The machine (CPU model, ISA flags and the ISA Neo's kernels and ATen chose: the record every
+    benchmark carries, tools/bench_common.py), the date and the load."""
+    machine = machine_info()
+    print(describe_machine(machine))
+    return {"machine": machine, "arch": platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": os.getloadavg()}
 
 

@@ -31,6 +31,12 @@ Backends, same tables, ids and offsets:
 - ``torch``: 8 x ``nn.EmbeddingBag(mode="sum", sparse=True)`` + ``torch.optim.Adagrad``
   (per-element Adagrad: the closest stock PyTorch has; it does more work per row); fp32 only.
 
+A peer left out (FBGEMM not importable; PyTorch in the fp16 table) is a printed note and a
+record with ``note`` (and ``ms`` null) in the JSON. FBGEMM and PyTorch start from Neo's initial
+tables (copied in), and before any timing every backend's forward on one batch is compared with
+Neo's: ``max_abs_diff_vs_neo`` in each record, an error past 1e-5 (fp32) or 1e-3 (fp16) of Neo's
+largest output (``FORWARD_TOLERANCE``).
+
 fp16 tables: Neo stores fp16 and rounds its updates stochastically (the default); FBGEMM's
 TBE with ``weights_precision=FP16`` (stochastic rounding, its default). Both pool in fp32.
 Every system runs with ``neo.host_memory.retain_freed_memory()`` (freed outputs reused, not
@@ -58,7 +64,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -124,11 +130,13 @@ def probe_runners(args, dtype: str, batches) -> List[Runner]:
 
 
 def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu",
-                dtype: str = "fp32") -> List[Runner]:
-    """One module (memory: one copy of the tables) timed twice: validate on, then off."""
+                dtype: str = "fp32") -> Tuple[List[Runner], List[torch.Tensor]]:
+    """One module (memory: one copy of the tables) timed twice: validate on, then off; and its
+    initial tables (views, in their storage dtype), for the peers to start from."""
     tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",), dtype=dtype,
                           optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
     emb = TableBatchedEmbedding(tables, backend=backend, device=device)
+    weights = [emb.table_weight(t.name) for t in tables]
     grad = torch.randn(args.batch, args.tables * args.dim, device=device)
 
     def make(validate: bool, name: str) -> Runner:
@@ -143,23 +151,28 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
 
         return Runner(name, fwd, fwd_bwd)
 
-    return [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else [])
+    return [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else []), weights
 
 
-def fbgemm_runner(args, dtype: str = "fp32") -> Optional[Runner]:
+def fbgemm_runner(args, weights: List[torch.Tensor], notes: Dict[str, str], dtype: str = "fp32") -> Optional[Runner]:
+    """FBGEMM's CPU TBE starting from Neo's tables ``weights`` (None, with ``notes["fbgemm"]`` saying
+    why, where fbgemm_gpu does not import)."""
     try:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
     except Exception as e:  # noqa: BLE001 - any import failure means: no fbgemm
-        print(f"note: fbgemm_gpu not importable ({type(e).__name__}: {e}); FBGEMM skipped")
+        notes["fbgemm"] = f"left out: fbgemm_gpu not importable ({type(e).__name__}: {e})"
         return None
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * args.tables,
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, eps=EPS,
         weights_precision=SparseType.FP16 if dtype == "fp16" else SparseType.FP32, pooling_mode=PoolingMode.SUM,
     )
+    with torch.no_grad():                 # the same tables as Neo's (same storage dtype): the same work
+        for mine, w in zip(tbe.split_embedding_weights(), weights):
+            mine.copy_(w)
     grad = torch.randn(args.batch, args.tables * args.dim)
 
     def fwd(b):
@@ -172,9 +185,13 @@ def fbgemm_runner(args, dtype: str = "fp32") -> Optional[Runner]:
     return Runner("fbgemm", fwd, fwd_bwd)
 
 
-def torch_runner(args, device: str = "cpu") -> Runner:
+def torch_runner(args, weights: List[torch.Tensor], device: str = "cpu") -> Runner:
+    """``nn.EmbeddingBag`` a table, starting from Neo's fp32 tables ``weights``."""
     bags = torch.nn.ModuleList(
         torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True) for _ in range(args.tables)).to(device)
+    with torch.no_grad():
+        for bag, w in zip(bags, weights):
+            bag.weight.copy_(w)
     opt = torch.optim.Adagrad(bags.parameters(), lr=LR, eps=EPS)
     grad = torch.randn(args.batch, args.tables * args.dim, device=device)
     B = args.batch
@@ -222,6 +239,28 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
     return {name: statistics.median(v) * 1e3 for name, v in times.items()}
 
 
+# Largest |output - Neo's| allowed in the forward check, relative to Neo's largest |output|: the same
+# rows summed in another order (fp32: ~1e-7 a term); fp16 tables are read as the same fp16 values and
+# pooled in fp32 too, but a peer may widen or round them its own way (fp16 keeps ~3 digits).
+FORWARD_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-3}
+
+
+def forward_diffs(runners: List[Runner], batch, dtype: str) -> Dict[str, float]:
+    """Max |forward output - Neo's| of every backend on one batch, before any is timed (and any
+    update moves the tables apart); a backend past FORWARD_TOLERANCE did other work: an error."""
+    checked = [r for r in runners if not r.name.startswith("probe@")]
+    ref = next(r for r in checked if r.name == "neo").fwd(batch).float()
+    limit = FORWARD_TOLERANCE[dtype] * float(ref.abs().max())
+    diffs = {}
+    for r in checked:
+        diffs[r.name] = float((r.fwd(batch).float() - ref).abs().max())
+        if diffs[r.name] > limit:
+            raise RuntimeError(f"{r.name} ({dtype}): forward output differs from Neo's by {diffs[r.name]:.3g} "
+                               f"(allowed {limit:.3g}): not the same work")
+    print(f"forward check ({dtype}): max |output - neo| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    return diffs
+
+
 def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
                 pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype=dtype,
@@ -234,13 +273,22 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
-    runners = probe_runners(args, dtype, batches) + neo_runners(args, dtype=dtype)
-    fb = None if args.no_fbgemm else fbgemm_runner(args, dtype)
+    neo, weights = neo_runners(args, dtype=dtype)
+    runners, notes = probe_runners(args, dtype, batches) + neo, {}
+    fb = None if args.no_fbgemm else fbgemm_runner(args, weights, notes, dtype)
     if fb is not None:
         runners.append(fb)
     if not args.no_torch and dtype == "fp32":
-        runners.append(torch_runner(args))
-    records = []
+        runners.append(torch_runner(args, weights))
+    elif not args.no_torch:
+        notes["torch"] = (f"left out of the {dtype} table: the baseline is fp32 only (nn.EmbeddingBag with "
+                          f"torch.optim.Adagrad; module doc)")
+    for backend, note in notes.items():
+        print(f"note: {backend} {note}")
+    diffs = forward_diffs(runners, batches[0], dtype)
+    records = [dict(backend=backend, dtype=dtype, phase=None, ms=None, note=note, device="cpu", machine=machine)
+               for backend, note in notes.items()]       # a peer left out says so in the JSON too
+    n_notes = len(records)
     for threads in args.threads:
         torch.set_num_threads(threads)
         limit = None
@@ -259,9 +307,10 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
+                                    max_abs_diff_vs_neo=diffs.get(name),
                                     device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
     del runners
-    print_table(records)
+    print_table(records[n_notes:])
     return records
 
 
@@ -308,12 +357,12 @@ def run_cuda(args) -> List[dict]:
         "fwd": n_ids * row_bytes,
         "fwd_bwd": n_ids * row_bytes + 2 * n_ids * (row_bytes + 4),
     }
-    runners = []
+    runners, weights = [], None
     try:
-        runners += neo_runners(args, names=("triton",), backend="triton", device="cuda")
+        runners, weights = neo_runners(args, names=("triton",), backend="triton", device="cuda")
     except Exception as e:  # noqa: BLE001
         print(f"note: triton backend unavailable ({type(e).__name__}: {e})")
-    runners.append(torch_runner(args, device="cuda"))
+    runners.append(torch_runner(args, weights or [], device="cuda"))
     records = []
     for phase in ("fwd", "fwd_bwd"):
         res = time_interleaved(runners, phase, batches, args.warmup, args.iters, sync=sync)

@@ -68,7 +68,7 @@ from typing import Any, Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_common import json_path, nonneg_int, positive_int  # noqa: E402
+from bench_common import apply_quick, json_path, nonneg_int, positive_int  # noqa: E402
 from bench_common import (add_isa_arg, apply_isa, describe_machine, machine_info, start_rank,  # noqa: E402
                           write_json)
 from neo.pipeline.simulate import COST_FIELDS  # noqa: E402
@@ -481,29 +481,44 @@ def _plot(records, path: str) -> None:
     print(f"wrote {path}")
 
 
-def main(argv=None) -> int:
+# --batch/--top-layers/--width/--warmup/--steps/--repeats default to None: filled in after parsing
+# from DEFAULTS, or with --quick from QUICK, but only where the flag was not given (--quick never
+# overrides an explicit flag).
+DEFAULTS = {"batch": 256, "top_layers": 12, "width": 512, "warmup": 3, "steps": 20, "repeats": 10}
+QUICK = {"batch": 128, "top_layers": 8, "width": 256, "warmup": 3, "steps": 12, "repeats": 5}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with --quick's or the default workload filled in for the flags not given."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", nargs="+", type=positive_int, default=[2, 4])
-    p.add_argument("--batch", type=positive_int, default=256, help="samples per rank")
+    p.add_argument("--batch", type=positive_int, default=None, help=f"samples per rank (default {DEFAULTS['batch']})")
     p.add_argument("--micro-batches", type=positive_int, default=8, help="per step and pipeline (a multiple of every world size)")
     names = [s for s, _ in SCHEDULES]
     p.add_argument("--schedules", nargs="+", default=names, choices=names,
                    help="the pipeline schedules to run (the data-parallel baseline always runs)")
-    p.add_argument("--top-layers", type=positive_int, default=12)
-    p.add_argument("--width", type=positive_int, default=512)
-    p.add_argument("--warmup", type=nonneg_int, default=3)
-    p.add_argument("--steps", type=positive_int, default=20)
-    p.add_argument("--repeats", type=positive_int, default=10, help="profile repeats per layer")
+    p.add_argument("--top-layers", type=positive_int, default=None, help=f"default {DEFAULTS['top_layers']}")
+    p.add_argument("--width", type=positive_int, default=None, help=f"default {DEFAULTS['width']}")
+    p.add_argument("--warmup", type=nonneg_int, default=None, help=f"default {DEFAULTS['warmup']}")
+    p.add_argument("--steps", type=positive_int, default=None, help=f"default {DEFAULTS['steps']}")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help=f"profile repeats per layer (default {DEFAULTS['repeats']})")
     p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--bandwidth-gbps", type=float, default=None, help="default: measured (gloo send/recv)")
-    p.add_argument("--quick", action="store_true", help="a smaller model, fewer steps")
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller model, fewer steps: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                        + ", for the flags not given")
     p.add_argument("--json", default=None, type=json_path)
     p.add_argument("--plot", default=None, help="PNG of predicted and measured step time per schedule")
     add_isa_arg(p)
     args = p.parse_args(argv)
+    apply_quick(args, DEFAULTS, QUICK)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     apply_isa(args.isa)
-    if args.quick:
-        args.batch, args.top_layers, args.width, args.warmup, args.steps, args.repeats = 128, 8, 256, 3, 12, 5
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from neo.pipeline.profile import measure_p2p_bandwidth
     from tests.multiprocess import run_multiprocess

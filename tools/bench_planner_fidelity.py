@@ -139,16 +139,26 @@ def second_best(cfg_path: str, world: int, batch: int, out: str, overrides: List
     return True
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    from tools.bench_common import json_path, positive_int, positive_int_list
+# --world-sizes/--steps/--mixes/--rounds default to None: filled in after parsing from DEFAULTS, or
+# with --quick from QUICK, but only where the flag was not given (--quick never overrides an explicit flag).
+DEFAULTS = {"world_sizes": [1, 2, 4], "steps": 80, "mixes": "main_job,zipf_mix,wide_mix", "rounds": 3}
+QUICK = {"world_sizes": [1, 2], "steps": 30, "mixes": "main_job,zipf_mix", "rounds": 1}
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with --quick's or the default workload filled in for the flags not given."""
+    from tools.bench_common import apply_quick, json_path, positive_int, positive_int_list
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, type=json_path)
-    ap.add_argument("--world-sizes", type=positive_int_list, default=[1, 2, 4], help="comma-separated, e.g. 1,2")
-    ap.add_argument("--steps", type=positive_int, default=80)
-    ap.add_argument("--mixes", default="main_job,zipf_mix,wide_mix")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="runs of every plan, interleaved; the median is reported")
-    ap.add_argument("--quick", action="store_true", help="30 steps, world sizes 1 and 2, two mixes, one round")
+    ap.add_argument("--world-sizes", type=positive_int_list, default=None,
+                    help="comma-separated, e.g. 1,2 (default 1,2,4)")
+    ap.add_argument("--steps", type=positive_int, default=None, help=f"default {DEFAULTS['steps']}")
+    ap.add_argument("--mixes", default=None, help=f"default {DEFAULTS['mixes']}")
+    ap.add_argument("--rounds", type=positive_int, default=None,
+                    help=f"runs of every plan, interleaved; the median is reported (default {DEFAULTS['rounds']})")
+    ap.add_argument("--quick", action="store_true",
+                    help="30 steps, world sizes 1 and 2, two mixes, one round, for the flags not given")
     ap.add_argument("--calibrate", action="store_true",
                     help="run neo calibrate before every round, and predict that round's runs with its "
                          "constants (a shared machine's memory speed drifts between minutes)")
@@ -156,8 +166,12 @@ def main(argv=None) -> int:
                     help="keep the work folder (the mixes' configs, calibrations, runs' logs and plans); "
                          "by default it is removed at the end")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.steps, args.world_sizes, args.mixes, args.rounds = 30, [1, 2], "main_job,zipf_mix", 1
+    apply_quick(args, DEFAULTS, QUICK)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="neo-fidelity-")
     try:
         return measure(args, tmp)
@@ -327,7 +341,7 @@ def verdict(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
 
 def _write(args, records: List[Dict[str, Any]]) -> None:
     """The records so far (a long run keeps what it measured if it is stopped)."""
-    from neo.machine import machine_info
+    from tools.bench_common import machine_info   # the record every benchmark carries (ISA flags, Neo's kernels' ISA)
 
     if not args.json:
         return

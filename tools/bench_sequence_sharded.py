@@ -17,8 +17,8 @@ one training step = the sharded unpooled lookup, backward with a fixed random up
   type by ``ParameterConstraints``. On CPU it runs table_wise and column_wise; not row_wise, and
   its data_parallel ``EmbeddingCollection`` fails there (TorchRec 1.8.0: the replica's lookup
   returns one row per bag, and ``construct_jagged_tensors`` raises ``split_with_sizes expects
-  split_sizes to sum exactly to ...``), so Neo runs alone in those two. Skipped with a note where
-  torchrec / fbgemm_gpu are not importable.
+  split_sizes to sum exactly to ...``), so Neo runs alone in those two (TorchRec's absence a note
+  record in each). Skipped with a note where torchrec / fbgemm_gpu are not importable.
 
 Both systems start from the same tables (Neo's weights copied into TorchRec's shards) and, after
 the timed steps, their tables are compared (``max_abs_diff_vs_neo``: the same SGD on the same
@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
-                          start_rank, torchrec_local_blocks, write_json)
+from bench_common import (add_isa_arg, apply_isa, copy_into_torchrec, machine_info, quiet_peer_logs,  # noqa: E402
+                          run_world_sizes, start_rank, torchrec_table_blocks, write_json)
 from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
@@ -112,7 +112,7 @@ def _torchrec(args, st: str, pg, weights: Dict[str, torch.Tensor]):
     plan = planner.collective_plan(ec, [sharder], pg.world)
     model = DistributedModelParallel(ec, env=ShardingEnv.from_process_group(pg.world), plan=plan,
                                      sharders=[sharder], device=torch.device("cpu"))
-    _copy_in(model, weights)
+    copy_into_torchrec(model, weights)
     kjts = [b.to_torchrec() for b in _batches(args, pg.rank)]
     grads = _grads(args, pg.rank)
 
@@ -126,24 +126,8 @@ def _torchrec(args, st: str, pg, weights: Dict[str, torch.Tensor]):
     return model, step
 
 
-def _table_blocks(model, weights: Dict[str, torch.Tensor]):
-    """(TorchRec's local block, the same block of Neo's full table) for every table."""
-    for key, w in model.state_dict().items():
-        if key.endswith(".weight"):
-            full = weights[key.split(".")[-2]]
-            for r, c, blk in torchrec_local_blocks(w):
-                yield blk, full[r:r + blk.shape[0], c:c + blk.shape[1]]
-
-
-@torch.no_grad()
-def _copy_in(model, weights: Dict[str, torch.Tensor]) -> None:
-    """Neo's full tables into TorchRec's local shards (or a replica's whole table)."""
-    for blk, mine in _table_blocks(model, weights):
-        blk.copy_(mine)
-
-
 def _max_diff(model, weights: Dict[str, torch.Tensor]) -> float:
-    return max(float((blk - mine).abs().max()) for blk, mine in _table_blocks(model, weights))
+    return max(float((blk - mine).abs().max()) for blk, mine in torchrec_table_blocks(model, weights))
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
@@ -159,7 +143,9 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
         sec, neo_step = _neo(args, st, pg)
         runners = {"neo": neo_step}
         note, model = None, None
-        if not args.no_torchrec and st in TORCHREC_TYPES:
+        if not args.no_torchrec and st not in TORCHREC_TYPES:
+            note = f"left out: TorchRec does not run {st} on CPU (module doc; only {', '.join(TORCHREC_TYPES)})"
+        elif not args.no_torchrec:
             try:
                 model, runners["torchrec"] = _torchrec(args, st, pg, sec.full_weights())
             except ImportError as e:
@@ -191,7 +177,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             records.append(rec)
         if note:
             records.append({"system": "torchrec", "sharding_type": st, "world_size": world_size, "step_ms": None,
-                            "note": note})
+                            "note": note, "machine": machine})
         del runners, sec, model
     return records
 

@@ -19,7 +19,13 @@ its phases: input distribution (both AlltoAlls, until the local batch is built),
 + fused update). Reported per phase: the median over steps, averaged over ranks;
 ``step_ms`` is the slowest rank's median step. TorchRec: table_wise and column_wise
 (its planner forced by ParameterConstraints, compute device cpu, fused EXACT_SGD), forward
-and backward timed separately. Column-wise uses shards of ``--cw-dim`` columns in both.
+and backward timed separately. Column-wise uses shards of ``--cw-dim`` columns in both. The other
+sharding types run Neo alone; TorchRec's absence there is a note record (``note``, ``step_ms``
+null), as where torchrec / fbgemm_gpu do not import.
+
+Both systems start from the same tables (Neo's initial weights copied into TorchRec's shards), and
+their pooled outputs of the first step (the same batch, before any update) are compared:
+``max_abs_diff_vs_neo`` in TorchRec's records, the largest over ranks.
 
 ``--isa avx2`` caps every library of both systems (Neo's kernels, ATen, oneDNN, MKL, FBGEMM)
 at AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands in for an AVX2 one.
@@ -37,15 +43,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, run_world_sizes,  # noqa: E402
-                          machine_info, start_rank, write_json)
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, copy_into_torchrec,  # noqa: E402
+                          machine_info, run_world_sizes, start_rank, write_json)
 from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -79,18 +85,21 @@ def _summary(times: Dict[str, List[float]]) -> Dict[str, float]:
 
 
 class _Runner:
-    """One system x sharding type: ``step(i)`` runs training step i and returns its phase times (s)."""
+    """One system x sharding type: ``step(i)`` runs training step i and returns its phase times (s)
+    and its pooled output (B, F x D); ``first_output``: step 0's, before any update."""
 
     def __init__(self, system: str, sharding_type: str, step):
         self.system, self.sharding_type, self.step = system, sharding_type, step
         self.times: Dict[str, List[float]] = {}
+        self.first_output: Optional[torch.Tensor] = None
 
     def record(self, phases: Dict[str, float]) -> None:
         for k, v in phases.items():
             self.times.setdefault(k, []).append(v)
 
 
-def _neo_runner(args, st: str, pg) -> _Runner:
+def _neo_runner(args, st: str, pg) -> Tuple[_Runner, Any]:
+    """Neo's runner and its ShardedEmbeddingCollection (whose initial tables TorchRec copies)."""
     from neo.distributed import ShardedEmbeddingCollection, even_plan
 
     tables = _tables(args)
@@ -114,12 +123,13 @@ def _neo_runner(args, st: str, pg) -> _Runner:
         out.backward(grad)
         t4 = time.perf_counter()
         return {"input_dist_ms": t1 - t0, "lookup_ms": t2 - t1, "output_dist_ms": t3 - t2,
-                "backward_ms": t4 - t3, "step_ms": t4 - t0}
+                "backward_ms": t4 - t3, "step_ms": t4 - t0}, out
 
-    return _Runner("neo" if args.comm == "fp32" else f"neo-{args.comm}", st, step)
+    return _Runner("neo" if args.comm == "fp32" else f"neo-{args.comm}", st, step), sec
 
 
-def _torchrec_runner(args, st: str, pg) -> _Runner:
+def _torchrec_runner(args, st: str, pg, weights: Dict[str, torch.Tensor]) -> _Runner:
+    """TorchRec's DMP, starting from Neo's tables ``weights`` (full, by name)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -140,16 +150,21 @@ def _torchrec_runner(args, st: str, pg) -> _Runner:
     plan = planner.collective_plan(ebc, [sharder], pg.world)
     model = DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg.world), plan=plan,
                                      sharders=[sharder], device=torch.device("cpu"))
+    copy_into_torchrec(model, weights)
     kjts = [b.to_torchrec() for b in _batches(args, pg.rank)]
     grad = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(7))
 
     def step(i: int) -> Dict[str, float]:
         t0 = time.perf_counter()
-        out = model(kjts[i % len(kjts)]).values()
+        pooled = model(kjts[i % len(kjts)])
+        out = pooled.values()
         t1 = time.perf_counter()
         out.backward(grad)
         t2 = time.perf_counter()
-        return {"forward_ms": t1 - t0, "backward_ms": t2 - t1, "step_ms": t2 - t0}
+        # its features in the order of its shards (table-wise: each rank's tables together); in
+        # Neo's order (f0, f1, ...) for the comparison, outside the timed part
+        in_order = torch.cat([pooled[f"f{t}"] for t in range(args.tables)], dim=1) if i == 0 else out
+        return {"forward_ms": t1 - t0, "backward_ms": t2 - t1, "step_ms": t2 - t0}, in_order
 
     return _Runner("torchrec", st, step)
 
@@ -165,17 +180,22 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
     pg = ProcessGroups.build(world_size, timeout=datetime.timedelta(seconds=300), shm=not args.no_shm)
     records = []
     for st in args.types:
-        runners = [_neo_runner(args, st, pg)]
+        neo, sec = _neo_runner(args, st, pg)
+        runners = [neo]
         notes = {}
-        if not args.no_torchrec and st in TORCHREC_TYPES:
+        if not args.no_torchrec and st not in TORCHREC_TYPES:
+            notes["torchrec"] = f"left out: no TorchRec runner for {st} here (only {', '.join(TORCHREC_TYPES)})"
+        elif not args.no_torchrec:
             try:
-                runners.append(_torchrec_runner(args, st, pg))
+                runners.append(_torchrec_runner(args, st, pg, sec.full_weights()))
             except ImportError as e:                       # torchrec / fbgemm not installed
                 notes["torchrec"] = f"skipped: {type(e).__name__}: {e}"
         for i in range(args.warmup + args.steps):
             for r in runners:                              # interleaved: machine load hits both alike
                 dist.barrier(group=pg.world)
-                phases = r.step(i)
+                phases, out = r.step(i)
+                if i == 0:                                 # the same batch on the same tables in both
+                    r.first_output = out.detach().clone()
                 if i >= args.warmup:
                     r.record(phases)
         for r in runners:
@@ -193,22 +213,29 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             for k in mine:
                 if k != "step_ms":
                     rec[k] = statistics.mean(g[k] for g in gathered)
+            if r is not neo:                               # the same work: step 0's pooled outputs compared
+                diffs: List[Any] = [None] * world_size
+                dist.all_gather_object(diffs, float((r.first_output - neo.first_output).abs().max()), group=pg.world)
+                rec["max_abs_diff_vs_neo"] = max(diffs)
             records.append(rec)
         for system, note in notes.items():
-            records.append({"system": system, "sharding_type": st, "world_size": world_size, "step_ms": None, "note": note})
-        del runners
+            records.append({"system": system, "sharding_type": st, "world_size": world_size, "step_ms": None, "note": note,
+                            "machine": machine})
+        del runners, neo, sec
     return records
 
 
 def _print(records: List[Dict[str, Any]]) -> None:
     cols = ("input_dist_ms", "lookup_ms", "output_dist_ms", "forward_ms", "backward_ms")
-    print(f"{'system':9} {'sharding_type':18} {'W':>2} {'step_ms':>8} " + " ".join(f"{c[:-3]:>11}" for c in cols))
+    print(f"{'system':9} {'sharding_type':18} {'W':>2} {'step_ms':>8} " + " ".join(f"{c[:-3]:>11}" for c in cols)
+          + "  max |out - neo|")
     for r in records:
         if r["step_ms"] is None:
             print(f"{r['system']:9} {r['sharding_type']:18} {r['world_size']:>2} {'-':>8} {r.get('note', '')}")
             continue
         vals = " ".join(f"{r[c]:11.1f}" if c in r else f"{'':11}" for c in cols)
-        print(f"{r['system']:9} {r['sharding_type']:18} {r['world_size']:>2} {r['step_ms']:8.1f} {vals}")
+        diff = f"  {r['max_abs_diff_vs_neo']:.1e}" if r.get("max_abs_diff_vs_neo") is not None else ""
+        print(f"{r['system']:9} {r['sharding_type']:18} {r['world_size']:>2} {r['step_ms']:8.1f} {vals}{diff}")
     by = {(r["system"], r["sharding_type"], r["world_size"]): r["step_ms"] for r in records}
     for (system, st, W), ms in sorted(by.items()):
         other = by.get(("torchrec", st, W))

@@ -23,7 +23,8 @@ Also timed: ``expand_variable_batch`` itself, by ``neo._C.jagged_take`` and by t
 (``expansion`` in the JSON). Phases: ``fwd`` (no autograd) and ``fwd_bwd`` (forward, backward with a fixed upstream
 gradient, the fused SGD update). Iterations interleaved across the systems (alternating
 order), medians reported; outputs are checked to agree before timing. Records carry the
-machine (tools/bench_common.py); ``vs_neo``: the system's time over Neo's.
+machine (tools/bench_common.py); ``vs_neo``: the system's time over Neo's; the JSON's ``notes``
+say which peer (or phase of one) is left out and why.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def _kjt(args, gen):
                              inverse_indices=(keys, inverse)), strides
 
 
-def _systems(args, kjt, gen) -> Dict[str, Callable[[bool], object]]:
+def _systems(args, kjt, gen, notes: List[str]) -> Dict[str, Callable[[bool], object]]:
+    """The systems by name, each ``step(train)``; a peer left out (or a phase of one) adds a line to ``notes``."""
     import torch
 
     from neo.config.embedding import OptimizerConfig, TableConfig
@@ -83,8 +85,8 @@ def _systems(args, kjt, gen) -> Dict[str, Callable[[bool], object]]:
         quiet_peer_logs()
         from torchrec.modules.embedding_configs import EmbeddingBagConfig
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    except ImportError:
-        print("torchrec: not importable, left out")
+    except ImportError as e:
+        notes.append(f"torchrec left out: not importable ({type(e).__name__}: {e})")
         return systems
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
                                                             feature_names=list(t.feature_names)) for t in tables])
@@ -99,6 +101,8 @@ def _systems(args, kjt, gen) -> Dict[str, Callable[[bool], object]]:
             return ebc(kjt).values()
 
     systems["torchrec"] = torchrec
+    notes.append("torchrec fwd_bwd left out: its backward materializes dense (rows, D) gradients, "
+                 "a different job (forward only)")
     return systems
 
 
@@ -144,7 +148,10 @@ def main(argv=None) -> int:
     print(f"workload: {args.features} tables x {args.rows} rows x D {args.dim} fp32, B {args.batch}; "
           f"{args.features // 2} features with {strides[0]} distinct bags, {args.features - args.features // 2} "
           f"with {args.batch}; {kjt.values().numel()} ids in the KJT, SGD")
-    systems = _systems(args, kjt, gen)
+    notes: List[str] = []
+    systems = _systems(args, kjt, gen, notes)
+    for note in notes:
+        print(note)
     with torch.no_grad():                                    # the same outputs before timing
         ref = systems["neo"](False)
         for name, fn in systems.items():
@@ -171,7 +178,7 @@ def main(argv=None) -> int:
         r["vs_neo"] = round(r["ms"] / neo["ms"], 3)
         print(f"{r['system']:13} {r['threads']:>7} {r['phase']:8} {r['ms']:>9.2f} {r['vs_neo']:>6.2f}x")
     if args.json:
-        write_json(args.json, {"records": records, "expansion": dict(expansion, machine=machine)})
+        write_json(args.json, {"records": records, "expansion": dict(expansion, machine=machine), "notes": notes})
     return 0
 
 

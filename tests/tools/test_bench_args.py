@@ -102,3 +102,26 @@ def test_quick_fills_in_only_the_flags_not_given(quick):
     args = argparse.Namespace(quick=quick, rows=None, steps=7)
     common.apply_quick(args, {"rows": 100, "steps": 10}, {"rows": 5, "steps": 2})
     assert (args.rows, args.steps) == ((5 if quick else 100), 7)
+
+
+QUICK_CASES = [
+    ("bench_planner_fidelity.py", ["--steps", "50"], {"steps": 50, "rounds": 1, "world_sizes": [1, 2]}),
+    ("bench_planner_fidelity.py", ["--rounds", "2", "--mixes", "wide_mix"], {"rounds": 2, "mixes": "wide_mix", "steps": 30}),
+    ("bench_pipeline.py", ["--steps", "40", "--width", "128"], {"steps": 40, "width": 128, "batch": 128, "repeats": 5}),
+    ("bench_async.py", ["--pipeline-steps", "100"], {"pipeline_steps": 100, "steps": 48, "samples": 16384}),
+    ("bench_mlperf.py", ["--repeats", "3"], {"repeats": 3}),
+]
+
+
+@pytest.mark.parametrize("script,argv,want", QUICK_CASES, ids=[f"{s}:{' '.join(a)}" for s, a, _ in QUICK_CASES])
+def test_quick_keeps_an_explicit_flag(script, argv, want):
+    """--quick fills in only the flags not given (bench_common.apply_quick): parsed, nothing run."""
+    args = load_tool(script).parse_args(["--quick"] + argv)
+    assert {k: getattr(args, k) for k in want} == want
+
+
+@pytest.mark.parametrize("script", sorted({s for s, _, _ in QUICK_CASES}))
+def test_without_quick_every_workload_flag_gets_its_default(script):
+    tool = load_tool(script)
+    args = tool.parse_args([])
+    assert {k: getattr(args, k) for k in tool.DEFAULTS} == tool.DEFAULTS

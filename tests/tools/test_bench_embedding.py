@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.tools import load_tool
@@ -30,3 +31,35 @@ def test_quick_run_reports_each_forward_against_the_probe(tmp_path):
             assert r["probe_lookups_per_s"] == limit and r["fraction_of_probe"] == r["lookups_per_s"] / limit
             assert r["row_bytes"] == row_bytes
         assert {r["backend"] for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"} == {"neo", "neo-noval"}
+
+
+def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
+    """FBGEMM and PyTorch compute Neo's forward (same tables copied in): max_abs_diff_vs_neo in
+    every record; PyTorch, absent from the fp16 table, is a note record there."""
+    bench = load_tool("bench_embedding.py")
+    if load_tool("bench_common.py").peer_version("fbgemm_gpu") is None:
+        pytest.skip("fbgemm_gpu not importable")
+    out = tmp_path / "emb.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--tables", "2", "--rows", "1000", "--batch", "32", "--threads", "1",
+                           "--iters", "1", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    records = json.loads(out.read_text())
+    notes = [r for r in records if r.get("note")]
+    assert [(r["backend"], r["dtype"]) for r in notes] == [("torch", "fp16")] and notes[0]["machine"]
+    for r in records:
+        if r["backend"] in ("fbgemm", "torch"):
+            tol = bench.FORWARD_TOLERANCE[r["dtype"]]
+            assert r.get("note") or r["max_abs_diff_vs_neo"] is not None and r["max_abs_diff_vs_neo"] < tol
+
+
+def test_forward_check_refuses_a_backend_that_does_other_work():
+    bench = load_tool("bench_embedding.py")
+    out = torch.ones(4, 8)
+    runners = [bench.Runner("neo", lambda b: out, None), bench.Runner("other", lambda b: out * 1.01, None)]
+    with pytest.raises(RuntimeError, match="other"):
+        bench.forward_diffs(runners, None, "fp16")
+    assert bench.forward_diffs(runners[:1] + [bench.Runner("same", lambda b: out + 1e-4, None)], None, "fp16") \
+        == {"neo": 0.0, "same": pytest.approx(1e-4, rel=1e-2)}
