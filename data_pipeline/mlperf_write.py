@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .mlperf_layout import LAYOUTS, META_FILE, day_files
-from .writer import Columns, OutputExistsError, remove_staged, staging_path
+from .writer import Columns, OutputExistsError, commit_staged_dir, remove_staged, staging_path
 
 __all__ = ["DayWriter", "layout_from_synthetic", "layout_from_parquet", "check_days_output"]
 
@@ -130,15 +130,7 @@ def check_days_output(directory: str, overwrite: bool) -> None:
 def _commit_days(staged: str, final: str, overwrite: bool) -> None:
     """The staged days into ``final``: one rename where it does not exist; else (re-checked) the
     earlier run's day files go and the new ones move in: never two runs' days side by side."""
-    if not os.path.exists(final):
-        os.rename(staged, final)
-        return
-    check_days_output(final, overwrite)
-    for old in _layout_files(final):
-        os.remove(os.path.join(final, old))
-    for name in sorted(os.listdir(staged)):
-        os.replace(os.path.join(staged, name), os.path.join(final, name))
-    os.rmdir(staged)
+    commit_staged_dir(staged, final, overwrite, check=check_days_output, earlier=_layout_files)
 
 
 def _staged(write: Callable[[str], Dict[str, Any]], output: str, overwrite: bool) -> Dict[str, Any]:

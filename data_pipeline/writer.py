@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -144,15 +144,18 @@ def staging_path(final: str) -> str:
     return os.path.join(parent, f".{name}.tmp-{os.getpid()}")
 
 
-def commit_staged_dir(staged: str, final: str, overwrite: bool) -> None:
+def commit_staged_dir(staged: str, final: str, overwrite: bool,
+                      check: Callable[[str, bool], None] = check_output_dir,
+                      earlier: Callable[[str], List[str]] = _parquet_files) -> None:
     """Move the staged directory's files to ``final``: one atomic rename where ``final`` does not
-    exist yet; else the old ``part-*.parquet`` go (with ``overwrite``; re-checked) and the new files
-    are moved in, so that the directory never holds two runs' shards."""
+    exist yet; else the earlier run's files (``earlier``: the old ``part-*.parquet``) go (with
+    ``overwrite``; re-checked by ``check``) and the new files are moved in, so that the directory
+    never holds two runs' outputs."""
     if not os.path.exists(final):
         os.rename(staged, final)
         return
-    check_output_dir(final, overwrite)
-    for old in _parquet_files(final):
+    check(final, overwrite)
+    for old in earlier(final):
         os.remove(os.path.join(final, old))
     for name in sorted(os.listdir(staged)):
         os.replace(os.path.join(staged, name), os.path.join(final, name))

@@ -35,6 +35,30 @@ __all__ = ["CombinedOptimizer"]
 Named = Union[torch.optim.Optimizer, Tuple[str, torch.optim.Optimizer]]
 
 
+def hooked_state_dict(opt: torch.optim.Optimizer, make: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """``make()`` with the hooks of ``opt.register_state_dict_pre_hook`` / ``_post_hook`` around it,
+    as torch's own ``Optimizer.state_dict`` runs them (for optimizers that build their own)."""
+    for pre in opt._optimizer_state_dict_pre_hooks.values():
+        pre(opt)
+    out = make()
+    for post in opt._optimizer_state_dict_post_hooks.values():
+        changed = post(opt, out)
+        out = changed if changed is not None else out
+    return out
+
+
+def hooked_load_state_dict(opt: torch.optim.Optimizer, state_dict: Dict[str, Any],
+                           load: Callable[[Dict[str, Any]], None]) -> None:
+    """``load(state_dict)`` with the hooks of ``opt.register_load_state_dict_pre_hook`` /
+    ``_post_hook`` around it (a pre-hook may hand back another state dict)."""
+    for pre in opt._optimizer_load_state_dict_pre_hooks.values():
+        changed = pre(opt, state_dict)
+        state_dict = changed if changed is not None else state_dict
+    load(state_dict)
+    for post in opt._optimizer_load_state_dict_post_hooks.values():
+        post(opt)
+
+
 class CombinedOptimizer(torch.optim.Optimizer):
     """Optimizers zeroed, stepped, scheduled and saved as one (module doc).
 
@@ -114,24 +138,13 @@ class CombinedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         """``{"optimizers": {name: state_dict}}``; the hooks of ``register_state_dict_pre_hook`` /
         ``_post_hook`` run around it, as on any torch optimizer."""
-        for pre in self._optimizer_state_dict_pre_hooks.values():
-            pre(self)
-        out = {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}}
-        for post in self._optimizer_state_dict_post_hooks.values():
-            changed = post(self, out)
-            out = changed if changed is not None else out
-        return out
+        return hooked_state_dict(self, lambda: {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}})
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Each optimizer's state by name (ValueError where the names differ, or an optimizer
         refuses its part: nothing loaded then);
         ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
-        for pre in self._optimizer_load_state_dict_pre_hooks.values():
-            changed = pre(self, state_dict)
-            state_dict = changed if changed is not None else state_dict
-        self._load(state_dict)
-        for post in self._optimizer_load_state_dict_post_hooks.values():
-            post(self)
+        hooked_load_state_dict(self, state_dict, self._load)
 
     def _load(self, state_dict: Dict[str, Any]) -> None:
         saved = state_dict.get("optimizers") if isinstance(state_dict, dict) else None

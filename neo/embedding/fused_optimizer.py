@@ -48,6 +48,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from neo.optim import hooked_load_state_dict, hooked_state_dict
+
 __all__ = ["FusedOptimizer", "FusedGroupSpec", "group_rates"]
 
 ApplyRates = Callable[[Dict[str, float]], None]
@@ -158,26 +160,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         """``{"state": {}, "param_groups": [group without "params", ...]}`` (see module doc); the
         hooks of ``register_state_dict_pre_hook`` / ``_post_hook`` run around it, as on any torch
         optimizer."""
-        for pre in self._optimizer_state_dict_pre_hooks.values():
-            pre(self)
-        groups = [{k: (list(v) if k == "tables" else v) for k, v in g.items() if k != "params"}
-                  for g in self.param_groups]
-        out = {"state": {}, "param_groups": groups}
-        for post in self._optimizer_state_dict_post_hooks.values():
-            changed = post(self, out)
-            out = changed if changed is not None else out
-        return out
+        return hooked_state_dict(self, lambda: {"state": {}, "param_groups": [
+            {k: (list(v) if k == "tables" else v) for k, v in g.items() if k != "params"} for g in self.param_groups]})
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Set each group's values (``lr``, ``initial_lr``, ...) from the saved group of the same
         tables; ValueError naming the tables where the groups differ. Nothing is set then. The
         hooks of ``register_load_state_dict_pre_hook`` / ``_post_hook`` run around it."""
-        for pre in self._optimizer_load_state_dict_pre_hooks.values():
-            changed = pre(self, state_dict)
-            state_dict = changed if changed is not None else state_dict
-        self._load(state_dict)
-        for post in self._optimizer_load_state_dict_post_hooks.values():
-            post(self)
+        hooked_load_state_dict(self, state_dict, self._load)
 
     def _load(self, state_dict: Dict[str, Any]) -> None:
         saved = {tuple(g["tables"]): g for g in state_dict["param_groups"]}
