@@ -207,11 +207,11 @@ class ParquetLoader:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         o = self.options
-        for k, mine in (("num_samples", self.num_samples), ("rank", o.rank), ("world_size", o.world_size),
-                        ("seed", o.seed), ("shuffle", o.shuffle),
-                        ("shuffle_window", o.shuffle_window if o.shuffle else None),
-                        # unshuffled, the order is the files' whatever the windows' sizes
-                        ("first_window", self._ramp_first() if o.shuffle else None)):
+        checked = [("num_samples", self.num_samples), ("rank", o.rank), ("world_size", o.world_size),
+                   ("seed", o.seed), ("shuffle", o.shuffle), ("shuffle_window", o.shuffle_window if o.shuffle else None)]
+        if o.shuffle:                        # unshuffled, the order is the files' whatever the windows' sizes
+            checked.append(("first_window", self._ramp_first()))      # (states saved before held one there too)
+        for k, mine in checked:
             if state.get(k) != mine:
                 raise ValueError(f"loader state has {k}={state.get(k)!r}, this loader has {mine!r}")
         if not 0 <= state["position"] <= self.shard_size:

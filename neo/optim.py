@@ -59,6 +59,22 @@ def hooked_load_state_dict(opt: torch.optim.Optimizer, state_dict: Dict[str, Any
         post(opt)
 
 
+def _check_part(name: str, opt: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
+    """Whether ``saved`` would load into ``opt``, without loading it: the optimizer's own check
+    where it has one (a fused optimizer: its tables and rates), else what torch's
+    ``Optimizer.load_state_dict`` checks first (as many groups, each with as many parameters)."""
+    check = getattr(opt, "check_state_dict", None)
+    if check is not None:
+        check(saved)
+        return
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(opt.param_groups) or any(
+            len(g.get("params", ())) != len(mine["params"]) for g, mine in zip(groups, opt.param_groups)):
+        raise ValueError(f"CombinedOptimizer.load_state_dict: optimizer {name!r}: the saved parameter groups do not "
+                         f"match this optimizer's ({len(opt.param_groups)} groups of "
+                         f"{[len(g['params']) for g in opt.param_groups]} parameters)")
+
+
 class CombinedOptimizer(torch.optim.Optimizer):
     """Optimizers zeroed, stepped, scheduled and saved as one (module doc).
 
@@ -152,17 +168,8 @@ class CombinedOptimizer(torch.optim.Optimizer):
             names = sorted(saved) if isinstance(saved, dict) else None
             raise ValueError(f"CombinedOptimizer.load_state_dict: saved optimizers {names}, these are "
                              f"{sorted(self.optimizers)}")
-        # all or nothing: an optimizer that refuses its part (a fused one of other tables) puts
-        # back those loaded before it
-        import copy
-
-        before = {n: copy.deepcopy(o.state_dict()) for n, o in self.optimizers.items()}
-        done = []
-        try:
-            for n, o in self.optimizers.items():
-                o.load_state_dict(saved[n])
-                done.append(n)
-        except BaseException:
-            for n in done:
-                self.optimizers[n].load_state_dict(before[n])
-            raise
+        # all or nothing: every part is checked before any is loaded (no copy of the state kept)
+        for n, o in self.optimizers.items():
+            _check_part(n, o, saved[n])
+        for n, o in self.optimizers.items():
+            o.load_state_dict(saved[n])

@@ -169,7 +169,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         hooks of ``register_load_state_dict_pre_hook`` / ``_post_hook`` run around it."""
         hooked_load_state_dict(self, state_dict, self._load)
 
-    def _load(self, state_dict: Dict[str, Any]) -> None:
+    def check_state_dict(self, state_dict: Dict[str, Any]) -> Dict[tuple, Dict[str, Any]]:
+        """The saved groups by their tables, if ``state_dict`` would load (ValueError naming the
+        tables where the groups differ, or a learning rate that is not one); sets nothing."""
         saved = {tuple(g["tables"]): g for g in state_dict["param_groups"]}
         mine = [tuple(g["tables"]) for g in self.param_groups]
         if sorted(saved) != sorted(mine):
@@ -177,6 +179,10 @@ class FusedOptimizer(torch.optim.Optimizer):
                              f"from this module's {sorted(mine)}")
         for g in self.param_groups:
             _checked_lr(saved[tuple(g["tables"])]["lr"], g["tables"])
+        return saved
+
+    def _load(self, state_dict: Dict[str, Any]) -> None:
+        saved = self.check_state_dict(state_dict)
         for g in self.param_groups:
             for k, v in saved[tuple(g["tables"])].items():
                 if k not in ("params", "tables"):

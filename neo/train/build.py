@@ -66,12 +66,16 @@ def check_writable(path: str, field: str) -> None:
         raise ConfigError(f"{field}: {path!r} cannot be made: {existing!r} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r} is not writable)")
-    try:                    # what os.access cannot say (root on /proc, some network mounts): a probe that
-        import tempfile     # leaves nothing behind
+    import tempfile         # what os.access cannot say (root on /proc, some network mounts): a probe
 
-        os.rmdir(tempfile.mkdtemp(prefix=".neo-probe-", dir=existing))
+    try:
+        probe = tempfile.mkdtemp(prefix=".neo-probe-", dir=existing)
     except OSError as e:
         raise ConfigError(f"{field}: {path!r} cannot be written ({existing!r}: {e.strerror or e})") from None
+    try:
+        os.rmdir(probe)
+    except OSError:
+        pass                # made, so writable; a probe a mount would not remove stays (hidden, empty)
 
 
 def validate_training_config(cfg, outputs: bool = True) -> None:

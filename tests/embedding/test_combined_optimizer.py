@@ -159,3 +159,22 @@ def test_a_load_one_optimizer_refuses_loads_nothing():
     with pytest.raises(ValueError, match="FusedOptimizer.load_state_dict: the saved groups' tables"):
         opt.load_state_dict(saved)
     assert dense.param_groups[0]["lr"] == 0.1
+
+
+def test_a_dense_part_that_does_not_fit_leaves_the_fused_groups_as_they_were():
+    """The other order: the fused optimizer first, then a dense part of other parameter groups.
+    Every part is checked before any loads: the fused groups get no saved key (an initial_lr a
+    scheduler would take as its base), and no save hook runs during the load (review of 2026-11-30)."""
+    _, emb, head = _model()
+    fused = emb.fused_optimizer
+    opt = CombinedOptimizer([("sparse", fused), ("dense", torch.optim.SGD(head.parameters(), lr=0.1))])
+    saved = copy.deepcopy(opt.state_dict())
+    for g in saved["optimizers"]["sparse"]["param_groups"]:
+        g.update(lr=0.5, initial_lr=123.0)
+    saved["optimizers"]["dense"]["param_groups"][0]["params"] = []
+    before = [dict(g) for g in fused.param_groups]
+    saves = []
+    fused.register_state_dict_post_hook(lambda o, sd: saves.append(1))
+    with pytest.raises(ValueError, match=r"optimizer 'dense': the saved parameter groups do not match"):
+        opt.load_state_dict(saved)
+    assert [dict(g) for g in fused.param_groups] == before and not saves
