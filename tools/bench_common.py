@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import neo  # noqa: F401 - requests huge pages for torch's large buffers before any (neo.host_memory)
 
@@ -226,6 +226,24 @@ def write_json(path: str, payload: Any) -> None:
         return
     n = len(payload) if isinstance(payload, list) else len(payload["records"])
     print(f"wrote {n} records to {path}")
+
+
+def add_sharded_workload_args(p: argparse.ArgumentParser, world_sizes: List[int], types: Sequence[str],
+                              batch_default: int) -> None:
+    """The workload flags the sharded benchmarks share (bench_sharded, bench_sequence_sharded):
+    world sizes, sharding types, the tables' count, rows and dim, samples per rank, column-shard
+    width, timed and warm-up steps, torch threads. rows, batch, steps and warmup default to None:
+    filled in by ``apply_quick`` (``--quick`` only where not given)."""
+    p.add_argument("--world-sizes", type=positive_int, nargs="+", default=list(world_sizes))
+    p.add_argument("--types", nargs="+", default=list(types), choices=types)
+    p.add_argument("--tables", type=positive_int, default=8)
+    p.add_argument("--rows", type=positive_int, default=None, help="default 100_000")
+    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
+    p.add_argument("--batch", type=positive_int, default=None, help=f"samples per rank (default {batch_default})")
+    p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (both systems)")
+    p.add_argument("--steps", type=positive_int, default=None, help="default 10")
+    p.add_argument("--warmup", type=nonneg_int, default=None, help="default 3")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
 
 
 def add_isa_arg(parser: argparse.ArgumentParser) -> None:

@@ -48,7 +48,7 @@ import torch.distributed as dist  # noqa: E402
 
 from bench_common import (add_isa_arg, apply_isa, copy_into_torchrec, machine_info, quiet_peer_logs,  # noqa: E402
                           run_world_sizes, start_rank, torchrec_table_blocks, write_json)
-from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
+from bench_common import add_sharded_workload_args, apply_quick, json_path, positive_int  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
 TORCHREC_TYPES = ("table_wise", "column_wise")
@@ -184,17 +184,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2])
-    p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
-    p.add_argument("--tables", type=positive_int, default=8)
-    p.add_argument("--rows", type=positive_int, default=None, help="default 100_000")
-    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
-    p.add_argument("--batch", type=positive_int, default=None, help="samples per rank (default 1024)")
+    add_sharded_workload_args(p, [2], NEO_TYPES, batch_default=1024)
     p.add_argument("--seq-len", type=positive_int, default=20, help="ids per sample and feature")
-    p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (both systems)")
-    p.add_argument("--steps", type=positive_int, default=None, help="default 10")
-    p.add_argument("--warmup", type=nonneg_int, default=None, help="default 3")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--no-torchrec", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="tiny workload for a smoke test: --rows 1000 --batch 32 --steps 2 --warmup 1, for the flags not given")

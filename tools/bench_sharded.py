@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, copy_into_torchrec,  # noqa: E402
                           machine_info, run_world_sizes, start_rank, write_json)
-from bench_common import apply_quick, json_path, multiple_of, nonneg_int, positive_int  # noqa: E402
+from bench_common import add_sharded_workload_args, apply_quick, json_path, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -245,17 +245,8 @@ def _print(records: List[Dict[str, Any]]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-sizes", type=positive_int, nargs="+", default=[2, 4])
-    p.add_argument("--types", nargs="+", default=list(NEO_TYPES), choices=NEO_TYPES)
-    p.add_argument("--tables", type=positive_int, default=8)
-    p.add_argument("--rows", type=positive_int, default=None, help="default 100_000")
-    p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
-    p.add_argument("--batch", type=positive_int, default=None, help="samples per rank (default 2048)")
+    add_sharded_workload_args(p, [2, 4], NEO_TYPES, batch_default=2048)
     p.add_argument("--mean-ids", type=positive_int, default=20, help="mean bag length (lengths uniform in 1 .. 2m-1)")
-    p.add_argument("--cw-dim", type=multiple_of(4), default=32, help="columns per column shard (Neo and TorchRec)")
-    p.add_argument("--steps", type=positive_int, default=None, help="default 10")
-    p.add_argument("--warmup", type=nonneg_int, default=None, help="default 3")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
     p.add_argument("--backend", default="auto", help="Neo embedding backend")
     p.add_argument("--no-validate", action="store_true", help="skip Neo's id validation at the source")
     p.add_argument("--comm", default="fp32", choices=["fp32", "fp16", "bf16"],
