@@ -49,8 +49,8 @@ from neo.embedding.module import own_bags, take_rows
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
-from neo.sparse import (KeyedEmbeddings, KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch,
-                        variable_batch_parts)
+from neo.keyed_embeddings import KeyedEmbeddings
+from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch, variable_batch_parts
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding

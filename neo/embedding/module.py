@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from neo.config.embedding import OptimizerType, TableConfig
+from neo.config.embedding import TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
@@ -49,7 +49,9 @@ from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
-from neo.sparse import KeyedEmbeddings, KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
+from neo.embedding.table_state import load_tables, save_tables
+from neo.keyed_embeddings import KeyedEmbeddings
+from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
 
 if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
@@ -485,76 +487,20 @@ class TableBatchedEmbedding(nn.Module):
             cache.rebind(slots)
 
     # ------------------------------------------------------- state dict, by table
-    def _table_entries(self, cfg: TableConfig) -> Dict[str, torch.Tensor]:
-        """One table's state-dict entries (views): ``weight`` (rows, D) in its storage dtype, its
-        optimizer state by name ((rows, D) per element, (rows,) per row) and ``step`` (its group's
-        update counter)."""
-        g, t, cfg = self._locate(cfg.name)
-        if cfg.cached:              # the whole backing store, the cache's dirty rows written back to it
-            self._cache.flush()
-            store = self._cache.caches[cfg.name].store
-            weight, states = store.weights, store.states
-        else:
-            weight, states = g.table_slots(t), g.table_state_slots(t)
-        return {"weight": weight, **dict(zip(cfg.optimizer.type.state_names(), states)), "step": g.step}
-
     @needs_tables
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """``TABLE.weight``, ``TABLE.<state>`` (e.g. ``TABLE.sum``, ``TABLE.exp_avg``) and
         ``TABLE.step`` for every table, like TorchRec's ``embedding_bags.TABLE.weight``: the keys
         and shapes name the tables, so loading into other tables fails naming them."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        for cfg in self.tables:
-            for key, value in self._table_entries(cfg).items():
-                destination[f"{prefix}{cfg.name}.{key}"] = value if keep_vars else value.detach()
+        save_tables(self, destination, prefix, keep_vars)
 
     @needs_tables
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        if self._cache is not None:
-            if self._cache.in_flight:
-                error_msgs.append(f"{self._cache.in_flight} prefetched batch(es) are in flight: finish their steps "
-                                  "before loading a state dict into cached tables")
-                ours = tuple(f"{prefix}{cfg.name}." for cfg in self.tables)      # the reason, not "unexpected"
-                unexpected_keys[:] = [k for k in unexpected_keys if not k.startswith(ours)]
-                return
-            self._cache.drop()      # every row back in its store and out of the cache: the store is the table
-        # A group's tables share one step counter; where it counts (Adam's and LAMB's bias
-        # correction) their saved steps must agree, not the last one loaded win.
-        for g in self.groups:
-            if g.layout.optimizer.type not in (OptimizerType.ADAM, OptimizerType.LAMB):
-                continue
-            steps = {c.name: int(state_dict[f"{prefix}{c.name}.step"]) for c in g.layout.tables
-                     if isinstance(state_dict.get(f"{prefix}{c.name}.step"), torch.Tensor)
-                     and state_dict[f"{prefix}{c.name}.step"].numel() == 1}
-            if len(set(steps.values())) > 1:
-                error_msgs.append(f"tables {sorted(steps)} share one optimizer step counter here (one fused "
-                                  f"update), but their saved steps differ: {dict(sorted(steps.items()))}; load "
-                                  f"the state dict without its '.step' entries (strict=False), then choose the "
-                                  f"step with set_optimizer_steps")
-        mine = set()
-        for cfg in self.tables:
-            for key, dst in self._table_entries(cfg).items():
-                name = f"{prefix}{cfg.name}.{key}"
-                mine.add(name)
-                if name not in state_dict:
-                    missing_keys.append(name)
-                    continue
-                src = state_dict[name]
-                if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-                    what = (f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else type(src).__name__)
-                    error_msgs.append(f"table '{cfg.name}': {name} is {what} in the state dict, "
-                                      f"{tuple(dst.shape)} {dst.dtype} here ({cfg.num_rows} rows x dim {cfg.dim}, "
-                                      f"{cfg.dtype.value}, {cfg.optimizer.type.value})")
-                    continue
-                with torch.no_grad():
-                    dst.copy_(src)
-        unexpected_keys[:] = [k for k in unexpected_keys if k not in mine]
-        if any(k.startswith(f"{prefix}group") and k.endswith("_weights") for k in state_dict):
-            error_msgs.append("this state dict holds group buffers (group0_weights, ...) from an older Neo; "
-                              "save it again with that version's table_weight / table_optimizer_state per table")
+        load_tables(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
 
     @needs_tables
     def optimizer_steps(self) -> Dict[str, int]:
