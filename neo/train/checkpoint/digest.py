@@ -31,6 +31,15 @@ def tensor_sha256(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
+def _hash_lines(lines: List[str]) -> str:
+    """One sha256 over ``key=sha256`` lines in sorted order (the order pieces were listed in, or
+    gathered from ranks in, does not matter)."""
+    h = hashlib.sha256()
+    for line in sorted(lines):
+        h.update(line.encode() + b"\n")
+    return h.hexdigest()
+
+
 def _embedding_lines(sharded) -> List[str]:
     lines: List[str] = []
     lookup, rank = sharded.lookup, sharded.pg.rank
@@ -80,10 +89,7 @@ def replica_sha256(embedding, model: torch.nn.Module, optimizer: torch.optim.Opt
     for name, steps in sorted(embedding.optimizer_steps().items()):
         lines.append(f"embedding/{name}/optimizer_step={steps}")
     lines += _dense_lines(model, optimizer)
-    h = hashlib.sha256()
-    for line in sorted(lines):
-        h.update(line.encode() + b"\n")
-    return h.hexdigest()
+    return _hash_lines(lines)
 
 
 @torch.no_grad()
@@ -96,7 +102,4 @@ def state_sha256(sharded, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         everyone: List[List[str]] = [None] * pg.world_size      # type: ignore[list-item]
         dist.all_gather_object(everyone, lines, group=pg.world)
         lines = [x for part in everyone for x in part]
-    h = hashlib.sha256()
-    for line in sorted(lines):
-        h.update(line.encode() + b"\n")
-    return h.hexdigest()
+    return _hash_lines(lines)
