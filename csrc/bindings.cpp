@@ -154,6 +154,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The dot interaction forward's tile setting: 'auto', 'narrow', 'wide' or 'grouped' (NEO_INTERACTION_TILES)");
   m.def("interaction_forward_tiles", &neo::interaction_forward_tiles, py::arg("dim"),
         "The tiles the active kernels' dot interaction forward runs at this D: 'narrow', 'wide' or 'grouped'");
+  m.def("interaction_l1_burst", &neo::interaction_l1_burst,
+        "Whether the dot interaction prefetches each sample's rows into L1 as it starts (Zen 4 only, cpu_isa.h)");
   m.def("interaction_wide", &neo::interaction_wide, py::arg("dim"),
         "Whether the active kernels' dot interaction forward at this D runs in 16-float (wide) tiles");
   m.def("_set_interaction_tiles", &neo::set_interaction_tiles, py::arg("name"),

@@ -170,6 +170,7 @@ void set_cpu_isa(const std::string& name) { g_active.store(resolve(name, "cpu is
 std::string cpu_isa() { return kernels().isa; }
 
 bool amd_family_19h() { return features().amd_family_19h; }
+bool interaction_l1_burst() { return features().amd_family_19h && features().avx512f; }
 
 namespace {
 // The tile settings by code: 0 "auto", then 1 + InteractionTiles (the tilings a forward runs).

@@ -112,11 +112,14 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              batch in cache; on Zen 4 no FMA gain from 16-float vectors, costlier
 //              reductions). They differ in rounding only (summation order).
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped sets it at import.
-//   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on family 19h
-//              only (5-8% faster there; 5-8% slower on Intel). No effect on results.
+//   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
+//              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%
+//              slower on Zen 3, family 19h without AVX-512: AMD EPYC 25/1/1, 2026-11-30). No
+//              effect on results.
 constexpr int64_t kWideMinDim = 96;
 constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-column block to interleave
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
+bool interaction_l1_burst();                         // the L1 burst is on: this CPU is Zen 4 (above)
 void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped"; throws otherwise
 std::string interaction_tiles();                     // the setting
 InteractionTiles interaction_tiles_at(int64_t D);    // what the active variant's forward runs at D
