@@ -508,8 +508,9 @@ class Trainer:
             ckpt_now = t.checkpoint_dir and t.checkpoint_every and self.step % t.checkpoint_every == 0 \
                 and self.step < self.total_steps
             if eval_now or hook_eval or ckpt_now:
+                loop.drain()   # training work (the next batch's input distribution in flight): timed as training
+                pause = time.perf_counter()
                 train_s += pause - t0
-                loop.drain()
                 if eval_now or hook_eval:
                     with self.timers("evaluate"):
                         if hook_eval:

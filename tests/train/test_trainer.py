@@ -74,6 +74,33 @@ def test_single_process_trains_and_reports(tmp_data):
     assert kernels["neo_cpu_isa"] in kernels["supported"] and set(kernels["supported"]) <= set(kernels["built"])
 
 
+def _fit_with_slow_drain(rank: int, world_size: int, tmp: str, delay: float):
+    """The trainer with every pipeline drain taking ``delay`` seconds more; its final figures."""
+    import time
+
+    from neo.train.pipeline import PlainLoop, TrainPipeline
+    from neo.train.trainer import Trainer
+
+    for cls in (TrainPipeline, PlainLoop):
+        real = cls.drain
+
+        def slow(self, _real=real):
+            time.sleep(delay)
+            return _real(self)
+
+        cls.drain = slow
+    tr = Trainer(tiny_config(tmp, "train.steps=8", "train.eval_every=2"), log=lambda *a, **k: None)
+    return tr.fit()
+
+
+def test_a_drain_before_an_evaluation_is_training_time(tmp_data):
+    """The pipeline's drain before each evaluation finishes the next batch's input distribution:
+    training work, so ``train_seconds`` (and samples/s) count it. Three evaluations in the run
+    (steps 2, 4, 6) and a drain of 0.4 s more before each: at least 1.2 s of training time."""
+    (final,) = run_multiprocess(_fit_with_slow_drain, 1, tmp_data, 0.4)
+    assert final["steps"] == 8 and final["train_seconds"] >= 1.2, final
+
+
 def test_two_processes_mixed_plan(tmp_data):
     outs = run_multiprocess(train_and_collect, 2, tmp_data, ["train.steps=30"] + MIXED)
     a, b = outs
