@@ -27,9 +27,19 @@ threads): less sensitive to other jobs on a shared machine than the wall clock.
 ``--isa avx2`` caps every library of both systems (Neo's kernels, ATen, oneDNN, MKL, FBGEMM) at
 AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands in for an AVX2 one.
 
+Same model check, before any timing: TorchRec's DLRM starts from the first Neo plan's weights
+(every table, gathered by ``full_weights()`` and copied into TorchRec's local shards; the bottom and
+top MLPs' weights and biases, layer by layer: both models' interaction output is [dense, the dot
+products of the pairs i < j of (dense, f0, f1, ...)], so no column of the top MLP moves), and one
+forward of both systems on the same first batch (no backward, no update) is compared:
+``max_abs_diff_vs_neo``, the largest |logit - Neo's| over both ranks. Past ``FORWARD_TOLERANCE`` (1e-4)
+of Neo's largest |logit| the run stops with an error (the two would not be training the same model).
+The check runs in fp32 under ``--dense-dtype bf16`` too (bf16 rounding would hide small mismatches).
+
 Output: a table and, with ``--json``, records with ``system``, ``sharding_type``, ``workload``,
-``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase)
-and ``machine`` (CPU model, ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
+``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase),
+``max_abs_diff_vs_neo`` (TorchRec's records: the forward check above; None in Neo's) and ``machine``
+(CPU model, ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
 """
 
 from __future__ import annotations
@@ -49,8 +59,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, apply_quick,  # noqa: E402
-                          describe_machine, json_path, machine_info, multiple_of, nonneg_int, positive_int, start_rank,
-                          write_json)
+                          copy_into_torchrec, describe_machine, json_path, machine_info, multiple_of, nonneg_int,
+                          positive_int, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -74,9 +84,15 @@ def _batches(args, rank: int, sizes, n: int = 4):
 
 
 class _Runner:
-    def __init__(self, system: str, sharding_type: str, step, drain=lambda: None, timers=None):
+    """One system x plan: ``step()`` one training step; ``forward(batch)`` the logits (B,) of one
+    forward of ``batch``, fp32, without grad or update (the forward check)."""
+
+    def __init__(self, system: str, sharding_type: str, step, drain=lambda: None, timers=None, forward=None):
         self.system, self.sharding_type, self.step, self.drain = system, sharding_type, step, drain
         self.seconds, self.cpu_seconds, self.steps, self.timers = 0.0, 0.0, 0, timers
+        self.forward = forward
+        self.max_abs_diff_vs_neo = None
+        self.model = self.sharded = None                # Neo's: what TorchRec starts from
 
 
 def _balanced_ranks(sizes, world_size: int) -> Dict[str, int]:
@@ -150,12 +166,48 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
             yield StepBatch(batches[i % len(batches)], {})
             i += 1
 
+    # the forward check's: the timed path's forward (fp32), or with --dense-dtype bf16 the same
+    # model's in fp32 (FORWARD_TOLERANCE)
+    check_step = ddp if dtype == torch.float32 else DenseStep(model, Timers(), overlap=not args.plain)
+
+    def forward(batch):
+        with torch.no_grad():
+            return check_step(batch.dense, sharded.input_dist(batch.sparse).wait())
+
     Loop = PlainLoop if args.plain else TrainPipeline
     loop = Loop(source(), sharded, step_fn, torch.device("cpu"), timers)
-    return _Runner("neo", kind, lambda: loop.step(), loop.drain, timers)
+    runner = _Runner("neo", kind, lambda: loop.step(), loop.drain, timers, forward)
+    runner.model, runner.sharded = model, sharded
+    return runner
 
 
-def _torchrec_runner(args, pg_world, batches, sizes) -> _Runner:
+def _linears(module) -> List[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _start_from_neo(dmp, neo_model, weights: Dict[str, torch.Tensor]) -> None:
+    """TorchRec's DLRM ``dmp`` onto Neo's: tables ``weights`` (Neo's full tables by name) into
+    its local shards; the MLPs layer by layer (Neo ``bottom.{0,2,4}`` -> ``dense_arch.model._mlp.
+    {0,1,2}._linear``, ``top.{0,2}`` -> ``over_arch.model.0._mlp.{0,1}._linear``, ``top.4`` ->
+    ``over_arch.model.1``). Both interactions output [dense, dots of the pairs i < j of (dense, f0,
+    f1, ...)] (triu_indices(F + 1, F + 1, offset=1), features in table order in both), so the top
+    MLP's first layer takes Neo's columns as they are. On every rank alike (the dense parameters are
+    replicas under DDP: set in place, under no_grad)."""
+    module = dmp.module                                       # unwrapped: no DMP / DDP wrapper
+    copy_into_torchrec(module.sparse_arch.embedding_bag_collection, weights)
+    with torch.no_grad():
+        for neo_part, trec_part in ((neo_model.bottom, module.dense_arch), (neo_model.top, module.over_arch)):
+            mine, theirs = _linears(neo_part), _linears(trec_part)
+            if [m.weight.shape for m in mine] != [m.weight.shape for m in theirs]:
+                raise RuntimeError(f"Neo's and TorchRec's MLP layers differ: {[tuple(m.weight.shape) for m in mine]} "
+                                   f"vs {[tuple(m.weight.shape) for m in theirs]}")
+            for a, b in zip(mine, theirs):
+                b.weight.copy_(a.weight)
+                b.bias.copy_(a.bias)
+
+
+def _torchrec_runner(args, pg_world, batches, sizes, neo: _Runner) -> _Runner:
+    """TorchRec's DMP DLRM, started from the Neo runner ``neo``'s weights (:func:`_start_from_neo`)."""
     import torch.nn.functional as F
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -182,6 +234,10 @@ def _torchrec_runner(args, pg_world, batches, sizes) -> _Runner:
     plan = planner.collective_plan(model, [sharder], pg_world)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg_world), plan=plan,
                                    sharders=[sharder], device=torch.device("cpu"))
+    _start_from_neo(dmp, neo.model, neo.sharded.full_weights())   # full_weights: collective on Neo's groups
+    if args.test_perturb_torchrec:                            # tests only: a model that is not Neo's
+        with torch.no_grad():
+            _linears(dmp.module.over_arch)[-1].bias.add_(args.test_perturb_torchrec)
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                       lambda params: torch.optim.Adagrad(params, lr=0.01))
     kjts = [(b.dense, b.sparse.to_torchrec(), b.labels) for b in batches]
@@ -198,7 +254,42 @@ def _torchrec_runner(args, pg_world, batches, sizes) -> _Runner:
         dense_opt.step()
         return loss.detach()
 
-    return _Runner("torchrec", "table_wise", step)
+    def forward(batch):                                       # fp32, as Neo's (FORWARD_TOLERANCE)
+        with torch.no_grad():
+            return dmp(batch.dense, batch.sparse.to_torchrec()).squeeze(-1).float()
+
+    return _Runner("torchrec", "table_wise", step, forward=forward)
+
+
+# Largest |logit - Neo's| allowed in the forward check, relative to Neo's largest |logit| (both over
+# the ranks). The same fp32 arithmetic in another order (pooling sums, the GEMMs' blocking, Neo's
+# fused interaction against TorchRec's bmm) differs by ~1e-7 of it (measured on --quick: 6e-8 to
+# 1.2e-7); a real mismatch is far above 1e-4: TorchRec's own tables instead of Neo's 0.1, two tables
+# swapped 2e-2, the top MLP's last two pair columns swapped 2e-3 (--quick, multi-hot).
+# --dense-dtype bf16 runs the check in fp32 (the same weights; both systems' bf16 is the same
+# torch.autocast): bf16 keeps 8 bits (4e-3 relative a value), so a bf16 tolerance would either trip
+# on rounding (a pooled sum one fp32 ulp apart rounds to another bf16 value) or let a swap of two
+# pair columns through.
+FORWARD_TOLERANCE = 1e-4
+
+
+def _forward_check(neo: _Runner, other: _Runner, batch, dense_dtype: str, group) -> float:
+    """Max |logit - Neo's| over the ranks of one fp32 forward of ``batch`` (before any update);
+    past ``FORWARD_TOLERANCE`` of Neo's largest |logit| an error on every rank. Collective."""
+    ref, out = neo.forward(batch).float(), other.forward(batch).float()
+    stats = torch.tensor([float((out - ref).abs().max()), float(ref.abs().max())], dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+    diff, scale = float(stats[0]), float(stats[1])
+    limit = FORWARD_TOLERANCE * scale
+    if not diff <= limit:                                     # NaN fails too
+        raise RuntimeError(f"forward check: {other.system}'s logits differ from Neo's ({neo.sharding_type}) by "
+                           f"{diff:.3g} on the same batch and weights (allowed {limit:.3g} = {FORWARD_TOLERANCE:g} x "
+                           f"max |logit| {scale:.3g}): not the same model")
+    if dist.get_rank() == 0:
+        note = " (--dense-dtype bf16: checked in fp32, the same weights; timed in bf16)" * (dense_dtype == "bf16")
+        print(f"forward check: max |{other.system} logit - neo ({neo.sharding_type})| {diff:.2e} "
+              f"(max |logit| {scale:.3g}, allowed {limit:.2e}){note}", flush=True)
+    return diff
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
@@ -214,7 +305,12 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
         batches = _batches(args, rank, sizes)
         runners = [_neo_runner(args, kind, pg, batches, sizes) for kind in args.neo_plans]
         if not args.no_torchrec:
-            runners.append(_torchrec_runner(args, trec_group, batches, sizes))
+            # TorchRec starts from the first Neo plan's weights and is checked against it alone:
+            # every Neo runner builds its DLRM after torch.manual_seed(0) (the same MLPs), but its
+            # tables' initial values depend on the plan (each rank seeds its own shards)
+            trec = _torchrec_runner(args, trec_group, batches, sizes, runners[0])
+            trec.max_abs_diff_vs_neo = _forward_check(runners[0], trec, batches[0], args.dense_dtype, pg.world)
+            runners.append(trec)
         for r in runners:                                       # warm-up
             for _ in range(args.warmup):
                 r.step()
@@ -249,7 +345,8 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                             "batch_per_rank": args.batch, "tables": args.tables, "rows": args.rows, "dim": args.dim,
                             "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype,
                             "retain_freed_memory": not args.system_malloc,
-                            "neo_shm_collectives": pg.uses_shm, "placement": args.placement, "machine": machine})
+                            "neo_shm_collectives": pg.uses_shm, "placement": args.placement,
+                            "max_abs_diff_vs_neo": r.max_abs_diff_vs_neo, "machine": machine})
             if r.timers is not None:                            # rank 0's blocked time per phase
                 records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
         del runners
@@ -258,13 +355,14 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
 
 def _print(records: List[Dict[str, Any]]) -> None:
     print(f"{'workload':10s} {'system':9s} {'sharding':12s} {'samples/s':>11s} {'step ms':>9s} {'vs TorchRec':>12s} "
-          f"{'samples/CPU-s':>14s} {'vs TorchRec':>12s}")
+          f"{'samples/CPU-s':>14s} {'vs TorchRec':>12s}  max |logit - neo|")
     for r in records:
         ref = next((x for x in records if x["system"] == "torchrec" and x["workload"] == r["workload"]), None)
         ratio = f"{r['samples_per_s'] / ref['samples_per_s']:.2f}x" if ref else "-"
         cratio = f"{r['samples_per_cpu_s'] / ref['samples_per_cpu_s']:.2f}x" if ref else "-"
+        diff = f"  {r['max_abs_diff_vs_neo']:.1e}" if r.get("max_abs_diff_vs_neo") is not None else ""
         print(f"{r['workload']:10s} {r['system']:9s} {r['sharding_type']:12s} {r['samples_per_s']:11.0f} "
-              f"{r['step_ms']:9.1f} {ratio:>12s} {r['samples_per_cpu_s']:14.0f} {cratio:>12s}")
+              f"{r['step_ms']:9.1f} {ratio:>12s} {r['samples_per_cpu_s']:14.0f} {cratio:>12s}{diff}")
 
 
 TRAIN_DEFAULTS = {"rows": 100_000, "batch": 2048, "warmup": 5, "steps": 30, "block": 5}
@@ -300,6 +398,8 @@ def main(argv=None) -> int:
                         "least-loaded rank; TorchRec: its planner), or naive (Neo: tables in blocks of consecutive "
                         "ones per rank; TorchRec's planner without pooling factors)")
     p.add_argument("--no-torchrec", action="store_true")
+    # tests only: added to TorchRec's last bias after it starts from Neo's weights (the check must fail)
+    p.add_argument("--test-perturb-torchrec", type=float, default=0.0, help=argparse.SUPPRESS)
     add_system_malloc_arg(p)
     add_no_shm_arg(p)
     add_isa_arg(p)
