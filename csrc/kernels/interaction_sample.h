@@ -92,8 +92,9 @@ class NextSample {
 // L2 (B 2048, D 64, AVX2 on Zen 4: forward and backward each about 5 to 8% faster). On an
 // Intel Xeon (Emerald Rapids) the burst made both 5 to 8% slower at D 64 (the C++ probe of
 // this header, alternating builds), and on Zen 3 (AMD EPYC 25/1/1, AVX2) forward + backward
-// 7 to 9% slower at 1 and 2 threads (the burst switched per call in one process, 2026-11-30). Only for samples of at most kL1Burst bytes (6.9 KB at
-// n 27, D 64): at D 128 (13.8 KB) the burst is no faster, or slower.
+// 7 to 9% slower at 1 and 2 threads (the burst switched per call in one process, 2026-11-30).
+// Only for samples of at most kL1Burst bytes (6.9 KB at n 27, D 64): at D 128 (13.8 KB) the
+// burst is no faster, or slower.
 constexpr int64_t kL1Burst = 8 << 10;
 inline void rows_into_l1(const InteractionArgs& a, const float* const* v, int64_t n, int64_t D) {
   if (!a.l1_burst || n * D * 4 > kL1Burst) return;
