@@ -4,10 +4,12 @@
     python tools/bench_collectives.py --world-size 4 --json bench_out/collectives.json
 
 Each rank sends ``size`` bytes of fp32 to every peer (AlltoAll) or contributes ``size``
-bytes (AllGather). Per size and transport: ``--warmup`` calls, then ``--iters`` timed
-calls, a barrier before each; reported: the median wall time of the slowest rank and the
-CPU time per call (this process: the calling thread plus gloo's I/O threads). Results are
-checked equal between the transports before timing.
+bytes (AllGather). Per size: ``--warmup`` then ``--iters`` iterations, each running every
+(collective, transport) once, interleaved in a new order per iteration (bench_common.balanced_orders,
+picked by the iteration index alone, so every rank runs the same sequence), a barrier before each
+call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
+the calling thread plus gloo's I/O threads). Results are checked equal between the transports
+before timing.
 
 Output: a table with the gloo / shared-memory ratio and, with ``--json``, records with
 ``collective``, ``transport``, ``world_size``, ``bytes_per_peer``, ``ms``, ``cpu_ms``.
@@ -20,7 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, Hashable, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,7 +31,29 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_common import json_path, nonneg_int, positive_float, positive_int  # noqa: E402
-from bench_common import describe_machine, machine_info, start_rank, write_json  # noqa: E402
+from bench_common import balanced_orders, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+
+
+def time_interleaved(calls: Dict[Hashable, Callable[[], Any]], warmup: int, iters: int,
+                     barrier: Callable[[], Any]) -> Dict[Hashable, Tuple[float, float]]:
+    """Median (wall s, CPU s) of each call, timed interleaved: every iteration runs each call once,
+    in ``balanced_orders``' row for the iteration index (each right after each other one equally
+    often), so that load from other jobs on a shared machine hits them alike. The order depends on
+    the index alone: every rank runs the same collectives in the same order. ``barrier`` before each."""
+    keys = list(calls)
+    orders = balanced_orders(len(keys))
+    walls: Dict[Hashable, List[float]] = {k: [] for k in keys}
+    cpus: Dict[Hashable, List[float]] = {k: [] for k in keys}
+    for i in range(warmup + iters):
+        for key in (keys[j] for j in orders[i % len(orders)]):
+            barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            calls[key]()
+            t1, c1 = time.perf_counter(), time.process_time()
+            if i >= warmup:
+                walls[key].append(t1 - t0)
+                cpus[key].append(c1 - c0)
+    return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in keys}
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
@@ -55,18 +79,10 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
         for coll in ("all_to_all", "all_gather"):
             if not torch.equal(outs[(coll, "shm")], outs[(coll, "gloo")]):
                 raise AssertionError(f"{coll}: shared memory and gloo disagree at {mb} MB")
-        for (coll, transport), fn in calls.items():
-            out = outs[(coll, transport)]
-            walls, cpus = [], []
-            for i in range(args.warmup + args.iters):
-                dist.barrier()
-                t0, c0 = time.perf_counter(), time.process_time()
-                fn(out)
-                t1, c1 = time.perf_counter(), time.process_time()
-                if i >= args.warmup:
-                    walls.append(t1 - t0)
-                    cpus.append(c1 - c0)
-            mine = torch.tensor([statistics.median(walls), statistics.median(cpus)])
+        timed = time_interleaved({k: (lambda fn=fn, out=outs[k]: fn(out)) for k, fn in calls.items()},
+                                 args.warmup, args.iters, dist.barrier)
+        for (coll, transport), (wall, cpu) in timed.items():
+            mine = torch.tensor([wall, cpu])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             records.append({"collective": coll, "transport": transport, "world_size": W,
                             "bytes_per_peer": 4 * n, "ms": round(1e3 * float(mine[0]), 3),

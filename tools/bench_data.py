@@ -16,6 +16,10 @@
 
 Wall time and CPU time are recorded; "per core" rates divide by the cores used (1 or 2), "per CPU-s"
 rates divide by the CPU seconds used (the honest per-core figure on a machine shared with other jobs).
+The two gathers of 3. are timed interleaved (each repetition runs both, in an order that alternates:
+bench_common.balanced_orders), so that load from other jobs hits them alike; the preprocessing runs,
+the synthesis and the loader modes are one timed pass each (after the loader's warm-up pass), run one
+after the other.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench_common import describe_machine, json_path, machine_info, positive_int, write_json  # noqa: E402
+from bench_common import balanced_orders, describe_machine, json_path, machine_info, positive_int, write_json  # noqa: E402
 
 PREPROCESS_TARGET = 200_000  # lines / s / core
 LOADER_TARGET = 1_000_000  # samples / s / core
@@ -187,10 +191,12 @@ def _take_numpy(parts, idx):
     return take(grouped, np.argsort(order, kind="stable"))
 
 
-def bench_multi_hot_take(batch: int, reps: int = 30) -> List[Dict[str, Any]]:
-    """A shuffled batch's gather from a window of 4 row groups of 10 multi-hot features (bags of
-    0-38 ids, 19 on average), as the loader does it: the numpy baseline and Neo's C++ copy, side by
-    side in one process, one thread; both must give the same batch."""
+def bench_multi_hot_take(batch: int, reps: int = 30, part_rows: int = 65536) -> List[Dict[str, Any]]:
+    """A shuffled batch's gather from a window of 4 row groups (``part_rows`` rows each) of 10 multi-hot
+    features (bags of 0-38 ids, 19 on average), as the loader does it: the numpy baseline and Neo's C++
+    copy, side by side in one process, one thread; both must give the same batch. Timed interleaved:
+    each of 3 warm-up and ``reps`` timed repetitions runs both gathers (a new shuffled batch per call),
+    in the order of ``balanced_orders`` for the repetition index."""
     import numpy as np
 
     from data_pipeline.reader import take_from_parts
@@ -199,7 +205,7 @@ def bench_multi_hot_take(batch: int, reps: int = 30) -> List[Dict[str, Any]]:
     rng = np.random.default_rng(0)
     parts = []
     for _ in range(4):
-        n = 65536
+        n = part_rows
         sparse = []
         for _ in range(10):
             lens = rng.integers(0, 39, n)
@@ -207,21 +213,24 @@ def bench_multi_hot_take(batch: int, reps: int = 30) -> List[Dict[str, Any]]:
             np.cumsum(lens, out=offs[1:])
             sparse.append((rng.integers(0, 1 << 20, int(offs[-1])), offs))
         parts.append(Columns(rng.integers(0, 2, n).astype(np.int8), rng.random((n, 13), dtype=np.float32), sparse))
-    idx = rng.permutation(4 * 65536)[:batch]
+    idx = rng.permutation(4 * part_rows)[:batch]
     a, b = _take_numpy(parts, idx), take_from_parts(parts, idx)
     for (va, oa), (vb, ob) in zip(a.sparse, b.sparse):
         assert np.array_equal(va, vb) and np.array_equal(oa, ob), "the two gathers differ"
     out = []
     ids = sum(len(v) for v, _ in b.sparse)
-    for name, fn in (("multi-hot take: numpy (previous loader)", _take_numpy),
-                     ("multi-hot take: neo._C.jagged_take", take_from_parts)):
-        ts = []
-        for k in range(reps + 3):
-            ix = rng.permutation(4 * 65536)[:batch]
+    systems = (("multi-hot take: numpy (previous loader)", _take_numpy),
+               ("multi-hot take: neo._C.jagged_take", take_from_parts))
+    times: Dict[str, List[float]] = {name: [] for name, _ in systems}
+    orders = balanced_orders(len(systems))
+    for k in range(reps + 3):
+        for name, fn in (systems[j] for j in orders[k % len(orders)]):
+            ix = rng.permutation(4 * part_rows)[:batch]    # a batch per call: rows not just read by the other
             t0 = time.perf_counter()
             fn(parts, ix)
-            ts.append(time.perf_counter() - t0)
-        ts = sorted(ts[3:])
+            times[name].append(time.perf_counter() - t0)
+    for name, _ in systems:
+        ts = sorted(times[name][3:])
         med = ts[len(ts) // 2]
         out.append({"name": name, "batch": batch, "ids": ids, "ms_per_batch": round(med * 1e3, 3),
                     "samples_per_s": round(batch / med)})
@@ -256,6 +265,9 @@ def main(argv=None) -> int:
     try:
         tsv = os.path.join(work, "raw.tsv")
         lines = make_tsv(args.sample, tsv, args.tsv_lines)
+        # One pass each, not interleaved: each preprocessing run is a single pass over the whole TSV
+        # (plus its start-up run), and each loader mode below a single timed epoch after its warm-up
+        # epoch; repeating them to interleave would multiply the run time (minutes at the defaults).
         for w, ex in ((1, "thread"), (2, "thread"), (2, "process")):
             records.append(bench_preprocess(tsv, args.sample, os.path.join(work, f"pre{w}"), w, lines, ex))
             print(json.dumps(records[-1]), flush=True)
