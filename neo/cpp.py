@@ -111,12 +111,13 @@ def cpu_isa_info() -> Dict[str, Any]:
     starts)."""
     _C = cpu_kernels("cpu_isa")
     tiles = cpu_kernels("interaction_tiles")
+    burst = cpu_kernels("interaction_l1_burst")
     return {
         "neo_cpu_isa": _C.cpu_isa() if _C else None,
         "interaction_tiles": ({"setting": tiles.interaction_tiles(), "wide_at_d128": tiles.interaction_wide(128),
                                "forward_at_d64": tiles.interaction_forward_tiles(64),
                                "forward_at_d128": tiles.interaction_forward_tiles(128),
-                               "l1_burst": tiles.interaction_l1_burst() if hasattr(tiles, "interaction_l1_burst") else None}
+                               "l1_burst": burst.interaction_l1_burst() if burst else None}
                               if tiles else None),
         "built": _C.cpu_isa_variants() if _C else [],
         "supported": _C.cpu_isa_supported() if _C else [],
