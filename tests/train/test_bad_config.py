@@ -67,10 +67,11 @@ def test_a_key_given_twice_is_an_error(tmp_path):
 
 
 def _plan(tmp_path, name: str, *args: str) -> str:
+    """A plan file of the tiny config written by ``neo plan ... --out`` (run in this process)."""
+    from neo.commands.plan import main as plan_main
+
     out = str(tmp_path / name)
-    p = subprocess.run([sys.executable, "-m", "neo.cli", "plan", TINY, *args, "--out", out], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    assert plan_main([TINY, *args, "--out", out]) == 0
     return out
 
 
@@ -138,22 +139,46 @@ def test_directories_that_are_files_are_named(tmp_path):
 
 
 def _neo_train(tmp_data: str, *overrides: str) -> subprocess.CompletedProcess:
+    """``neo train`` on the tiny config, as a command in a process of its own."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
            f"train.run_dir={tmp_data}/bad", "train.progress=false", *overrides]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_path):
+def _neo_train_here(capsys, tmp_data: str, *overrides: str, config: str = TINY) -> subprocess.CompletedProcess:
+    """The same command run in this process (``neo.cli.main``, which the ``neo`` command calls and
+    exits with): its status and what it printed, without the 3 to 4 s a new interpreter takes to
+    import torch. A traceback would be an exception out of this call. The tests that run the
+    command itself (``_neo_train``) check that its exit status is main's return value."""
+    import torch
+
+    from neo.cli import main
+
+    capsys.readouterr()                                 # what the test printed before
+    threads = torch.get_num_threads()
+    try:
+        status = main(["train", config, f"data.synthetic.cache_dir={tmp_data}/cache", f"train.run_dir={tmp_data}/bad",
+                       "train.progress=false", *overrides])
+    finally:
+        torch.set_num_threads(threads)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["neo", "train"], status, captured.out, captured.err)
+
+
+def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_path, capsys):
+    """The command itself (a process of its own) for one status of each kind; the other cases
+    through main in this process (_neo_train_here)."""
     two = _plan(tmp_path, "two.json", "--world-size", "2", "--local-world-size", "2")
     p = _neo_train(tmp_data, "train.steps=2", f"sharding.plan_file={two}")
     assert p.returncode == 2, p.stderr
     assert "neo train: error: sharding.plan_file" in p.stderr and "Traceback" not in p.stderr, p.stderr
-    p = _neo_train(tmp_data, "train.steps=2", "train.batch_size=100000")
+    p = _neo_train_here(capsys, tmp_data, "train.steps=2", "train.batch_size=100000")
     assert p.returncode == 2 and "neo train: error: train.batch_size 100000 x 1 ranks exceeds the" in p.stderr, \
         p.stderr[-2000:]
     # a cache smaller than a batch's distinct rows, met at the first step: one line, exit 2
-    p = _neo_train(tmp_data, "train.steps=2", "tables[0].placement=cached", "tables[0].cache_load_factor=0.1")
+    p = _neo_train_here(capsys, tmp_data, "train.steps=2", "tables[0].placement=cached",
+                        "tables[0].cache_load_factor=0.1")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert re.search(r"neo train: error: table '\w+#0': a batch needs \d+ distinct rows", p.stderr), p.stderr[-2000:]
     p = _neo_train(tmp_data, "train.steps=12", "train.log_every=4", "optim.lr=1e30")
@@ -167,10 +192,10 @@ def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_pat
     ("async_train.virtual_workers=[[0,1]]", "async_train.virtual_workers: must hold every rank"),
     ("train.batch_size=100000", "train.batch_size 100000 x 1 ranks exceeds the"),
 ])
-def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message):
+def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message, capsys):
     """The bounded-staleness trainer's config errors, checked before it starts or while it is
     set up, are one line and exit 2 as for the synchronous trainer."""
-    p = _neo_train(tmp_data, "async_train.mode=wsp", "train.steps=4", "train.epochs=0", override)
+    p = _neo_train_here(capsys, tmp_data, "async_train.mode=wsp", "train.steps=4", "train.epochs=0", override)
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"neo train: error: {message}" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
 
@@ -182,13 +207,13 @@ def test_neo_train_under_wsp_names_config_errors(tmp_data, override, message):
     ("train.checkpoint_dir=/tmp/never-made", "train.checkpoint_dir: checkpoints are not supported with parallel"),
     ("train.dense_dtype=bf16", "train.dense_dtype: the pipelined dense towers run in fp32"),
 ])
-def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, override, message):
+def test_a_pipeline_config_is_checked_before_its_ranks_are_launched(tmp_data, override, message, capsys,
+                                                                   monkeypatch):
     """neo train relaunches a pipelined config under torchrun, one rank a stage: what each rank
     would find (20 processes on 2 cores for stages=20) is one message and exit 2 before that."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)          # a relaunch, not a rank of one
     cfg = os.path.join(ROOT, "configs", "pipeline_deep_mlp.yaml")
-    p = subprocess.run([sys.executable, "-m", "neo.cli", "train", cfg, f"data.synthetic.cache_dir={tmp_data}/cache",
-                        "train.steps=2", override], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    p = _neo_train_here(capsys, tmp_data, "train.steps=2", override, config=cfg)
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"neo train: error: {message}" in p.stderr and "torch.distributed.run" not in p.stderr, p.stderr[-2000:]
 
@@ -326,12 +351,12 @@ def test_an_override_changes_one_place_of_a_shared_yaml_node(tmp_path):
     assert [t.optimizer.type for t in cfg.tables] == ["adagrad"] * 3
 
 
-def test_cuda_without_cuda_is_one_line(tmp_data):
+def test_cuda_without_cuda_is_one_line(tmp_data, capsys):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: train.device=cuda is a valid choice here")
-    p = _neo_train(tmp_data, "train.steps=2", "train.device=cuda")
+    p = _neo_train_here(capsys, tmp_data, "train.steps=2", "train.device=cuda")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "neo train: error: train.device: 'cuda', but this torch sees no CUDA device" in p.stderr, p.stderr[-2000:]
 
@@ -407,7 +432,7 @@ def test_the_validation_split_is_checked_before_training(tmp_path):
         prepare(str(tmp_path / "val_wide"))
 
 
-def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_data, tmp_path):
+def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_data, tmp_path, capsys):
     """train.run_dir under a regular file, train.trace naming a directory or under a regular file:
     one line, exit 2, before any training (before, a traceback after the run: the trace is written
     at its end; audit of 2026-11-30). The same check without the file system's say: os.access."""
@@ -422,7 +447,7 @@ def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_
                               (f"train.trace={tmp_path}/afile/t.json", r"train\.trace: .* is not a directory"),
                               (f"data.synthetic.cache_dir={tmp_path}/afile",
                                r"data\.synthetic\.cache_dir: '.*afile' exists and is not a directory")):
-        p = _neo_train(tmp_data, "train.steps=2", override)
+        p = _neo_train_here(capsys, tmp_data, "train.steps=2", override)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
         assert re.search(r"neo train: error: " + message, p.stderr), p.stderr[-2000:]
         assert "samples_per_s" not in p.stdout                   # nothing trained
@@ -451,9 +476,9 @@ def test_a_run_dir_or_trace_that_cannot_be_written_is_found_before_training(tmp_
         validate_training_config(cfg)
 
 
-def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch):
+def test_the_triton_backend_on_the_cpu_is_one_line(tmp_data, monkeypatch, capsys):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    p = _neo_train(tmp_data, "train.steps=2", "train.embedding_backend=triton")
+    p = _neo_train_here(capsys, tmp_data, "train.steps=2", "train.embedding_backend=triton")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "neo train: error: train.embedding_backend: 'triton' runs on CUDA tensors" in p.stderr, p.stderr[-2000:]
 
@@ -474,3 +499,19 @@ def test_a_run_that_raises_closes_its_log(tmp_data):
         trainer.fit()
     left = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert not [t for t in left if "AsyncWriter" in type(t).__name__], left
+
+
+def test_a_config_error_is_said_before_the_checkpoint_library_loads(tmp_data):
+    """``neo train``'s setup checks run before torch.distributed.checkpoint is imported (with DTensor
+    and sympy it was 0.6 to 0.9 s of every start on a 2-core VM): the trainer's module imports the
+    checkpoint package, whose reader and writer import DCP only when a checkpoint is loaded or saved."""
+    code = ("import sys\nfrom neo.cli import main\n"
+            f"status = main(['train', {TINY!r}, 'data.synthetic.cache_dir={tmp_data}/cache', "
+            f"'train.run_dir={tmp_data}/bad', 'train.steps=2', 'train.embedding_backend=triton'])\n"
+            "import neo.train.trainer\n"
+            "print(status, sorted(m for m in ('torch.distributed.checkpoint', 'sympy') if m in sys.modules))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "neo train: error: train.embedding_backend" in p.stderr, p.stderr[-2000:]
+    assert p.stdout.split("\n")[-2] == "2 []", p.stdout[-2000:]

@@ -23,9 +23,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 
 from neo.train.checkpoint import legacy
 from neo.train.checkpoint.dcp_state import dense_state, embedding_state, load_dense, restore_rank_state
@@ -83,6 +80,11 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
         raise CheckpointError(f"{path}: the checkpoint's dense optimizer is {saved_opt}, this job's is {now_opt} "
                               f"(optim.type differs): its state cannot be loaded into another optimizer; resume "
                               f"with the checkpoint's optim.type, or start afresh (train.resume=false)")
+    # imported here, not with the module: torch.distributed.checkpoint brings in DTensor and sympy,
+    # 0.6 to 0.9 s of every `neo train`'s start on a 2-core VM, though most runs never load a checkpoint
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     W0 = int(meta["world_size"])
     same_world = W0 == pg.world_size
     md = dcp.FileSystemReader(path).read_metadata()
@@ -95,7 +97,7 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
                              "ranks": {str(r): b"" for r in ranks}}
     try:
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=pg.checkpoint,
-                 planner=_LoadPlanner())
+                 planner=_load_planner())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a
         # BaseException: a shape or key of the dense model or its optimizer that differs), RuntimeError, KeyError
         raise CheckpointError(f"{path}: torch.distributed.checkpoint could not load it into this job (the model, "
@@ -128,17 +130,22 @@ def load_checkpoint(path: str, *, sharded, dense_model, optimizer, loader, pg,
     return meta
 
 
-class _LoadPlanner(DefaultLoadPlanner):
+def _load_planner():
     """DCP's default load planner without its fallback to the key format of torch <= 2.3.
 
     When the checkpoint holds keys the load state dict lacks (a table none of whose shards is
     on this rank, other ranks' loader states), the default planner re-flattens the state dict
     the pre-2.4 way if any of those keys exist in that format too, which turns
     ``dense.optimizer.param_groups`` into one key the checkpoint does not have. Neo's
-    checkpoints are all written by torch >= 2.4: the plain local plan is the right one."""
+    checkpoints are all written by torch >= 2.4: the plain local plan is the right one. (A
+    class made at the call: DCP is imported only when a checkpoint is loaded.)"""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 
-    def create_local_plan(self):
-        return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+    class LoadPlanner(DefaultLoadPlanner):
+        def create_local_plan(self):
+            return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
+
+    return LoadPlanner()
 
 
 def _check_dense(path: str, tensors: Dict[str, Any], md) -> None:
