@@ -63,10 +63,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# Modules every rank imports, loaded once into the fork server. torch.distributed.checkpoint (with
-# DTensor and sympy, which DDP imports too) is not imported with the trainer (a checkpoint's reader
-# and writer import it when used) but most ranks here need it: 0.6 to 0.9 s a rank otherwise.
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "neo", "neo.train.trainer")
+# Modules every rank imports, loaded once into the fork server. Some are not imported with the
+# trainer's module but when it is built or runs, in every rank: torch._dynamo (DDP's constructor
+# imports it), torch.distributed.checkpoint (with DTensor and sympy; the checkpoint reader and
+# writer import it when used), TensorBoard (the run log) and pandas (pyarrow's first to_numpy, where
+# pandas is installed; the fork server skips a module that is not). On the 2-core Zen 3 VM these were
+# 1.5-2 s of each rank's start, which builds a Trainer in most tests.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "torch.utils.tensorboard",
+           "pandas", "neo", "neo.train.trainer")
 
 # Variables read when those modules (or the libraries under them) load, not when used.
 IMPORT_TIME_ENV = ("NEO_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
