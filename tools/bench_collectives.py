@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_common import json_path, nonneg_int, positive_float, positive_int  # noqa: E402
-from bench_common import balanced_orders, describe_machine, machine_info, start_rank, write_json  # noqa: E402
+from bench_common import describe_machine, interleaved, machine_info, start_rank, write_json  # noqa: E402
 
 
 def time_interleaved(calls: Dict[Hashable, Callable[[], Any]], warmup: int, iters: int,
@@ -41,18 +41,17 @@ def time_interleaved(calls: Dict[Hashable, Callable[[], Any]], warmup: int, iter
     often), so that load from other jobs on a shared machine hits them alike. The order depends on
     the index alone: every rank runs the same collectives in the same order. ``barrier`` before each."""
     keys = list(calls)
-    orders = balanced_orders(len(keys))
     walls: Dict[Hashable, List[float]] = {k: [] for k in keys}
     cpus: Dict[Hashable, List[float]] = {k: [] for k in keys}
-    for i in range(warmup + iters):
-        for key in (keys[j] for j in orders[i % len(orders)]):
-            barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            calls[key]()
-            t1, c1 = time.perf_counter(), time.process_time()
-            if i >= warmup:
-                walls[key].append(t1 - t0)
-                cpus[key].append(c1 - c0)
+    for timed, j in interleaved(len(keys), warmup, iters):
+        key = keys[j]
+        barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        calls[key]()
+        t1, c1 = time.perf_counter(), time.process_time()
+        if timed:
+            walls[key].append(t1 - t0)
+            cpus[key].append(c1 - c0)
     return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in keys}
 
 

@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import neo  # noqa: F401 - requests huge pages for torch's large buffers before any (neo.host_memory)
 
@@ -98,6 +98,17 @@ def balanced_orders(n: int) -> List[List[int]]:
             hi -= 1
     rows = [[(x + i) % n for x in first] for i in range(n)]
     return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+def interleaved(n: int, warmup: int, iters: int) -> Iterator[Tuple[bool, int]]:
+    """The calls of a benchmark that times ``n`` systems side by side: ``(timed, j)`` for each call
+    of system ``j``. Each of ``warmup + iters`` iterations calls every system once, in the
+    ``balanced_orders`` row of its index (the order depends on the index alone: ranks that call
+    collectives stay in step); ``timed`` is False in the first ``warmup`` iterations."""
+    orders = balanced_orders(n)
+    for i in range(warmup + iters):
+        for j in orders[i % len(orders)]:
+            yield i >= warmup, j
 
 
 # argparse ``type=`` helpers: bad command-line input gives argparse's one-line error (exit status 2,

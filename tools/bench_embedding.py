@@ -72,7 +72,7 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, apply_quick, balanced_orders, describe_machine, json_path,  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, apply_quick, describe_machine, interleaved, json_path,  # noqa: E402
                           machine_info, multiple_of, nonneg_int, positive_int, positive_int_list, start_rank,
                           write_json)
 from bench_gather_probe import make_table  # noqa: E402
@@ -222,21 +222,19 @@ def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, it
                      sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
     runners = [r for r in runners if getattr(r, phase) is not None]
     times: Dict[str, List[float]] = {r.name: [] for r in runners}
-    k, orders = 0, balanced_orders(len(runners))
-    for i in range(warmup + iters):
-        # a new order every iteration, each backend right after each other one equally often
-        # (one that thrashes the caches, like the PyTorch baseline, slows the next one)
-        for r in (runners[j] for j in orders[i % len(orders)]):
-            b = batches[k % len(batches)]      # a batch per call: rows not just read by another
-            k += 1
-            fn = getattr(r, phase)
-            sync()
-            t0 = time.perf_counter()
-            fn(b)
-            sync()
-            dt = time.perf_counter() - t0
-            if i >= warmup:
-                times[r.name].append(dt)
+    # a new order every iteration, each backend right after each other one equally often (one
+    # that thrashes the caches, like the PyTorch baseline, slows the next one)
+    for k, (timed, j) in enumerate(interleaved(len(runners), warmup, iters)):
+        r = runners[j]
+        b = batches[k % len(batches)]          # a batch per call: rows not just read by another
+        fn = getattr(r, phase)
+        sync()
+        t0 = time.perf_counter()
+        fn(b)
+        sync()
+        dt = time.perf_counter() - t0
+        if timed:
+            times[r.name].append(dt)
     return {name: statistics.median(v) * 1e3 for name, v in times.items()}
 
 

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, balanced_orders, describe_machine, json_path,  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, describe_machine, interleaved, json_path,  # noqa: E402
                           machine_info, multiple_of_list, nonneg_int, peer_version, positive_int, positive_int_list,
                           quiet_peer_logs, start_rank, write_json)
 
@@ -209,11 +209,10 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
     systems = systems_for(F, D, args.all_variants, args.torchrec, args.bounds)
     check_agree(systems, dense, pooled, grad)
-    orders = balanced_orders(len(systems))          # each system right after each other one equally often
-    for i in range(args.warmup + args.iters):
-        for s in (systems[j] for j in orders[i % len(orders)]):
-            s.step(dense, pooled, grad, record=i >= args.warmup)
-            dense.grad = pooled.grad = None
+    # each system right after each other one equally often
+    for timed, j in interleaved(len(systems), args.warmup, args.iters):
+        systems[j].step(dense, pooled, grad, record=timed)
+        dense.grad = pooled.grad = None
     records = []
     for s in systems:
         fwd, bwd = (1e3 * statistics.median(s.times[p]) for p in ("fwd", "bwd"))

@@ -1,4 +1,5 @@
-"""tools/bench_common.py: the orders benchmarks interleave their systems in."""
+"""tools/bench_common.py: the orders benchmarks interleave their systems in, and the calls of an
+interleaved benchmark."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from tests.tools import load_tool
 
-balanced_orders = load_tool("bench_common.py").balanced_orders
+bench_common = load_tool("bench_common.py")
+balanced_orders = bench_common.balanced_orders
 
 
 @pytest.mark.parametrize("n", range(1, 10))
@@ -22,3 +24,13 @@ def test_each_system_runs_right_after_each_other_one_equally_often(n):
     firsts = collections.Counter(row[0] for row in orders)
     assert firsts == {a: times for a in range(n)}                          # and goes first as often
 
+
+
+@pytest.mark.parametrize("n, warmup, iters", [(1, 0, 3), (2, 2, 5), (3, 1, 7), (4, 3, 4)])
+def test_interleaved_calls_every_system_once_an_iteration_in_the_balanced_order(n, warmup, iters):
+    calls = list(bench_common.interleaved(n, warmup, iters))
+    orders = balanced_orders(n)
+    assert [j for _, j in calls] == [j for i in range(warmup + iters) for j in orders[i % len(orders)]]
+    assert [timed for timed, _ in calls] == [False] * (warmup * n) + [True] * (iters * n)
+    timed = collections.Counter(j for t, j in calls if t)
+    assert timed == {j: iters for j in range(n)}                            # every system timed iters times
