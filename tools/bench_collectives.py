@@ -20,9 +20,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Hashable, List, Tuple
+from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,28 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_common import json_path, nonneg_int, positive_float, positive_int  # noqa: E402
-from bench_common import describe_machine, interleaved, machine_info, start_rank, write_json  # noqa: E402
-
-
-def time_interleaved(calls: Dict[Hashable, Callable[[], Any]], warmup: int, iters: int,
-                     barrier: Callable[[], Any]) -> Dict[Hashable, Tuple[float, float]]:
-    """Median (wall s, CPU s) of each call, timed interleaved: every iteration runs each call once,
-    in ``balanced_orders``' row for the iteration index (each right after each other one equally
-    often), so that load from other jobs on a shared machine hits them alike. The order depends on
-    the index alone: every rank runs the same collectives in the same order. ``barrier`` before each."""
-    keys = list(calls)
-    walls: Dict[Hashable, List[float]] = {k: [] for k in keys}
-    cpus: Dict[Hashable, List[float]] = {k: [] for k in keys}
-    for timed, j in interleaved(len(keys), warmup, iters):
-        key = keys[j]
-        barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        calls[key]()
-        t1, c1 = time.perf_counter(), time.process_time()
-        if timed:
-            walls[key].append(t1 - t0)
-            cpus[key].append(c1 - c0)
-    return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in keys}
+from bench_common import describe_machine, machine_info, start_rank, time_interleaved, write_json  # noqa: E402
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
@@ -79,9 +57,9 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             if not torch.equal(outs[(coll, "shm")], outs[(coll, "gloo")]):
                 raise AssertionError(f"{coll}: shared memory and gloo disagree at {mb} MB")
         timed = time_interleaved({k: (lambda fn=fn, out=outs[k]: fn(out)) for k, fn in calls.items()},
-                                 args.warmup, args.iters, dist.barrier)
-        for (coll, transport), (wall, cpu) in timed.items():
-            mine = torch.tensor([wall, cpu])
+                                 args.warmup, args.iters, before=dist.barrier)
+        for (coll, transport), t in timed.items():
+            mine = torch.tensor([statistics.median(t.wall), statistics.median(t.cpu)])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             records.append({"collective": coll, "transport": transport, "world_size": W,
                             "bytes_per_peer": 4 * n, "ms": round(1e3 * float(mine[0]), 3),

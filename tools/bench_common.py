@@ -7,7 +7,8 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
 import neo  # noqa: F401 - requests huge pages for torch's large buffers before any (neo.host_memory)
 
@@ -210,20 +211,34 @@ def start_one_process(args: argparse.Namespace) -> Dict[str, Any]:
     return machine
 
 
-def time_interleaved(systems: Dict[str, Any], warmup: int, iters: int) -> Dict[str, List[float]]:
-    """Seconds of each ``systems[name]()`` call over ``iters`` timed rounds after ``warmup``
-    untimed ones; the systems run one after the other, in alternating order from round to round
-    (so that load from other jobs hits them alike)."""
+@dataclass
+class Timed:
+    """One system's timed calls: wall seconds, and CPU seconds of this process (the calling
+    thread and any threads it works through, e.g. gloo's)."""
+    wall: List[float] = field(default_factory=list)
+    cpu: List[float] = field(default_factory=list)
+
+
+def time_interleaved(systems: Dict[Hashable, Callable[[], Any]], warmup: int, iters: int,
+                     before: Callable[[], Any] = lambda: None) -> Dict[Hashable, Timed]:
+    """Each ``systems[key]()`` timed over ``iters`` rounds after ``warmup`` untimed ones, the
+    systems interleaved (``interleaved``: each right after each other one equally often, in an
+    order set by the round's index alone, so that ranks calling collectives stay in step, and so
+    that load from other jobs hits them alike). ``before()`` runs, untimed, before every call (a
+    barrier, a device synchronisation)."""
     import time
 
-    names = list(systems)
-    times: Dict[str, List[float]] = {s: [] for s in names}
-    for it in range(warmup + iters):
-        for s in (names if it % 2 == 0 else names[::-1]):
-            t0 = time.perf_counter()
-            systems[s]()
-            if it >= warmup:
-                times[s].append(time.perf_counter() - t0)
+    keys = list(systems)
+    times: Dict[Hashable, Timed] = {k: Timed() for k in keys}
+    for timed, j in interleaved(len(keys), warmup, iters):
+        key = keys[j]
+        before()
+        t0, c0 = time.perf_counter(), time.process_time()
+        systems[key]()
+        t1, c1 = time.perf_counter(), time.process_time()
+        if timed:
+            times[key].wall.append(t1 - t0)
+            times[key].cpu.append(c1 - c0)
     return times
 
 

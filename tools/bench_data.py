@@ -37,7 +37,7 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench_common import describe_machine, interleaved, json_path, machine_info, positive_int, write_json  # noqa: E402
+from bench_common import describe_machine, json_path, machine_info, positive_int, time_interleaved, write_json  # noqa: E402
 
 PREPROCESS_TARGET = 200_000  # lines / s / core
 LOADER_TARGET = 1_000_000  # samples / s / core
@@ -221,16 +221,11 @@ def bench_multi_hot_take(batch: int, reps: int = 30, part_rows: int = 65536) -> 
     ids = sum(len(v) for v, _ in b.sparse)
     systems = (("multi-hot take: numpy (previous loader)", _take_numpy),
                ("multi-hot take: neo._C.jagged_take", take_from_parts))
-    times: Dict[str, List[float]] = {name: [] for name, _ in systems}
-    for timed, j in interleaved(len(systems), 3, reps):
-        name, fn = systems[j]
-        ix = rng.permutation(4 * part_rows)[:batch]        # a batch per call: rows not just read by the other
-        t0 = time.perf_counter()
-        fn(parts, ix)
-        if timed:
-            times[name].append(time.perf_counter() - t0)
+    # a batch per call (rows not just read by the other gather), drawn before the timing
+    batches = iter([rng.permutation(4 * part_rows)[:batch].copy() for _ in range(len(systems) * (reps + 3))])
+    times = time_interleaved({name: (lambda fn=fn: fn(parts, next(batches))) for name, fn in systems}, 3, reps)
     for name, _ in systems:
-        ts = sorted(times[name])
+        ts = sorted(times[name].wall)
         med = ts[len(ts) // 2]
         out.append({"name": name, "batch": batch, "ids": ids, "ms_per_batch": round(med * 1e3, 3),
                     "samples_per_s": round(batch / med)})

@@ -62,6 +62,7 @@ PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-devi
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -72,9 +73,9 @@ import torch
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_common import (add_isa_arg, apply_isa, apply_quick, describe_machine, interleaved, json_path,  # noqa: E402
+from bench_common import (add_isa_arg, apply_isa, apply_quick, describe_machine, json_path,  # noqa: E402
                           machine_info, multiple_of, nonneg_int, positive_int, positive_int_list, start_rank,
-                          write_json)
+                          time_interleaved, write_json)
 from bench_gather_probe import make_table  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
@@ -218,24 +219,23 @@ def torch_runner(args, weights: List[torch.Tensor], device: str = "cpu") -> Runn
 
 
 # ----------------------------------------------------------------------------- timing
-def time_interleaved(runners: List[Runner], phase: str, batches, warmup: int, iters: int,
-                     sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
+def time_phase(runners: List[Runner], phase: str, batches, warmup: int, iters: int,
+               sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
+    """Median ms of each runner's ``phase`` (those that have it), timed interleaved (a new order
+    every round, each backend right after each other one equally often: one that thrashes the
+    caches, like the PyTorch baseline, slows the next one); a batch per call, so that its rows
+    were not just read by another backend; ``sync`` before each call and, timed, after it."""
     runners = [r for r in runners if getattr(r, phase) is not None]
-    times: Dict[str, List[float]] = {r.name: [] for r in runners}
-    # a new order every iteration, each backend right after each other one equally often (one
-    # that thrashes the caches, like the PyTorch baseline, slows the next one)
-    for k, (timed, j) in enumerate(interleaved(len(runners), warmup, iters)):
-        r = runners[j]
-        b = batches[k % len(batches)]          # a batch per call: rows not just read by another
-        fn = getattr(r, phase)
-        sync()
-        t0 = time.perf_counter()
-        fn(b)
-        sync()
-        dt = time.perf_counter() - t0
-        if timed:
-            times[r.name].append(dt)
-    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    picks = itertools.count()
+
+    def call(fn):
+        def run():
+            fn(batches[next(picks) % len(batches)])
+            sync()
+        return run
+
+    times = time_interleaved({r.name: call(getattr(r, phase)) for r in runners}, warmup, iters, before=sync)
+    return {name: statistics.median(t.wall) * 1e3 for name, t in times.items()}
 
 
 # Largest |output - Neo's| allowed in the forward check, relative to Neo's largest |output|: the same
@@ -292,7 +292,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
         torch.set_num_threads(threads)
         limit = None
         for phase in ("fwd", "fwd_bwd"):
-            res = time_interleaved(runners, phase, batches, args.warmup, args.iters)
+            res = time_phase(runners, phase, batches, args.warmup, args.iters)
             probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}
             if probes:   # the machine's limit: the best prefetch setting of the probe
                 best = min(probes, key=probes.get)
@@ -364,7 +364,7 @@ def run_cuda(args) -> List[dict]:
     runners.append(torch_runner(args, weights or [], device="cuda"))
     records = []
     for phase in ("fwd", "fwd_bwd"):
-        res = time_interleaved(runners, phase, batches, args.warmup, args.iters, sync=sync)
+        res = time_phase(runners, phase, batches, args.warmup, args.iters, sync=sync)
         for name, ms in res.items():
             bw = moved[phase] / (ms / 1e3)
             records.append(dict(backend=name, threads=0, phase=phase, ms=ms, lookups_per_s=n_ids / (ms / 1e3),

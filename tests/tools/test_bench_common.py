@@ -25,7 +25,6 @@ def test_each_system_runs_right_after_each_other_one_equally_often(n):
     assert firsts == {a: times for a in range(n)}                          # and goes first as often
 
 
-
 @pytest.mark.parametrize("n, warmup, iters", [(1, 0, 3), (2, 2, 5), (3, 1, 7), (4, 3, 4)])
 def test_interleaved_calls_every_system_once_an_iteration_in_the_balanced_order(n, warmup, iters):
     calls = list(bench_common.interleaved(n, warmup, iters))
@@ -34,3 +33,23 @@ def test_interleaved_calls_every_system_once_an_iteration_in_the_balanced_order(
     assert [timed for timed, _ in calls] == [False] * (warmup * n) + [True] * (iters * n)
     timed = collections.Counter(j for t, j in calls if t)
     assert timed == {j: iters for j in range(n)}                            # every system timed iters times
+
+
+KEYS = [("all_to_all", "shm"), ("all_to_all", "gloo"), ("all_gather", "shm"), ("all_gather", "gloo")]
+
+
+def test_time_interleaved_runs_every_call_once_per_iteration_in_a_rotating_order():
+    """bench_collectives' use: four calls, a barrier before each, the order from the round's index
+    alone (every rank runs the same collectives in the same order)."""
+    from tests.tools.test_bench_collectives import _check_interleaved
+
+    seq, barriers = [], []
+    calls = {k: (lambda k=k: seq.append(k)) for k in KEYS}
+    timed = bench_common.time_interleaved(calls, warmup=2, iters=6, before=lambda: barriers.append(len(seq)))
+    _check_interleaved(seq, KEYS, 8)
+    assert barriers == list(range(len(seq)))                          # a barrier before every call
+    assert set(timed) == set(KEYS) and all(min(t.wall) >= 0 and min(t.cpu) >= 0 for t in timed.values())
+    assert all(len(t.wall) == len(t.cpu) == 6 for t in timed.values())
+    seq2 = []                                                         # the order: from the index alone
+    bench_common.time_interleaved({k: (lambda k=k: seq2.append(k)) for k in KEYS}, 2, 6)
+    assert seq2 == seq
