@@ -174,10 +174,10 @@ bool interaction_l1_burst() { return features().amd_family_19h && features().avx
 
 namespace {
 // The tile settings by code: 0 "auto", then 1 + InteractionTiles (the tilings a forward runs).
-constexpr const char* kTileNames[] = {"auto", "narrow", "wide", "grouped"};
+constexpr const char* kTileNames[] = {"auto", "narrow", "wide", "grouped", "tall"};
 constexpr int kTileCodes = sizeof(kTileNames) / sizeof(kTileNames[0]);
 constexpr int code_of(InteractionTiles t) { return 1 + static_cast<int>(t); }
-static_assert(code_of(InteractionTiles::kGrouped) == kTileCodes - 1, "a name for every tiling");
+static_assert(code_of(InteractionTiles::kTall) == kTileCodes - 1, "a name for every tiling");
 
 std::atomic<int> g_tiles{-1};   // -1: not read yet, else a code of kTileNames
 
@@ -208,8 +208,14 @@ void set_interaction_tiles(const std::string& name) { g_tiles.store(tiles_code(n
 std::string interaction_tiles() { return kTileNames[tiles()]; }
 
 InteractionTiles interaction_tiles_at(int64_t D) {
-  if (std::string(kernels().isa) != "avx512") return InteractionTiles::kNarrow;
+  const std::string isa = kernels().isa;
   const int t = tiles();
+  if (isa == "avx2") {   // "auto": tall on Zen 3 (AMD family 19h without AVX-512), where it was measured faster
+    const bool zen3 = amd_family_19h() && !features().avx512f;
+    return t == code_of(InteractionTiles::kTall) || (t == 0 && zen3) ? InteractionTiles::kTall
+                                                                     : InteractionTiles::kNarrow;
+  }
+  if (isa != "avx512") return InteractionTiles::kNarrow;
   const bool full_rate = t == 0 && !amd_family_19h();   // "auto" where 512-bit FMAs run at full rate
   if ((t == code_of(InteractionTiles::kWide) || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
   if ((t == code_of(InteractionTiles::kGrouped) || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;

@@ -110,8 +110,14 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              wide from kWideMinDim and grouped below it (Intel, D 128: wide forward 10-20%
 //              faster than narrow; D 32 to 80: grouped 7-24% less time than either, with the
 //              batch in cache; on Zen 4 no FMA gain from 16-float vectors, costlier
-//              reductions). They differ in rounding only (summation order).
-//              NEO_INTERACTION_TILES=auto|narrow|wide|grouped sets it at import.
+//              reductions). They differ in rounding only (summation order). The AVX2
+//              forward's tiles: "narrow" (2 x 4 pairs) or "tall" (3 x 4: 35 tiles a sample at
+//              n 27 instead of 49, fewer of them narrow at the triangle's edge; each column
+//              operand loaded once and used three times, 16 registers). "auto": tall on Zen 3
+//              (AMD family 19h without AVX-512; forward 7-10% faster at D 64 and 128, one thread,
+//              AMD EPYC 25/1/1, 2026-11-30), narrow elsewhere (on the Zen 4 of 2026-11-24 a
+//              3 x 4 AVX2 tile was 5-15% slower). Same sums, same order: bit-identical results.
+//              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
 //              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%
 //              slower on Zen 3, family 19h without AVX-512: AMD EPYC 25/1/1, 2026-11-30). No
@@ -120,10 +126,10 @@ constexpr int64_t kWideMinDim = 96;
 constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-column block to interleave
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
 bool interaction_l1_burst();                         // the L1 burst is on: this CPU is Zen 4 (above)
-void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped"; throws otherwise
+void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped", "tall"; throws otherwise
 std::string interaction_tiles();                     // the setting
 InteractionTiles interaction_tiles_at(int64_t D);    // what the active variant's forward runs at D
-std::string interaction_forward_tiles(int64_t D);    // its name: "narrow", "wide" or "grouped"
+std::string interaction_forward_tiles(int64_t D);    // its name: "narrow", "wide", "grouped" or "tall"
 bool interaction_wide(int64_t D);                    // interaction_tiles_at(D) == kWide
 
 }  // namespace neo

@@ -57,8 +57,8 @@ struct UpdateArgs {
 // The n = F + 1 vectors of the dot interaction: sample b's dense vector is dense + b * D,
 // its feature k starts at pooled + off[k] + b * stride[k].
 // The dot interaction forward's tiling (cpu_isa.h): 8-float tiles (every variant), 16-float
-// tiles or interleaved row groups (AVX-512 only).
-enum class InteractionTiles : int8_t { kNarrow, kWide, kGrouped };
+// tiles or interleaved row groups (AVX-512 only), or 8-float tiles of kTallR rows (AVX2 only).
+enum class InteractionTiles : int8_t { kNarrow, kWide, kGrouped, kTall };
 
 struct InteractionArgs {
   int64_t B = 0, D = 0, F = 0;

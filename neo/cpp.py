@@ -5,8 +5,9 @@ the best one the CPU runs is chosen at import; ``NEO_CPU_ISA=baseline|avx2|avx51
 for another (an unknown one, or one this CPU lacks, fails the import with a message that
 says what the CPU offers). :func:`cpu_isa_info` says what was chosen, for run logs and
 benchmark records; :func:`use_cpu_isa` switches variants for tests and benchmarks.
-``NEO_INTERACTION_TILES=auto|narrow|wide|grouped`` chooses the AVX-512 dot interaction
-forward's tiling (``csrc/cpu_isa.h``); :func:`use_interaction_tiles` switches it.
+``NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall`` chooses the dot interaction
+forward's tiling in the AVX-512 and AVX2 kernels (``csrc/cpu_isa.h``); :func:`use_interaction_tiles`
+switches it.
 """
 
 from __future__ import annotations
@@ -152,8 +153,9 @@ def use_cpu_isa(name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def use_interaction_tiles(name: str) -> Iterator[None]:
     """Run the block with the dot interaction forward's tiles set to ``name`` (``"auto"``,
-    ``"narrow"``, ``"wide"``, ``"grouped"``; wide applies to the AVX-512 kernels at D >= 96 only,
-    grouped to the AVX-512 kernels at D >= 16), then restore the previous setting. Process-wide,
+    ``"narrow"``, ``"wide"``, ``"grouped"``, ``"tall"``; wide applies to the AVX-512 kernels at D >= 96
+    only, grouped to the AVX-512 kernels at D >= 16, tall to the AVX2 kernels), then restore the
+    previous setting. Process-wide,
     for tests and benchmarks, like :func:`use_cpu_isa`."""
     from neo import _C
 

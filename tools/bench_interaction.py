@@ -16,7 +16,8 @@ medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
 the fused kernel's lower ISA variants (those the --isa cap allows) and, in the AVX-512
 kernels, the forward's other tilings at that D (``-narrow``: 8-float tiles, ``-wide``:
-16-float tiles, ``-grouped``: rows interleaved in groups of four). Each record says which
+16-float tiles, ``-grouped``: rows interleaved in groups of four), and in the AVX2 kernels the
+other of ``-narrow`` (tiles of 2 x 4 pairs) and ``-tall`` (3 x 4). Each record says which
 forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
 
 The peer, where TorchRec is importable (``--no-torchrec`` leaves it out): ``torchrec``,
@@ -99,7 +100,7 @@ class System:
             yield
 
     def forward_tiles(self, D: int):
-        """"narrow", "wide" or "grouped" (the fused kernel's forward at D), None for the peers."""
+        """"narrow", "wide", "grouped" or "tall" (the fused kernel's forward at D), None for the peers."""
         from neo import _C
 
         if not is_neo(self.name):
@@ -164,15 +165,14 @@ def systems_for(F: int, D: int, all_variants: bool, torchrec: bool, traffic: boo
 
     active = _C.cpu_isa()
     out = [System(f"neo-{active}", DotInteraction(F, D))]
-    if all_variants:   # the forward's other tilings at D (AVX-512), and the lower variants the cap allows
-        if active == "avx512":
-            ran = {_C.interaction_forward_tiles(D)}
-            for tiles in ("narrow", "wide", "grouped"):
-                with use_interaction_tiles(tiles):
-                    runs = _C.interaction_forward_tiles(D)   # "wide" below D 96 runs narrow
-                if runs not in ran:
-                    ran.add(runs)
-                    out.append(System(f"neo-{active}-{runs}", DotInteraction(F, D), tiles=tiles))
+    if all_variants:   # the forward's other tilings at D (AVX-512, AVX2), and the lower variants the cap allows
+        ran = {_C.interaction_forward_tiles(D)}
+        for tiles in ("narrow", "wide", "grouped", "tall"):
+            with use_interaction_tiles(tiles):
+                runs = _C.interaction_forward_tiles(D)   # "wide" below D 96 runs narrow; each ISA its own tilings
+            if runs not in ran:
+                ran.add(runs)
+                out.append(System(f"neo-{active}-{runs}", DotInteraction(F, D), tiles=tiles))
         for isa in ORDER[:ORDER.index(active)]:
             out.append(System(f"neo-{isa}", DotInteraction(F, D), isa=isa))
     out.append(System("torch", DotInteraction(F, D, kernel="torch")))

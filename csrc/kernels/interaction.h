@@ -34,7 +34,11 @@
 //
 // Forward: pair dots in tiles of kFwdR rows x kFwdC columns of the upper triangle (2 x 4 on
 // AVX2 and the baseline, 4 x 4 on AVX-512: the sums plus one 8-float vector of each operand
-// row fit the register file). On AVX-512 the tiles take 16-float vectors instead where
+// row fit the register file). The AVX2 variant also has tiles of kTallR = 3 rows x 4 where
+// InteractionArgs::tiles is kTall (on Zen 3, cpu_isa.h): 12 sums, the 3 row operands, and the
+// column operands loaded one at a time (tile_sums); 35 tiles a sample at n 27 instead of 49,
+// and fewer short ones at the triangle's edge (whose few sums leave the FMA pipes idle
+// waiting on their latency). On AVX-512 the tiles take 16-float vectors instead where
 // InteractionArgs::tiles is kWide (D >= 96 on CPUs with two 512-bit FMA pipes, cpu_isa.h):
 // half the multiply-adds, and one 16-way reduction tree (hsum16) per tile (Intel Xeon,
 // B 2048, D 128: forward 10% faster with the batch in DRAM, 20% in cache; no faster at D 64,
@@ -97,9 +101,10 @@ NEO_KERNELS_BEGIN
 
 void interaction_forward(const InteractionArgs& a, float* out) {
   const int64_t D = a.D, n = a.F + 1, P = n * (n - 1) / 2;
-  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n));   // a share per row block
   const bool grouped = kHaveGroupedForward && a.tiles == InteractionTiles::kGrouped;
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
+  const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
+  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n, tall ? kTallRows : kFwdR));   // a share per row block
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     // The grouped forward's interleaved rows: 8 Dv floats, 64-byte aligned.
@@ -113,6 +118,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
       else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, std::move(next));
+      else if (tall) pair_dots<false, kTallRows>(v, n, D, o + D, std::move(next));
       else pair_dots<false>(v, n, D, o + D, std::move(next));
     }
   });

@@ -28,15 +28,30 @@ struct WideVec {
 // The sums of an R x C tile over the first Dv columns (a multiple of Vec::kLanes):
 // acc[r * STRIDE + c] = lane-wise partial sums of v_{i0 + r} * v_{j0 + c}; every acc entry is
 // zeroed first (the ones no pair uses stay zero). DIAG: only the pairs c >= r.
+// Each step loads the R row operands, then either all C column operands (where the R C sums
+// and R + C operands fit the register file) or one column operand at a time, used R times
+// (AVX2's 3 x 4 tiles: 12 sums + 3 + 1 of 16 registers).
 template <class Vec, int R, int C, int STRIDE, bool DIAG, int K>
 inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K]) {
   using V = typename Vec::V;
+  constexpr bool kOneColumnAtATime = R * C + R + C > kVecRegs;
   NEO_UNROLL
   for (int q = 0; q < K; ++q) acc[q] = Vec::zero();
   for (int64_t d = 0; d < Dv; d += Vec::kLanes) {
     V x[R], y[C];
     NEO_UNROLL
     for (int r = 0; r < R; ++r) x[r] = Vec::load(ri[r] + d);
+    if constexpr (kOneColumnAtATime) {
+      NEO_UNROLL
+      for (int c = 0; c < C; ++c) {
+        V t = Vec::load(cj[c] + d);
+        keep_in_register(t);   // one load, used R times (see below)
+        NEO_UNROLL
+        for (int r = 0; r < R; ++r)
+          if (!DIAG || c >= r) acc[r * STRIDE + c] = Vec::fmadd(x[r], t, acc[r * STRIDE + c]);
+      }
+      continue;
+    }
     NEO_UNROLL
     for (int c = 0; c < C; ++c) {
       V t = Vec::load(cj[c] + d);
@@ -105,6 +120,15 @@ void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, 
 constexpr bool kHaveWideForward = false;
 #endif
 
+// The tall tiles (InteractionTiles::kTall): AVX2 only (kTallR, simd.h).
+#if defined(__AVX2__) && !defined(__AVX512F__)
+constexpr bool kHaveTallForward = true;
+constexpr int kTallRows = kTallR;
+#else
+constexpr bool kHaveTallForward = false;
+constexpr int kTallRows = kFwdR;   // never run: a stand-in for the discarded branch
+#endif
+
 // Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.
 template <bool WIDE>
 constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
@@ -138,7 +162,7 @@ inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t
   for (j0 += C; j0 + C <= n; j0 += C) pair_tile_any<R, C, false, WIDE>(ri, v + j0, Dv, row, j0);
   if (j0 < n) pair_tile_nc<R, false, WIDE>(ri, v + j0, Dv, row, j0, n - j0);
 }
-template <bool WIDE, int R = kFwdR>
+template <bool WIDE, int R>
 inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out) {
   if constexpr (R > 1) {
     if (nr < R) return pair_row_block_r<WIDE, R - 1>(v, n, Dv, i0, nr, out);
@@ -146,8 +170,8 @@ inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64
   pair_row_block<R, WIDE>(v, n, Dv, i0, out);
 }
 
-// Row blocks of the forward (the shares of its prefetches).
-inline int64_t pair_row_blocks(int64_t n) { return (n - 1 + kFwdR - 1) / kFwdR; }
+// Row blocks of the forward with tiles of R rows (the shares of its prefetches).
+inline int64_t pair_row_blocks(int64_t n, int64_t R = kFwdR) { return (n - 1 + R - 1) / R; }
 
 // out[p] += the pair's dot over the columns [Dv, D) the vector tiles left out (scalar code).
 inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t D, float* out) {
@@ -161,13 +185,14 @@ inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t 
 }
 
 // out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
-// row n - 1 has no pair to its right); the last D % fwd_width columns added in scalar code.
-template <bool WIDE>
+// row n - 1 has no pair to its right), in tiles of R rows (kFwdR, or kTallR for the AVX2
+// variant's tall tiles); the last D % fwd_width columns added in scalar code.
+template <bool WIDE, int R = kFwdR>
 inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next) {
   const int64_t Dv = D / fwd_width<WIDE>() * fwd_width<WIDE>();
-  for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += kFwdR) {
+  for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += R) {
     next.part(k);
-    pair_row_block_r<WIDE>(v, n, Dv, i0, std::min<int64_t>(kFwdR, n - 1 - i0), out);
+    pair_row_block_r<WIDE, R>(v, n, Dv, i0, std::min<int64_t>(R, n - 1 - i0), out);
   }
   add_tail_dots(v, n, Dv, D, out);
 }

@@ -59,6 +59,7 @@ inline vi vizero() { return _mm512_setzero_si512(); }
 inline vi viload(const void* p) { return _mm512_loadu_si512(p); }
 inline vi viadd(vi a, vi b) { return _mm512_add_epi32(a, b); }
 // Register blocking (32 registers).
+constexpr int kVecRegs = 32;
 constexpr int kPoolMaxNV = 16;   // forward: a bag's sum held in up to 16 vectors (D <= 256)
 constexpr int kFwdR = 4, kFwdC = 4;   // interaction forward: 4 x 4 pair dots (16 sums + 8 operands, 8 floats each)
 constexpr int kBwdR = 6, kBwdC = 4;   // interaction backward: 6 rows x 4 vectors (24 sums + 4 + 1)
@@ -88,8 +89,10 @@ inline vi vizero() { return _mm256_setzero_si256(); }
 inline vi viload(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline vi viadd(vi a, vi b) { return _mm256_add_epi32(a, b); }
 // Register blocking (16 registers: AVX-512's blocks would spill here).
+constexpr int kVecRegs = 16;
 constexpr int kPoolMaxNV = 8;    // D <= 64 in one pass over the bag, wider D in passes of 64 columns
 constexpr int kFwdR = 2, kFwdC = 4;   // 8 sums (one 8-way reduction) + 6 operands
+constexpr int kTallR = 3;             // "tall" tiles, 3 x kFwdC: 12 sums + 3 row operands + 1 column operand at a time
 constexpr int kBwdR = 6, kBwdC = 2;   // 12 sums + 2 + 1
 #else
 // ------------------------------------------------------------------------------ baseline
@@ -131,6 +134,7 @@ inline vf vfmadd(vf a, vf b, vf c) { return a * b + c; }   // two roundings (no 
 inline vi vizero() { return vi{0, 0, 0, 0}; }
 inline vi viload(const void* p) { vi v; std::memcpy(&v, p, sizeof(v)); return v; }
 inline vi viadd(vi a, vi b) { return a + b; }
+constexpr int kVecRegs = 16;          // SSE2's 16 (NEON has 32; the same blocks serve)
 constexpr int kPoolMaxNV = 8;         // 32 columns a pass
 constexpr int kFwdR = 2, kFwdC = 4;
 constexpr int kBwdR = 6, kBwdC = 2;

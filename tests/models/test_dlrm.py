@@ -12,13 +12,16 @@ from neo.sparse import KeyedJaggedBatch
 
 ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
 # (ISA, forward tiles): the AVX-512 variant's forward in 8- and 16-float tiles and in interleaved
-# row groups (csrc/cpu_isa.h)
-ISA_TILES = [(isa, "narrow") for isa in ISA_VARIANTS] + [(isa, t) for isa in ISA_VARIANTS if isa == "avx512"
-                                                         for t in ("wide", "grouped")]
+# row groups, the AVX2 variant's in tiles of 2 and of 3 rows (csrc/cpu_isa.h)
+ISA_TILES = ([(isa, "narrow") for isa in ISA_VARIANTS]
+             + [(isa, t) for isa in ISA_VARIANTS if isa == "avx512" for t in ("wide", "grouped")]
+             + [(isa, "tall") for isa in ISA_VARIANTS if isa == "avx2"])
 
 
 def expected_forward_tiles(isa: str, tiles: str, D: int) -> str:
     """What the forward runs at D under a forced tile setting (csrc/cpu_isa.h)."""
+    if tiles == "tall":
+        return "tall" if isa == "avx2" else "narrow"
     if isa != "avx512" or tiles == "narrow":
         return "narrow"
     if tiles == "wide":
@@ -89,22 +92,26 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
     the AVX-512 kernels, and only where the CPU runs 512-bit multiply-adds at full rate (not
-    AMD family 19h)."""
+    AMD family 19h); tall tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h
+    without AVX-512)."""
     before = C.interaction_tiles()
-    with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped"):
+    with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
         C._set_interaction_tiles("broad")
     assert C.interaction_tiles() == before
     with use_interaction_tiles("wide"):
         assert C.interaction_tiles() == "wide"
     assert C.interaction_tiles() == before
-    zen4 = dict(C.cpu_features())["amd_family_19h"]
+    features = dict(C.cpu_features())
+    zen4 = features["amd_family_19h"]   # or Zen 3: a 19h CPU without AVX-512
+    zen3 = features["amd_family_19h"] and not features["avx512f"]
     for isa in ISA_VARIANTS:
         with use_cpu_isa(isa), use_interaction_tiles("auto"):
             assert not C.interaction_wide(64)
             assert C.interaction_wide(128) == (isa == "avx512" and not zen4)
             full_rate = isa == "avx512" and not zen4
             assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
-                ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate else ["narrow"] * 6)
+                ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
+                else ["tall"] * 6 if isa == "avx2" and zen3 else ["narrow"] * 6)
 
 
 def _fused_against_float64(F, D, B=37):
@@ -297,3 +304,21 @@ def test_split_backward_linear_computes_one_gradient_per_pass():
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     split_backward(mlp, on=False)
     assert "LinearFn" in type(mlp[0](x).grad_fn).__name__
+
+
+@pytest.mark.parametrize("F,D", [(26, 64), (26, 128), (3, 8), (7, 36), (40, 48)])
+@pytest.mark.parametrize("isa", [isa for isa in ISA_VARIANTS if isa == "avx2"])
+def test_avx2_tall_and_narrow_forward_tiles_agree_bit_for_bit(isa, F, D):
+    """The AVX2 forward's 3-row and 2-row tiles sum each pair's products in the same lanes in
+    the same order and reduce them by the same tree: identical outputs, not just close ones
+    (the backward does not depend on the forward's tiles)."""
+    torch.manual_seed(F + D)
+    dense, pooled = torch.randn(19, D), torch.randn(19, F * D)
+    with use_cpu_isa(isa):
+        with use_interaction_tiles("narrow"):
+            assert C.interaction_forward_tiles(D) == "narrow"
+            narrow = DotInteraction(F, D)(dense, pooled)
+        with use_interaction_tiles("tall"):
+            assert C.interaction_forward_tiles(D) == "tall"
+            tall = DotInteraction(F, D)(dense, pooled)
+    assert torch.equal(tall, narrow)

@@ -60,10 +60,10 @@ def test_without_torchrec_only_neo_and_torch_run():
     assert all("torchrec" not in r["system"] for r in records)
 
 
-def test_all_variants_times_the_avx512_forwards_other_tilings_and_the_lower_isas():
-    """--all-variants: at D 64 and 128 the AVX-512 kernels' forward also runs in the tilings
-    "auto" did not choose (each record says which ran), and every lower ISA variant runs;
-    each is checked against the torch path before it is timed."""
+def test_all_variants_times_the_forwards_other_tilings_and_the_lower_isas():
+    """--all-variants: at D 64 and 128 the AVX-512 or AVX2 kernels' forward also runs in the
+    tilings "auto" did not choose (each record says which ran), and every lower ISA variant
+    runs; each is checked against the torch path before it is timed."""
     from neo import _C
 
     args = small_args(torchrec=False)
@@ -79,6 +79,8 @@ def test_all_variants_times_the_avx512_forwards_other_tilings_and_the_lower_isas
         if active == "avx512":
             others = {"narrow", "grouped"} | ({"wide"} if D >= 96 else set())
             expected.update({f"neo-avx512-{t}": t for t in others - {chosen}})
+        if active == "avx2":
+            expected.update({f"neo-avx2-{t}": t for t in {"narrow", "tall"} - {chosen}})
         assert ran == expected
 
 
