@@ -101,9 +101,9 @@ std::vector<std::pair<std::string, bool>> cpu_features();   // detected CPU feat
 void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks); throws like init_cpu_isa
 
 // Tuning of the dot interaction (csrc/kernels/interaction.h) per microarchitecture, from what
-// was measured on the two this project has run on (docs/benchmarks.md): AMD Zen 4 (family
-// 19h, whose 512-bit operations take both 256-bit pipes) and Intel's AVX-512 server cores
-// (two 512-bit FMA pipes).
+// was measured on the three this project has run on (docs/benchmarks.md): AMD Zen 4 (family
+// 19h, whose 512-bit operations take both 256-bit pipes), AMD Zen 3 (family 19h, AVX2 only)
+// and Intel's AVX-512 server cores (two 512-bit FMA pipes).
 //   tiles      the AVX-512 forward's pair tiles: "narrow" (8-float vectors, as every variant),
 //              "wide" (16-float vectors, D >= kWideMinDim) or "grouped" (rows interleaved in
 //              groups of four, D >= kGroupedMinDim). "auto": on family 19h narrow; elsewhere
