@@ -153,10 +153,9 @@ def use_cpu_isa(name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def use_interaction_tiles(name: str) -> Iterator[None]:
     """Run the block with the dot interaction forward's tiles set to ``name`` (``"auto"``,
-    ``"narrow"``, ``"wide"``, ``"grouped"``, ``"tall"``; wide applies to the AVX-512 kernels at D >= 96
-    only, grouped to the AVX-512 kernels at D >= 16, tall to the AVX2 kernels), then restore the
-    previous setting. Process-wide,
-    for tests and benchmarks, like :func:`use_cpu_isa`."""
+    ``"narrow"``, ``"wide"``, ``"grouped"``, ``"tall"``; wide applies to the AVX-512 kernels at
+    D >= 96 only, grouped to the AVX-512 kernels at D >= 16, tall to the AVX2 kernels), then
+    restore the previous setting. Process-wide, for tests and benchmarks, like :func:`use_cpu_isa`."""
     from neo import _C
 
     with _switched(_C.interaction_tiles, _C._set_interaction_tiles, name):
