@@ -21,6 +21,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 __all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "cpu_id", "cpu_caches", "use_cpu_isa", "use_interaction_tiles"]
 
+# The environment variables neo._C reads when it loads; a bad value makes the load fail.
+_SETTINGS = ("NEO_CPU_ISA", "NEO_INTERACTION_TILES")
+
 # /proc/cpuinfo flags worth recording next to a benchmark figure.
 _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
               "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "asimd", "sve")
@@ -30,14 +33,15 @@ _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "av
 def cpu_kernels(op: str) -> Optional[ModuleType]:
     """``neo._C`` if it is built and has ``op`` (a build of older sources may lack newer ops), else None.
 
-    A ``NEO_CPU_ISA`` this CPU cannot honour is an error, not a silent fall-back to plain torch.
+    A ``NEO_CPU_ISA`` this CPU cannot honour, or a ``NEO_INTERACTION_TILES`` that is not a tiling,
+    is an error, not a silent fall-back to plain torch (neo._C refuses to load on either).
     Answered once per op (a failed import costs ~0.15 ms, too much for callers in a batch loop)."""
     import torch  # noqa: F401  (loads libc10 and the other libraries neo._C links against)
 
     try:
         from neo import _C
     except ImportError as e:
-        if "NEO_CPU_ISA" in str(e):
+        if any(f"{var}=" in str(e) for var in _SETTINGS):
             raise
         return None
     return _C if hasattr(_C, op) else None

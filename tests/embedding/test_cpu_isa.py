@@ -138,6 +138,22 @@ def test_neo_cpu_isa_rejects_what_it_cannot_honour():
         C._set_cpu_isa("sse9")
 
 
+def test_a_bad_interaction_tiles_setting_is_an_error_not_a_fall_back_to_torch():
+    """NEO_INTERACTION_TILES=bogus: neo._C refuses to load, and ``neo.cpp.cpu_kernels`` (through
+    which the dot interaction, the MLP's bias + ReLU and the input distribution find the
+    kernels) raises that error instead of answering None, which would make them run their
+    plain-torch paths without a word (as they did before 2026-11-30)."""
+    code = ("import torch, neo.cpp as p\n"
+            "try:\n    p.cpu_kernels('dot_interaction_forward')\nexcept ImportError as e:\n    print('refused:', e)\n"
+            "else:\n    print('loaded')\n")
+    env = dict(os.environ, NEO_INTERACTION_TILES="bogus")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("refused:") and "NEO_INTERACTION_TILES=bogus is not a tile choice" in r.stdout
+    assert "valid: auto, narrow, wide, grouped, tall" in r.stdout
+
+
 def test_use_cpu_isa_switches_and_restores():
     before = C.cpu_isa()
     for isa in VARIANTS:
