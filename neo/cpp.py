@@ -19,10 +19,22 @@ import platform
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-__all__ = ["cpu_kernels", "cpu_isa_info", "cpu_model", "cpu_id", "cpu_caches", "use_cpu_isa", "use_interaction_tiles"]
+__all__ = ["KernelSettingError", "check_kernel_settings", "cpu_kernels", "cpu_isa_info", "cpu_model", "cpu_id",
+           "cpu_caches", "use_cpu_isa", "use_interaction_tiles"]
 
 # The environment variables neo._C reads when it loads; a bad value makes the load fail.
 _SETTINGS = ("NEO_CPU_ISA", "NEO_INTERACTION_TILES")
+
+
+class KernelSettingError(ImportError):
+    """neo._C refused to load because ``NEO_CPU_ISA`` or ``NEO_INTERACTION_TILES`` asks for what it
+    cannot do (the message names the variable, its value and what is valid on this CPU)."""
+
+
+def check_kernel_settings() -> None:
+    """Load neo._C now, so that a bad ``NEO_CPU_ISA`` or ``NEO_INTERACTION_TILES`` is said before a
+    command starts its work: :class:`KernelSettingError`. Nothing where neo._C is not built."""
+    cpu_kernels("cpu_isa")
 
 # /proc/cpuinfo flags worth recording next to a benchmark figure.
 _ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
@@ -42,7 +54,7 @@ def cpu_kernels(op: str) -> Optional[ModuleType]:
         from neo import _C
     except ImportError as e:
         if any(f"{var}=" in str(e) for var in _SETTINGS):
-            raise
+            raise KernelSettingError(str(e)) from e
         return None
     return _C if hasattr(_C, op) else None
 

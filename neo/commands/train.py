@@ -8,7 +8,8 @@
 Prints the sharding plan, a progress bar (rank 0, on stderr) and, last on stdout, one line of
 JSON with the final metrics (``samples_per_s``, ``auc``, ``logloss``, ``steps``, ``best_auc``...).
 Exit status: 0; 2 for a config error (found when the config is read, or while the run is set
-up: a plan that does not fit, a missing file the config names); 1 when the training loss
+up: a plan that does not fit, a missing file the config names), or a ``NEO_CPU_ISA`` or
+``NEO_INTERACTION_TILES`` the C++ kernels cannot honour; 1 when the training loss
 stops being finite (the run stops there: ``TrainingDiverged``), or when ``train.target_auc_delta``
 is set and the final AUC is below ``best_auc - target_auc_delta``; 128 + the signal's number
 (143 for SIGTERM) when a signal of ``train.stop_signals`` stopped the run (after a checkpoint
@@ -155,6 +156,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         validate_training_config(cfg)
     except ConfigError as e:
+        print(f"neo train: error: {e}", file=sys.stderr)
+        return 2
+    from neo.cpp import KernelSettingError, check_kernel_settings
+
+    try:
+        check_kernel_settings()
+    except KernelSettingError as e:                     # the environment asks for kernels this CPU or build lacks
         print(f"neo train: error: {e}", file=sys.stderr)
         return 2
     stages = cfg.parallel.pipeline.stages if hasattr(cfg, "parallel") else 1

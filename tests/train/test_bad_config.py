@@ -166,6 +166,25 @@ def _neo_train_here(capsys, tmp_data: str, *overrides: str, config: str = TINY) 
     return subprocess.CompletedProcess(["neo", "train"], status, captured.out, captured.err)
 
 
+@pytest.mark.parametrize("var,value,said", [
+    ("NEO_INTERACTION_TILES", "bogus", "NEO_INTERACTION_TILES=bogus is not a tile choice; valid: auto, narrow, wide, "
+                                       "grouped, tall"),
+    ("NEO_CPU_ISA", "avx9000", "NEO_CPU_ISA=avx9000 is not a CPU ISA variant"),
+])
+def test_a_bad_kernel_setting_in_the_environment_is_one_line_and_exit_2(tmp_data, var, value, said):
+    """The command itself (neo._C reads these variables once, when a process first loads it):
+    exit status 2 and one ``neo train: error:`` line naming the variable, as for a config
+    error, not a traceback; before the run starts (no run directory made)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{var: value})
+    cmd = [sys.executable, "-m", "neo.cli", "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+           f"train.run_dir={tmp_data}/bad_env", "train.progress=false"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neo train: error: neo._C: ") and said in lines[0], p.stderr
+    assert not os.path.exists(f"{tmp_data}/bad_env")
+
+
 def test_neo_train_exit_status_for_setup_errors_and_divergence(tmp_data, tmp_path, capsys):
     """The command itself (a process of its own) for one status of each kind; the other cases
     through main in this process (_neo_train_here)."""
