@@ -104,7 +104,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const bool grouped = kHaveGroupedForward && a.tiles == InteractionTiles::kGrouped;
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
   const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
-  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n, tall ? kTallRows : kFwdR));   // a share per row block
+  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n, tall ? kTallR : kFwdR));   // a share per row block
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     // The grouped forward's interleaved rows: 8 Dv floats, 64-byte aligned.
@@ -118,7 +118,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
       else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, std::move(next));
-      else if (tall) pair_dots<false, kTallRows>(v, n, D, o + D, std::move(next));
+      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, std::move(next));
       else pair_dots<false>(v, n, D, o + D, std::move(next));
     }
   });

@@ -120,14 +120,8 @@ void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, 
 constexpr bool kHaveWideForward = false;
 #endif
 
-// The tall tiles (InteractionTiles::kTall): AVX2 only (kTallR, simd.h).
-#if defined(__AVX2__) && !defined(__AVX512F__)
-constexpr bool kHaveTallForward = true;
-constexpr int kTallRows = kTallR;
-#else
-constexpr bool kHaveTallForward = false;
-constexpr int kTallRows = kFwdR;   // never run: a stand-in for the discarded branch
-#endif
+// The tall tiles (InteractionTiles::kTall): the variants whose kTallR (simd.h) differs from kFwdR, AVX2.
+constexpr bool kHaveTallForward = kTallR != kFwdR;
 
 // Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.
 template <bool WIDE>

@@ -62,6 +62,7 @@ inline vi viadd(vi a, vi b) { return _mm512_add_epi32(a, b); }
 constexpr int kVecRegs = 32;
 constexpr int kPoolMaxNV = 16;   // forward: a bag's sum held in up to 16 vectors (D <= 256)
 constexpr int kFwdR = 4, kFwdC = 4;   // interaction forward: 4 x 4 pair dots (16 sums + 8 operands, 8 floats each)
+constexpr int kTallR = kFwdR;         // no tall tiles here (kTallR == kFwdR: interaction_tiles.h)
 constexpr int kBwdR = 6, kBwdC = 4;   // interaction backward: 6 rows x 4 vectors (24 sums + 4 + 1)
 #elif defined(__AVX2__)
 // ------------------------------------------------------------------------------ AVX2
@@ -137,6 +138,7 @@ inline vi viadd(vi a, vi b) { return a + b; }
 constexpr int kVecRegs = 16;          // SSE2's 16 (NEON has 32; the same blocks serve)
 constexpr int kPoolMaxNV = 8;         // 32 columns a pass
 constexpr int kFwdR = 2, kFwdC = 4;
+constexpr int kTallR = kFwdR;         // no tall tiles here
 constexpr int kBwdR = 6, kBwdC = 2;
 #endif
 
