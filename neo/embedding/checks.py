@@ -38,8 +38,21 @@ def _bad_ids(values: torch.Tensor, offsets: torch.Tensor, batch_size: int,
     rows = torch.as_tensor(rows, dtype=torch.int64, device=values.device)
     B = batch_size
     starts = (offsets[::B] if B else offsets[:1].repeat(rows.numel() + 1)).to(torch.int64)      # (F + 1,)
-    limit = torch.repeat_interleave(rows, starts[1:] - starts[:-1], output_size=values.numel())
+    limit = id_limits(rows, starts, values.numel(), search=values.device.type == "cuda")
     return starts, (values < 0) | (values >= limit)
+
+
+def id_limits(rows: torch.Tensor, starts: torch.Tensor, n: int, search: bool) -> torch.Tensor:
+    """(n,) int64: the rows of each id's table, ``rows[f]`` for the ids ``starts[f]:starts[f + 1]``.
+
+    ``search``: each id's feature by a binary search of the F feature ends, for CUDA, where
+    torch's repeat_interleave gives each of the F repeated values one thread that writes all of
+    its copies (800 us at n = 5M on an H200, 2026-11-30; the search: a few elementwise passes).
+    Otherwise repeat_interleave (fast on the CPU)."""
+    if not search:
+        return torch.repeat_interleave(rows, starts[1:] - starts[:-1], output_size=n)
+    pos = torch.arange(n, device=rows.device)
+    return rows[torch.bucketize(pos, starts[1:].contiguous(), right=True).clamp_(max=rows.numel() - 1)]
 
 
 def check_ids(

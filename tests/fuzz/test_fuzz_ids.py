@@ -476,3 +476,19 @@ def test_cached_tables_refuse_bad_batches_and_stay_usable(steps, backend):
             assert torch.equal(before[k], after[k]), f"{backend}: {k} changed after a refused batch"
     good = KeyedJaggedBatch.from_lists({"user": [[0, 1], [2]], "item": [[0], [1]]})
     emb(good).sum().backward()                     # no row left pinned by a refused batch
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 9)), min_size=1, max_size=6))
+def test_both_ways_of_finding_each_ids_table_agree(features):
+    """``id_limits`` by binary search (the CUDA path) equals repeat_interleave (the CPU path),
+    empty features included: (ids of the feature, rows of its table) per feature."""
+    from neo.embedding.checks import id_limits
+
+    counts = torch.tensor([c for c, _ in features], dtype=torch.int64)
+    rows = torch.tensor([r for _, r in features], dtype=torch.int64)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    n = int(starts[-1])
+    expected = torch.cat([torch.full((c,), r, dtype=torch.int64) for c, r in features])
+    for search in (False, True):
+        assert torch.equal(id_limits(rows, starts, n, search=search), expected), search
