@@ -56,7 +56,11 @@ four settings and ``neo`` / ``neo-noval`` then read rows the previous one had ju
 into L3, and FBGEMM, with its own table, never did.)
 
 On a CUDA machine a separate section also times the ``triton`` backend against plain
-PyTorch on the GPU and reports achieved bandwidth as a share of a device-to-device copy.
+PyTorch on the GPU (fp32; fp16 tables: Triton alone), the forward outputs compared first, and
+reports achieved bandwidth as a share of a device-to-device copy, with the GPU's name in every
+record (``--cuda-only``: that section alone)::
+
+    python tools/bench_embedding.py --cuda-only --batch 32768 --iters 50 --json gpu.json
 """
 
 from __future__ import annotations
@@ -333,11 +337,22 @@ def print_table(records: List[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------- CUDA
-def run_cuda(args) -> List[dict]:
-    """Triton backend vs plain PyTorch on the GPU; bandwidth as a share of a D2D copy."""
-    print("\n== CUDA: triton backend vs PyTorch on", torch.cuda.get_device_name())
-    sync = torch.cuda.synchronize
-    buf = torch.empty(256 * 2 ** 20, dtype=torch.float32, device="cuda")   # 1 GiB
+def gpu_info(device: str) -> dict:
+    """The GPU a CUDA record was measured on (name, memory, multiprocessors) and the library versions."""
+    import triton
+
+    if device != "cuda":            # the CUDA section run on CPU tensors (Triton's interpreter, in tests)
+        return {"gpu": None, "torch": torch.__version__, "triton": triton.__version__}
+    p = torch.cuda.get_device_properties(0)
+    return {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2 ** 30, 1), "gpu_sms": p.multi_processor_count,
+            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Bytes/s of a device-to-device copy of ``nbytes`` (read + write counted): the device's
+    practical memory bandwidth, the yardstick of the lookups."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(buf)
     for _ in range(3):
         dst.copy_(buf)
@@ -346,31 +361,54 @@ def run_cuda(args) -> List[dict]:
     for _ in range(10):
         dst.copy_(buf)
     sync()
-    copy_bw = 2 * buf.numel() * 4 * 10 / (time.perf_counter() - t0)      # read + write bytes/s
-    del buf, dst
+    return 2 * nbytes * 10 / (time.perf_counter() - t0)
+
+
+def run_cuda(args, machine: dict, device: str = "cuda") -> List[dict]:
+    """The ``triton`` backend against plain PyTorch (fp32) on the GPU, every ``--dtypes``; the
+    forward outputs compared before timing; bandwidth as a share of a device-to-device copy.
+    ``device="cpu"`` runs the same section on CPU tensors (Triton's interpreter: a test of
+    this code, not a measurement)."""
+    gpu = gpu_info(device)
+    print(f"\n== CUDA: triton backend vs PyTorch on {gpu['gpu'] or device}")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    copy_bw = copy_bandwidth(device, (1 << 30) if device == "cuda" else (1 << 24))
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
-    batches = make_batches(args, 4, device="cuda")
+    batches = make_batches(args, 4, device=device)
     n_ids = statistics.mean(b.values.numel() for b in batches)
-    row_bytes = args.dim * 4
-    moved = {  # bytes: forward reads the rows; the update reads + writes weights and the row-wise state
-        "fwd": n_ids * row_bytes,
-        "fwd_bwd": n_ids * row_bytes + 2 * n_ids * (row_bytes + 4),
-    }
-    runners, weights = [], None
-    try:
-        runners, weights = neo_runners(args, names=("triton",), backend="triton", device="cuda")
-    except Exception as e:  # noqa: BLE001
-        print(f"note: triton backend unavailable ({type(e).__name__}: {e})")
-    runners.append(torch_runner(args, weights or [], device="cuda"))
     records = []
-    for phase in ("fwd", "fwd_bwd"):
-        res = time_phase(runners, phase, batches, args.warmup, args.iters, sync=sync)
-        for name, ms in res.items():
-            bw = moved[phase] / (ms / 1e3)
-            records.append(dict(backend=name, threads=0, phase=phase, ms=ms, lookups_per_s=n_ids / (ms / 1e3),
-                                bandwidth_gbs=bw / 1e9, bandwidth_share_of_copy=bw / copy_bw, device="cuda",
-                                **workload_fields(args, n_ids, "fp32")))
-            print(f"{name:<8} {phase:<8} {ms:9.3f} ms  {bw / 1e9:8.1f} GB/s  {100 * bw / copy_bw:5.1f}% of copy")
+    for dtype in args.dtypes:
+        row_bytes = args.dim * (2 if dtype == "fp16" else 4)
+        moved = {  # bytes: forward reads the rows; the update reads + writes weights and the row-wise state
+            "fwd": n_ids * row_bytes,
+            "fwd_bwd": n_ids * row_bytes + 2 * n_ids * (row_bytes + 4),
+        }
+        runners, weights = neo_runners(args, names=("triton",), backend="triton", device=device, dtype=dtype)
+        if not args.no_torch and dtype == "fp32":
+            runners.append(torch_runner(args, weights, device=device))
+        ref = runners[0].fwd(batches[0]).float()
+        diffs = {r.name: float((r.fwd(batches[0]).float() - ref).abs().max()) for r in runners}
+        limit = FORWARD_TOLERANCE[dtype] * float(ref.abs().max())
+        bad = {k: v for k, v in diffs.items() if v > limit}
+        if bad:
+            raise RuntimeError(f"{dtype}: forward output differs from triton's by {bad} (allowed {limit:.3g}): "
+                               f"not the same work")
+        print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
+              f"~{n_ids:.0f} ids/batch; forward check: max |output - triton| "
+              + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+        for phase in ("fwd", "fwd_bwd"):
+            res = time_phase(runners, phase, batches, args.warmup, args.iters, sync=sync)
+            for name, ms in res.items():
+                bw = moved[phase] / (ms / 1e3)
+                records.append(dict(backend=name, threads=0, phase=phase, ms=ms, lookups_per_s=n_ids / (ms / 1e3),
+                                    bandwidth_gbs=bw / 1e9, bandwidth_share_of_copy=bw / copy_bw,
+                                    copy_gbs=copy_bw / 1e9, max_abs_diff_vs_triton=diffs[name], device=device,
+                                    **workload_fields(args, n_ids, dtype), **gpu, machine=machine))
+                print(f"{name:<8} {dtype} {phase:<8} {ms:9.3f} ms  {n_ids / ms / 1e6:7.2f} G lookups/s  "
+                      f"{bw / 1e9:8.1f} GB/s  {100 * bw / copy_bw:5.1f}% of copy")
+            if "torch" in res:
+                print(f"  triton/torch {dtype} {phase}: {res['torch'] / res['triton']:.2f}x")
+        del runners, weights
     return records
 
 
@@ -409,19 +447,23 @@ def main(argv=None) -> int:
                         + " (flags given explicitly are kept)")
     p.add_argument("--no-fbgemm", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--cuda-only", action="store_true",
+                   help="only the CUDA section (the triton backend against PyTorch on the GPU); an error without CUDA")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path, help="write the records (a JSON list) to FILE")
     args = p.parse_args(argv)
     apply_quick(args, DEFAULTS, QUICK)
+    if args.cuda_only and not torch.cuda.is_available():
+        p.error("--cuda-only: this torch sees no CUDA device")
     apply_isa(args.isa)
     start_rank(torch.get_num_threads(), system_malloc=False)
     machine = machine_info(args.isa)
     print(describe_machine(machine))
     records = []
-    for dtype in args.dtypes:
+    for dtype in ([] if args.cuda_only else args.dtypes):
         records += run_cpu(args, dtype, machine)
     if torch.cuda.is_available():
-        records += run_cuda(args)
+        records += run_cuda(args, machine)
     if args.json:
         write_json(args.json, records)
     return 0

@@ -173,10 +173,12 @@ def test_fbgemm_backend_behind_the_cache():
 
 
 def test_triton_data_path_matches_torch(monkeypatch):
-    """The Triton kernels (interpreted on CPU here) move rows exactly like torch indexing."""
+    """The Triton kernels (interpreted on CPU tensors without CUDA, compiled on CUDA tensors with it)
+    move rows exactly like torch indexing."""
     from neo.embedding.cache.moves import TorchMoves, TritonMoves
 
-    if not torch.cuda.is_available():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     try:
         tm = TritonMoves()
@@ -185,17 +187,18 @@ def test_triton_data_path_matches_torch(monkeypatch):
     ref = TorchMoves()
     gen = torch.Generator().manual_seed(0)
     for dtype, D in ((torch.float32, 12), (torch.float16, 8), (torch.bfloat16, 36), (torch.float32, 1)):
-        buf = torch.randn(40, D, generator=gen).to(dtype).squeeze(1) if D == 1 else torch.randn(40, D, generator=gen).to(dtype)
-        slots = torch.tensor([3, 0, 39, 17], dtype=torch.int64)
+        buf = torch.randn(40, D, generator=gen).to(dtype).to(dev)
+        buf = buf.squeeze(1) if D == 1 else buf
+        slots = torch.tensor([3, 0, 39, 17], dtype=torch.int64, device=dev)
         assert torch.equal(tm.gather(buf, slots), ref.gather(buf, slots))
-        rows = torch.randn(4, D, generator=gen).to(dtype).reshape(ref.gather(buf, slots).shape)
+        rows = torch.randn(4, D, generator=gen).to(dtype).to(dev).reshape(ref.gather(buf, slots).shape)
         a, b = buf.clone(), buf.clone()
         tm.scatter(a, slots, rows)
         ref.scatter(b, slots, rows)
         assert torch.equal(a.view(torch.int16) if dtype == torch.bfloat16 else a,
                            b.view(torch.int16) if dtype == torch.bfloat16 else b)
-    slot_of_row = torch.randint(-1, 30, (100,), generator=gen, dtype=torch.int32)
-    ids = torch.tensor([0, 5, 99, -1, 100, 7, 7], dtype=torch.int64)
+    slot_of_row = torch.randint(-1, 30, (100,), generator=gen, dtype=torch.int32).to(dev)
+    ids = torch.tensor([0, 5, 99, -1, 100, 7, 7], dtype=torch.int64, device=dev)
     assert torch.equal(tm.slots_of(slot_of_row, ids, 100), ref.slots_of(slot_of_row, ids, 100))
 
 

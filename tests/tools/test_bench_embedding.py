@@ -63,3 +63,42 @@ def test_forward_check_refuses_a_backend_that_does_other_work():
         bench.forward_diffs(runners, None, "fp16")
     assert bench.forward_diffs(runners[:1] + [bench.Runner("same", lambda b: out + 1e-4, None)], None, "fp16") \
         == {"neo": 0.0, "same": pytest.approx(1e-4, rel=1e-2)}
+
+
+def test_the_cuda_section_on_cpu_tensors_compares_and_reports_every_dtype():
+    """run_cuda (the GPU section) on CPU tensors, the Triton kernels interpreted: a subprocess,
+    since TRITON_INTERPRET must be set before triton decorates the kernels. Triton against
+    PyTorch in fp32 (same output), Triton alone in fp16, each record with its bandwidth share."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import argparse, json, sys
+sys.path.insert(0, "tools")
+import bench_embedding as be
+args = argparse.Namespace(tables=3, rows=400, dim=8, batch=16, pooling_factor=3, iters=1, warmup=0,
+                          dtypes=["fp32", "fp16"], no_torch=False)
+print(json.dumps(be.run_cuda(args, {"cpu_model": "test"}, device="cpu")))
+"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    records = json.loads(p.stdout.strip().splitlines()[-1])
+    got = {(r["backend"], r["dtype"], r["phase"]) for r in records}
+    assert got == {("triton", "fp32", "fwd"), ("triton", "fp32", "fwd_bwd"), ("torch", "fp32", "fwd"),
+                   ("torch", "fp32", "fwd_bwd"), ("triton", "fp16", "fwd"), ("triton", "fp16", "fwd_bwd")}
+    for r in records:
+        assert r["max_abs_diff_vs_triton"] <= 1e-5 and r["device"] == "cpu" and r["machine"] == {"cpu_model": "test"}
+        assert r["bandwidth_share_of_copy"] == pytest.approx(r["bandwidth_gbs"] / r["copy_gbs"])
+        assert r["triton"] and "gpu" in r
+
+
+def test_cuda_only_without_cuda_is_a_usage_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --cuda-only runs")
+    with pytest.raises(SystemExit) as e:
+        load_tool("bench_embedding.py").main(["--cuda-only"])
+    assert e.value.code == 2
+    assert "--cuda-only: this torch sees no CUDA device" in capsys.readouterr().err
