@@ -256,7 +256,8 @@ def update_launch(block_d: int) -> tuple:
     2026-11-30 (as :func:`forward_launch`; row-wise Adagrad fp32): 4 rows x 2 warps at D 64
     (228.8 us, against 281 us for the earlier 16 x 4), 2 x 2 at D 128 (398 against 438), 2 x 1
     at D 256 (616 against 800). BLOCK_S stays at most 16: with Triton 3.6, 32 rows and 2 or
-    more warps fail to compile (a layout pass rejects the masked load of the bags)."""
+    more warps fail to compile (a layout pass rejects the masked load of the bags; Triton 3.9
+    compiles them, checked for sm_90 without a GPU)."""
     if block_d >= 256:
         return 2, 1
     return max(2, min(16, 256 // block_d)), 2
