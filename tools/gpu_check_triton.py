@@ -397,8 +397,13 @@ def profile_module(num_tables=8, rows=1_000_000, dim=64, bag=20) -> None:
 
 
 # ---------------------------------------------------------------------------- compile only
-def compile_only() -> None:
-    """Compile every kernel variant for sm_90 without a GPU (ptxas ships with triton)."""
+def compile_only() -> int:
+    """Compile every kernel variant for sm_90 without a GPU (ptxas ships with triton), at the
+    launch configurations the backend's rules choose (``forward_launch``, ``update_launch``),
+    and check the PTX: no FMA contraction and no approximate division or square root in the
+    fused update (bit-exactness with the reference), none in the forward either, vector row
+    loads in the forward (16 bytes for fp32 rows, 8 for 16-bit ones). Returns the number of
+    failures (a variant that does not compile is one)."""
     import re
 
     import triton
@@ -406,8 +411,10 @@ def compile_only() -> None:
     from triton.compiler import ASTSource
 
     from neo.embedding.backends import triton_kernels as k
+    from neo.embedding.backends.triton import forward_launch, update_launch
 
     target = GPUTarget("cuda", 90, 32)
+    failures = 0
 
     def comp(fn, sig, consts, opts):
         attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(sig.values()) if ty.startswith("*")}
@@ -416,39 +423,61 @@ def compile_only() -> None:
     def mem_ops(ptx):
         return sorted(set(re.findall(r"(?:ld|st)\.global[\w\.]*", ptx)))
 
+    def report(what: str, fn, sig, consts, opts, checks) -> None:
+        nonlocal failures
+        try:
+            ptx = comp(fn, sig, consts, opts).asm["ptx"]
+        except Exception as e:  # noqa: BLE001 - a compiler failure is the finding
+            failures += 1
+            print(f"{what}: FAIL, does not compile ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+            return
+        bad = [name for name, ok in checks(ptx) if not ok]
+        failures += bool(bad)
+        print(f"{what}: {'FAIL ' + ', '.join(bad) if bad else 'ok'}  {mem_ops(ptx)}")
+
+    exact = lambda ptx: [("no fma", "fma.rn.f32" not in ptx),  # noqa: E731
+                         ("no approximate div/sqrt", not any(x in ptx for x in ("div.full.f32", "sqrt.approx", "div.approx")))]
     wt = {0: "*fp32", 1: "*fp16", 2: "*i16"}
-    for wk in (0, 1, 2):
-        sig = dict(weights_ptr=wt[wk], indices_ptr="*i64", offsets_ptr="*i64", psw_ptr="*fp32", out_ptr="*fp32",
-                   feature_table_ptr="*i64", table_rows_ptr="*i64", table_dims_ptr="*i64", weight_offsets_ptr="*i64",
-                   output_offsets_ptr="*i64", feature_mean_ptr="*i64", B="i32", total_dim="i32",
-                   HAS_PSW="constexpr", WKIND="constexpr", BLOCK_L="constexpr", BLOCK_D="constexpr")
-        c = comp(k.pooled_forward_kernel, sig, dict(HAS_PSW=True, WKIND=wk, BLOCK_L=32, BLOCK_D=64),
-                 dict(num_warps=4, enable_fp_fusion=False))
-        print(f"forward  wkind={wk}: {mem_ops(c.asm['ptx'])}")
+    fwd_sig = lambda wk: dict(  # noqa: E731
+        weights_ptr=wt[wk], indices_ptr="*i64", offsets_ptr="*i64", psw_ptr="*fp32", out_ptr="*fp32",
+        feature_table_ptr="*i64", table_rows_ptr="*i64", table_dims_ptr="*i64", weight_offsets_ptr="*i64",
+        output_offsets_ptr="*i64", feature_mean_ptr="*i64", B="i32", total_dim="i32",
+        HAS_PSW="constexpr", WKIND="constexpr", BLOCK_L="constexpr", BLOCK_D="constexpr")
+    upd_sig = lambda wk: dict(  # noqa: E731
+        weights_ptr=wt[wk], state0_ptr="*fp32", state1_ptr="*fp32", grad_ptr="*fp32",
+        seg_start_ptr="*i64", num_segs_ptr="*i64", key_ptr="*i32", bag_ptr="*i32", psw_ptr="*fp32",
+        offsets_ptr="*i64", feature_table_ptr="*i64", table_dims_ptr="*i64",
+        weight_offsets_ptr="*i64", row_offsets_ptr="*i64", output_offsets_ptr="*i64",
+        feature_mean_ptr="*i64", B="i32", total_dim="i32", total_rows="i32",
+        lr="fp32", eps="fp32", weight_decay="fp32", beta1="fp32", one_minus_beta1="fp32",
+        beta2="fp32", one_minus_beta2="fp32", bias_corr1="fp32", bias_corr2="fp32", sr_key="i64",
+        OPT="constexpr", WKIND="constexpr", SR="constexpr", HAS_PSW="constexpr",
+        HAS_WD="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr")
+    for block_d in (16, 64, 128, 256, 512):
+        bl, nw = forward_launch(block_d, 8)
+        for wk in (0, 1, 2):
+            vec = "ld.global.v4" if wk == 0 else "ld.global.v2"
+            report(f"forward  D {block_d:3d} wkind={wk} ({bl} ids x {nw} warps)", k.pooled_forward_kernel, fwd_sig(wk),
+                   dict(HAS_PSW=True, WKIND=wk, BLOCK_L=bl, BLOCK_D=block_d),
+                   dict(num_warps=nw, enable_fp_fusion=False),
+                   lambda ptx, vec=vec: exact(ptx) + [(f"vector row loads ({vec})", vec in ptx)])
     sig = dict(indices_ptr="*i64", offsets_ptr="*i64", key_ptr="*i32", bag_ptr="*i32", feature_table_ptr="*i64",
                table_rows_ptr="*i64", row_offsets_ptr="*i64", B="i32", total_rows="i32", BLOCK_L="constexpr")
-    comp(k.row_keys_kernel, sig, dict(BLOCK_L=32), dict(num_warps=1))
-    print("row_keys ok")
-    for opt in range(5):
-        for wk in (0, 1, 2):
-            for sr in ((False, True) if wk else (False,)):
-                sig = dict(weights_ptr=wt[wk], state0_ptr="*fp32", state1_ptr="*fp32", grad_ptr="*fp32",
-                           seg_start_ptr="*i64", num_segs_ptr="*i64", key_ptr="*i32", bag_ptr="*i32", psw_ptr="*fp32",
-                           offsets_ptr="*i64", feature_table_ptr="*i64", table_dims_ptr="*i64",
-                           weight_offsets_ptr="*i64", row_offsets_ptr="*i64", output_offsets_ptr="*i64",
-                           feature_mean_ptr="*i64", B="i32", total_dim="i32", total_rows="i32",
-                           lr="fp32", eps="fp32", weight_decay="fp32", beta1="fp32", one_minus_beta1="fp32",
-                           beta2="fp32", one_minus_beta2="fp32", bias_corr1="fp32", bias_corr2="fp32", sr_key="i64",
-                           OPT="constexpr", WKIND="constexpr", SR="constexpr", HAS_PSW="constexpr",
-                           HAS_WD="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr")
-                c = comp(k.fused_backward_update_kernel, sig,
-                         dict(OPT=opt, WKIND=wk, SR=sr, HAS_PSW=True, HAS_WD=True, BLOCK_S=16, BLOCK_D=64),
-                         dict(num_warps=4, enable_fp_fusion=False))
-                ptx = c.asm["ptx"]
-                print(f"update opt={opt} wkind={wk} sr={int(sr)}: fma={'fma.rn.f32' in ptx} "
-                      f"div.rn={'div.rn.f32' in ptx} sqrt.rn={'sqrt.rn.f32' in ptx} "
-                      f"approx={'div.full.f32' in ptx or 'sqrt.approx' in ptx} "
-                      f"regs={getattr(c, 'n_regs', '?')} spills={getattr(c, 'n_spills', '?')} {mem_ops(ptx)}")
+    report("row_keys", k.row_keys_kernel, sig, dict(BLOCK_L=32), dict(num_warps=1), lambda ptx: [])
+    for block_d in (16, 64, 128, 256, 512):
+        bs, nw = update_launch(block_d)
+        for opt in range(5):
+            for wk in (0, 1, 2):
+                for sr in ((False, True) if wk else (False,)):
+                    if block_d != 64 and (opt != 2 or sr):     # every variant at D 64; row-wise Adagrad elsewhere
+                        continue
+                    report(f"update   D {block_d:3d} opt={opt} wkind={wk} sr={int(sr)} ({bs} rows x {nw} warps)",
+                           k.fused_backward_update_kernel, upd_sig(wk),
+                           dict(OPT=opt, WKIND=wk, SR=sr, HAS_PSW=True, HAS_WD=True, BLOCK_S=bs, BLOCK_D=block_d),
+                           dict(num_warps=nw, enable_fp_fusion=False), exact)
+    print(f"compile-only (Triton {triton.__version__}, sm_90): "
+          f"{'every variant compiled and passed' if not failures else f'{failures} FAILED'}")
+    return failures
 
 
 # ------------------------------------------------------------------------------------ main
@@ -465,8 +494,7 @@ def main() -> int:
                          "between the kernels and the rest (torch.profiler), validate on and off")
     args = ap.parse_args()
     if args.compile_only:
-        compile_only()
-        return 0
+        return 1 if compile_only() else 0
     if not torch.cuda.is_available():
         print("no CUDA device: run with --compile-only, or on an H100/H200")
         return 2
