@@ -221,15 +221,6 @@ def check_ptx(backend) -> bool:
 
 
 # ---------------------------------------------------------------------------------- timing
-def copy_bandwidth() -> float:
-    n = (1 << 30) // 4
-    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    t = _cuda_time(lambda: dst.copy_(src), iters=20)
-    del src, dst
-    return 2 * (1 << 30) / t
-
-
 def default_workload(num_tables=8, rows=1_000_000, dim=64, batch=4096, bag=20, opt="rowwise_adagrad", dtype="fp32"):
     tables = [TableConfig(f"t{i}", num_rows=rows, dim=dim, dtype=dtype, optimizer=OptimizerConfig(opt, lr=0.01))
               for i in range(num_tables)]
@@ -515,7 +506,9 @@ def main() -> int:
             ok &= check_int64_offsets()
         print(f"correctness: {'ALL OK' if ok else 'FAILURES'} ({time.time() - t0:.0f} s)")
     if not args.skip_timing:
-        bw = copy_bandwidth()
+        from bench_embedding import copy_bandwidth          # the same yardstick as the benchmark's
+
+        bw = copy_bandwidth("cuda")
         for dim in (int(x) for x in args.dims.split(",")):
             time_default(bw, args.sweep, dim)
     if args.profile:
