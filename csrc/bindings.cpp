@@ -7,6 +7,7 @@
 
 #include "bias_relu.h"
 #include "bucketize.h"
+#include "cache_index.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 #include "interaction.h"
@@ -142,6 +143,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
         "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
         py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);
+  m.def("cache_victims", &neo::cache_victims, py::call_guard<py::gil_scoped_release>(),
+        "A cached table's eviction choice (neo/embedding/cache/index.py is the reference): (the `need` slots, "
+        "the evictable count)", py::arg("key"), py::arg("pinned"), py::arg("need"), py::arg("row_of_slot"),
+        py::arg("window_mask") = py::none(), py::arg("bit_value") = py::none());
+  m.def("cache_admit", &neo::cache_admit, py::call_guard<py::gil_scoped_release>(),
+        "A cached table's admission of a batch, in place on its index arrays (neo/embedding/cache/index.py is the "
+        "reference): (slots, miss_rows, fill_slots, evicted_rows, evicted_slots, hits, free taken, evictable)",
+        py::arg("rows"), py::arg("seq"), py::arg("slot_of_row"), py::arg("row_of_slot"), py::arg("key"),
+        py::arg("count"), py::arg("free"), py::arg("pinned"), py::arg("window_mask") = py::none(),
+        py::arg("bit_value") = py::none());
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("cpu_isa", &neo::cpu_isa, "The ISA variant of the kernels in use: 'baseline', 'avx2' or 'avx512'");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the embedding cache (docs/cache.md): hit rates, training speed, a table larger than RAM.
 
-    python tools/bench_cache.py --json bench_out/cache.json [--parts a,b,c] [--quick] [--plot PNG]
+    python tools/bench_cache.py --json bench_out/cache.json [--parts a,b,c,d] [--quick] [--plot PNG]
 
 (a) **Hit rate vs capacity** of lru, lfu, lookahead (window 32) and Belady's optimum, and of a
     32-way set-associative cache (FBGEMM's GPU cache layout) with lru and lfu, on Zipf traces
@@ -16,6 +16,12 @@
     Medians of ``--rounds`` rounds, each running the in-memory model and the three policies back
     to back. Target: at least 0.8x on Zipf 1.05. (FBGEMM's and TorchRec's CPU paths have no cache, so the
     peer here is the same model with every row in memory.)
+(d) **The index's admission time**: ``CacheIndex.admit`` (hits, misses, victims, slot maps) in C++
+    (``neo._C.cache_admit``, ``kernel="auto"``) against its torch reference (``kernel="reference"``)
+    on the same Zipf 1.05 trace (2M rows, a cache of 100k, 4096 ids per batch, the previous batch
+    in flight, lookahead with a window of 32), the two alternating batch by batch: records with
+    ``policy``, ``cpp_ms``, ``reference_ms`` (medians per admission) and ``speedup``; the two must
+    admit every batch alike (checked).
 (c) **A table twice this machine's RAM**, on disk (an mmap store in ``--disk-dir``) under a DRAM
     cache, trained for ``--disk-steps`` steps: samples/s, and the process's peak and final resident
     memory against ``--budget-gib``.
@@ -39,7 +45,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))   # bench_common
 
 POLICIES = ("lru", "lfu", "lookahead", "belady")
-PARTS = ("a", "b", "c")
+PARTS = ("a", "b", "c", "d")
 
 
 def machine() -> Dict[str, Any]:
@@ -199,6 +205,44 @@ def part_b(args) -> List[Dict[str, Any]]:
     return out
 
 
+# ----------------------------------------------------------------------------- (d) index
+def part_d(args) -> List[Dict[str, Any]]:
+    import torch
+
+    from neo.embedding.cache import CacheIndex
+    from neo.host_memory import retain_freed_memory
+
+    retain_freed_memory()                                     # as training runs
+    rows, cap, ids, window = 2_000_000, 100_000, 4096, 32
+    batches = 160 if args.quick else 400
+    trace = zipf_trace(rows, batches + window, ids, 1.05, seed=5).reshape(-1, ids)
+    sets = [torch.unique(torch.from_numpy(b)) for b in trace]
+    out = []
+    for pol in ("lookahead", "lfu", "lru"):
+        idx = {k: CacheIndex("bench", rows, cap, pol, kernel=k) for k in ("auto", "reference")}
+        times: Dict[str, List[float]] = {k: [] for k in idx}
+        for i in range(batches):
+            future = sets[i + 1:i + 1 + window] if pol == "lookahead" else []
+            adm = {}
+            for k in (("auto", "reference") if i % 2 else ("reference", "auto")):
+                t0 = time.perf_counter()
+                adm[k] = idx[k].admit(sets[i], future)
+                times[k].append(time.perf_counter() - t0)
+                if i:
+                    idx[k].complete(i)                        # the previous batch's step is done
+            a, r = adm["auto"], adm["reference"]
+            if not (torch.equal(a.slots, r.slots) and torch.equal(a.evicted_rows, r.evicted_rows)):
+                raise RuntimeError(f"(d) {pol}: batch {i} admitted differently by the C++ index and the reference")
+        warm = 80                                             # the cache fills in about 50: evictions from then on
+        cpp, ref = (1e3 * float(np.median(times[k][warm:])) for k in ("auto", "reference"))
+        rec = {"policy": pol, "rows": rows, "capacity": cap, "ids_per_batch": ids, "batches": batches,
+               "window": window if pol == "lookahead" else 0, "cpp_ms": round(cpp, 3), "reference_ms": round(ref, 3),
+               "speedup": round(ref / cpp, 2)}
+        out.append(rec)
+        print(f"(d) {pol:9s} admission: C++ {cpp:.3f} ms, torch reference {ref:.3f} ms: {ref / cpp:.1f}x", flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------- (c) disk
 def part_c(args) -> Dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--disk-run", "--disk-dir", args.disk_dir,
@@ -253,7 +297,7 @@ def disk_gib_arg(s: str) -> float:
 
 
 def parts_arg(s: str) -> List[str]:
-    """--parts: a comma-separated list of a, b, c."""
+    """--parts: a comma-separated list of a, b, c, d."""
     out = [x.strip() for x in s.split(",")]
     bad = [x for x in out if x not in PARTS]
     if bad:
@@ -332,7 +376,7 @@ def main(argv=None) -> int:
     from bench_common import json_path, positive_float, positive_int
 
     ap.add_argument("--json", default=None, type=json_path, help="write the records here")
-    ap.add_argument("--parts", default=list(PARTS), type=parts_arg, help="comma-separated parts to run, of a, b, c")
+    ap.add_argument("--parts", default=list(PARTS), type=parts_arg, help="comma-separated parts to run, of a, b, c, d")
     ap.add_argument("--quick", action="store_true", help="shorter traces and runs (a smoke test)")
     ap.add_argument("--rounds", type=positive_int, default=3, help="(b): rounds of in-memory + cached runs (medians)")
     ap.add_argument("--plot", default=None, type=json_path, help="PNG of hit rate vs capacity (needs matplotlib)")
@@ -361,6 +405,8 @@ def main(argv=None) -> int:
         out["training"] = part_b(args)
     if "c" in parts:
         out["disk"] = part_c(args)
+    if "d" in parts:
+        out["index"] = part_d(args)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -37,6 +37,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from neo.config.embedding import CachePolicy
+from neo.cpp import cpu_kernels
 
 __all__ = ["Admission", "CacheIndex", "CacheCapacityError"]
 
@@ -58,6 +59,7 @@ class _Window:
         self.mask = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.bits: Dict[int, Tuple[torch.Tensor, int]] = {}       # id(rows tensor) -> (rows, bit)
         self.free_bits = list(range(self.MAX_BATCHES - 1, -1, -1))
+        self._shift: Optional[torch.Tensor] = None                  # (63,) 0 .. 62
 
     def update(self, future: Sequence[torch.Tensor]) -> None:
         keep = {id(f) for f in future}
@@ -75,12 +77,21 @@ class _Window:
     def groups(self, rows: torch.Tensor, future: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per row: 0 when no batch of ``future`` needs it, else ``k + 1 - d`` for the nearest
         batch ``d`` (1..k) that does (farther -> smaller)."""
-        m = self.mask[rows]
+        bits = (self.mask[rows].unsqueeze(1) >> self._shifts(rows.device)) & 1                 # (R, 63)
+        return (bits * self.values(future).to(rows.device)).amax(dim=1) if rows.numel() else rows.new_zeros(0)
+
+    def values(self, future: Sequence[torch.Tensor]) -> torch.Tensor:
+        """(63,) int64 on the CPU: the group of each bit's batch (``k + 1 - d``), 0 for bits no batch holds."""
         k = len(future)
-        group = torch.zeros(rows.shape, dtype=torch.int64, device=rows.device)
-        for d in range(k, 0, -1):                                    # the nearest written last
-            group[((m >> self.bits[id(future[d - 1])][1]) & 1) == 1] = k + 1 - d
-        return group
+        value = [0] * self.MAX_BATCHES
+        for d in range(1, k + 1):
+            value[self.bits[id(future[d - 1])][1]] = k + 1 - d
+        return torch.tensor(value, dtype=torch.int64)
+
+    def _shifts(self, device: torch.device) -> torch.Tensor:
+        if self._shift is None or self._shift.device != device:
+            self._shift = torch.arange(self.MAX_BATCHES, dtype=torch.int64, device=device)
+        return self._shift
 
 
 class CacheCapacityError(RuntimeError):
@@ -110,12 +121,17 @@ class CacheIndex:
         capacity: C, slots of the cache (<= N).
         policy: lru, lfu or lookahead.
         device: where the arrays live (the cache's device).
+        kernel: how batches are admitted: ``auto`` (``neo._C.cache_admit`` on the CPU where it is
+            built, else ``reference``) or ``reference`` (torch operations, any device). The same
+            slots either way (tested).
     """
 
     def __init__(self, name: str, num_rows: int, capacity: int, policy: CachePolicy,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", kernel: str = "auto"):
         if not 0 < capacity <= num_rows:
             raise ValueError(f"table '{name}': cache capacity {capacity} must be in [1, {num_rows}]")
+        if kernel not in ("auto", "reference"):
+            raise ValueError(f"table '{name}': cache index kernel must be 'auto' or 'reference', got {kernel!r}")
         self.name, self.num_rows, self.capacity = name, num_rows, capacity
         self.policy = CachePolicy(policy)
         self.device = torch.device(device)
@@ -131,6 +147,8 @@ class CacheIndex:
         self.seq = 0
         self._free = torch.arange(capacity, dtype=torch.int64, device=self.device)   # never-used slots
         self._in_flight: Dict[int, torch.Tensor] = {}          # seq -> the slots it pins
+        self.cpp = kernel == "auto" and self.device.type == "cpu" and cpu_kernels("cache_admit") is not None
+        """Whether admissions run in ``neo._C.cache_admit``."""
 
     # ------------------------------------------------------------------ batches in flight
     @property
@@ -161,6 +179,8 @@ class CacheIndex:
         if self._window is not None:
             future = [f.to(device=self.device, dtype=torch.int64) for f in future]
             self._window.update(future)
+        if self.cpp:
+            return self._admit_cpp(seq, rows, future)
         if self.count is not None:
             self.count[rows] += 1
         slots = self.slot_of_row[rows].to(torch.int64)                       # (U,)
@@ -191,30 +211,52 @@ class CacheIndex:
         return Admission(seq, rows, slots, int(rows.numel()) - M, miss_rows, fill, evicted_rows, evicted_slots)
 
     def _victims(self, need: int, future: Sequence[torch.Tensor], unique: int, missing: int) -> torch.Tensor:
+        """The ``need`` evictable slots with the smallest ``(group << 56 | key, row)``: group 0 for
+        rows no batch of the lookahead window needs, else ``k + 1 - d`` for the nearest batch d
+        that does (lookahead with a window only). Below the cut in slot order, then ties by row."""
         key = self._evictable_keys()
         evictable = self.capacity - int((key == _PINNED).sum())
         if evictable < need:
-            free = missing - need
-            raise CacheCapacityError(
-                f"table '{self.name}': a batch needs {unique} distinct rows, {missing} of them not cached, but "
-                f"the cache of {self.capacity} rows has {free} free and {evictable} evictable: "
-                f"{self.capacity - free - evictable} are pinned by {self.in_flight - 1} other batch(es) in flight "
-                f"and this batch's hits. Raise cache_rows / cache_load_factor to at least twice a batch's "
-                f"distinct rows (the step computing and the batch prefetched under it)")
+            raise self._capacity_error(unique, missing, missing - need, evictable, self.in_flight - 1)
         if self.policy is not CachePolicy.LOOKAHEAD or not future:
             return self._smallest(key, torch.arange(self.capacity, device=self.device), need)
         # Lookahead: the rows the window needs go last. Only the slots with the smallest keys
-        # can be evicted: look those up in the window (binary searches in its small sorted
-        # batches), widening the look until `need` of them are needed by no batch of it. Exact:
-        # the slots left out all have larger keys than every one looked at.
+        # can be evicted: look those up in the window, widening the look until `need` of them are
+        # needed by no batch of it. Exact: the candidates are every slot whose key is at most the
+        # m-th smallest (ties included), so a slot left out has a larger key than any looked at.
         m = min(evictable, 2 * need)
         while True:
-            cand = torch.topk(key, m, largest=False, sorted=False).indices
+            cut = torch.topk(key, m, largest=False, sorted=False).values.max()
+            cand = torch.nonzero(key <= cut).flatten()
             group = self._window.groups(self.row_of_slot[cand], future)
             if m == evictable or int((group == 0).sum()) >= need:
                 break
             m = min(evictable, 2 * m)
         return self._smallest((group << _GROUP_SHIFT) | key[cand], cand, need)
+
+    def _capacity_error(self, unique: int, missing: int, free: int, evictable: int, others: int) -> CacheCapacityError:
+        return CacheCapacityError(
+            f"table '{self.name}': a batch needs {unique} distinct rows, {missing} of them not cached, but "
+            f"the cache of {self.capacity} rows has {free} free and {evictable} evictable: "
+            f"{self.capacity - free - evictable} are pinned by {others} other batch(es) in flight "
+            f"and this batch's hits. Raise cache_rows / cache_load_factor to at least twice a batch's "
+            f"distinct rows (the step computing and the batch prefetched under it)")
+
+    def _admit_cpp(self, seq: int, rows: torch.Tensor, future: Sequence[torch.Tensor]) -> Admission:
+        """:meth:`admit` after the window's update, in ``neo._C.cache_admit`` (the same result)."""
+        windowed = self.policy is CachePolicy.LOOKAHEAD and bool(future)
+        pinned = torch.cat(list(self._in_flight.values())) if self._in_flight else self._free[:0]
+        kernels = cpu_kernels("cache_admit")
+        slots, miss_rows, fill, evicted_rows, evicted_slots, hits, taken, evictable = kernels.cache_admit(
+            rows.contiguous(), seq, self.slot_of_row, self.row_of_slot, self.key, self.count, self._free, pinned,
+            self._window.mask if windowed else None, self._window.values(future) if windowed else None)
+        M = int(miss_rows.numel())
+        free = min(M, int(self._free.numel()))
+        if M - free > evictable:
+            raise self._capacity_error(int(rows.numel()), M, free, evictable, self.in_flight)
+        self._free = self._free[taken:]
+        self._in_flight[seq] = slots
+        return Admission(seq, rows, slots, hits, miss_rows, fill, evicted_rows, evicted_slots)
 
     def _smallest(self, key: torch.Tensor, slots: torch.Tensor, need: int) -> torch.Tensor:
         """The ``need`` slots of ``slots`` with the smallest ``key``; among equal keys at the cut,
