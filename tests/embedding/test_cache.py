@@ -376,6 +376,22 @@ def test_mmap_store_releases_the_pages_it_touched(tmp_path):
     assert float(store.read(torch.tensor([5]))[0].sum()) == 256.0     # the data stayed
 
 
+@pytest.mark.parametrize("trim_mib", [8, 1 << 20])
+def test_an_mmap_store_keeps_its_initialized_pages_mapped_up_to_its_bound(tmp_path, trim_mib):
+    """Initialization writes a 64 MiB store: under a larger trim_bytes its pages stay mapped (the
+    training steps then read and write back rows with no page fault each); under 8 MiB the
+    store's resident pages stay near that bound while it is written."""
+    base = _rss_file_kib()
+    store = MmapStore("t", 1 << 16, 256, torch.float32, [], str(tmp_path), trim_bytes=trim_mib << 20)
+    store.initialize(torch.Generator().manual_seed(0), 0.1, [])
+    grown = _rss_file_kib() - base
+    if trim_mib == 8:
+        assert grown < 3 * 8 * 1024, grown                  # one init chunk (16 MiB) past the bound at most
+    else:
+        assert grown > 56 * 1024, grown
+    assert abs(float(store.read(torch.tensor([7]))[0].abs().max()) - 0.1) < 0.01      # the data is there
+
+
 def test_an_mmap_store_does_not_trim_at_every_access_when_other_mappings_grow(tmp_path, monkeypatch):
     """Other file-backed memory (a data file read through mmap) counts once against the store's
     trim_bytes: after a trim the store measures from there (before, every later access trimmed
