@@ -153,6 +153,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("rows"), py::arg("seq"), py::arg("slot_of_row"), py::arg("row_of_slot"), py::arg("key"),
         py::arg("count"), py::arg("free"), py::arg("pinned"), py::arg("window_mask") = py::none(),
         py::arg("bit_value") = py::none());
+  m.def("cache_window_update", &neo::cache_window_update, py::call_guard<py::gil_scoped_release>(),
+        "A cached table's lookahead window moves, in place on its mask: bits cleared on the rows of batches "
+        "leaving it, then set on those entering it", py::arg("mask"), py::arg("clear_rows"), py::arg("clear_bits"),
+        py::arg("set_rows"), py::arg("set_bits"));
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("cpu_isa", &neo::cpu_isa, "The ISA variant of the kernels in use: 'baseline', 'avx2' or 'avx512'");

@@ -286,4 +286,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
   return {slots_t, miss_t, fill_t, evicted_rows_t, evicted_slots_t, U - M, taken, evictable};
 }
 
+void cache_window_update(const at::Tensor& mask_t, const std::vector<at::Tensor>& clear_rows,
+                         const std::vector<int64_t>& clear_bits, const std::vector<at::Tensor>& set_rows,
+                         const std::vector<int64_t>& set_bits) {
+  const int64_t N = mask_t.numel();
+  int64_t* mask = checked<int64_t>(mask_t, "window_mask", -1);
+  TORCH_CHECK(clear_rows.size() == clear_bits.size() && set_rows.size() == set_bits.size(),
+              "neo._C cache: one bit per batch of rows");
+  auto apply = [&](const std::vector<at::Tensor>& rows_of, const std::vector<int64_t>& bits, bool set) {
+    for (size_t k = 0; k < rows_of.size(); ++k) {
+      TORCH_CHECK(bits[k] >= 0 && bits[k] < kWindowBits, "neo._C cache: window bit ", bits[k], " outside [0, 63)");
+      const int64_t* rows = checked<int64_t>(rows_of[k], "window rows", -1);
+      const int64_t n = rows_of[k].numel(), b = int64_t(1) << bits[k];
+      for (int64_t i = 0; i < n; ++i)
+        TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "neo._C cache: window row ", rows[i], " outside [0, ", N, ")");
+      if (set)
+        for (int64_t i = 0; i < n; ++i) mask[rows[i]] |= b;
+      else
+        for (int64_t i = 0; i < n; ++i) mask[rows[i]] &= ~b;
+    }
+  };
+  apply(clear_rows, clear_bits, false);
+  apply(set_rows, set_bits, true);
+}
+
 }  // namespace neo

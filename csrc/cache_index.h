@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace neo {
 
@@ -36,5 +37,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
     const at::Tensor& rows, int64_t seq, const at::Tensor& slot_of_row, const at::Tensor& row_of_slot,
     const at::Tensor& key, const std::optional<at::Tensor>& count, const at::Tensor& free, const at::Tensor& pinned,
     const std::optional<at::Tensor>& window_mask, const std::optional<at::Tensor>& bit_value);
+
+// The lookahead window's moves, in place on its (N,) int64 mask: bit clear_bits[k] cleared on
+// the rows clear_rows[k] (batches leaving the window), then bit set_bits[k] set on the rows
+// set_rows[k] (batches entering it). Rows: int64 ids in [0, N); bits in [0, 63).
+void cache_window_update(const at::Tensor& mask, const std::vector<at::Tensor>& clear_rows,
+                         const std::vector<int64_t>& clear_bits, const std::vector<at::Tensor>& set_rows,
+                         const std::vector<int64_t>& set_bits);
 
 }  // namespace neo

@@ -32,7 +32,7 @@ Batch 1 completes. Batch 2 asks for [5, 7]: 5 hits (slot 1); 7 misses and evicts
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -55,24 +55,37 @@ class _Window:
 
     MAX_BATCHES = 63
 
-    def __init__(self, num_rows: int, device: torch.device):
+    def __init__(self, num_rows: int, device: torch.device, cpp: bool = False):
         self.mask = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.bits: Dict[int, Tuple[torch.Tensor, int]] = {}       # id(rows tensor) -> (rows, bit)
         self.free_bits = list(range(self.MAX_BATCHES - 1, -1, -1))
         self._shift: Optional[torch.Tensor] = None                  # (63,) 0 .. 62
+        self.cpp = cpp                                              # the mask's moves in neo._C
 
     def update(self, future: Sequence[torch.Tensor]) -> None:
         keep = {id(f) for f in future}
+        leave: List[Tuple[torch.Tensor, int]] = []
         for key, (rows, bit) in list(self.bits.items()):
             if key not in keep:                                     # admitted, or out of the window
-                self.mask[rows] &= ~(1 << bit)
+                leave.append((rows, bit))
                 self.free_bits.append(bit)
                 del self.bits[key]
+        enter: List[Tuple[torch.Tensor, int]] = []
         for f in future:
             if id(f) not in self.bits:
                 bit = self.free_bits.pop()
-                self.mask[f] |= 1 << bit
+                enter.append((f, bit))
                 self.bits[id(f)] = (f, bit)
+        if not (leave or enter):
+            return
+        if self.cpp:                                                # the same moves, row by row in C++
+            cpu_kernels("cache_window_update").cache_window_update(
+                self.mask, [r for r, _ in leave], [b for _, b in leave], [r for r, _ in enter], [b for _, b in enter])
+            return
+        for rows, bit in leave:                                     # every clear before any set: a bit
+            self.mask[rows] &= ~(1 << bit)                          # freed here may be taken again below
+        for rows, bit in enter:
+            self.mask[rows] |= 1 << bit
 
     def groups(self, rows: torch.Tensor, future: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per row: 0 when no batch of ``future`` needs it, else ``k + 1 - d`` for the nearest
@@ -143,12 +156,12 @@ class CacheIndex:
         self.count: Optional[torch.Tensor] = None
         if self.policy is not CachePolicy.LRU:
             self.count = torch.zeros(num_rows, dtype=torch.int32, device=self.device)
-        self._window = _Window(num_rows, self.device) if self.policy is CachePolicy.LOOKAHEAD else None
         self.seq = 0
         self._free = torch.arange(capacity, dtype=torch.int64, device=self.device)   # never-used slots
         self._in_flight: Dict[int, torch.Tensor] = {}          # seq -> the slots it pins
         self.cpp = kernel == "auto" and self.device.type == "cpu" and cpu_kernels("cache_admit") is not None
-        """Whether admissions run in ``neo._C.cache_admit``."""
+        """Whether admissions (and the window's moves) run in ``neo._C.cache_admit``."""
+        self._window = _Window(num_rows, self.device, self.cpp) if self.policy is CachePolicy.LOOKAHEAD else None
 
     # ------------------------------------------------------------------ batches in flight
     @property
