@@ -230,10 +230,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
   for (int64_t i = 0; i < F; ++i)
     TORCH_CHECK(free[i] >= 0 && free[i] < C, "neo._C cache: free slot ", free[i], " outside [0, ", C, ")");
 
-  if (count)
-    for (int64_t i = 0; i < U; ++i) ++count[rows[i]];
   // The batch's slots (hits now, misses below), its misses; the hits are pinned with the
-  // other batches in flight.
+  // other batches in flight. Every check comes before the first write.
   Scratch& w = scratch();
   w.pinned.assign((C + 63) / 64, 0);
   pin(w, pinned, pinned_t.numel(), C);
@@ -249,6 +247,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
       ++M;
     }
   }
+  if (count)
+    for (int64_t i = 0; i < U; ++i) ++count[rows[i]];
   at::Tensor miss_t = at::empty({M}, at::kLong);
   int64_t* miss_rows = miss_t.data_ptr<int64_t>();
   for (int64_t i = 0, m = 0; i < U; ++i)

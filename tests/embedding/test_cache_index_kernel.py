@@ -129,6 +129,9 @@ def test_cpp_victims_check_their_arguments():
     with pytest.raises(RuntimeError, match=r"entry 0 is 100"):
         _C.cache_admit(torch.tensor([100]), 1, idx.slot_of_row, idx.row_of_slot, idx.key, idx.count, idx._free,
                        idx._free[:0])
+    with pytest.raises(RuntimeError, match=r"pinned slot 99 outside \[0, 8\)"):
+        _C.cache_admit(torch.tensor([5]), 1, idx.slot_of_row, idx.row_of_slot, idx.key, idx.count, idx._free,
+                       torch.tensor([99]))
     assert int(idx.count.sum()) == 0 and bool((idx.slot_of_row == -1).all())     # refused before any change
 
 
