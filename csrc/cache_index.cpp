@@ -1,8 +1,8 @@
 // A cached table's admission and eviction choice on the CPU (see cache_index.h). The reference
 // in torch operations costs about 25 small operations an admission plus, for the victims, a
 // top-k over every slot and a look-up of the candidates in the window; here one pass over the
-// slots, a selection among a few thousand, and the updates row by row (B 4096 Zipf ids over
-// 2M rows, a cache of 100k: 0.2 ms for the victims against about 1.5 ms).
+// slots, a selection among a few thousand, and the updates row by row
+// (tools/bench_cache.py --parts d times the two; docs/benchmarks.md).
 #include "cache_index.h"
 
 #include <algorithm>

@@ -22,6 +22,7 @@ from neo.embedding.cache import CacheCapacityError, CacheIndex
 
 pytestmark = pytest.mark.skipif(cpu_kernels("cache_admit") is None, reason="neo._C is not built")
 
+
 def _batches(seed: int, count: int, hot: int, size: int, N: int):
     g = torch.Generator().manual_seed(seed)
     out = []

@@ -59,7 +59,6 @@ class _Window:
         self.mask = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.bits: Dict[int, Tuple[torch.Tensor, int]] = {}       # id(rows tensor) -> (rows, bit)
         self.free_bits = list(range(self.MAX_BATCHES - 1, -1, -1))
-        self._shift: Optional[torch.Tensor] = None                  # (63,) 0 .. 62
         self.cpp = cpp                                              # the mask's moves in neo._C
 
     def update(self, future: Sequence[torch.Tensor]) -> None:
@@ -90,7 +89,8 @@ class _Window:
     def groups(self, rows: torch.Tensor, future: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per row: 0 when no batch of ``future`` needs it, else ``k + 1 - d`` for the nearest
         batch ``d`` (1..k) that does (farther -> smaller)."""
-        bits = (self.mask[rows].unsqueeze(1) >> self._shifts(rows.device)) & 1                 # (R, 63)
+        shifts = torch.arange(self.MAX_BATCHES, dtype=torch.int64, device=rows.device)
+        bits = (self.mask[rows].unsqueeze(1) >> shifts) & 1                                     # (R, 63)
         return (bits * self.values(future).to(rows.device)).amax(dim=1) if rows.numel() else rows.new_zeros(0)
 
     def values(self, future: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -100,11 +100,6 @@ class _Window:
         for d in range(1, k + 1):
             value[self.bits[id(future[d - 1])][1]] = k + 1 - d
         return torch.tensor(value, dtype=torch.int64)
-
-    def _shifts(self, device: torch.device) -> torch.Tensor:
-        if self._shift is None or self._shift.device != device:
-            self._shift = torch.arange(self.MAX_BATCHES, dtype=torch.int64, device=device)
-        return self._shift
 
 
 class CacheCapacityError(RuntimeError):

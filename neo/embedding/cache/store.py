@@ -10,8 +10,8 @@
   (checkpoints hold the durable copy). Whenever the process's file-backed resident memory has
   grown by ``trim_bytes`` since the store was made, the store releases its mapped pages from
   the process (``MADV_DONTNEED``, which keeps their contents in the page cache and on disk), so
-  its resident memory stays bounded (initialization included) (a random row can map a whole large folio of the page
-  cache, 64 KiB or more, so counting rows would not do).
+  its resident memory stays bounded, initialization included (a random row can map a whole
+  large folio of the page cache, 64 KiB or more, so counting rows would not do).
 
 Layout of both: ``weights`` (N, D) in the storage dtype, then ``states``: (N, D) fp32 per
 element or (N,) fp32 per row, as the group buffers of :mod:`neo.embedding.layout`.
@@ -204,8 +204,8 @@ class MmapStore(BackingStore):
     def _written(self, span: torch.Tensor) -> None:
         """Initialization streams through the file: its pages stay mapped until they pass
         ``trim_bytes``, as for any access. A store that fits (the usual case) then trains with
-        every page mapped: no page fault at each first read or write-back of a row (releasing
-        each span as written made the write-backs 2.6x slower, 2026-11-30: docs/cache.md)."""
+        every page mapped: no page fault at each first read or write-back of a row (docs/cache.md,
+        "Backing stores")."""
         self._touched(0)
 
     def close(self) -> None:
