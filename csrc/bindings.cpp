@@ -8,10 +8,12 @@
 #include "bias_relu.h"
 #include "bucketize.h"
 #include "cache_index.h"
+#include "cache_moves.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 #include "interaction.h"
 #include "jagged_take.h"
+#include "unique_rows.h"
 
 namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
@@ -157,6 +159,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "A cached table's lookahead window moves, in place on its mask: bits cleared on the rows of batches "
         "leaving it, then set on those entering it", py::arg("mask"), py::arg("clear_rows"), py::arg("clear_bits"),
         py::arg("set_rows"), py::arg("set_bits"));
+  m.def("cache_swap_rows", &neo::cache_swap_rows, py::call_guard<py::gil_scoped_release>(),
+        "A cached table's row moves of one admission, in place (neo/embedding/cache/table_cache.py is the "
+        "reference): the dirty victims written back, the missing rows read into their slots and marked clean, "
+        "then the slots `mark` marked dirty; returns the rows written back",
+        py::arg("slot_bufs"), py::arg("store_bufs"), py::arg("dirty"), py::arg("evicted_slots"),
+        py::arg("evicted_rows"), py::arg("fill_slots"), py::arg("fill_rows"), py::arg("mark") = py::none());
+  m.def("unique_rows", &neo::unique_rows, py::call_guard<py::gil_scoped_release>(),
+        "A batch's distinct rows: (the ids in [0, num_rows), distinct and ascending; each id's position among "
+        "them, -1 for an id outside [0, num_rows))", py::arg("ids"), py::arg("num_rows"));
   m.def("advise_hugepages", &neo::advise_hugepages, py::call_guard<py::gil_scoped_release>(),
         "Back a large CPU buffer by transparent huge pages (best effort); True if collapsed now");
   m.def("cpu_isa", &neo::cpu_isa, "The ISA variant of the kernels in use: 'baseline', 'avx2' or 'avx512'");

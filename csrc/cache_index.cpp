@@ -16,6 +16,11 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::max();   // pinned or n
 constexpr int kGroupShift = 56;
 constexpr int kCountBits = 24;
 constexpr int kWindowBits = 63;
+// How far ahead the random reads of the (N,) per-row arrays (slot_of_row, count, the window's
+// mask: megabytes each, their rows read in a batch's order) are prefetched: a few thousand
+// misses to DRAM an admission, which the loops' short bodies would otherwise take one or two
+// at a time.
+constexpr int64_t kAhead = 16;
 
 template <class T>
 T* checked(const at::Tensor& t, const char* name, int64_t numel, at::ScalarType type = at::kLong) {
@@ -65,6 +70,9 @@ struct Window {
       value[b] = bv[b];
     }
   }
+  void prefetch(int64_t row) const {
+    if (row >= 0 && row < N) __builtin_prefetch(mask + row);
+  }
   int64_t group(int64_t row) const {
     TORCH_CHECK(row >= 0 && row < N, "neo._C cache: a slot holds row ", row, " outside [0, ", N, ")");
     uint64_t bits = static_cast<uint64_t>(mask[row]) & ((uint64_t(1) << kWindowBits) - 1);
@@ -79,6 +87,7 @@ struct Window {
 struct Scratch {
   std::vector<uint64_t> pinned;   // bit per slot
   std::vector<int64_t> keys, cand, ckey, sample;
+  std::vector<int64_t> pass_slot, pass_key;        // a pass over every slot: C + 1 entries
   std::vector<std::pair<int64_t, int64_t>> ties;   // (row, slot)
 };
 Scratch& scratch() {
@@ -139,14 +148,23 @@ int64_t choose_victims(Scratch& w, const int64_t* key, const int64_t* row_of_slo
       t = kth(w.keys, r);
     }
     for (int pass = 0; pass < 2; ++pass, t = kNever) {
-      w.cand.clear();
-      w.ckey.clear();
-      for (int64_t s = 0; s < C; ++s)
-        if (key[s] <= t && evictable_slot(s)) {
-          w.cand.push_back(s);
-          w.ckey.push_back(key[s]);
-        }
-      if (static_cast<int64_t>(w.cand.size()) >= k) break;
+      // Branch-free: each slot written at the end, kept where it qualifies (a few percent of
+      // the slots do, at random: a branch on it mispredicted at every candidate).
+      if (static_cast<int64_t>(w.pass_slot.size()) < C + 1) {   // grown once (no zeroing per pass)
+        w.pass_slot.resize(C + 1);
+        w.pass_key.resize(C + 1);
+      }
+      int64_t* cand = w.pass_slot.data();
+      int64_t* ckey = w.pass_key.data();
+      int64_t n = 0;
+      for (int64_t s = 0; s < C; ++s) {
+        cand[n] = s;
+        ckey[n] = key[s];
+        n += key[s] <= t && evictable_slot(s);
+      }
+      w.cand.assign(cand, cand + n);
+      w.ckey.assign(ckey, ckey + n);
+      if (n >= k) break;
     }
     w.keys.assign(w.ckey.begin(), w.ckey.end());
     const int64_t cut = kth(w.keys, k - 1);
@@ -173,7 +191,9 @@ int64_t choose_victims(Scratch& w, const int64_t* key, const int64_t* row_of_slo
     for (int64_t m = std::min(evictable, 2 * need);; m = std::min(evictable, 2 * m)) {
       lowest(m);
       int64_t free_of_window = 0;
-      for (size_t i = 0; i < w.cand.size(); ++i) {
+      const size_t nc = w.cand.size();
+      for (size_t i = 0; i < nc; ++i) {
+        if (i + kAhead < nc) window.prefetch(row_of_slot[w.cand[i + kAhead]]);
         const int64_t g = window.group(row_of_slot[w.cand[i]]);
         free_of_window += g == 0;
         w.ckey[i] |= g << kGroupShift;
@@ -239,6 +259,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
   int64_t* slots = slots_t.data_ptr<int64_t>();
   int64_t M = 0;
   for (int64_t i = 0; i < U; ++i) {
+    if (i + kAhead < U) {
+      __builtin_prefetch(slot_of_row + rows[i + kAhead]);
+      if (count) __builtin_prefetch(count + rows[i + kAhead], 1);
+    }
     slots[i] = slot_of_row[rows[i]];
     if (slots[i] >= 0) {
       TORCH_CHECK(slots[i] < C, "neo._C cache: row ", rows[i], " has slot ", slots[i], " outside [0, ", C, ")");
@@ -269,6 +293,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, 
   at::Tensor evicted_rows_t = at::empty({need}, at::kLong);
   int64_t* evicted_rows = evicted_rows_t.data_ptr<int64_t>();
   for (int64_t e = 0; e < need; ++e) {
+    if (e + kAhead < need) {
+      const int64_t r = row_of_slot[fill[taken + e + kAhead]];
+      if (r >= 0 && r < N) __builtin_prefetch(slot_of_row + r, 1);
+    }
     evicted_rows[e] = row_of_slot[fill[taken + e]];
     TORCH_CHECK(evicted_rows[e] >= 0 && evicted_rows[e] < N, "neo._C cache: evicted slot ", fill[taken + e],
                 " holds row ", evicted_rows[e]);
@@ -300,10 +328,10 @@ void cache_window_update(const at::Tensor& mask_t, const std::vector<at::Tensor>
       const int64_t n = rows_of[k].numel(), b = int64_t(1) << bits[k];
       for (int64_t i = 0; i < n; ++i)
         TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "neo._C cache: window row ", rows[i], " outside [0, ", N, ")");
-      if (set)
-        for (int64_t i = 0; i < n; ++i) mask[rows[i]] |= b;
-      else
-        for (int64_t i = 0; i < n; ++i) mask[rows[i]] &= ~b;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) __builtin_prefetch(mask + rows[i + kAhead], 1);
+        mask[rows[i]] = set ? mask[rows[i]] | b : mask[rows[i]] & ~b;
+      }
     }
   };
   apply(clear_rows, clear_bits, false);

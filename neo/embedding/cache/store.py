@@ -68,7 +68,7 @@ class BackingStore:
         """Copies of rows ``rows`` (M,): weights (M, D) and states."""
         rows = rows.to(self.weights.device)
         out = self.weights.index_select(0, rows), [s.index_select(0, rows) for s in self.states]
-        self._touched(int(rows.numel()))
+        self.touched(int(rows.numel()))
         return out
 
     def write(self, rows: torch.Tensor, weights: torch.Tensor, states: Sequence[torch.Tensor]) -> None:
@@ -78,7 +78,7 @@ class BackingStore:
         self.weights.index_copy_(0, rows, weights.to(dev))
         for s, v in zip(self.states, states):
             s.index_copy_(0, rows, v.to(dev))
-        self._touched(int(rows.numel()))
+        self.touched(int(rows.numel()))
 
     def initialize(self, generator: torch.Generator, scale: float, state_init: Sequence[float]) -> None:
         """Weights uniform in [-scale, scale] drawn from ``generator`` in row-major order, as the
@@ -95,8 +95,9 @@ class BackingStore:
                 sf[a:b].fill_(v)
                 self._written(sf[a:b])
 
-    def _touched(self, rows: int) -> None:
-        """Hook: ``rows`` random rows were read or written."""
+    def touched(self, rows: int) -> None:
+        """Hook: ``rows`` random rows were read or written (by :meth:`read`, :meth:`write`, or by the
+        C++ row moves of a CPU cache, which copy into the tensors directly)."""
 
     def _written(self, span: torch.Tensor) -> None:
         """Hook: the contiguous ``span`` (a view of the store) was written in full."""
@@ -186,7 +187,7 @@ class MmapStore(BackingStore):
                                   f"{self.directory!r} ({e.strerror})") from None
         return fd
 
-    def _touched(self, rows: int) -> None:
+    def touched(self, rows: int) -> None:
         # What a random row maps depends on the kernel (a page, or a whole large folio of the page
         # cache): measure the process's file-backed resident memory instead of counting rows.
         if _shared_resident_bytes() - self._baseline > self.trim_bytes:
@@ -206,7 +207,7 @@ class MmapStore(BackingStore):
         ``trim_bytes``, as for any access. A store that fits (the usual case) then trains with
         every page mapped: no page fault at each first read or write-back of a row (docs/cache.md,
         "Backing stores")."""
-        self._touched(0)
+        self.touched(0)
 
     def close(self) -> None:
         self.weights, self.states = None, []

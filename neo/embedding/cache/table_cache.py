@@ -7,6 +7,8 @@ makes a batch's rows resident before its lookup and translates its ids:
     prefetch(rows)       rows the batch needs -> CacheIndex.admit (hits, misses, victims)
                          -> dirty victims written back (weights and optimizer state together)
                          -> missing rows read from the store into the freed slots
+                         (on the CPU both moves in one pass, ``neo._C.cache_swap_rows``; the
+                         torch indexing here is the reference, and the GPU's path)
     slots_of(ids)        ids -> slots (invalid ids -> -1, which every kernel skips)
     flush()              every dirty slot written back (before a checkpoint, at the end)
 
@@ -27,6 +29,7 @@ from neo.config.embedding import TableConfig
 from neo.embedding.cache.index import Admission, CacheIndex
 from neo.embedding.cache.moves import TorchMoves
 from neo.embedding.cache.store import BackingStore
+from neo.cpp import cpu_kernels
 
 __all__ = ["CacheStats", "TableCache"]
 
@@ -71,14 +74,20 @@ class TableCache:
         states: the slots' optimizer state views, (C, D) or (C,).
         store: every row's weights and state.
         moves: how rows are translated and copied (:mod:`neo.embedding.cache.moves`).
+        kernel: ``auto`` (the index's admissions and, with torch moves on the CPU, the row copies
+            in ``neo._C`` where it is built) or ``reference`` (torch operations throughout). The
+            same slots, rows and dirty flags either way (tested).
     """
 
     def __init__(self, cfg: TableConfig, weights: torch.Tensor, states: Sequence[torch.Tensor], store: BackingStore,
-                 moves=None):
+                 moves=None, kernel: str = "auto"):
         self.cfg, self.weights, self.states, self.store = cfg, weights, list(states), store
         self.moves = moves or TorchMoves()
         C = weights.shape[0]
-        self.index = CacheIndex(cfg.name, cfg.num_rows, C, cfg.cache_policy, weights.device)
+        self.index = CacheIndex(cfg.name, cfg.num_rows, C, cfg.cache_policy, weights.device, kernel=kernel)
+        self.cpp = (kernel == "auto" and self.moves.name == "torch" and weights.device.type == "cpu"
+                    and store.weights.device.type == "cpu" and cpu_kernels("cache_swap_rows") is not None)
+        """Whether an admission's row copies run in ``neo._C.cache_swap_rows``."""
         self.dirty = torch.zeros(C, dtype=torch.bool, device=weights.device)
         self.stats = CacheStats()
 
@@ -92,10 +101,13 @@ class TableCache:
         the slot of each of ``rows``."""
         t0 = time.perf_counter()
         adm = self.index.admit(rows, future)
-        self._write_back(adm.evicted_rows, adm.evicted_slots)
-        self._fill(adm)
-        if train:
-            self.dirty[adm.slots] = True
+        if self.cpp:
+            self._swap(adm, train)
+        else:
+            self._write_back(adm.evicted_rows, adm.evicted_slots)
+            self._fill(adm)
+            if train:
+                self.dirty[adm.slots] = True
         s = self.stats
         s.batches += 1
         s.accesses += int(adm.rows.numel())
@@ -104,6 +116,17 @@ class TableCache:
         s.evictions += int(adm.evicted_rows.numel())
         s.prefetch_s += time.perf_counter() - t0
         return adm.seq, adm.slots
+
+    def _swap(self, adm: Admission, train: bool) -> None:
+        """:meth:`_write_back` of the victims, :meth:`_fill` and the dirty marks, in one C++ pass."""
+        st = self.store
+        written = cpu_kernels("cache_swap_rows").cache_swap_rows(
+            [self.weights] + self.states, [st.weights] + st.states, self.dirty, adm.evicted_slots, adm.evicted_rows,
+            adm.fill_slots, adm.miss_rows, adm.slots if train else None)
+        st.touched(written + int(adm.miss_rows.numel()))
+        self.stats.writebacks += written
+        self.stats.bytes_out += written * st.row_bytes
+        self.stats.bytes_in += int(adm.miss_rows.numel()) * st.row_bytes
 
     def _write_back(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
         if slots.numel() == 0:
