@@ -122,7 +122,7 @@ class ModuleCache:
         the position of its row among them (-1: invalid id), each feature's id count). Memoized: a
         batch is first seen in the lookahead window, then prefetched. ``check``: a memoized batch
         whose ids or lengths were written in place since is done again. The window's batches are
-        looked up without it (about 10 us each, for up to 63 of them per prefetch): rows out of
+        looked up without it (a stamp each, for up to 63 of them per prefetch): rows out of
         date there only make the eviction choice worse for a batch, never its own prefetch wrong."""
         hit = self._rows_memo.get(id(batch))
         if hit is not None and hit[0] is batch and not check:
@@ -271,9 +271,8 @@ class ModuleCache:
 def distinct_rows(ids: torch.Tensor, num_rows: int, kernel: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """(rows, where) of a table's ids (int64): the distinct ids in [0, num_rows), ascending, and the
     position of each id's row among them (-1 for an id outside the table). ``kernel``: ``auto``
-    (``neo._C.unique_rows`` on the CPU where it is built: a radix sort, 5-8x faster than
-    ``torch.unique`` on a batch's few thousand ids) or ``reference`` (torch operations, any
-    device). The same result either way (tested)."""
+    (``neo._C.unique_rows`` on the CPU where it is built: a radix sort; docs/cache.md) or
+    ``reference`` (torch operations, any device). The same result either way (tested)."""
     kernels = cpu_kernels("unique_rows") if kernel == "auto" and ids.device.type == "cpu" else None
     if kernels is not None and num_rows <= 1 << 32 and ids.numel() < 1 << 32:
         return kernels.unique_rows(ids, num_rows)
