@@ -147,3 +147,6 @@ def test_distinct_rows_equal_torch_unique(seed, n, num_rows, bad):
     assert torch.equal(rows, ref_rows) and torch.equal(where, ref_where)
     valid = (ids >= 0) & (ids < num_rows)
     assert torch.equal(rows[where[valid]], ids[valid]) and bool((where[~valid] == -1).all())
+    if num_rows < 1 << 30:                                          # int32 ids give the same
+        rows32, where32 = distinct_rows(ids.int(), num_rows)
+        assert torch.equal(rows32, rows) and torch.equal(where32, where)

@@ -269,10 +269,12 @@ class ModuleCache:
 
 
 def distinct_rows(ids: torch.Tensor, num_rows: int, kernel: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
-    """(rows, where) of a table's ids (int64): the distinct ids in [0, num_rows), ascending, and the
-    position of each id's row among them (-1 for an id outside the table). ``kernel``: ``auto``
-    (``neo._C.unique_rows`` on the CPU where it is built: a radix sort; docs/cache.md) or
-    ``reference`` (torch operations, any device). The same result either way (tested)."""
+    """(rows, where) of a table's ids (1-D, any integer dtype): the distinct ids in [0, num_rows),
+    ascending, and the position of each id's row among them (-1 for an id outside the table),
+    both int64. ``kernel``: ``auto`` (``neo._C.unique_rows`` on the CPU where it is built: a radix
+    sort; docs/cache.md) or ``reference`` (torch operations, any device). The same result either
+    way (tested)."""
+    ids = ids.to(torch.int64)
     kernels = cpu_kernels("unique_rows") if kernel == "auto" and ids.device.type == "cpu" else None
     if kernels is not None and num_rows <= 1 << 32 and ids.numel() < 1 << 32:
         return kernels.unique_rows(ids, num_rows)
