@@ -26,10 +26,10 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from neo.config.embedding import TableConfig
+from neo.cpp import cpu_kernels
 from neo.embedding.cache.index import Admission, CacheIndex
 from neo.embedding.cache.moves import TorchMoves
 from neo.embedding.cache.store import BackingStore
-from neo.cpp import cpu_kernels
 
 __all__ = ["CacheStats", "TableCache"]
 
