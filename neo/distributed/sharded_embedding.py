@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from neo.config.embedding import TableConfig
-from neo.distributed.comms import Awaitable, BackwardOrder, CommConfig
+from neo.distributed.comms import Awaitable, BackwardOrder, CommConfig, CommPrecision
 from neo.distributed.input_dist import DistributedBatch, InputDist
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType
 from neo.distributed.process_groups import ProcessGroups
@@ -210,6 +210,13 @@ class ShardedEmbeddingCollection(nn.Module):
         assert sorted(order) == list(range(self.layout.output_dim)), "output columns must tile the output"
         self._blocks = _column_blocks(order)                                     # cat[:, s:s+n] -> out[:, g:g+n]
         self._local_widths = [od.local_width for od in self.output_dists]
+        self._one_rank = (pg.world_size == 1 and comm.forward == comm.backward == CommPrecision.FP32
+                          and not any(getattr(getattr(od, "divide", None), "spans", None) for od in self.output_dists))
+        """World size 1 with fp32 on the wire and no mean-pooled row-wise table (whose output
+        distribution divides its sums by the bag lengths): every type's pooled output is then this
+        rank's own, in the order the output distributions would deliver it, so :meth:`output_dist`
+        assembles the output straight from the lookup's (no per-type distribution, no copies into
+        wire buffers; tested equal to them bit for bit)."""
         self._block_cache: Dict[tuple, dict] = {}
         self._after_output: List[Callable[[], None]] = []
         self._places_cache: Dict[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -314,13 +321,18 @@ class ShardedEmbeddingCollection(nn.Module):
         :class:`~neo.models.PooledPieces` over the received buffer instead, so that a consumer
         such as the fused dot interaction reads it in place (no assembling copy forward, no
         scatter-and-scale pass backward); ``PooledPieces.tensor()`` still assembles."""
-        order = BackwardOrder(self.timers)
-        # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
-        xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
-        launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]
+        if self._one_rank:          # every type's received piece: its columns of `pooled`, in order
+            local = [(pooled.contiguous().reshape(-1), [pooled.shape[1]])]
+            launched = []
+        else:
+            local = None
+            order = BackwardOrder(self.timers)
+            # each output distribution's columns are contiguous in `pooled` (slots sorted by OUTPUT_GROUP)
+            xs = [pooled] if len(self.output_dists) == 1 else torch.split(pooled, self._local_widths, dim=1)
+            launched = [od(x, batch, order) for od, x in zip(self.output_dists, xs)]
 
         def assemble() -> torch.Tensor:
-            received = [a.wait() for a in launched]                                   # in a fixed order
+            received = local if local is not None else [a.wait() for a in launched]   # in a fixed order
             hooks, self._after_output = self._after_output, []
             for fn in hooks:                                 # e.g. the next batch's ids AlltoAll
                 fn()

@@ -11,6 +11,7 @@ within a tolerance scaled by the coarsest wire format's unit roundoff u (docs/di
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 
 import pytest
 import torch
@@ -89,6 +90,31 @@ def _run_and_check(cases, W, L_for_spawn):
         for a, b in zip(per_rank, results[0]):
             assert a["losses"] == b["losses"], f"rank {r} sees other losses"
     return results[0]
+
+
+def test_world_size_1_one_rank_path():
+    """At world size 1 the output is assembled straight from the lookup's (ShardedEmbeddingCollection's
+    one-rank path): every sharding type, and mixes (column shards side by side on the one rank), train
+    as the unsharded reference does, and bit for bit as the general path (every type's output
+    distribution run as at W > 1, forced on the same cases) does; quantized wire precision keeps the
+    general path, and so does a mean-pooled row-wise table (its output distribution divides by the
+    bag lengths)."""
+    cases = [replace(c, shm=False) for c in _cases(1, 1)]                  # one rank: no shared memory
+    sum_mixed = tables(6, OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=ACC0))
+    cases.append(Case("W1 mixed adagrad sum weighted", sum_mixed, _mixed_types(sum_mixed), 1, 1, weighted=True,
+                      shm=False))
+    general = [replace(c, name=c.name + " (general path)", general_path=True) for c in cases]
+    mixed = tables(6, OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=ACC0), mean=(2, 4))
+    fp16 = [Case("W1 mixed fp16 comm", mixed, _mixed_types(mixed), 1, 1, shm=False,
+                 comm=CommConfig(forward="fp16", backward="fp16"))]
+    got = _run_and_check(cases + general + fp16, 1, 1)
+    for case, g in zip(cases, got):
+        _check(case, g)
+    for case, fast, slow in zip(cases, got, got[len(cases):]):
+        assert fast["losses"] == slow["losses"], case.name
+        for name, w in slow["weights"].items():
+            assert torch.equal(fast["weights"][name], w), f"[{case.name}] table {name}"
+    _check(fp16[0], got[-1], **_quantized_tolerance(fp16[0].comm))
 
 
 def test_world_size_2():
