@@ -8,11 +8,13 @@ bytes (AllGather). Per size: ``--warmup`` then ``--iters`` iterations, each runn
 (collective, transport) once, interleaved in a new order per iteration (bench_common.balanced_orders,
 picked by the iteration index alone, so every rank runs the same sequence), a barrier before each
 call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
-the calling thread plus gloo's I/O threads). Results are checked equal between the transports
-before timing.
+the calling thread plus gloo's I/O threads). Then ``--chain`` calls of each back to back with no
+barrier between them, as a training step issues its small collectives: the time per call of the
+slowest rank (``chain_us``), which the barrier-separated time hides under the barrier's own exit
+skew. Results are checked equal between the transports before timing.
 
 Output: a table with the gloo / shared-memory ratio and, with ``--json``, records with
-``collective``, ``transport``, ``world_size``, ``bytes_per_peer``, ``ms``, ``cpu_ms``.
+``collective``, ``transport``, ``world_size``, ``bytes_per_peer``, ``ms``, ``cpu_ms``, ``chain_us``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -59,11 +62,17 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
         timed = time_interleaved({k: (lambda fn=fn, out=outs[k]: fn(out)) for k, fn in calls.items()},
                                  args.warmup, args.iters, before=dist.barrier)
         for (coll, transport), t in timed.items():
-            mine = torch.tensor([statistics.median(t.wall), statistics.median(t.cpu)])
+            out, fn = outs[(coll, transport)], calls[(coll, transport)]
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.chain):
+                fn(out)
+            chain = (time.perf_counter() - t0) / args.chain
+            mine = torch.tensor([statistics.median(t.wall), statistics.median(t.cpu), chain])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             records.append({"collective": coll, "transport": transport, "world_size": W,
                             "bytes_per_peer": 4 * n, "ms": round(1e3 * float(mine[0]), 3),
-                            "cpu_ms": round(1e3 * float(mine[1]), 3)})
+                            "cpu_ms": round(1e3 * float(mine[1]), 3), "chain_us": round(1e6 * float(mine[2]), 1)})
     ex.close()
     return records
 
@@ -74,6 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=positive_float, nargs="+", default=[0.0625, 0.5, 2, 8], help="MB per peer")
     p.add_argument("--iters", type=positive_int, default=30)
     p.add_argument("--warmup", type=nonneg_int, default=5)
+    p.add_argument("--chain", type=positive_int, default=200, help="back-to-back calls timed per collective")
     p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
     from tests.multiprocess import run_multiprocess
@@ -86,12 +96,12 @@ def main(argv=None) -> int:
         r["machine"] = machine
     by = {(r["collective"], r["transport"], r["bytes_per_peer"]): r for r in records}
     print(f"W={args.world_size}  {'collective':11} {'MB/peer':>8} {'shm ms':>8} {'gloo ms':>8} {'gloo/shm':>9} "
-          f"{'shm cpu':>8} {'gloo cpu':>8}")
+          f"{'shm cpu':>8} {'gloo cpu':>8} {'chain us: shm':>14} {'gloo':>7}")
     for (coll, transport, nb), r in by.items():
         if transport == "shm":
             g = by[(coll, "gloo", nb)]
             print(f"     {coll:11} {nb / 2**20:8.3f} {r['ms']:8.3f} {g['ms']:8.3f} {g['ms'] / r['ms']:8.2f}x "
-                  f"{r['cpu_ms']:8.3f} {g['cpu_ms']:8.3f}")
+                  f"{r['cpu_ms']:8.3f} {g['cpu_ms']:8.3f} {r['chain_us']:14.1f} {g['chain_us']:7.1f}")
     if args.json:
         write_json(args.json, records)
     return 0

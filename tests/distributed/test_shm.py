@@ -43,12 +43,19 @@ def _exchange_body(rank: int, W: int):
     ex = ShmExchange.create(dist.group.WORLD, segment_bytes=1 << 20)     # small: messages below grow it
     assert ex is not None
     splits = [1] * W
-    for out, send in [(torch.empty(W), torch.empty(W + 1)), (torch.empty(W, dtype=torch.int64), torch.empty(W))]:
+    for out, send in [(torch.empty(W), torch.empty(W + 1)), (torch.empty(W, dtype=torch.int64), torch.empty(W)),
+                      (torch.empty(2 * W)[::2], torch.empty(W))]:           # an output with gaps
         try:                          # rejected before any message is numbered: the group stays usable
             ex.all_to_all_single(out, send, splits, splits)
             raise AssertionError("inconsistent AlltoAll arguments were accepted")
         except ShmError as e:
             assert "splits each summing" in str(e)
+    for out, send in [(torch.empty(W + 1), torch.empty(1)), (torch.empty(2 * W)[::2], torch.empty(1))]:
+        try:
+            ex.all_gather_single(out, send)
+            raise AssertionError("an AllGather output of the wrong size or with gaps was accepted")
+        except ShmError as e:
+            assert "all_gather: the output holds" in str(e)
     gen = torch.Generator().manual_seed(0)
     # uneven splits and zero-sized chunks, several dtypes and row shapes, waited one by one
     for i, (dtype, cols) in enumerate([(torch.int64, 0), (torch.float32, 3), (torch.bfloat16, 5), (torch.int32, 0),
@@ -81,12 +88,13 @@ def _exchange_body(rank: int, W: int):
         assert (got.data_ptr() >= send.data_ptr() and got.data_ptr() < send.data_ptr() + send.nbytes) == aliased
         if i == 0:
             assert got.data_ptr() == send.data_ptr()          # equal splits: always in place
-    # AllGather: each rank's block written once, read by all
-    send = torch.arange(1000, dtype=torch.float32) + 1000 * rank
-    got, ref = torch.empty(W * 1000), torch.empty(W * 1000)
-    ex.all_gather_single(got, send).wait()
-    dist.all_gather_into_tensor(ref, send)
-    assert torch.equal(got, ref)
+    # AllGather: each rank's block written once, read by all (small blocks by memmove, large by torch)
+    for n in (1000, 400_000):
+        send = torch.arange(n, dtype=torch.float32) + n * rank
+        got, ref = torch.empty(W * n), torch.empty(W * n)
+        ex.all_gather_single(got, send).wait()
+        dist.all_gather_into_tensor(ref, send)
+        assert torch.equal(got, ref), n
     # no segment file outlives the wait() of the message that needed it
     dist.barrier()
     left = glob.glob(f"/dev/shm/{ex._base}-*")

@@ -38,13 +38,14 @@ def _rank_call_order(rank: int, world_size: int, args):
 
     bench.time_interleaved = recording
     records = bench._rank_main(rank, world_size, args)
-    return seq, [(r["collective"], r["transport"]) for r in records]
+    return seq, [(r["collective"], r["transport"]) for r in records], [r["chain_us"] for r in records]
 
 
 def test_ranks_time_the_transports_interleaved_in_the_same_order():
-    args = argparse.Namespace(sizes=[0.001], warmup=1, iters=3)
+    args = argparse.Namespace(sizes=[0.001], warmup=1, iters=3, chain=4)
     results = run_multiprocess(_rank_call_order, 2, args, timeout_s=120, threads=1, env={"OMP_NUM_THREADS": "1"})
-    (seq0, recs0), (seq1, recs1) = results
+    (seq0, recs0, chain0), (seq1, recs1, chain1) = results
     assert seq0 == seq1                                               # every rank: the same collectives in order
     _check_interleaved([tuple(k) for k in seq0], KEYS, 4)
+    assert chain0 == chain1 and all(c > 0 for c in chain0)            # the slowest rank's time, on every rank
     assert recs0 == recs1 == KEYS                                     # the records, as before
