@@ -132,10 +132,6 @@ def _align(n: int, a: int = 64) -> int:
     return (n + a - 1) // a * a
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 _MEMMOVE_MAX = 1 << 20
 """Chunks below this many bytes are copied by ``memmove`` on their addresses (no tensor views:
 a few microseconds less per chunk, most of a small collective's cost); larger ones by torch's
@@ -351,7 +347,7 @@ class ShmExchange:
         send = send.contiguous()
         send_at = _offsets(in_splits, row)
         recv_at = _offsets(out_splits, row)
-        if out.dtype != send.dtype or send_at[-1] != _nbytes(send) or recv_at[-1] != _nbytes(out) \
+        if out.dtype != send.dtype or send_at[-1] != send.nbytes or recv_at[-1] != out.nbytes \
                 or len(in_splits) != self.size or len(out_splits) != self.size or not out.is_contiguous() \
                 or send.device.type != "cpu" or out.device.type != "cpu":
             raise ShmError(f"all_to_all: {self.size} splits each summing to the tensors' rows and one dtype "
@@ -368,10 +364,10 @@ class ShmExchange:
     def all_gather_single(self, out: torch.Tensor, send: torch.Tensor) -> _Work:
         """Like ``dist.all_gather_into_tensor``: ``out`` is W copies' worth, rank r's ``send`` at block r."""
         send = send.contiguous()
-        n = _nbytes(send)
-        if _nbytes(out) != n * self.size or not out.is_contiguous() or send.device.type != "cpu" \
+        n = send.nbytes
+        if out.nbytes != n * self.size or not out.is_contiguous() or send.device.type != "cpu" \
                 or out.device.type != "cpu":
-            raise ShmError(f"all_gather: the output holds {_nbytes(out)} bytes on {out.device}, expected "
+            raise ShmError(f"all_gather: the output holds {out.nbytes} bytes on {out.device}, expected "
                            f"{self.size} x {n}, contiguous, on the CPU")
         oa, sa = out.data_ptr(), send.data_ptr()
         _move(oa + self.rank * n, sa, n)
@@ -397,10 +393,9 @@ class ShmExchange:
         payload = chunks[self.rank][1] if gather else sum(_align(chunks[r][1]) for r in self.peers)
         seg = self._own_segment(slot, q, self._header_bytes + _align(payload))
         base, header, off = seg.addr, seg.header, self._header_bytes
-        first = self.peers[0] if self.peers else -1
         for r in self.peers:
             src, n = chunks[r]
-            if n and (not gather or r == first):
+            if n and (not gather or r == self.peers[0]):
                 _move(base + off, src, n)
             header[2 * r], header[2 * r + 1] = off, n
             if not gather:
@@ -430,12 +425,12 @@ class ShmExchange:
 
     def _progress(self) -> None:
         """Copy out every chunk that has arrived, in message order; never blocks."""
-        pending, ctrl, me = self._pending, self._ctrl, self.rank
+        pending, me = self._pending, self.rank
         while pending:
             rx = pending[0]
             left = []
             for s in rx.missing:
-                if ctrl[s * _BLOCK + _PUBLISHED] < rx.q:
+                if self._word(s, _PUBLISHED) < rx.q:
                     left.append(s)
                     continue
                 seg = self._peer_segment(s, rx.slot)
@@ -451,7 +446,7 @@ class ShmExchange:
                 return
             pending.popleft()
             self._consumed = rx.q
-            ctrl[me * _BLOCK + _CONSUMED] = rx.q
+            self._ctrl[me * _BLOCK + _CONSUMED] = rx.q
 
     def _block(self, done: Callable[[], bool], what: Callable[[], str]) -> None:
         """Progress receives until ``done()``; spin, then yield, then sleep; raise on timeout or
