@@ -115,6 +115,9 @@ class ShardingConfig:
     cache_sample_batches: int = 16
     """Global batches of training data on which ``neo cache-report``'s simulator measures the
     miss-ratio curve of every table the planner may cache (0: the built-in skew model)."""
+    fuse_output_dists: bool = True
+    """With every rank on one host (CPU), every sharding type's pooled embeddings in one AlltoAll
+    per direction (the same result bit for bit); false: one output distribution per type."""
 
     def validate(self, where: str = "sharding") -> None:
         from neo.planner.planner import PARTITIONERS      # here: neo.planner imports neo.config

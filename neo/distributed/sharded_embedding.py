@@ -9,7 +9,8 @@ A batch's path (rank r, B local samples, W ranks)::
                                   (W * B, local columns), samples source-major
       -> output_dist(pooled)      per sharding type: AlltoAll (table/column-wise), ReduceScatter
                                   (row-wise), intra-node then cross-node (table_row_wise,
-                                  table_column_wise), local slice (data-parallel)
+                                  table_column_wise), local slice (data-parallel); on one
+                                  host, every type in ONE AlltoAll (sharding/one_host.py)
       -> (B, sum D)               features in table order, as TableBatchedEmbedding(tables)(batch)
 
 Backward runs the reverse collectives (autograd Functions in :mod:`.comms`) and each
@@ -40,6 +41,7 @@ from neo.distributed.plan_view import PlanError, PlanView, ShardingType
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.sharding.data_parallel import DataParallelOutputDist
 from neo.distributed.sharding.hierarchical import TableColumnWiseOutputDist, TableRowWiseOutputDist
+from neo.distributed.sharding.one_host import OneHostOutputDist
 from neo.distributed.sharding.row_wise import RowWiseOutputDist
 from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
@@ -161,6 +163,10 @@ class ShardedEmbeddingCollection(nn.Module):
             broadcast from rank 0, so that they start identical).
         store_dir: directory of the backing files of cached shards (``placement: cached`` on an
             mmap store); see :mod:`neo.embedding.cache`.
+        fuse_output_dists: with every rank on one host and shards on the CPU, carry every sharding
+            type's pooled output in one AlltoAll per direction
+            (:class:`~neo.distributed.sharding.one_host.OneHostOutputDist`; the same result bit for
+            bit); False: one output distribution per type, as across hosts.
 
     State dict (TorchRec's way, :mod:`neo.distributed.state_dict`): ``state_dict()`` has the
     unsharded :class:`~neo.embedding.TableBatchedEmbedding`'s keys, ``<table>.weight``,
@@ -179,7 +185,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
                  comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
-                 seed: int = 0, device: Optional[torch.device | str] = None, store_dir: Optional[str] = None):
+                 seed: int = 0, device: Optional[torch.device | str] = None, store_dir: Optional[str] = None,
+                 fuse_output_dists: bool = True):
         super().__init__()
         if device is not None and torch.device(device).type == "meta":
             raise ValueError("ShardedEmbeddingCollection: device='meta' is not a place for shards: it allocates "
@@ -203,6 +210,7 @@ class ShardedEmbeddingCollection(nn.Module):
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
                                                 seed=seed + pg.rank, store_dir=store_dir, count_skipped=False)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
         self._input_dist = InputDist(self.layout, pg, validate=validate)
         self.output_dists = self._build_output_dists()
@@ -249,6 +257,9 @@ class ShardedEmbeddingCollection(nn.Module):
             dists.append(TableColumnWiseOutputDist(self.layout, self.pg, self.comm))
         if T.DATA_PARALLEL in types:
             dists.append(DataParallelOutputDist(self.layout, self.pg, self.comm))
+        if (len(dists) > 1 and self._fuse_output_dists and self.pg.world_size > 1 and self.pg.num_nodes == 1
+                and self.device.type == "cpu"):
+            return [OneHostOutputDist(self.layout, self.pg, self.comm)]
         return dists
 
     # ------------------------------------------------------------------ the three stages

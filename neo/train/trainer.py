@@ -142,7 +142,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         store_dir = t.cache_store_dir or os.path.join(t.run_dir, "embedding_store")
         self.sharded = ShardedEmbeddingCollection(self.tables, self.plan, self.pg, backend=t.embedding_backend,
-                                                  seed=t.seed, device=self.device, store_dir=store_dir)
+                                                  seed=t.seed, device=self.device, store_dir=store_dir,
+                                                  fuse_output_dists=cfg.sharding.fuse_output_dists)
         cached = [tb for tb in self.tables if tb.cached]
         self.cache_monitor = CacheMonitor(self.sharded, [tb.name for tb in cached],
                                           self.pg.world if self.W > 1 else None)

@@ -13,7 +13,9 @@ every piece into table order in one copy. Their backward is the reverse communic
   AlltoAll of the partial sums and a local fp32 sum, neo/distributed/comms.py);
 - :mod:`.hierarchical`: table_row_wise (intra-node reduce-scatter, then cross-node AlltoAll)
   and table_column_wise (intra-node AlltoAll, then cross-node AlltoAll);
-- :mod:`.data_parallel`: each rank keeps its rows; backward AllGathers the gradient.
+- :mod:`.data_parallel`: each rank keeps its rows; backward AllGathers the gradient;
+- :mod:`.one_host`: with every rank on one host, all of the above in one AlltoAll per
+  direction (the sharded collection's default there, where a plan uses several).
 """
 
 from typing import List, Tuple

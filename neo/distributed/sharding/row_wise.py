@@ -52,10 +52,14 @@ class MeanDivider:
     def __call__(self, y: torch.Tensor, batch: DistributedBatch) -> torch.Tensor:
         if not self.spans:
             return y
-        div = torch.ones(y.shape[0], self.width, dtype=y.dtype, device=y.device)    # (B, D)
+        return y / self.divisor(batch, y)
+
+    def divisor(self, batch: DistributedBatch, like: torch.Tensor) -> torch.Tensor:
+        """(B, D): the mean-pooled features' full bag lengths (at least 1) in their columns, 1 elsewhere."""
+        div = torch.ones(like.shape[0], self.width, dtype=like.dtype, device=like.device)
         for f, (c0, c1) in self.spans.items():
-            div[:, c0:c1] = batch.source_lengths[f].clamp(min=1).to(y.dtype).unsqueeze(1)
-        return y / div
+            div[:, c0:c1] = batch.source_lengths[f].clamp(min=1).to(like.dtype).unsqueeze(1)
+        return div
 
 
 def scatter_columns(layout: SlotLayout, rank: int, types: Sequence[ShardingType], features: Sequence[str]):
