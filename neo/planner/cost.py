@@ -278,7 +278,9 @@ def collective_latency(types_used, topo: Topology, c: CostConstants) -> float:
 
 
 def collective_latency_split(types_used, topo: Topology, c: CostConstants):
-    """(input distribution, output distribution) latency per step: 0 in one process."""
+    """(input distribution, output distribution) latency per step: 0 in one process. CPU ranks on
+    one host carry a plan's several output distributions in one AlltoAll per direction (the
+    runtime's default, ``sharding.fuse_output_dists``): two collectives."""
     if topo.world_size == 1:
         return 0.0, 0.0
     lat = c.inter_latency if topo.num_nodes > 1 else c.intra_latency
@@ -295,4 +297,12 @@ def collective_latency_split(types_used, topo: Topology, c: CostConstants):
         n_out += 2
     if ShardingType.DATA_PARALLEL in used:
         n_out += 1                              # AllGather of the gradients
+    groups = sum(1 for g in _OUTPUT_GROUPS if used & g)
+    if topo.num_nodes == 1 and c.device_kind == "cpu" and groups > 1:
+        n_out = 2                               # one AlltoAll per direction for every type (sharding/one_host.py)
     return n_in * lat, n_out * lat
+
+
+# the output distributions of a plan, one per set (table_wise and column_wise share one)
+_OUTPUT_GROUPS = ({ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE}, {ShardingType.ROW_WISE},
+                  {ShardingType.TABLE_ROW_WISE}, {ShardingType.TABLE_COLUMN_WISE}, {ShardingType.DATA_PARALLEL})

@@ -151,3 +151,18 @@ def test_plan_round_trip_keeps_the_prediction():
     again = Plan.from_dict(plan.to_dict())
     assert predict_step(again, tables, dense, topo, CPU).step_ms == pytest.approx(
         predict_step(plan, tables, dense, topo, CPU).step_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,W,L,want", [("cpu", 2, 2, 2), ("cpu", 4, 2, 5), ("h100", 2, 2, 5)])
+def test_output_collectives_of_a_mixed_plan(kind, W, L, want):
+    """CPU ranks on one host carry several output distributions in one AlltoAll per direction (two
+    collectives); across hosts, or on accelerators, each distribution counts: table-wise's AlltoAll
+    (2: forward, backward), row-wise's ReduceScatter and AllGather (2), data-parallel's AllGather (1)."""
+    from neo.planner.cost import collective_latency_split
+    c = builtin_constants(kind)
+    types = [ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL]
+    lat_in, lat_out = collective_latency_split(types, Topology.uniform(W, L), c)
+    per = c.intra_latency if W == L else c.inter_latency
+    assert lat_in == pytest.approx(2 * per) and lat_out == pytest.approx(want * per)
+    _, alone = collective_latency_split([ShardingType.ROW_WISE], Topology.uniform(W, L), c)
+    assert alone == pytest.approx(2 * per)                   # one type: its own distribution, fused or not
