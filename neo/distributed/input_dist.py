@@ -31,6 +31,9 @@ the source is what makes the counts reconcile under every sharding: a column-spl
 reach every column shard, a data-parallel table's every replica, a row-split table's invalid
 ids no shard at all.
 
+At world size 1, where every shard holds all of its table's rows, there is nothing to route: the
+batch itself is the local batch (:attr:`InputDist.one_rank`).
+
 Calling the input distribution runs (0) (a blocking exchange of 6 ints a rank), launches (1) and returns an :class:`Awaitable` of two
 stages: ``progress()`` waits for the lengths and launches (2); ``wait()`` (running
 ``progress()`` first if nobody did) waits for the ids and regroups them. A training
@@ -139,6 +142,13 @@ class InputDist:
         # added up where the ids are (no wait for the device per batch; read only by skipped_ids)
         self._rows = torch.tensor(self.rows, dtype=torch.int64)                          # (F,)
         self._skipped = torch.zeros(len(layout.features), dtype=torch.int64)             # (F,)
+        slots = layout.slots_on[0] if self.W == 1 else []
+        self.one_rank = self.W == 1 and all(s.full_rows for s in slots)
+        """World size 1, every slot holding all of its table's rows: each slot's ids are its feature's
+        as they are, so :meth:`__call__` hands the lookup the batch itself (:meth:`_one_rank_batch`:
+        no collective, no copy where each feature has one slot; tested equal to the general path)."""
+        self._slot_features = [layout.features.index(s.feature) for s in slots]
+        self._slot_keys = tuple(s.local_feature for s in slots)
 
     @property
     def skipped_ids(self) -> Dict[str, int]:
@@ -198,6 +208,8 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
+        if self.one_rank:
+            return Awaitable.ready(self._one_rank_batch(batch), "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
         offsets = batch.offsets.to(torch.int64)
@@ -305,6 +317,37 @@ class InputDist:
             return DistributedBatch(local, B, source_lengths)
 
         return Awaitable(finish, "input_dist", progress=send_ids)
+
+    def _one_rank_batch(self, batch: KeyedJaggedBatch) -> DistributedBatch:
+        """The local batch at world size 1 (:attr:`one_rank`), ``batch`` in global feature order: the
+        same ids, lengths and weights each slot would receive through the general path, the same
+        error for a bad id (validate) or the same counts (validate=False: the lookup skips them)."""
+        B, F = batch.batch_size, len(self.layout.features)
+        weights = None if batch.weights is None else batch.weights.to(torch.float32)
+        starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)     # (F + 1,): each feature's first id
+        if batch.values.numel():
+            if self.validate:
+                bad = self._first_bad_id(batch.values, starts)
+                if bad is not None:
+                    f, bad_id, pos = bad
+                    offsets = batch.offsets
+                    bag = int(torch.searchsorted(offsets, torch.tensor(pos, dtype=offsets.dtype), right=True)) - 1
+                    head = torch.tensor([[B, int(weights is not None), 1, f, bad_id, bag - f * B]])
+                    self._raise_on_bad_input(head, B, weights is not None)
+            else:
+                self._count_skipped(batch.values.to(torch.int64), batch.offsets.to(torch.int64), B)
+        if self._slot_features == list(range(F)):                          # one slot per feature, in order
+            local = KeyedJaggedBatch(self._slot_keys, batch.values, batch.lengths, B, weights=weights,
+                                     offsets=batch.offsets, validate=False)
+        else:                                                              # column shards side by side
+            values = torch.cat([batch.values[starts[f]:starts[f + 1]] for f in self._slot_features])
+            lengths = torch.cat([batch.lengths[f * B:(f + 1) * B] for f in self._slot_features])
+            local_w = None if weights is None else \
+                torch.cat([weights[starts[f]:starts[f + 1]] for f in self._slot_features])
+            local = KeyedJaggedBatch(self._slot_keys, values, lengths, B, weights=local_w, validate=False)
+        fidx = {f: i for i, f in enumerate(self.layout.features)}
+        source_lengths = {f: batch.lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
+        return DistributedBatch(local, B, source_lengths)
 
     # ---------------------------------------------------------------- agreement
     def _raise_on_bad_input(self, heads: torch.Tensor, B: int, weighted: bool) -> None:

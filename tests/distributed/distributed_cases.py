@@ -52,7 +52,8 @@ class Case:
     shm: bool = True
     """AlltoAlls and AllGathers through shared memory (False: through gloo)."""
     general_path: bool = False
-    """At world size 1: every type's output distribution run as at W > 1 (not the one-rank path)."""
+    """At world size 1: the input and every type's output distribution run as at W > 1 (not the
+    one-rank paths)."""
 
     def plan(self) -> Dict[str, Any]:
         return even_plan(self.tables, self.types, self.world_size, self.local_world_size)
@@ -193,8 +194,10 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
     mean_row_wise = any(t.pooling.value == "mean" and case.types[t.name] in ("row_wise", "table_row_wise")
                         for t in case.tables)
     assert sec._one_rank == (W == 1 and case.comm == CommConfig() and not mean_row_wise), case.name
+    assert sec._input_dist.one_rank == (W == 1), case.name          # every slot holds its table's every row
     if case.general_path:
         sec._one_rank = False
+        sec._input_dist.one_rank = False
     if case.use_parallelize:
         toy = ToyModel(case)
         sec.load_full_weights({t.name: toy.embedding.table_weight(t.name) for t in case.tables})

@@ -1,0 +1,77 @@
+"""The input distribution at world size 1 (InputDist.one_rank: the batch itself, no collective)
+against its general path: the same local batch, the same error for a bad id, the same counts of
+skipped ids. Training through it is checked against the unsharded reference, bit for bit against
+the general path, in test_distributed_equivalence.py::test_world_size_1_one_rank_path."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+
+from neo.config.embedding import TableConfig
+from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
+from neo.distributed.input_dist import DistributedInputError
+from neo.sparse import KeyedJaggedBatch
+from tests.multiprocess import run_multiprocess
+
+B = 4
+TABLES = [TableConfig("a", 10, 8, ("fa",)), TableConfig("b", 12, 8, ("fb", "fc")), TableConfig("c", 9, 8, ("fd",))]
+TYPES = {"a": "table_wise", "b": "column_wise", "c": "row_wise"}      # b: two column shards, side by side
+
+
+def _batch(bad: bool, weighted: bool) -> KeyedJaggedBatch:
+    gen = torch.Generator().manual_seed(3)
+    keys = ("fd", "fb", "fa", "fc")                      # not the collection's order: permuted first
+    lengths = torch.randint(1, 4, (len(keys) * B,), generator=gen)
+    ids = torch.randint(0, 9, (int(lengths.sum()),), generator=gen)
+    if bad:
+        ids[-1] = 12                                      # feature fc (table b, 12 rows): row 12 is out
+        ids[0] = -1                                       # feature fd (table c, its first bag): a negative id
+    w = torch.rand(ids.shape, generator=gen) if weighted else None
+    return KeyedJaggedBatch(keys, ids, lengths, B, weights=w)
+
+
+def _run(rank: int, world_size: int):
+    pg = ProcessGroups.build(timeout=datetime.timedelta(seconds=60))
+    plan = even_plan(TABLES, TYPES, 1, 1)
+    out = {}
+    for validate in (True, False):
+        for bad in (False, True):
+            for weighted in (False, True):
+                for one_rank in (True, False):
+                    sec = ShardedEmbeddingCollection(TABLES, plan, pg, seed=1, validate=validate)
+                    assert sec._input_dist.one_rank
+                    sec._input_dist.one_rank = one_rank
+                    key = (validate, bad, weighted, one_rank)
+                    try:
+                        db = sec.input_dist(_batch(bad, weighted)).wait()
+                    except DistributedInputError as e:
+                        out[key] = ("error", str(e))
+                        continue
+                    loc = db.local
+                    out[key] = ("batch", loc.keys, loc.values.to(torch.int64), loc.lengths.to(torch.int64),
+                                loc.weights, sec.compute(db).detach(), sec.skipped_ids)
+    return out
+
+
+def test_one_rank_input_equals_the_general_path():
+    (got,) = run_multiprocess(_run, 1)
+    for validate in (True, False):
+        for bad in (False, True):
+            for weighted in (False, True):
+                fast, general = got[(validate, bad, weighted, True)], got[(validate, bad, weighted, False)]
+                assert fast[0] == general[0] == ("error" if validate and bad else "batch")
+                if fast[0] == "error":
+                    assert fast[1] == general[1]
+                    assert "feature 'fc' (table 'b'): id 12 at sample" in fast[1], fast[1]
+                    continue
+                keys, values, lengths, weights, pooled, skipped = fast[1:]
+                assert keys == general[1] == ("fa#0", "fb#0", "fc#0", "fb#1", "fc#1", "fd#0")
+                assert torch.equal(pooled, general[5])
+                assert skipped == general[6] == {"a": 0, "b": int(bad), "c": int(bad)}
+                if bad:    # the general path drops the row-wise table's bad id (no shard holds it), the
+                    continue   # one-rank path leaves it to the lookup, which skips it: the same pooled rows
+                for a, b in zip((values, lengths, weights), general[2:5]):
+                    assert (a is None and b is None) or torch.equal(a, b)
