@@ -45,6 +45,8 @@ class Case:
     """This rank's first batch one sample short (expects every rank to raise)."""
     missing_feature_rank: Optional[int] = None
     """This rank's first batch without its first feature (expects every rank to raise)."""
+    bad_step: int = 0
+    """The step whose batch the three above spoil (0: before any batch has been distributed)."""
     validate: bool = True
     """ShardedEmbeddingCollection(validate=...): ids checked at the source, or counted."""
     use_parallelize: bool = False
@@ -212,11 +214,11 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
     losses, error = [], None
     for step, (batch, y) in enumerate(zip(global_batches(case), labels(case))):
         local = local_slice(batch, rank, B)
-        if case.bad_id_rank == rank and step == 0:
+        if case.bad_id_rank == rank and step == case.bad_step:
             local.values[-1] = 10_000                                     # out of range on this rank only
-        if case.short_batch_rank == rank and step == 0:
+        if case.short_batch_rank == rank and step == case.bad_step:
             local = local_slice(local, 0, B - 1)                          # a partial batch on this rank only
-        if case.missing_feature_rank == rank and step == 0:
+        if case.missing_feature_rank == rank and step == case.bad_step:
             local = local.permute(local.keys[1:])                         # its first feature left out
         try:
             logits = step_fn(local)

@@ -194,17 +194,21 @@ def test_bad_input_raises_on_every_rank(shm):
              Case("missing feature, ids unchecked", ts, _mixed_types(ts), W, 2, missing_feature_rank=1, shm=shm,
                   validate=False),
              Case("after bad input the group still works", ts, _mixed_types(ts), W, 2, shm=shm)]
-    got = run_multiprocess(train_sharded, W, cases, local_world_size=2, collective_timeout_s=20)
+    # the same at the second step, after a batch has gone through
+    later = [replace(c, name=c.name + " (step 1)", bad_step=1) for c in cases[:3]]
+    got = run_multiprocess(train_sharded, W, cases + later, local_world_size=2, collective_timeout_s=20)
     for rank, res in enumerate(got):
-        err = res[0]["error"]
-        assert err is not None, f"rank {rank} did not raise"
-        assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
-        err = res[1]["error"]
-        assert err is not None and "every rank must pass the same batch size; got [6, 5] per rank" in err, err
-        for k in (2, 3):                 # before, rank 0 waited in the header exchange (audit of 2026-11-30)
-            err = res[k]["error"]
-            assert err is not None and "bad input on" in err and \
-                "rank 1: feature 'f0a' (table 't0') not in its batch" in err, (k, err)
+        for first in (0, 5):
+            err = res[first]["error"]
+            assert err is not None, f"rank {rank} did not raise"
+            assert "rank 1" in err and "id 10000" in err and "out of range" in err and "table 't" in err, err
+            err = res[first + 1]["error"]
+            assert err is not None and "every rank must pass the same batch size; got [6, 5] per rank" in err, err
+            for k in (first + 2, 3) if first == 0 else (first + 2,):   # before, rank 0 waited in the header
+                err = res[k]["error"]                                      # exchange (audit of 2026-11-30)
+                assert err is not None and "bad input on" in err and \
+                    "rank 1: feature 'f0a' (table 't0') not in its batch" in err, (k, err)
+        assert [len(res[k]["losses"]) for k in (5, 6, 7)] == [1, 1, 1]     # step 0 trained, step 1 raised
     _check(cases[4], got[0][4])
 
 
