@@ -147,7 +147,9 @@ class InputDist:
         """World size 1, every slot holding all of its table's rows: each slot's ids are its feature's
         as they are, so :meth:`__call__` hands the lookup the batch itself (:meth:`_one_rank_batch`:
         no collective, no copy where each feature has one slot; tested equal to the general path)."""
-        self._slot_features = [layout.features.index(s.feature) for s in slots]
+        self._fidx = {f: i for i, f in enumerate(layout.features)}                       # feature -> index
+        self._slot_features = [self._fidx[s.feature] for s in slots]
+        self._slot_per_feature = self._slot_features == list(range(len(layout.features)))
         self._slot_keys = tuple(s.local_feature for s in slots)
 
     @property
@@ -169,8 +171,10 @@ class InputDist:
         self._skipped += count_bad_ids(values, offsets, B, self._rows)
 
     # ---------------------------------------------------------------- source side
-    def _first_bad_id(self, values: torch.Tensor, starts: List[int]) -> Optional[Tuple[int, int, int]]:
-        """(feature index, id, position in values) of the first id outside its table, or None."""
+    def _bad_id_error(self, values: torch.Tensor, offsets: torch.Tensor, starts: List[int],
+                      B: int) -> Optional[List[int]]:
+        """The header's error fields ``[1, feature index, id, sample]`` of the first id outside its
+        table (``values`` in global feature order, ``starts`` each feature's first id), or None."""
         for f, rows in enumerate(self.rows):
             v = values[starts[f]:starts[f + 1]]
             if v.numel() == 0:
@@ -178,7 +182,9 @@ class InputDist:
             lo, hi = torch.aminmax(v)                                      # one pass per feature
             if int(lo) < 0 or int(hi) >= rows:
                 pos = int(((v < 0) | (v >= rows)).nonzero()[0])
-                return f, int(v[pos]), starts[f] + pos
+                bag = int(torch.searchsorted(offsets, torch.tensor(starts[f] + pos, dtype=offsets.dtype,
+                                                                   device=offsets.device), right=True)) - 1
+                return [1, f, int(v[pos]), bag - f * B]
         return None
 
     def _message(self, rank: int, f: int, bad_id: int, sample: int) -> str:
@@ -218,11 +224,7 @@ class InputDist:
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
         if self.validate and values.numel() and missing_err is None:
-            bad = self._first_bad_id(values, starts)
-            if bad is not None:
-                f, bad_id, pos = bad
-                bag = int(torch.searchsorted(offsets, torch.tensor(pos, device=offsets.device), right=True)) - 1
-                header_err = [1, f, bad_id, bag - f * B]
+            header_err = self._bad_id_error(values, offsets, starts, B) or header_err
         if not self.validate:                                               # before routing drops or copies any
             self._count_skipped(values, offsets, B)
         head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
@@ -237,7 +239,7 @@ class InputDist:
 
         if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
             values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)
-        fidx = {f: i for i, f in enumerate(layout.features)}
+        fidx = self._fidx
         cache: Dict[tuple, tuple] = {}
         split: Dict[str, dict] = {}
 
@@ -276,7 +278,7 @@ class InputDist:
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
         lengths_aw = all_to_all(send_lengths, len_out, len_in, self.pg.world_comm, name="input_dist.lengths")
-        source_lengths = {f: lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
+        source_lengths = self._source_lengths(lengths, B)
 
         weighted = weights is not None
         stage: Dict[str, Any] = {}
@@ -327,16 +329,12 @@ class InputDist:
         starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)     # (F + 1,): each feature's first id
         if batch.values.numel():
             if self.validate:
-                bad = self._first_bad_id(batch.values, starts)
-                if bad is not None:
-                    f, bad_id, pos = bad
-                    offsets = batch.offsets
-                    bag = int(torch.searchsorted(offsets, torch.tensor(pos, dtype=offsets.dtype), right=True)) - 1
-                    head = torch.tensor([[B, int(weights is not None), 1, f, bad_id, bag - f * B]])
-                    self._raise_on_bad_input(head, B, weights is not None)
+                err = self._bad_id_error(batch.values, batch.offsets, starts, B)
+                if err is not None:
+                    self._raise_on_bad_input(torch.tensor([[B, int(weights is not None)] + err]), B, weights is not None)
             else:
                 self._count_skipped(batch.values.to(torch.int64), batch.offsets.to(torch.int64), B)
-        if self._slot_features == list(range(F)):                          # one slot per feature, in order
+        if self._slot_per_feature:                                         # one slot per feature, in order
             local = KeyedJaggedBatch(self._slot_keys, batch.values, batch.lengths, B, weights=weights,
                                      offsets=batch.offsets, validate=False)
         else:                                                              # column shards side by side
@@ -345,9 +343,11 @@ class InputDist:
             local_w = None if weights is None else \
                 torch.cat([weights[starts[f]:starts[f + 1]] for f in self._slot_features])
             local = KeyedJaggedBatch(self._slot_keys, values, lengths, B, weights=local_w, validate=False)
-        fidx = {f: i for i, f in enumerate(self.layout.features)}
-        source_lengths = {f: batch.lengths[fidx[f] * B:(fidx[f] + 1) * B] for f in self.mean_row_split}
-        return DistributedBatch(local, B, source_lengths)
+        return DistributedBatch(local, B, self._source_lengths(batch.lengths, B))
+
+    def _source_lengths(self, lengths: torch.Tensor, B: int) -> Dict[str, torch.Tensor]:
+        """(B,) bag lengths of each mean-pooled row-split feature (``lengths`` in global feature order)."""
+        return {f: lengths[self._fidx[f] * B:(self._fidx[f] + 1) * B] for f in self.mean_row_split}
 
     # ---------------------------------------------------------------- agreement
     def _raise_on_bad_input(self, heads: torch.Tensor, B: int, weighted: bool) -> None:

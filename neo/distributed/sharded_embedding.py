@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from neo.config.embedding import TableConfig
+from neo.distributed.assemble import Assemble, column_runs, split_runs
 from neo.distributed.comms import Awaitable, BackwardOrder, CommConfig, CommPrecision
 from neo.distributed.input_dist import DistributedBatch, InputDist
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType
@@ -76,73 +77,6 @@ def _after_load(module: "ShardedEmbeddingCollection", incompatible) -> None:
     record, module._loading = module._loading, None
     if record is not None and not record.rank_local:
         incompatible.missing_keys[:] = drop_local_keys(module, incompatible.missing_keys, record.prefix)
-
-
-def _column_blocks(order: Sequence[int]):
-    """Runs of consecutive columns: (source start, target start, width) with out[:, t:t+n] = x[:, s:s+n]."""
-    blocks, s = [], 0
-    while s < len(order):
-        n = 1
-        while s + n < len(order) and order[s + n] == order[s] + n:
-            n += 1
-        blocks.append((s, order[s], n))
-        s += n
-    return blocks
-
-
-def _split_blocks(runs, widths):
-    """Cut column runs at piece boundaries: (flat index, piece index in flat, src col, dst col, n)."""
-    pieces, acc = [], 0                                     # (flat, piece, start col in concat order, width)
-    for fi, ws in enumerate(widths):
-        for pi, w in enumerate(ws):
-            pieces.append((fi, pi, acc, w))
-            acc += w
-    out = []
-    for s, t, n in runs:
-        while n:
-            fi, pi, p0, w = next(p for p in pieces if p[2] <= s < p[2] + p[3])
-            m = min(n, p0 + w - s)
-            out.append((fi, pi, s - p0, t, m))
-            s, t, n = s + m, t + m, n - m
-    return {"blocks": out, "widths": widths}
-
-
-def _piece_views(flat: torch.Tensor, ws, B: int):
-    views, off = [], 0
-    for w in ws:
-        views.append(flat[off:off + B * w].view(B, w))
-        off += B * w
-    return views
-
-
-class _Assemble(torch.autograd.Function):
-    """Copies every piece's column runs into the (B, D) output in table order, in one pass.
-
-    Backward: the same block copies the other way, with the 1 / W gradient scale folded in
-    (no zero fill, no index_add, no separate scaling pass).
-    """
-
-    @staticmethod
-    def forward(ctx, B: int, D: int, spec, scale: float, *flats: torch.Tensor):
-        ctx.B, ctx.spec, ctx.scale = B, spec, scale
-        ctx.numels = [f.numel() for f in flats]
-        views = [_piece_views(f, ws, B) for f, ws in zip(flats, spec["widths"])]
-        blocks = spec["blocks"]
-        if len(blocks) == 1 and len(flats) == 1:                       # already (B, D) in order
-            return flats[0].view(B, D)
-        out = flats[0].new_empty(B, D)
-        for fi, pi, s, t, n in blocks:
-            out[:, t:t + n].copy_(views[fi][pi][:, s:s + n])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        B, spec, scale = ctx.B, ctx.spec, ctx.scale
-        grads = [grad.new_empty(n) for n in ctx.numels]
-        views = [_piece_views(g, ws, B) for g, ws in zip(grads, spec["widths"])]
-        for fi, pi, s, t, n in spec["blocks"]:
-            torch.mul(grad[:, t:t + n], scale, out=views[fi][pi][:, s:s + n])
-        return (None, None, None, None, *grads)
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -216,7 +150,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.output_dists = self._build_output_dists()
         order = [c for od in self.output_dists for c in od.global_columns]
         assert sorted(order) == list(range(self.layout.output_dim)), "output columns must tile the output"
-        self._blocks = _column_blocks(order)                                     # cat[:, s:s+n] -> out[:, g:g+n]
+        self._blocks = column_runs(enumerate(order))                             # cat[:, s:s+n] -> out[:, g:g+n]
         self._local_widths = [od.local_width for od in self.output_dists]
         self._one_rank = (pg.world_size == 1 and comm.forward == comm.backward == CommPrecision.FP32
                           and not any(getattr(getattr(od, "divide", None), "spans", None) for od in self.output_dists))
@@ -243,6 +177,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def _build_output_dists(self) -> List[Any]:
         types = set(self.plan.types())
+        if (self._fuse_output_dists and len({t.output_group for t in types}) > 1 and self.pg.world_size > 1
+                and self.pg.num_nodes == 1 and self.device.type == "cpu"):
+            return [OneHostOutputDist(self.layout, self.pg, self.comm)]
         T = ShardingType
         dists: List[Any] = []
         a2a = tuple(t for t in (T.TABLE_WISE, T.COLUMN_WISE) if t in types)
@@ -257,9 +194,6 @@ class ShardedEmbeddingCollection(nn.Module):
             dists.append(TableColumnWiseOutputDist(self.layout, self.pg, self.comm))
         if T.DATA_PARALLEL in types:
             dists.append(DataParallelOutputDist(self.layout, self.pg, self.comm))
-        if (len(dists) > 1 and self._fuse_output_dists and self.pg.world_size > 1 and self.pg.num_nodes == 1
-                and self.device.type == "cpu"):
-            return [OneHostOutputDist(self.layout, self.pg, self.comm)]
         return dists
 
     # ------------------------------------------------------------------ the three stages
@@ -351,8 +285,8 @@ class ShardedEmbeddingCollection(nn.Module):
             widths = tuple(tuple(p[1]) for p in received)
             blocks = self._block_cache.get(widths)
             if blocks is None:
-                blocks = self._block_cache[widths] = _split_blocks(self._blocks, widths)
-            full = lambda: _Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
+                blocks = self._block_cache[widths] = split_runs(self._blocks, widths)
+            full = lambda: Assemble.apply(batch.batch_size, self.layout.output_dim, blocks, self.grad_scale, *flats)
             where = self._feature_places(widths, blocks, batch.batch_size) if pieces else None
             if where is None:
                 return full()

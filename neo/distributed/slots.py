@@ -27,12 +27,9 @@ from neo.distributed.plan_view import PlanView, ShardingType
 
 __all__ = ["Slot", "SlotLayout", "OUTPUT_GROUP"]
 
-OUTPUT_GROUP = {
-    ShardingType.TABLE_WISE: 0, ShardingType.COLUMN_WISE: 0,     # one shared AlltoAll
-    ShardingType.ROW_WISE: 1, ShardingType.TABLE_ROW_WISE: 2,
-    ShardingType.TABLE_COLUMN_WISE: 3, ShardingType.DATA_PARALLEL: 4,
-}
-"""Output distribution of each sharding type; a rank's slots are ordered by it, then by table."""
+OUTPUT_GROUP = {t: t.output_group for t in ShardingType}
+"""Output distribution of each sharding type (``ShardingType.output_group``); a rank's slots are
+ordered by it, then by table."""
 
 
 @dataclass(frozen=True)

@@ -297,12 +297,6 @@ def collective_latency_split(types_used, topo: Topology, c: CostConstants):
         n_out += 2
     if ShardingType.DATA_PARALLEL in used:
         n_out += 1                              # AllGather of the gradients
-    groups = sum(1 for g in _OUTPUT_GROUPS if used & g)
-    if topo.num_nodes == 1 and c.device_kind == "cpu" and groups > 1:
+    if topo.num_nodes == 1 and c.device_kind == "cpu" and len({t.output_group for t in used}) > 1:
         n_out = 2                               # one AlltoAll per direction for every type (sharding/one_host.py)
     return n_in * lat, n_out * lat
-
-
-# the output distributions of a plan, one per set (table_wise and column_wise share one)
-_OUTPUT_GROUPS = ({ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE}, {ShardingType.ROW_WISE},
-                  {ShardingType.TABLE_ROW_WISE}, {ShardingType.TABLE_COLUMN_WISE}, {ShardingType.DATA_PARALLEL})

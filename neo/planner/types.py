@@ -67,6 +67,16 @@ class ShardingType(str, enum.Enum):
     def within_node(self) -> bool:
         return self in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)
 
+    @property
+    def output_group(self) -> int:
+        """The output distribution of a table of this type (table_wise and column_wise share one
+        AlltoAll); a rank's slots are ordered by it (neo/distributed/slots.py)."""
+        return _OUTPUT_GROUP[self.value]
+
+
+_OUTPUT_GROUP = {"table_wise": 0, "column_wise": 0, "row_wise": 1, "table_row_wise": 2, "table_column_wise": 3,
+                 "data_parallel": 4}
+
 
 class Placement(str, enum.Enum):
     """Where a table's rows live (docs/cache.md)."""

@@ -31,10 +31,11 @@ the data-parallel gradient of them (that of :func:`~neo.distributed.comms.slice_
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 import torch
 
+from neo.distributed.assemble import column_runs, copy_runs, piece_views
 from neo.distributed.comms import (Awaitable, BackwardOrder, CommConfig, _differentiable, _launch_a2a,
                                    _Launched)
 from neo.distributed.input_dist import DistributedBatch
@@ -42,33 +43,13 @@ from neo.distributed.plan_view import ShardingType
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.sharding import Pieces
 from neo.distributed.sharding.row_wise import MeanDivider
-from neo.distributed.slots import OUTPUT_GROUP, SlotLayout
+from neo.distributed.slots import SlotLayout
 
 __all__ = ["OneHostOutputDist"]
 
 _T = ShardingType
 _SUMMED = (_T.ROW_WISE, _T.TABLE_ROW_WISE)
 _LOCAL = (_T.DATA_PARALLEL,)
-Runs = List[Tuple[int, int, int]]
-"""(source column, target column, width): ``target[:, t:t + n] = source[:, s:s + n]``."""
-
-
-def _runs(pairs: Sequence[Tuple[int, int]]) -> Runs:
-    """Column pairs (source, target) merged into runs where both advance by one."""
-    runs: Runs = []
-    for s, t in pairs:
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == t:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, t, 1))
-    return runs
-
-
-def _copy_runs(dst: torch.Tensor, src: torch.Tensor, runs: Runs) -> None:
-    for s, t, n in runs:
-        dst[:, t:t + n].copy_(src[:, s:s + n])
-
-
 class _Wire:
     """Rank q's wire columns (see the module docstring): for each, the local pooled column it
     comes from (-1: a row-wise column q holds no shard of, sent as zero) and the global output
@@ -99,7 +80,7 @@ class _Wire:
             local += list(range(starts[i], starts[i] + s.cols))
             glob += layout.global_columns(s)
         if not summed_done:                          # q holds no row-wise shard: the block still goes in
-            self.summed_start = sum(s.cols for s in slots if OUTPUT_GROUP[s.sharding_type] < OUTPUT_GROUP[_T.ROW_WISE])
+            self.summed_start = sum(s.cols for s in slots if s.sharding_type.output_group < _T.ROW_WISE.output_group)
             local[self.summed_start:self.summed_start] = [-1] * len(summed_cols)
             glob[self.summed_start:self.summed_start] = summed_cols
         self.summed_width = len(summed_cols)
@@ -108,8 +89,8 @@ class _Wire:
                     if not self.summed_start <= j < self.summed_start + self.summed_width]
         dp = [(starts[i] + k, c) for i, s in enumerate(slots) if s.sharding_type in _LOCAL
               for k, c in enumerate(layout.global_columns(s))]
-        self.dp_local = [l for l, _ in dp]
-        self.back_glob = glob + [c for _, c in dp]          # the backward block: forward's, then data-parallel
+        self.dp_local, self.dp_glob = [l for l, _ in dp], [c for _, c in dp]
+        self.back_glob = glob + self.dp_glob                 # the backward block: forward's, then data-parallel
         self.back_local = local + self.dp_local
 
 
@@ -126,24 +107,25 @@ class OneHostOutputDist:
         self.D = layout.output_dim
         self.wires = [_Wire(layout, q, summed) for q in range(W)]
         mine = self.wires[me]
+        self.widths = [len(w.glob) for w in self.wires]              # each rank's forward block, columns
+        self.back_widths = [len(w.back_glob) for w in self.wires]    # and backward block
         self.local_width = sum(s.cols for s in layout.slots_on[me])
         self.global_columns = list(range(self.D))              # the output comes assembled, in table order
         # forward send: x's columns as the wire wants them (a prefix of x where that is the wire)
         n = len(mine.local)
         self.send_prefix = mine.local == list(range(n))
         have = [(l, j) for j, l in enumerate(mine.local) if l >= 0]
-        self.send_runs = _runs(have)
+        self.send_runs = column_runs(have)
         self.send_zero = len(have) < n
         # forward receive: each q's own columns, the summed block, this rank's data-parallel rows
-        self.own_runs = [_runs(w.own) for w in self.wires]
+        self.own_runs = [column_runs(w.own) for w in self.wires]
         self.summed_width = mine.summed_width
-        self.summed_runs = _runs([(j, c) for j, c in enumerate(mine.glob[mine.summed_start:mine.summed_start
-                                                                         + mine.summed_width])])
-        self.dp_runs = _runs(list(zip(mine.dp_local, mine.back_glob[len(mine.glob):])))
+        self.summed_runs = column_runs(enumerate(mine.glob[mine.summed_start:mine.summed_start + mine.summed_width]))
+        self.dp_runs = column_runs(zip(mine.dp_local, mine.dp_glob))
         self.divide = MeanDivider(layout, summed)
         # backward: the gradient columns each q's block takes, and where this rank's local columns
         # are in the block it receives
-        self.back_runs = [_runs([(c, j) for j, c in enumerate(w.back_glob)]) for w in self.wires]
+        self.back_runs = [column_runs((c, j) for j, c in enumerate(w.back_glob)) for w in self.wires]
         pick = {l: j for j, l in enumerate(mine.back_local) if l >= 0}
         self.back_identity = mine.back_local == list(range(self.local_width))
         self.back_pick = torch.tensor([pick[c] for c in range(self.local_width)], dtype=torch.int64)
@@ -153,15 +135,14 @@ class OneHostOutputDist:
         B, W, me = batch.batch_size, self.pg.world_size, self.pg.rank
         group = self.pg.world_comm
         fwd, bwd = self.comm.forward.wire_dtype, self.comm.backward.wire_dtype
-        widths = [len(w.glob) for w in self.wires]
-        back_widths = [len(w.back_glob) for w in self.wires]
+        widths, back_widths = self.widths, self.back_widths
 
         divisor: List[torch.Tensor] = []           # mean-pooled row-wise features' bag lengths, for the backward
 
         def forward(t: torch.Tensor) -> _Launched:
             wire = self._send(t)                                                    # (W * B, Dw_me)
             inner = _launch_a2a(wire.reshape(-1), [B * w for w in widths], [B * widths[me]] * W, group, fwd)
-            return _Launched(inner.work, lambda: self._assemble(inner.finish(), t, B, widths, batch, divisor))
+            return _Launched(inner.work, lambda: self._assemble(inner.finish(), t, B, batch, divisor))
 
         def backward(g: torch.Tensor) -> _Launched:                                   # g: (B, D)
             if divisor:                        # the gradient of y / lengths, as autograd's of the division
@@ -171,7 +152,7 @@ class OneHostOutputDist:
             send = g.new_empty(B * sum(back_widths))
             off = 0
             for q, w in enumerate(back_widths):           # column runs: index_select along dim 1 is slower
-                _copy_runs(send[off:off + B * w].view(B, w), g, self.back_runs[q])
+                copy_runs(send[off:off + B * w].view(B, w), g, self.back_runs[q])
                 off += B * w
             Dm = back_widths[me]
             inner = _launch_a2a(send, [B * Dm] * W, [B * w for w in back_widths], group, bwd)
@@ -186,29 +167,27 @@ class OneHostOutputDist:
         return aw.then(lambda out: (out.reshape(-1), [self.D]))
 
     def _send(self, x: torch.Tensor) -> torch.Tensor:
-        n = len(self.wires[self.pg.rank].local)
+        n = self.widths[self.pg.rank]
         if self.send_prefix:
             return x if n == x.shape[1] else x[:, :n]
         wire = x.new_zeros(x.shape[0], n) if self.send_zero else x.new_empty(x.shape[0], n)
-        _copy_runs(wire, x, self.send_runs)
+        copy_runs(wire, x, self.send_runs)
         return wire
 
-    def _assemble(self, flat: torch.Tensor, x: torch.Tensor, B: int, widths: List[int], batch: DistributedBatch,
+    def _assemble(self, flat: torch.Tensor, x: torch.Tensor, B: int, batch: DistributedBatch,
                   divisor: List[torch.Tensor]) -> torch.Tensor:
         out = flat.new_empty(B, self.D)
-        blocks, off = [], 0
-        for q, w in enumerate(widths):
-            blocks.append(flat[off:off + B * w].view(B, w))
-            off += B * w
-            _copy_runs(out, blocks[-1], self.own_runs[q])
+        blocks = piece_views(flat, self.widths, B)                                   # (B, Dw_q) from each q
+        for block, runs in zip(blocks, self.own_runs):
+            copy_runs(out, block, runs)
         if self.summed_width:
             parts = [b[:, w.summed_start:w.summed_start + w.summed_width] for b, w in zip(blocks, self.wires)]
             summed = torch.stack(parts).sum(0)          # as the ReduceScatter's local sum: the same bits
             if self.divide.spans:
                 divisor.append(self.divide.divisor(batch, summed))
                 summed = summed / divisor[0]
-            _copy_runs(out, summed, self.summed_runs)
+            copy_runs(out, summed, self.summed_runs)
         if self.dp_runs:
             me = self.pg.rank
-            _copy_runs(out, x[me * B:(me + 1) * B], self.dp_runs)
+            copy_runs(out, x[me * B:(me + 1) * B], self.dp_runs)
         return out
