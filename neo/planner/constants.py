@@ -246,12 +246,25 @@ _CPU = CostConstants(
            "Parquet decoding included); not measured on this machine: run neo calibrate",
 )
 _BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
+# One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'
+# (InputDist.one_rank: the batch is the local batch). The 2-rank overheads above (371 and 900 us)
+# made the main job's prediction at one process 6.33 ms against 4.20 measured; neo calibrate in one
+# process measured 72-78 and 222-228 us (two runs; its step overhead, 0.88-1.15 ms, as at 2 ranks).
+# docs/benchmarks.md, "Planner fidelity", 2026-12-01.
+_CPU_ONE_PROCESS = replace(
+    _CPU, input_dist_overhead=75e-6, output_dist_overhead=225e-6,
+    source=_CPU.source + "; at one process the distributions' overheads of neo calibrate in one process on an "
+                         "Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC, rounded",
+)
 
 
-def builtin_constants(device_kind: str) -> CostConstants:
-    """The built-in defaults of a device kind (cpu, h100, h200), each naming its source."""
+def builtin_constants(device_kind: str, world_size: Optional[int] = None) -> CostConstants:
+    """The built-in defaults of a device kind (cpu, h100, h200), each naming its source; a CPU's
+    at ``world_size`` 1 have the one-process overheads (no collectives, no other rank to wait for)."""
     if device_kind not in _BUILTIN:
         raise PlanningError(f"device kind {device_kind!r}: no built-in cost constants; have {list(_BUILTIN)}")
+    if device_kind == "cpu" and world_size == 1:
+        return _CPU_ONE_PROCESS
     return _BUILTIN[device_kind]
 
 
@@ -325,5 +338,5 @@ def resolve_constants(explicit: Optional[str], machine: Dict[str, Any], world_si
         except (OSError, ValueError) as e:
             warnings.warn(f"calibration file {path} not used ({_reason(e, path)}); built-in {kind} defaults instead",
                           stacklevel=2)
-    c = builtin_constants(kind)
+    c = builtin_constants(kind, world_size)
     return c, f"built-in {kind} defaults ({c.source})"

@@ -31,6 +31,21 @@ def test_builtin_defaults_name_their_source():
     assert builtin_constants("cpu").lookup_bw_cold < builtin_constants("h100").lookup_bw_cold / 100
 
 
+def test_one_process_on_a_cpu_has_the_one_process_overheads():
+    """At world size 1 there are no collectives: a CPU's built-in distribution overheads are the
+    one-rank paths', measured in one process, and the rest is the same; GPUs' do not change."""
+    many, one = builtin_constants("cpu"), builtin_constants("cpu", 1)
+    assert builtin_constants("cpu", 2) == many and builtin_constants("cpu", 8) == many
+    assert one.input_dist_overhead < many.input_dist_overhead / 3
+    assert one.output_dist_overhead < many.output_dist_overhead / 3
+    assert replace_(one, input_dist_overhead=1, output_dist_overhead=1, source="") == replace_(
+        many, input_dist_overhead=1, output_dist_overhead=1, source="")
+    assert "one process" in one.source
+    for kind in ("h100", "h200"):
+        assert builtin_constants(kind, 1) == builtin_constants(kind)
+    assert resolve_constants(None, CPU, 1, cache_dir="/nonexistent-neo-cache")[0] == one
+
+
 def test_resolution_order(tmp_path):
     c, what = resolve_constants(None, CPU, 2, cache_dir=str(tmp_path))           # nothing calibrated yet
     assert c == builtin_constants("cpu") and what.startswith("built-in cpu defaults")
@@ -51,13 +66,13 @@ def test_calibration_of_another_kind_or_format_warns_and_uses_the_defaults(tmp_p
     write_calibration(path, {1: {}}, machine=dict(CPU, device_kind="h100"))
     with pytest.warns(UserWarning, match="constants of a h100 machine, this one is cpu.*built-in cpu defaults"):
         c, _ = resolve_constants(None, CPU, 1, cache_dir=str(tmp_path))
-    assert c == builtin_constants("cpu")
+    assert c == builtin_constants("cpu", 1)
     write_calibration(path, {1: {}}, fmt=1)
     with pytest.warns(UserWarning, match="calibration format 1 is older than 2"):
-        assert resolve_constants(None, CPU, 1, cache_dir=str(tmp_path))[0] == builtin_constants("cpu")
+        assert resolve_constants(None, CPU, 1, cache_dir=str(tmp_path))[0] == builtin_constants("cpu", 1)
     path.write_text("{not json")
     with pytest.warns(UserWarning, match="not used"):
-        assert resolve_constants(None, CPU, 1, cache_dir=str(tmp_path))[0] == builtin_constants("cpu")
+        assert resolve_constants(None, CPU, 1, cache_dir=str(tmp_path))[0] == builtin_constants("cpu", 1)
 
 
 def test_bad_constants_are_refused_by_name(tmp_path):
