@@ -9,6 +9,7 @@
 #include "bucketize.h"
 #include "cache_index.h"
 #include "cache_moves.h"
+#include "column_runs.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 #include "interaction.h"
@@ -142,6 +143,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "out[i] = row row[i] of block part[i]: blocks (any buffers, C-contiguous, of out's dtype and row width) laid "
       "end to end",
       py::arg("blocks"), py::arg("part"), py::arg("row"), py::arg("out"));
+  m.def("column_runs", &neo::column_runs, py::call_guard<py::gil_scoped_release>(),
+        "For every row and run (src, src_col, dst, dst_col, n, add) in order: dsts[dst][:, dst_col:+n] = "
+        "scale * srcs[src][:, src_col:+n] (add 0), or += srcs[...] (add 1); fp32 matrices of equal row count",
+        py::arg("srcs"), py::arg("dsts"), py::arg("runs"), py::arg("scale") = 1.0);
   m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
         "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
         py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);

@@ -35,7 +35,7 @@ from typing import List, Sequence
 
 import torch
 
-from neo.distributed.assemble import column_runs, copy_runs, piece_views
+from neo.distributed.assemble import ColumnRuns, column_runs, piece_views
 from neo.distributed.comms import (Awaitable, BackwardOrder, CommConfig, _differentiable, _launch_a2a,
                                    _Launched)
 from neo.distributed.input_dist import DistributedBatch
@@ -115,17 +115,22 @@ class OneHostOutputDist:
         n = len(mine.local)
         self.send_prefix = mine.local == list(range(n))
         have = [(l, j) for j, l in enumerate(mine.local) if l >= 0]
-        self.send_runs = column_runs(have)
+        self.send_runs = ColumnRuns((0, s, 0, t, m, 0) for s, t, m in column_runs(have))     # x -> wire
         self.send_zero = len(have) < n
-        # forward receive: each q's own columns, the summed block, this rank's data-parallel rows
-        self.own_runs = [column_runs(w.own) for w in self.wires]
+        # forward receive, in one pass (sources: each q's block, then this rank's x rows): each q's
+        # own columns, the row-wise partial sums added up in rank order, the data-parallel rows
         self.summed_width = mine.summed_width
         self.summed_runs = column_runs(enumerate(mine.glob[mine.summed_start:mine.summed_start + mine.summed_width]))
-        self.dp_runs = column_runs(zip(mine.dp_local, mine.dp_glob))
+        receive = [(q, s, 0, t, m, 0) for q, w in enumerate(self.wires) for s, t, m in column_runs(w.own)]
+        receive += [(q, w.summed_start + s, 0, t, m, int(q > 0)) for q, w in enumerate(self.wires)
+                    for s, t, m in self.summed_runs if self.summed_width]
+        receive += [(W, s, 0, t, m, 0) for s, t, m in column_runs(zip(mine.dp_local, mine.dp_glob))]
+        self.receive_runs = ColumnRuns(receive)
         self.divide = MeanDivider(layout, summed)
-        # backward: the gradient columns each q's block takes, and where this rank's local columns
-        # are in the block it receives
-        self.back_runs = [column_runs((c, j) for j, c in enumerate(w.back_glob)) for w in self.wires]
+        # backward: the gradient columns each q's block takes (g -> block q), and where this rank's
+        # local columns are in the block it receives
+        self.back_runs = ColumnRuns((0, c, q, j, m, 0) for q, w in enumerate(self.wires)
+                                    for c, j, m in column_runs((c, j) for j, c in enumerate(w.back_glob)))
         pick = {l: j for j, l in enumerate(mine.back_local) if l >= 0}
         self.back_identity = mine.back_local == list(range(self.local_width))
         self.back_pick = torch.tensor([pick[c] for c in range(self.local_width)], dtype=torch.int64)
@@ -150,10 +155,7 @@ class OneHostOutputDist:
                 for s, t, n in self.summed_runs:
                     g[:, t:t + n] = g[:, t:t + n] / divisor[0][:, s:s + n]
             send = g.new_empty(B * sum(back_widths))
-            off = 0
-            for q, w in enumerate(back_widths):           # column runs: index_select along dim 1 is slower
-                copy_runs(send[off:off + B * w].view(B, w), g, self.back_runs[q])
-                off += B * w
+            self.back_runs([g], piece_views(send, back_widths, B))     # index_select along dim 1 is slower
             Dm = back_widths[me]
             inner = _launch_a2a(send, [B * Dm] * W, [B * w for w in back_widths], group, bwd)
 
@@ -171,23 +173,16 @@ class OneHostOutputDist:
         if self.send_prefix:
             return x if n == x.shape[1] else x[:, :n]
         wire = x.new_zeros(x.shape[0], n) if self.send_zero else x.new_empty(x.shape[0], n)
-        copy_runs(wire, x, self.send_runs)
+        self.send_runs([x], [wire])
         return wire
 
     def _assemble(self, flat: torch.Tensor, x: torch.Tensor, B: int, batch: DistributedBatch,
                   divisor: List[torch.Tensor]) -> torch.Tensor:
         out = flat.new_empty(B, self.D)
-        blocks = piece_views(flat, self.widths, B)                                   # (B, Dw_q) from each q
-        for block, runs in zip(blocks, self.own_runs):
-            copy_runs(out, block, runs)
-        if self.summed_width:
-            parts = [b[:, w.summed_start:w.summed_start + w.summed_width] for b, w in zip(blocks, self.wires)]
-            summed = torch.stack(parts).sum(0)          # as the ReduceScatter's local sum: the same bits
-            if self.divide.spans:
-                divisor.append(self.divide.divisor(batch, summed))
-                summed = summed / divisor[0]
-            copy_runs(out, summed, self.summed_runs)
-        if self.dp_runs:
-            me = self.pg.rank
-            copy_runs(out, x[me * B:(me + 1) * B], self.dp_runs)
+        me = self.pg.rank
+        self.receive_runs(piece_views(flat, self.widths, B) + [x[me * B:(me + 1) * B]], [out])
+        if self.summed_width and self.divide.spans:      # mean-pooled row-wise features: the sums / lengths
+            divisor.append(self.divide.divisor(batch, out))
+            for s, t, n in self.summed_runs:
+                out[:, t:t + n] /= divisor[0][:, s:s + n]
         return out
