@@ -63,6 +63,7 @@ __all__ = [
     "reduce_scatter_pooled",
     "slice_local_pooled",
     "all_reduce",
+    "sum_in_rank_order",
 ]
 
 T = TypeVar("T")
@@ -260,13 +261,14 @@ def _launch_reduce_scatter(x: torch.Tensor, group, dtype: Optional[torch.dtype])
     # also the fp32 path: gloo's reduce_scatter measured 62 ms vs 32 ms for AlltoAll + sum
     # ((4 x 2048, 512) fp32, W = 4, 2-core CPU); equal at W = 2.
     inner = _launch_a2a(x, [n] * W, [n] * W, group, dtype)
-    return _Launched(inner.work, lambda: _sum_in_rank_order(inner.finish().view((W, n) + tuple(x.shape[1:]))))
+    return _Launched(inner.work, lambda: sum_in_rank_order(inner.finish().view((W, n) + tuple(x.shape[1:]))))
 
 
-def _sum_in_rank_order(parts: torch.Tensor) -> torch.Tensor:
+def sum_in_rank_order(parts: torch.Tensor) -> torch.Tensor:
     """``parts`` (W, ...) summed in fp32 as ((p0 + p1) + p2) + ...: the order of the one-host
-    distribution's sums (neo.distributed.sharding.one_host), which it matches bit for bit
-    (torch's ``sum(0)`` does the same up to W 4, and reorders beyond on small tensors)."""
+    distribution's sums (neo.distributed.sharding.one_host), which it matches bit for bit, and
+    of the shared-memory gradient AllReduce (neo.distributed.ddp_hook). torch's ``sum(0)`` does
+    the same up to W 4, and reorders beyond on small tensors."""
     parts = parts.to(torch.float32)
     if parts.shape[0] == 1:
         return parts[0].clone()

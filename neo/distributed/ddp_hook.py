@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from neo.distributed.comms import sum_in_rank_order
 from neo.distributed.shm import ShmExchange
 
 __all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce"]
@@ -71,7 +72,7 @@ def _reduce_scatter_gather(ex: ShmExchange, grads: torch.Tensor) -> None:
     sizes = [base + (r < extra) for r in range(W)]                        # chunk r: rank r sums it
     mine = torch.empty(W * sizes[me], dtype=grads.dtype)                  # (W, chunk me) from every rank
     ex.all_to_all_single(mine, grads, [sizes[me]] * W, sizes).wait()
-    summed = mine.view(W, sizes[me]).sum(dim=0)                           # (chunk me,)
+    summed = sum_in_rank_order(mine.view(W, sizes[me]))                   # (chunk me,)
     ex.all_to_all_single(grads, summed.repeat(W), sizes, [sizes[me]] * W).wait()
 
 

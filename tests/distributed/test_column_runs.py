@@ -1,6 +1,7 @@
 """neo._C.column_runs (csrc/column_runs.cpp) against the torch copies (reference_runs) and a
 plain element-by-element oracle: copies, scaled copies, adds in run order, strided rows,
-several sources and targets, and bad runs or matrices refused naming them."""
+several sources and targets, and bad runs or matrices refused naming them; and the partial sums
+of the other paths added in the same rank order (comms.sum_in_rank_order)."""
 
 import pytest
 import torch
@@ -86,3 +87,23 @@ def test_bad_runs_and_matrices_are_refused_naming_them(runs, srcs, dsts, message
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         C.column_runs(srcs, dsts, torch.tensor(runs, dtype=torch.int64), 1.0)
     assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(dsts, before))   # nothing written
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5, 8])
+def test_partial_sums_add_up_in_rank_order(W):
+    """comms.sum_in_rank_order (the row-wise sums of the per-type path, the shared-memory gradient
+    AllReduce) against a left fold in numpy's float32: ((p0 + p1) + p2) ..., bit for bit, at world
+    sizes where torch's own sum(0) would reorder (W >= 5 on small tensors)."""
+    import numpy as np
+
+    from neo.distributed.comms import sum_in_rank_order
+
+    g = torch.Generator().manual_seed(W)
+    parts = torch.randn(W, 3, 7, generator=g) * torch.logspace(-4, 4, 7)
+    want = parts[0].numpy().copy()
+    for q in range(1, W):
+        want = np.add(want, parts[q].numpy(), dtype=np.float32)
+    got = sum_in_rank_order(parts)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(want))
+    assert torch.equal(sum_in_rank_order(parts.to(torch.bfloat16)),
+                       sum_in_rank_order(parts.to(torch.bfloat16).float()))     # the 16-bit wire: summed in fp32
