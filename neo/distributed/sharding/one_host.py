@@ -50,6 +50,8 @@ __all__ = ["OneHostOutputDist"]
 _T = ShardingType
 _SUMMED = (_T.ROW_WISE, _T.TABLE_ROW_WISE)
 _LOCAL = (_T.DATA_PARALLEL,)
+
+
 class _Wire:
     """Rank q's wire columns (see the module docstring): for each, the local pooled column it
     comes from (-1: a row-wise column q holds no shard of, sent as zero) and the global output
@@ -119,11 +121,10 @@ class OneHostOutputDist:
         self.send_zero = len(have) < n
         # forward receive, in one pass (sources: each q's block, then this rank's x rows): each q's
         # own columns, the row-wise partial sums added up in rank order, the data-parallel rows
-        self.summed_width = mine.summed_width
         self.summed_runs = column_runs(enumerate(mine.glob[mine.summed_start:mine.summed_start + mine.summed_width]))
         receive = [(q, s, 0, t, m, 0) for q, w in enumerate(self.wires) for s, t, m in column_runs(w.own)]
         receive += [(q, w.summed_start + s, 0, t, m, int(q > 0)) for q, w in enumerate(self.wires)
-                    for s, t, m in self.summed_runs if self.summed_width]
+                    for s, t, m in self.summed_runs]
         receive += [(W, s, 0, t, m, 0) for s, t, m in column_runs(zip(mine.dp_local, mine.dp_glob))]
         self.receive_runs = ColumnRuns(receive)
         self.divide = MeanDivider(layout, summed)
@@ -181,7 +182,7 @@ class OneHostOutputDist:
         out = flat.new_empty(B, self.D)
         me = self.pg.rank
         self.receive_runs(piece_views(flat, self.widths, B) + [x[me * B:(me + 1) * B]], [out])
-        if self.summed_width and self.divide.spans:      # mean-pooled row-wise features: the sums / lengths
+        if self.divide.spans:                             # mean-pooled row-wise features: the sums / lengths
             divisor.append(self.divide.divisor(batch, out))
             for s, t, n in self.summed_runs:
                 out[:, t:t + n] /= divisor[0][:, s:s + n]
