@@ -4,11 +4,12 @@
     torchrun --standalone --nproc-per-node 2 -m neo.calibrate [--out PATH]  # at 2 ranks on this host
 
 Measures (:mod:`neo.calibrate.measure`) fused lookups and fused backward + optimizer over table
-sizes, dims and pooling factors, the AlltoAll of the transport training uses and the dense
-gradients' AllReduce over message sizes, MLP layers, the dot interaction and the dense optimizer,
-and two small models (narrow and wide) trained by the real trainer; fits :class:`neo.planner.CostConstants` to them
-(:mod:`neo.calibrate.fit`), and writes one JSON: ``{"format", "machine", "date", "constants":
-{"<world size>": {...}}, "fit": {...}, "measurements": {...}}``. A run at another world size adds
+sizes, dims and pooling factors, a cached table's admissions and row moves, the AlltoAll of the
+transport training uses and the dense gradients' AllReduce over message sizes, MLP layers, the
+dot interaction and the dense optimizer, and two small models (narrow and wide) trained by the
+real trainer; fits :class:`neo.planner.CostConstants` to them (:mod:`neo.calibrate.fit`), and
+writes one JSON: ``{"format", "machine", "date", "constants": {"<world size>": {...}}, "fit":
+{...}, "measurements": {...}}``. A run at another world size adds
 its constants to the same file. Default path: this machine's calibration file in the user's cache
 directory (``neo.planner.constants.calibration_path``), which ``neo plan`` and ``neo train`` then
 use; ``--out`` to choose another (then name it in ``sharding.cost_constants``).
@@ -27,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["main", "fit_constants", "kind_overheads", "machinery_overheads", "loading_constants"]
+__all__ = ["main", "fit_constants", "kind_overheads", "machinery_overheads", "loading_constants", "cache_constants"]
 
 
 def _mean_records(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -145,7 +146,7 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)
     c = replace(c, **machinery_overheads(meas, c, world_size, int(machine.get("cores") or 0)),
-                **loading_constants(meas))
+                **loading_constants(meas), **cache_constants(meas, c.host_bw))
     c = replace(c, **kind_overheads(meas, c, world_size, int(machine.get("cores") or 0)))
     return c, quality
 
@@ -210,6 +211,20 @@ def loading_constants(meas: Dict[str, Any]) -> Dict[str, float]:
         return {}
     f, _ = fit_linear(rows, ["batches", "bags", "ids"])
     return {"data_batch_s": f["batches"], "data_bag_s": f["bags"], "data_id_s": f["ids"]}
+
+
+def cache_constants(meas: Dict[str, Any], host_bw: float) -> Dict[str, float]:
+    """A cached table's work per step (``cache_batch_s``, ``cache_access_s``,
+    ``cache_miss_latency``) fitted to :func:`neo.calibrate.measure.cache`'s records: the seconds
+    beyond each miss's two row moves at ``host_bw`` (the model of :mod:`neo.planner.cost`)."""
+    from neo.calibrate.fit import fit_linear
+
+    rows = meas.get("cache") or []
+    if not rows:
+        return {}
+    net = [dict(r, net=max(r["seconds"] - r["misses"] * 2.0 * r["row_bytes"] / host_bw, 1e-9)) for r in rows]
+    f, _ = fit_linear(net, ["batches", "accesses", "misses"], target="net")
+    return {"cache_batch_s": f["batches"], "cache_access_s": f["accesses"], "cache_miss_latency": f["misses"]}
 
 
 def _machine() -> Dict[str, Any]:
@@ -286,6 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                batch=measure.WIDE_BATCH, dim=measure.WIDE_DIM,
                                                ids_per_bag=measure.WIDE_IDS_PER_BAG)
     mine["loading"] = measure.loading(pg, args.quick)
+    mine["cache"] = measure.cache(pg.world if W > 1 else None, args.quick)
     mine["kinds"] = {}
     for _ in range(1 if args.quick else 3):       # interleaved rounds: a shared machine's load drifts
         for k in (("table_wise",) + measure.KINDS) if W > 1 else ():
@@ -299,7 +315,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         gathered = [mine]
     if rank == 0:
-        meas = {k: _mean_records([g[k] for g in gathered]) for k in ("lookups", "collectives", "dense", "loading")}
+        meas = {k: _mean_records([g[k] for g in gathered])
+                for k in ("lookups", "collectives", "dense", "loading", "cache")}
         for key in ("machinery", "machinery_wide"):
             runs = [g[key]["measured"] for g in gathered if g[key].get("measured")]
             meas[key] = {"measured": {"components_ms": _rank_components(runs)}, "per_rank": runs}

@@ -9,6 +9,8 @@ is the median of a few repetitions, averaged over the ranks by the caller.
 - :func:`collectives`: Neo's AlltoAll (through the transport training uses: shared memory, gloo
   or NCCL) and the dense gradients' AllReduce, over message sizes;
 - :func:`dense`: MLP layers forward + backward, the dot interaction, the dense optimizer;
+- :func:`cache`: a cached table's admissions and row moves (``TableCache.prefetch``) over a
+  memory-mapped store, on a Zipf stream, at several cache and batch sizes;
 - :func:`machinery`: a small model trained by the real :class:`neo.train.trainer.Trainer` for the
   per-step costs no kernel shows (launches, bookkeeping, the loop); at W > 1 once more under each
   sharding kind of :data:`KINDS`, for the kind's overhead over table-wise.
@@ -26,9 +28,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["CacheEvictor", "timed", "largest_footprint", "lookup_cases", "lookup_rows", "lookups", "collectives",
-           "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
-           "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG"]
+__all__ = ["CacheEvictor", "timed", "cache", "cache_cases", "largest_footprint", "lookup_cases", "lookup_rows",
+           "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
+           "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG", "CACHE_SKEW"]
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
@@ -343,4 +345,83 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
         decode_s, rows = loader.decode_seconds()
         out.append({"batches": 1.0, "bags": float(B * F), "ids": ids / n,
                     "seconds": ts[len(ts) // 2] + B * decode_s / rows, "decode_s": B * decode_s / rows})
+    return out
+
+
+CACHE_SKEW = 1.05
+"""Zipf exponent of :func:`cache`'s ids (that of ``configs/cached_tables.yaml``)."""
+
+
+def cache_cases(N: int) -> List[Tuple[int, int]]:
+    """:func:`cache`'s (cache rows, ids a batch) over N rows: batch and cache sizes each varied
+    with the other fixed, every cache at least twice a batch's distinct rows."""
+    return [(N // 50, 1024), (N // 50, 4096), (N // 20, 4096), (N // 10, 4096), (N // 20, 16384), (N // 5, 16384)]
+
+
+def cache(group, quick: bool = False, store_dir: Optional[str] = None) -> List[Dict[str, float]]:
+    """Records ``{"batches": 1, "accesses", "misses", "row_bytes", "seconds", "cache_rows",
+    "batch"}``: the work of one ``TableCache.prefetch`` (a batch's admission under the default
+    ``lookahead`` policy, its victims written back, its misses read), the median over a full
+    cache, for each (cache rows, ids a batch) of :func:`cache_cases`, so that a fit can tell the
+    cost per batch, per distinct row and per miss apart (:func:`neo.calibrate.cache_constants`).
+
+    One table of 1M rows x 32 fp32 with Adagrad's state per element over a memory-mapped file
+    (the CPU's default store, its pages kept mapped as training's ``cache_store_resident_gib``
+    does) in ``store_dir`` (the system's temporary directory by default; the file is unlinked at
+    once); ids Zipf(:data:`CACHE_SKEW`) over the rows in a random order; the next 32 batches in
+    the lookahead window and two batches in flight, as in training; each batch's slots marked
+    dirty as training's are (``train=True``), so every victim is written back. Each cache first
+    takes batches until its misses exceed its slots by a fifth (a cache still filling has no
+    victims to write back: cheaper misses); then the cases take turns batch by batch (one cache
+    each, over the same store), so a shared machine's drifting load hits all alike."""
+    import numpy as np
+
+    from neo.config.embedding import TableConfig
+    from neo.embedding.cache import MmapStore
+    from neo.embedding.cache.table_cache import TableCache
+
+    N, D, lookahead, timed_batches = 1_000_000, 32, 32, (30 if quick else 100)
+    rng = np.random.default_rng(11)
+    cdf = np.cumsum(np.arange(1, N + 1, dtype=np.float64) ** -CACHE_SKEW)
+    cdf /= cdf[-1]
+    order = rng.permutation(N)
+
+    def batch(B: int) -> torch.Tensor:
+        return torch.from_numpy(np.unique(order[np.searchsorted(cdf, rng.random(B))]))
+
+    def step(k: Dict[str, Any]) -> Tuple[float, int, int]:
+        """One prefetch of case ``k``: (seconds, distinct rows, misses)."""
+        tc, rows = k["cache"], k["window"].pop(0)
+        k["window"].append(batch(k["B"]))
+        m0, t0 = tc.stats.misses, tc.stats.prefetch_s
+        seq, _ = tc.prefetch(rows, k["window"][:lookahead])
+        if k["prev"] is not None:
+            tc.complete(k["prev"])
+        k["prev"] = seq
+        return tc.stats.prefetch_s - t0, int(rows.numel()), tc.stats.misses - m0
+
+    with tempfile.TemporaryDirectory(prefix="neo-calibrate-cache-", dir=store_dir) as d:
+        store = MmapStore("calibrate", N, D, torch.float32, [False], d, trim_bytes=2 << 30)
+        store.initialize(torch.Generator().manual_seed(3), 0.5, [0.25])
+        cases = []
+        for C, B in cache_cases(N):
+            cfg = TableConfig("calibrate", N, D, feature_names=("f",), placement="cached", cache_rows=C)
+            k = {"cache": TableCache(cfg, torch.zeros(C, D), [torch.zeros(C, D)], store), "B": B,
+                 "window": [batch(B) for _ in range(lookahead + 1)], "prev": None, "recs": []}
+            while k["cache"].stats.misses < 1.2 * C:
+                step(k)
+            cases.append(k)
+        if group is not None:
+            dist.barrier(group=group)
+        for _ in range(timed_batches):
+            for k in cases:
+                k["recs"].append(step(k))
+        out = []
+        for k in cases:
+            r = np.array(k["recs"], dtype=np.float64)
+            out.append({"batches": 1.0, "accesses": float(r[:, 1].mean()), "misses": float(r[:, 2].mean()),
+                        "row_bytes": float(store.row_bytes), "seconds": float(np.median(r[:, 0])),
+                        "cache_rows": float(k["cache"].capacity), "batch": float(k["B"])})
+            k["cache"].complete(k["prev"])
+            k["cache"].drop()
     return out

@@ -114,7 +114,11 @@ class ShardingConfig:
     calibration if ``neo calibrate`` has run, else the built-in defaults of its device kind."""
     cache_sample_batches: int = 16
     """Global batches of training data on which ``neo cache-report``'s simulator measures the
-    miss-ratio curve of every table the planner may cache (0: the built-in skew model)."""
+    miss-ratio curve of every table the planner may cache, counted once each simulated cache is
+    warm (0: the built-in skew model; :func:`neo.train.build.measure_cache_curves`)."""
+    cache_warmup_batches: int = 512
+    """The most global batches read before those for the simulated caches to warm up (misses
+    twice the capacity); a cache still cold after them takes the skew model fitted to the data."""
     fuse_output_dists: bool = True
     """With every rank on one host (CPU), every sharding type's pooled embeddings in one AlltoAll
     per direction (the same result bit for bit); false: one output distribution per type."""
@@ -126,6 +130,8 @@ class ShardingConfig:
         self.partitioner = choice(self.partitioner, ["auto", *PARTITIONERS], f"{where}.partitioner")
         if self.cache_sample_batches < 0:
             raise ConfigError(f"{where}.cache_sample_batches: must be >= 0, got {self.cache_sample_batches}")
+        if self.cache_warmup_batches < 0:
+            raise ConfigError(f"{where}.cache_warmup_batches: must be >= 0, got {self.cache_warmup_batches}")
         for name, t in self.types.items():
             self.types[name] = choice(t, SHARDING_TYPES, f"{where}.types.{name}")
 

@@ -24,7 +24,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["zipf_batch_model", "hit_rate", "distinct_per_batch", "CACHE_FRACTIONS"]
+__all__ = ["zipf_batch_model", "hit_rate", "distinct_per_batch", "fit_skew", "CACHE_FRACTIONS"]
 
 CACHE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """Cache sizes (shares of a table's rows) the planner considers for a table it may cache."""
@@ -96,3 +96,22 @@ def hit_rate(fraction: float, rows: int, alpha: float, ids_per_batch: float,
 def distinct_per_batch(rows: int, alpha: float, ids_per_batch: float) -> float:
     """Expected distinct rows among ``ids_per_batch`` Zipf(alpha) draws over ``rows`` rows."""
     return zipf_batch_model(rows, alpha, ids_per_batch)[0]
+
+
+def fit_skew(rows: int, ids_per_batch: float, distinct: float, iters: int = 60) -> float:
+    """The Zipf exponent under which ``ids_per_batch`` draws over ``rows`` rows give ``distinct``
+    distinct rows on average (the skew model's U, which falls as the exponent grows): 0 where
+    even uniform ids repeat more than that, at most 4. Bisection; the planner's fallback where a
+    measured cache does not warm up within the sample (:func:`neo.train.build.measure_cache_curves`)."""
+    if rows <= 0 or ids_per_batch <= 0 or distinct >= distinct_per_batch(rows, 0.0, ids_per_batch):
+        return 0.0
+    lo, hi = 0.0, 4.0
+    if distinct <= distinct_per_batch(rows, hi, ids_per_batch):
+        return hi
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if distinct_per_batch(rows, mid, ids_per_batch) > distinct:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)

@@ -39,7 +39,8 @@ KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_o
                   "data_parallel": "data_parallel_overhead", "table_row_wise": "table_row_wise_overhead",
                   "table_column_wise": "table_column_wise_overhead"}
 _SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
-             "pooled_elem_s", "dense_elem_s", "data_batch_s", "data_bag_s", "data_id_s", *KIND_OVERHEADS.values()}
+             "pooled_elem_s", "dense_elem_s", "data_batch_s", "data_bag_s", "data_id_s", "cache_batch_s",
+             "cache_access_s", *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,14 @@ class CostConstants:
     host_bw: float = 25e9
     """Bytes/s moving cached rows between the backing store and the cache."""
     cache_miss_latency: float = 0.1e-6
-    """Per missing row of a cached table (index work, gather and scatter)."""
+    """Per missing row of a cached table beyond its bytes (the victim's choice, the row's and the
+    victim's copies, page faults of a file store)."""
+    cache_batch_s: float = 0.0
+    """Per cached shard per step: the admission's fixed work (``TableCache.prefetch``'s calls)."""
+    cache_access_s: float = 0.0
+    """Per distinct row a cached shard's batch asks for, hit or miss: its look-up in the cache's
+    index, its count and pin (and the lookahead window's marks). ``neo calibrate`` measures the
+    three cache terms on a Zipf stream; 0 in files from before it did."""
     # encodings and the planner's objective
     id_bytes: int = 4
     """Bytes per id on the wire (int32)."""
@@ -240,10 +248,11 @@ _CPU = CostConstants(
     allreduce_bw=1.25e9, allreduce_latency=866e-6,
     dense_flops=65e9, dense_layer_s=322e-6, interaction_flops=47e9, dense_optimizer_bw=30e9,
     data_batch_s=233e-6, data_bag_s=255e-9, pooled_elem_s=3.5e-9, step_overhead=1.15e-3,
-    host_bw=3e9, cache_miss_latency=0.4e-6,
+    host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
            "at 2 ranks x 1 thread there, 2026-11-24 14:03 UTC, rounded (data_bag_s: 15:16 UTC, the loader's "
-           "Parquet decoding included); not measured on this machine: run neo calibrate",
+           "Parquet decoding included; the cache's terms: neo calibrate's cache measurement on an Intel Xeon "
+           "(Emerald Rapids) VM, 2026-12-01 UTC); not measured on this machine: run neo calibrate",
 )
 _BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'

@@ -18,8 +18,13 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   bw_update(footprint))`` over the ids whose gradients the shard applies (a data-parallel
   replica: the global batch's), U = distinct rows among them (Zipf(access_skew) model, or the
   measured count, :mod:`neo.planner.cache_model`).
-- Cached placement: plus the step's misses ``U (1 - h(f)) x (2 (r + q) / host_bw +
-  cache_miss_latency)``.
+- Cached placement: plus the cache's work of a step (the batch's admission and its row moves,
+  ``TableCache.prefetch``): ``cache_batch_s + U x cache_access_s + U (1 - h(f)) x (2 (r + q) /
+  host_bw + cache_miss_latency)`` (every distinct row is looked up in the index, counted and
+  pinned; each miss has a victim chosen, its row read and the victim written back). It runs on
+  the cache's worker thread, under the step before: the planner counts it in the part's time;
+  the step model (:mod:`neo.planner.step_model`) keeps it off the critical path but on the
+  node's cores. A cached part's lookups and update walk its slots: their footprint is the slots'.
 - Input distribution: the owner receives the ids of its parts (i bytes each), (L-1)/W of
   them from its node (``intra_bw``) and (W-L)/W from other nodes (``inter_bw``); every rank
   sends its own (the input side); data-parallel replicas receive every rank's ids.
@@ -74,7 +79,8 @@ class PartCosts:
     hit_rate: Optional[np.ndarray] = None
     """Cached parts: expected hit rate of a step's distinct rows."""
     miss_seconds: Optional[np.ndarray] = None
-    """Cached parts: seconds a step spends moving misses (included in ``compute`` and ``bwd``)."""
+    """Cached parts: seconds of the cache's work a step (the batch's admission and its misses'
+    moves, on the cache's worker thread; included in ``compute`` and ``bwd``)."""
     distinct: Optional[np.ndarray] = None
     """Distinct rows a step's update touches (a cache must hold two steps' worth)."""
     fwd: Optional[np.ndarray] = None
@@ -138,13 +144,14 @@ def _distinct(table: TableSpec, ids: np.ndarray, rows: np.ndarray, global_ids: f
 
 
 def lookup_parts(table: TableSpec, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
-                 rows: np.ndarray, global_ids: float, c: CostConstants, rank_footprint=None):
+                 rows: np.ndarray, global_ids: float, c: CostConstants, rank_footprint=None, resident_rows=None):
     """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1;
     the bandwidths are those of ``rank_footprint`` (bytes of all the tables of each part's rank:
-    the fused kernels walk them together), else of the part alone."""
+    the fused kernels walk them together), else of the part alone: its ``resident_rows`` (a cached
+    part's slots) or all its rows."""
     row_b = cols * table.weight_bytes
     state_b = 4.0 * table.state_floats_per_row * (cols / table.dim if table.state_per_element else 1.0)
-    foot = rows * (row_b + state_b)
+    foot = (rows if resident_rows is None else resident_rows) * (row_b + state_b)
     if rank_footprint is not None:
         foot = np.maximum(foot, rank_footprint)
     fwd = bags * c.lookup_bag_s + ids * (c.lookup_id_s + row_b * seconds_per_byte(foot, c.lookup_bw_hot,
@@ -157,9 +164,10 @@ def lookup_parts(table: TableSpec, bags: np.ndarray, ids: np.ndarray, update_ids
 
 def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.ndarray, fraction: float,
                 global_ids: float, c: CostConstants, distinct: Optional[np.ndarray] = None):
-    """(miss seconds, hit rate, device bytes of cache + index, store bytes, distinct rows) per part
-    of a cached table whose parts cache ``fraction`` of their rows; ``ids``: ids per step on each
-    part, ``global_ids``: ids per step of the whole table over the global batch."""
+    """(the cache's seconds a step: admission and misses, hit rate, device bytes of cache + index,
+    store bytes, distinct rows) per part of a cached table whose parts cache ``fraction`` of their
+    rows; ``ids``: ids per step on each part, ``global_ids``: ids per step of the whole table over
+    the global batch."""
     row_bytes = cols * table.weight_bytes + 4.0 * table.state_floats_per_row * (
         cols / table.dim if table.state_per_element else 1.0)
     U = _distinct(table, ids, rows, global_ids) if distinct is None else distinct
@@ -171,7 +179,8 @@ def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.nd
             if key not in seen:
                 seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve)
             hit[k] = seen[key]
-    miss_s = U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)
+    miss_s = np.where(rows > 0, c.cache_batch_s, 0.0) + U * c.cache_access_s \
+        + U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)
     # slots; the index per row: the row's slot (4 bytes), its batch count (4, lfu and lookahead) and
     # the lookahead window's mask (8, the default policy): the most, 16 (docs/cache.md)
     device = np.ceil(fraction * rows) * (row_bytes + 17.0) + rows * 16.0
@@ -239,7 +248,8 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
         comm_in = ids_bytes * f_intra / c.intra_bw + ids_bytes * f_inter / c.inter_bw
         comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + out
-    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint)
+    slots = None if cache_fraction is None else np.ceil(cache_fraction * rows)     # what a cached part's kernels walk
+    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint, slots)
     if cache_fraction is None:
         return PartCosts(fwd + bwd, comm, weights + state + buffers, np.zeros_like(rows), b_in, b_out,
                          distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)

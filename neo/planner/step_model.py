@@ -20,6 +20,13 @@ DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
 each rank's loader thread, off the path; loaded inline (``data.prefetch_batches: 0``) it is on
 the path, as ``data`` (``inline_data``).
 
+A cached table's work of a step (its batch's admission and moves, :mod:`neo.planner.cost`) runs
+on the cache's worker thread while the step before computes: off the path, as the trainer
+measures it (its ``embedding_bwd`` is the fused backward alone). A rank's cached tables take
+their turns on one thread, so a step lasts at least their sum on the busiest rank; where it is
+longer than the path, the lookup waits for the prefetch (``embedding_fwd``, where the trainer
+counts that wait). On a CPU the work also takes the node's cores, as the loaders' does.
+
 On a CPU a node's cores run everything: every rank's lookups, backward, dense part and loop,
 each x the rank's threads, and each loader's work. A step lasts at least that over the node's
 cores (:func:`cpu_bound_step`). The busiest rank's path has idle time where it waits in a collective
@@ -188,7 +195,7 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     critical rank's compute components stretch to fill that time."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
-    comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out")}
+    comp = {k: np.zeros(W) for k in ("fwd", "bwd", "in", "out", "cache")}
     by_name = {t.name: t for t in tables}
     foot = rank_footprints(plan.tables, tables, W, c)
     used = []
@@ -200,8 +207,10 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
         cols = np.array([s.cols for s in sh], dtype=np.float64)
         ranks = np.array([s.rank for s in sh], dtype=np.int64)
         pc = estimate_parts(t, tp.sharding_type, rows, cols, topo, c, _cache_fraction(tp, c), foot[ranks])
+        cache = pc.miss_seconds if pc.miss_seconds is not None else np.zeros_like(rows)
         np.add.at(comp["fwd"], ranks, pc.fwd / speed[ranks])
-        np.add.at(comp["bwd"], ranks, pc.bwd / speed[ranks])
+        np.add.at(comp["bwd"], ranks, (pc.bwd - cache) / speed[ranks])
+        np.add.at(comp["cache"], ranks, cache / speed[ranks])
         np.add.at(comp["in"], ranks, pc.comm_in)
         np.add.at(comp["out"], ranks, pc.comm - pc.comm_in)
         s_in, s_out, _, _, _ = input_side_split(t, tp.sharding_type, topo, c)
@@ -222,8 +231,12 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
              "output_dist": comp["out"][r], "dense": d, "data": data_s if inline_data else 0.0, "other": c.step_overhead}
     step = sum(parts.values())
+    prefetch = float(comp["cache"].max())       # the busiest cache thread: the step waits for it
+    if prefetch > step:
+        parts["embedding_fwd"] += prefetch - step
+        step = prefetch
     if c.device_kind == "cpu" and cores > 0:
-        own = comp["fwd"] + comp["bwd"] + d + c.step_overhead
+        own = comp["fwd"] + comp["bwd"] + comp["cache"] + d + c.step_overhead
         shared = cpu_bound_step(own, data_s, topo.local_world_size, cores, threads_per_rank)
         busy = sum(parts[k] for k in COMPUTING)
         if shared > step and busy > 0:

@@ -192,11 +192,11 @@ def _plan_rank0(cfg, pg, batch_size: int, data: Optional[DataSpec]):
     topo = cfg.topology.to_topology(pg.world_size, pg.local_world_size)
     topo = replace(topo, batch_size_per_rank=batch_size)
     consts, what = cfg.cost_constants(pg.world_size)
+    specs = cfg.table_specs()     # with the measured miss-ratio curves of the tables it may cache, below
     if cfg.sharding.plan_file:
-        plan = load_plan_file(cfg.sharding.plan_file, cfg.table_specs(), pg.world_size, pg.local_world_size)
+        plan = load_plan_file(cfg.sharding.plan_file, specs, pg.world_size, pg.local_world_size)
     else:
         parts = PARTITIONERS if cfg.sharding.partitioner == "auto" else (cfg.sharding.partitioner,)
-        specs = cfg.table_specs()
         plan, cache = None, [s.constraints.placement is PlanPlacement.CACHED for s in specs]
         if any(s.constraints.placement is PlanPlacement.AUTO for s in specs):
             device = [replace(s, constraints=replace(s.constraints, placement=PlanPlacement.DEVICE))
@@ -215,7 +215,7 @@ def _plan_rank0(cfg, pg, batch_size: int, data: Optional[DataSpec]):
     # the step model's dense term is data-parallel: a pipelined dense part has its own model
     # (neo.pipeline.perf_model), so no step is predicted for it here
     if dense is not None and not cfg.parallel.pipeline.enabled:
-        plan.summary["step"] = predict_step(plan, cfg.table_specs(), dense, topo, consts,
+        plan.summary["step"] = predict_step(plan, specs, dense, topo, consts,   # the plan's own hit rates
                                             inline_data=cfg.data.prefetch_batches <= 0, cores=usable_cores(),
                                             threads_per_rank=torch.get_num_threads()).to_dict()
     report = format_report(plan)
@@ -257,46 +257,107 @@ def dense_spec(cfg, num_dense: Optional[int] = None):
 
 def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], global_batch: int):
     """``specs`` with a measured miss-ratio curve (``hit_curve``, ``distinct_per_batch``) for
-    every table marked in ``which``: the table's ids in the first ``sharding.cache_sample_batches``
-    global batches of the training data, run through ``neo cache-report``'s simulator with the
-    table's policy, two batches pinned at a time (as under the training pipeline), at each cache
-    share the planner considers whose cache holds two batches."""
+    every table marked in ``which``, at each cache share the planner considers whose cache holds
+    two batches: the steady state's hit rates, as a long run sees them.
+
+    Each cache is simulated with the table's policy by ``neo cache-report``'s cache index, two
+    batches pinned at a time (as under the training pipeline), on the table's ids in the global
+    batches of the training data, from empty (:class:`~neo.embedding.cache.simulate.SteadyHitRate`):
+    once its misses reach twice its capacity, the hits of the next ``sharding.cache_sample_batches``
+    batches are counted. Batches are read until every cache has counted them, at most
+    ``sharding.cache_warmup_batches`` more than those. A cache that cannot warm up in that many
+    (a large share of a large table; judged once ``cache_sample_batches`` batches are admitted, by
+    their rate of misses, which only falls as a cache fills, so as not to read batches for it in
+    vain) takes the skew model's
+    hit rate (:mod:`neo.planner.cache_model`) at the Zipf exponent fitted to the distinct rows of
+    the first batches (:func:`~neo.planner.cache_model.fit_skew`). Until 2026-12-01 the curve was
+    the first 16 batches' from an empty cache: 0.33 at every share on
+    ``configs/cached_tables.yaml``, where training's caches settle at 0.58-0.72 (docs/cache.md)."""
     import types
 
     import numpy as np
 
-    from neo.embedding.cache.simulate import simulate
-    from neo.planner.cache_model import CACHE_FRACTIONS
+    from neo.embedding.cache.index import CacheCapacityError
+    from neo.embedding.cache.simulate import SteadyHitRate
+    from neo.planner.cache_model import CACHE_FRACTIONS, fit_skew, hit_rate
 
+    counted, warmup = cfg.sharding.cache_sample_batches, cfg.sharding.cache_warmup_batches
     tables = {t.name: t for t in resolve_tables(cfg)}
     one = types.SimpleNamespace(rank=0, world_size=1)
     loader, _ = make_loaders(replace(cfg, train=replace(cfg.train, batch_size=global_batch)), data, one)
     mapping = feature_mapping(loader.meta.sparse_names, list(tables.values()))
     picked = [s for s, w in zip(specs, which) if w]
-    ids: Dict[str, List[np.ndarray]] = {s.name: [] for s in picked}
+    first: Dict[str, List[np.ndarray]] = {s.name: [] for s in picked}    # the first batches' distinct rows
+    ids: Dict[str, List[int]] = {s.name: [] for s in picked}              # and their ids
+    curves: Dict[str, Dict[float, Optional[float]]] = {}   # share -> steady hit rate (None: the model's)
+    live: Dict[str, Dict[float, SteadyHitRate]] = {}       # the simulations still reading batches
+
+    def feed(name: str, rows: np.ndarray, read: int) -> None:
+        """Batch number ``read`` - 1 of the table to every live simulation."""
+        for f, sim in list(live[name].items()):
+            try:
+                sim.feed(rows)
+            except CacheCapacityError:      # a later pair of batches needs more rows than this cache holds
+                del live[name][f], curves[name][f]
+                continue
+            if sim.done:
+                curves[name][f] = sim.hit_rate
+                del live[name][f]
+            elif sim.admitted == counted and sim.batches_to_warm() + counted > counted + warmup - read + sim.pending:
+                del live[name][f]           # cannot warm up within the batches left to read: the model's
+
+    def start(spec) -> None:
+        """The table's simulations, one per share whose cache holds two of the first batches, fed those."""
+        t, batches = tables[spec.name], first[spec.name]
+        need = max(len(np.union1d(a, b)) for a, b in zip(batches, batches[1:] or batches))
+        fractions = [spec.cache_fraction] if spec.cache_fraction is not None else list(CACHE_FRACTIONS)
+        caps = {f: max(1, int(np.ceil(f * t.num_rows))) for f in fractions}
+        curves[spec.name] = {f: None for f, c in caps.items() if c >= need}
+        live[spec.name] = {f: SteadyHitRate(t.num_rows, caps[f], t.cache_policy.value, t.cache_lookahead, counted)
+                           for f in curves[spec.name]}
+        for k, b in enumerate(batches):
+            feed(spec.name, b, k + 1)
+
     it = iter(loader)
     try:
         for k, batch in enumerate(it):
             sparse = rename_features(batch, mapping).sparse
             for s in picked:
-                ids[s.name].append(np.unique(np.concatenate([sparse.feature(f)[0].numpy()
-                                                            for f in tables[s.name].feature_names])))
-            if k + 1 >= cfg.sharding.cache_sample_batches:
+                parts = [sparse.feature(f)[0].numpy() for f in tables[s.name].feature_names]
+                rows = np.unique(np.concatenate(parts))
+                if k < counted:
+                    first[s.name].append(rows)
+                    ids[s.name].append(sum(len(p) for p in parts))
+                else:
+                    feed(s.name, rows, k + 1)
+            if k + 1 == counted:
+                for s in picked:
+                    start(s)
+            if k + 1 >= counted and (k + 1 >= counted + warmup or not any(live.values())):
                 break
     finally:
         it.close()
+    for s in picked:
+        if s.name not in curves and first[s.name]:     # the data has fewer batches than cache_sample_batches
+            start(s)
+    for name, sims in live.items():
+        for f, sim in sims.items():
+            try:
+                sim.finish()
+            except CacheCapacityError:
+                del curves[name][f]
+                continue
+            if sim.done:
+                curves[name][f] = sim.hit_rate
     out = list(specs)
     for i, (s, w) in enumerate(zip(specs, which)):
-        batches = ids.get(s.name) if w else None
-        if not batches:
+        if not w or s.name not in curves:
             continue
         t = tables[s.name]
-        need = max(len(np.union1d(a, b)) for a, b in zip(batches, batches[1:] or batches))
-        fractions = [s.cache_fraction] if s.cache_fraction is not None else list(CACHE_FRACTIONS)
-        curve = tuple((f, simulate(batches, t.num_rows, max(1, int(np.ceil(f * t.num_rows))), t.cache_policy.value,
-                                   t.cache_lookahead, pipelined=True).hit_rate)
-                      for f in fractions if np.ceil(f * t.num_rows) >= need)
-        out[i] = replace(s, hit_curve=curve, distinct_per_batch=float(np.mean([len(b) for b in batches])))
+        distinct, n = float(np.mean([len(b) for b in first[s.name]])), float(np.mean(ids[s.name]))
+        skew = fit_skew(t.num_rows, n, distinct)
+        curve = tuple((f, h if h is not None else hit_rate(f, t.num_rows, skew, n)) for f, h in curves[s.name].items())
+        out[i] = replace(s, hit_curve=curve, distinct_per_batch=distinct)
     return out
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neo.embedding.cache.simulate import batch_rows, simulate, simulate_belady
+from neo.embedding.cache.index import CacheCapacityError
+from neo.embedding.cache.simulate import SteadyHitRate, batch_rows, simulate, simulate_belady
 from neo.planner import Placement, Plan, format_report, plan_tables
-from neo.planner.cache_model import CACHE_FRACTIONS, distinct_per_batch, hit_rate
+from neo.planner.cache_model import CACHE_FRACTIONS, distinct_per_batch, fit_skew, hit_rate
 from neo.planner.types import GIB, TableConstraints, TableSpec, Topology
 
 
@@ -39,6 +40,82 @@ def test_measured_curve_is_interpolated():
     assert 0.4 < hit_rate(0.1, 1000, 0.0, 10, curve) < 0.7
     assert hit_rate(0.5, 1000, 0.0, 10, curve) == pytest.approx(0.7)
     assert hit_rate(1.0, 1000, 0.0, 10, curve) == 1.0
+
+
+def first_warm(masks, capacity, turnovers=2.0):
+    """Index of the first batch admitted with the misses before it at ``turnovers`` x capacity
+    or more (``masks``: each batch's hits, from simulate()), None if none."""
+    misses = np.cumsum([0] + [int((~m).sum()) for m in masks])
+    return next((i for i in range(len(masks)) if misses[i] >= turnovers * capacity), None)
+
+
+def warm_window(batches, rows, capacity, policy, lookahead, counted, turnovers=2.0):
+    """The oracle of SteadyHitRate: simulate() over every batch, its per-batch hits, and the hit
+    rate of the ``counted`` batches from :func:`first_warm` on; None if the trace ends first."""
+    masks = []
+    simulate(batches, rows, capacity, policy, lookahead, pipelined=True, hit_masks=masks)
+    warm = first_warm(masks, capacity, turnovers)
+    if warm is None or warm + counted > len(batches):
+        return None
+    window = masks[warm:warm + counted]
+    return sum(int(m.sum()) for m in window) / sum(len(m) for m in window)
+
+
+@pytest.mark.parametrize("policy, lookahead", [("lru", 0), ("lfu", 0), ("lookahead", 4)])
+def test_steady_hit_rate_counts_the_batches_after_two_turnovers(policy, lookahead):
+    rows, B, counted = 20_000, 1024, 10
+    batches = batch_rows(zipf_trace(rows, B * 120, 1.05, seed=3), B, rows)
+    for capacity in (2_000, 5_000):
+        sim = SteadyHitRate(rows, capacity, policy, lookahead, counted)
+        projected = None                         # batches to warm up, projected after 5 admitted
+        for b in batches:
+            sim.feed(b)
+            if sim.admitted == 5 and projected is None:
+                projected = sim.batches_to_warm()
+            if sim.done:
+                break
+        sim.finish()
+        expected = warm_window(batches, rows, capacity, policy, lookahead, counted)
+        assert expected is not None and sim.done and sim.batches == counted
+        assert sim.hit_rate == expected          # the same cache index, batch for batch
+        # the projection at the rate of the first misses does not overstate what warming up took
+        masks = []
+        simulate(batches, rows, capacity, policy, lookahead, pipelined=True, hit_masks=masks)
+        assert 0 < projected <= first_warm(masks, capacity) - 5
+        # the first batches from an empty cache hit less: what the planner measured before
+        cold = simulate(batches[:counted], rows, capacity, policy, lookahead, pipelined=True).hit_rate
+        assert cold < sim.hit_rate
+
+
+def test_steady_hit_rate_cold_and_too_small():
+    rows, B = 20_000, 1024
+    batches = batch_rows(zipf_trace(rows, B * 6, 1.05, seed=4), B, rows)
+    sim = SteadyHitRate(rows, 8_000, "lru", 0, counted=4)
+    for b in batches:
+        sim.feed(b)
+    sim.finish()
+    assert not sim.warm and not sim.done and sim.hit_rate is None      # six batches cannot fill 8,000 slots
+    small = SteadyHitRate(rows, len(batches[0]) + 10, "lru", 0, counted=4)
+    with pytest.raises(CacheCapacityError):
+        for b in batches:
+            small.feed(b)
+    with pytest.raises(ValueError, match="counted"):
+        SteadyHitRate(rows, 100, "lru", 0, counted=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.05, 1.4])
+def test_fit_skew_inverts_the_distinct_rows_model(alpha):
+    rows, n = 2_000_000, 4096
+    assert fit_skew(rows, n, distinct_per_batch(rows, alpha, n)) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_fit_skew_of_a_zipf_trace_and_its_edges():
+    rows, B = 200_000, 4096
+    batches = batch_rows(zipf_trace(rows, B * 16, 1.05, seed=5), B, rows)
+    assert fit_skew(rows, B, np.mean([len(b) for b in batches])) == pytest.approx(1.05, abs=0.05)
+    assert fit_skew(rows, B, B) == 0.0                  # no repeats: as uniform as the model goes
+    assert fit_skew(rows, B, 1.0) == 4.0                # one row: the exponent's cap
+    assert fit_skew(0, B, 1.0) == 0.0 and fit_skew(rows, 0, 0.0) == 0.0
 
 
 def _tables(placement, n=6, rows=4_000_000):

@@ -93,6 +93,7 @@ def test_neo_calibrate_writes_every_constant_and_neo_plan_uses_them(tmp_path, ca
     import math
 
     import neo.calibrate as calibrate
+    from neo.calibrate.measure import cache_cases
     from neo.planner.constants import CostConstants, load_constants
 
     real = calibrate._machine
@@ -109,6 +110,12 @@ def test_neo_calibrate_writes_every_constant_and_neo_plan_uses_them(tmp_path, ca
             assert math.isfinite(got[f.name]) and got[f.name] >= 0, f.name
     c = load_constants(str(out), 1, "cpu")
     assert c.lookup_id_s == got["lookup_id_s"] and c.pooled_elem_s == got["pooled_elem_s"]
+    # the cache's terms are fitted to its own measurement (a full cache: misses in every case)
+    cache = doc["measurements"]["1"]["cache"]
+    assert [(r["cache_rows"], r["batch"]) for r in cache] == [(float(a), float(b)) for a, b in cache_cases(1_000_000)]
+    assert all(r["misses"] > 0 and r["accesses"] > r["misses"] and r["seconds"] > 0 for r in cache)
+    fitted = calibrate.cache_constants(doc["measurements"]["1"], got["host_bw"])
+    assert fitted == {k: got[k] for k in ("cache_batch_s", "cache_access_s", "cache_miss_latency")}
     main_job = os.path.join(os.path.dirname(EXAMPLE), "main_job.yaml")
     assert main(["plan", main_job, "--world-size", "1", f"sharding.cost_constants={out}"]) == 0
     assert str(out) in capsys.readouterr().out

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neo.planner import Plan, ShardingType, Topology, plan_tables
+from neo.planner import Placement, Plan, ShardingType, Topology, plan_tables
 from neo.planner.constants import builtin_constants
 from neo.planner.cost import estimate_parts, lookup_parts, seconds_per_byte
 from neo.planner.step_model import DenseSpec, cpu_bound_step, data_seconds, predict_step, rank_footprints
@@ -166,3 +166,50 @@ def test_output_collectives_of_a_mixed_plan(kind, W, L, want):
     assert lat_in == pytest.approx(2 * per) and lat_out == pytest.approx(want * per)
     _, alone = collective_latency_split([ShardingType.ROW_WISE], Topology.uniform(W, L), c)
     assert alone == pytest.approx(2 * per)                   # one type: its own distribution, fused or not
+
+
+def _cached(name: str, rows: int, rank: int, fraction: float) -> TableSpec:
+    return TableSpec(name, rows, 32, state_floats_per_row=32, state_per_element=True, pooling_factor=1.0,
+                     access_skew=1.05, cache_fraction=fraction,
+                     constraints=TableConstraints((ShardingType.TABLE_WISE,), ranks=(rank,),
+                                                  placement=Placement.CACHED))
+
+
+def test_a_cached_tables_work_runs_beside_the_step():
+    """A cached table's admission and moves (cost.cache_parts, by its formula) run on the cache's
+    thread under the step before: not in ``embedding_bwd`` (the trainer measures the backward
+    alone there); the step waits for them only where they outlast its path (the wait is the
+    lookup's, ``embedding_fwd``); on a CPU whose ranks fill the cores they are the node's work."""
+    tables = [_cached("a", 2_000_000, 0, 0.05), _cached("b", 2_000_000, 1, 0.05)]
+    plan, topo = _plan(tables, 2, B=2048)
+    dense = DenseSpec(13, (64, 32), (64, 1), num_features=2, dim=32)
+    sh = plan.tables["a"].shards
+    rows, cols = np.array([float(sh[0].rows)]), np.array([float(sh[0].cols)])
+    pc = estimate_parts(tables[0], ShardingType.TABLE_WISE, rows, cols, topo, CPU, 0.05)
+    c = CPU
+    U, hit = pc.distinct[0], pc.hit_rate[0]
+    row_b = 32 * 4 + 32 * 4
+    work = c.cache_batch_s + U * c.cache_access_s + U * (1 - hit) * (2 * row_b / c.host_bw + c.cache_miss_latency)
+    assert pc.miss_seconds[0] == pytest.approx(work, rel=1e-12) and work > 1e-3
+    assert pc.bwd[0] - pc.miss_seconds[0] > 0 and pc.compute[0] == pytest.approx(pc.fwd[0] + pc.bwd[0])
+    device = replace(plan, tables={n: replace(tp, placement=Placement.DEVICE, cache_load_factor=None)
+                                   for n, tp in plan.tables.items()})
+    p, d = predict_step(plan, tables, dense, topo, c), predict_step(device, tables, dense, topo, c)
+    # the fused backward of the cache's slots instead of every row: cheaper, and the cache's work is not in it
+    assert p.components_ms["embedding_bwd"] < d.components_ms["embedding_bwd"]
+    assert p.components_ms["embedding_bwd"] < pc.bwd[0] * 1e3 - work * 1e3 + 0.5
+    assert p.step_ms < d.step_ms + 1e-9 or p.components_ms["embedding_fwd"] > d.components_ms["embedding_fwd"]
+    # a cache slow enough to outlast the path: the step is its work, the excess a wait in the lookup
+    slow = replace(c, cache_miss_latency=200e-6)
+    q = predict_step(plan, tables, dense, topo, slow)
+    pq = estimate_parts(tables[0], ShardingType.TABLE_WISE, rows, cols, topo, slow, 0.05)
+    assert q.step_ms == pytest.approx(pq.miss_seconds[0] * 1e3, rel=1e-9)
+    assert sum(q.components_ms.values()) == pytest.approx(q.step_ms, rel=1e-12)
+    assert q.components_ms["embedding_bwd"] == pytest.approx(p.components_ms["embedding_bwd"], rel=1e-9)
+    # 2 ranks on 2 cores: the node's work includes both caches' threads
+    on_cores = predict_step(plan, tables, dense, topo, c, cores=2, threads_per_rank=1)
+    fwd_bwd = (p.components_ms["embedding_fwd"] + p.components_ms["embedding_bwd"]) / 1e3
+    own = np.full(2, fwd_bwd + work + p.components_ms["dense"] / 1e3 + c.step_overhead)
+    bound = cpu_bound_step(own, data_seconds(tables, 2048, c), 2, 2, 1)
+    assert on_cores.step_ms == pytest.approx(max(bound * 1e3, p.step_ms), rel=1e-9)
+    assert on_cores.step_ms > p.step_ms

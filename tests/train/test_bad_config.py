@@ -38,6 +38,7 @@ from tests.train.test_trainer import ROOT, TINY, tiny_config
     ("tables[0].name=no", r"tables\[0\]\.name: got the YAML boolean False .*quote it for the text, e\.g\. 'no'"),
     ("tables[0].feature_names=[on]", r"tables\[0\]\.feature_names\[0\]: got the YAML boolean True"),
     ("sharding.partitioner=bogus", r"sharding\.partitioner: 'bogus' is not one of \['auto', 'greedy', 'karmarkar_karp'"),
+    ("sharding.cache_warmup_batches=-1", r"sharding\.cache_warmup_batches: must be >= 0, got -1"),
 ])
 def test_values_out_of_range_name_the_field(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
