@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from neo.cli import main
+from neo.commands.cache_report import config_trace
 from neo.embedding.cache.simulate import batch_rows, simulate, simulate_belady, simulate_set_associative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -236,3 +237,69 @@ def test_command_refuses_more_ways_than_capacity_an_empty_file_and_no_policies(t
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     best = {r["capacity"]: r["hits"] for r in rows if r["policy"] == "belady"}
     assert all(r["hits"] <= best[r["capacity"]] for r in rows)
+
+
+def _min_hits_by_position(seq, capacity):
+    """Belady's MIN written out (evict the resident row used again farthest ahead): a hit flag per
+    access. Rows never used again are alike for the future, so the flags do not depend on ties."""
+    resident, hits = set(), []
+    for i, row in enumerate(seq):
+        hits.append(row in resident)
+        if row in resident:
+            continue
+        if len(resident) >= capacity:
+            def next_use(r):
+                return next((j for j in range(i + 1, len(seq)) if seq[j] == r), len(seq))
+            resident.remove(max(sorted(resident), key=next_use))
+        resident.add(row)
+    return hits
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 3, 5])
+def test_warmup_batches_are_simulated_but_not_counted(warmup):
+    """With ``warmup`` W the caches take every batch as before and the counts are those of batches
+    W and later: each policy's hits the sum of its per-batch hits (from the same simulation with
+    nothing left out) over those batches, Belady's those of MIN's decisions (written out) at their
+    positions, the set-associative cache's accesses the later batches' rows."""
+    rng = np.random.default_rng(8)
+    batches = batch_rows(rng.zipf(1.2, 12 * 40) % 300, 40, 300)
+    later = sum(len(b) for b in batches[warmup:])
+    for policy, lookahead in (("lru", 0), ("lfu", 0), ("lookahead", 3)):
+        masks = []
+        full = simulate(batches, 300, 60, policy, lookahead, pipelined=True, hit_masks=masks)
+        warm = simulate(batches, 300, 60, policy, lookahead, pipelined=True, warmup=warmup)
+        assert warm.accesses == later and warm.hits == sum(int(m.sum()) for m in masks[warmup:])
+        assert warm.to_dict().get("warmup_batches") == (warmup or None)
+        if warmup == 0:
+            assert (warm.hits, warm.accesses) == (full.hits, full.accesses)
+    seq = list(itertools.chain.from_iterable(b.tolist() for b in batches))
+    start = sum(len(b) for b in batches[:warmup])
+    for cap in (10, 40):
+        flags = _min_hits_by_position(seq, cap)
+        got = simulate_belady(batches, cap, warmup)
+        assert (got.hits, got.accesses) == (sum(flags[start:]), len(seq) - start)
+    sa = simulate_set_associative(batches, 300, 64, "lru", 8, warmup)
+    assert sa.accesses == later and sa.conflict_misses <= sa.accesses - sa.hits
+
+
+def test_command_warmup_batches(tmp_path, capsys):
+    """--warmup-batches W: the JSON records count the batches after W (config mode reads W + N
+    batches of the data, the same first ones as without it), and carry ``warmup_batches``; W at
+    least the trace's batches is an error naming both."""
+    cfg = os.path.join(ROOT, "configs", "train_tiny.yaml")
+    base = ["cache-report", cfg, "--table", "user", "--capacity", "300", "--policies", "lru,belady",
+            f"data.synthetic.cache_dir={tmp_path}", "--json"]
+    assert main(base + ["--batches", "10"]) == 0
+    ten = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert main(base + ["--batches", "6", "--warmup-batches", "4"]) == 0
+    warm = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    trace, _ = config_trace(cfg, [f"data.synthetic.cache_dir={tmp_path}"], "user", 10, None)
+    later = sum(len(np.unique(p)) for p in trace[4:])
+    for a, b in zip(ten, warm):
+        assert b["warmup_batches"] == 4 and "warmup_batches" not in a
+        assert b["accesses"] == later < a["accesses"] and b["hits"] <= a["hits"]
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(12, dtype=np.int64))
+    assert main(["cache-report", str(path), "--batch-size", "4", "--num-rows", "20", "--capacity", "8",
+                 "--warmup-batches", "3"]) == 2
+    assert "--warmup-batches 3: the trace has only 3 batches; none would be counted" in capsys.readouterr().err

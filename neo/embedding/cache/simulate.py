@@ -50,6 +50,9 @@ class SimResult:
     hit_rate: float
     ways: Optional[int] = None
     conflict_misses: Optional[int] = None
+    warmup_batches: Optional[int] = None
+    """Batches before the counted ones that only warmed the cache (``neo cache-report
+    --warmup-batches``); None: every batch counted, from an empty cache."""
 
     def to_dict(self) -> Dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("capacity", "policy")}
@@ -81,9 +84,10 @@ def _check_capacity(batches: Sequence[np.ndarray], capacity: int, num_rows: int,
 
 
 def simulate(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str, lookahead: int = 2,
-             pipelined: bool = False, hit_masks: Optional[List[np.ndarray]] = None) -> SimResult:
+             pipelined: bool = False, hit_masks: Optional[List[np.ndarray]] = None, warmup: int = 0) -> SimResult:
     """lru / lfu / lookahead with the training cache's own index (see the module docstring).
-    ``hit_masks``: a list that receives each batch's (U,) bool mask of hits."""
+    ``hit_masks``: a list that receives each batch's (U,) bool mask of hits. ``warmup``: the first
+    batches only warm the cache (their accesses and hits are not counted)."""
     _check_capacity(batches, capacity, num_rows, 2 if pipelined else 1)
     index = CacheIndex("trace", num_rows, capacity, CachePolicy(policy))
     tensors = [torch.from_numpy(b.astype(np.int64)) for b in batches]
@@ -92,17 +96,19 @@ def simulate(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy
     prev = None
     for i, rows in enumerate(tensors):
         adm = index.admit(rows, tensors[i + 1:i + 1 + k])
-        hits += adm.hits
+        if i >= warmup:
+            hits += adm.hits
+            accesses += int(rows.numel())
         if hit_masks is not None:
             hit_masks.append(~np.isin(batches[i], adm.miss_rows.numpy()))
-        accesses += int(rows.numel())
         if pipelined:
             if prev is not None:
                 index.complete(prev)
             prev = adm.seq
         else:
             index.complete(adm.seq)
-    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0)
+    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0,
+                     warmup_batches=warmup or None)
 
 
 class SteadyHitRate:
@@ -181,10 +187,12 @@ class SteadyHitRate:
             self.batches += 1
 
 
-def simulate_belady(batches: Sequence[np.ndarray], capacity: int) -> SimResult:
-    """Belady's MIN on the concatenated sorted distinct ids of the batches (exact optimum)."""
+def simulate_belady(batches: Sequence[np.ndarray], capacity: int, warmup: int = 0) -> SimResult:
+    """Belady's MIN on the concatenated sorted distinct ids of the batches (exact optimum);
+    ``warmup``: the first batches' accesses are not counted (the cache they leave is MIN's)."""
     seq = np.concatenate(batches) if batches else np.zeros(0, np.int64)
     n = len(seq)
+    start = sum(len(b) for b in batches[:warmup])             # the first counted access
     order = np.lexsort((np.arange(n), seq))                   # by row, then position
     nxt = np.full(n, n, dtype=np.int64)                       # n: never again
     same = seq[order[1:]] == seq[order[:-1]]
@@ -195,7 +203,7 @@ def simulate_belady(batches: Sequence[np.ndarray], capacity: int) -> SimResult:
     for i in range(n):
         row, nu = int(seq[i]), int(nxt[i])
         if row in resident:
-            hits += 1
+            hits += i >= start
         elif len(resident) >= capacity:
             while True:
                 neg, victim = heapq.heappop(heap)
@@ -204,11 +212,13 @@ def simulate_belady(batches: Sequence[np.ndarray], capacity: int) -> SimResult:
                     break
         resident[row] = nu
         heapq.heappush(heap, (-nu, row))
-    return SimResult(capacity, "belady", n, hits, hits / n if n else 0.0)
+    counted = n - start
+    return SimResult(capacity, "belady", counted, hits, hits / counted if counted else 0.0,
+                     warmup_batches=warmup or None)
 
 
 def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str,
-                             ways: int) -> SimResult:
+                             ways: int, warmup: int = 0) -> SimResult:
     """A ``ways``-way set-associative cache of exactly ``capacity`` rows, ``policy`` (lru, lfu)
     within each set.
 
@@ -219,7 +229,8 @@ def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capac
     ``hash(row) % sets``. A batch's missing rows take, in each set, the ways its own rows do not
     use, least recently (lru) or least frequently (lfu, ties by recency) used first; rows beyond
     those miss without being cached, as in a hardware-style set-associative cache (FBGEMM's
-    ``lxu_cache``). Raises ValueError when ``ways`` exceeds ``capacity``."""
+    ``lxu_cache``). Raises ValueError when ``ways`` exceeds ``capacity``. ``warmup``: the first
+    batches only warm the cache (not counted)."""
     if policy not in ("lru", "lfu"):
         raise ValueError(f"set-associative simulation supports lru and lfu, not {policy!r}")
     if isinstance(ways, bool) or not isinstance(ways, (int, np.integer)) or ways <= 0:
@@ -243,9 +254,10 @@ def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capac
         s_of = (rows * 0x9E3779B1) % sets                                   # multiplicative hash
         match = tag[s_of] == rows[:, None]                                  # (U, ways)
         present = match.any(axis=1)
-        hits += int(present.sum())
-        accesses += len(rows)
-        conflict += int((~present & full_hits[b - 1]).sum())
+        if b > warmup:
+            hits += int(present.sum())
+            accesses += len(rows)
+            conflict += int((~present & full_hits[b - 1]).sum())
         r_idx, w_idx = np.nonzero(match)
         last[s_of[r_idx], w_idx] = b                                         # used by this batch: kept
         miss, ms = rows[~present], s_of[~present]
@@ -269,13 +281,15 @@ def simulate_set_associative(batches: Sequence[np.ndarray], num_rows: int, capac
         usable = np.isfinite(key[set_pos[ok], w])
         tag[ms[ok][usable], w[usable]] = miss[ok][usable]
         last[ms[ok][usable], w[usable]] = b
-    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0, ways, int(conflict))
+    return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0, ways, int(conflict),
+                     warmup or None)
 
 
 def report(batches: Sequence[np.ndarray], num_rows: int, capacities: Iterable[int],
            policies: Sequence[str] = POLICIES, lookahead: int = 2, ways: Optional[int] = None,
-           pipelined: bool = False) -> List[SimResult]:
-    """Every (capacity, policy) result, capacities in the order given (``neo cache-report``)."""
+           pipelined: bool = False, warmup: int = 0) -> List[SimResult]:
+    """Every (capacity, policy) result, capacities in the order given (``neo cache-report``);
+    ``warmup``: the first batches warm every cache and are not counted."""
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise ValueError(f"unknown policies {bad}; valid: {list(POLICIES)}")
@@ -283,10 +297,10 @@ def report(batches: Sequence[np.ndarray], num_rows: int, capacities: Iterable[in
     for k in capacities:
         for p in policies:
             if p == "belady":
-                out.append(simulate_belady(batches, k))
+                out.append(simulate_belady(batches, k, warmup))
             elif ways:
-                out.append(simulate_set_associative(batches, num_rows, k, p, ways) if p != "lookahead"
-                           else simulate(batches, num_rows, k, p, lookahead, pipelined))
+                out.append(simulate_set_associative(batches, num_rows, k, p, ways, warmup) if p != "lookahead"
+                           else simulate(batches, num_rows, k, p, lookahead, pipelined, warmup=warmup))
             else:
-                out.append(simulate(batches, num_rows, k, p, lookahead, pipelined))
+                out.append(simulate(batches, num_rows, k, p, lookahead, pipelined, warmup=warmup))
     return out
