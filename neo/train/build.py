@@ -268,9 +268,9 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
     ``sharding.cache_warmup_batches`` more than those. A cache that cannot warm up in that many
     (a large share of a large table; judged once ``cache_sample_batches`` batches are admitted, by
     their rate of misses, which only falls as a cache fills, so as not to read batches for it in
-    vain) takes the skew model's
-    hit rate (:mod:`neo.planner.cache_model`) at the Zipf exponent fitted to the distinct rows of
-    the first batches (:func:`~neo.planner.cache_model.fit_skew`). Until 2026-12-01 the curve was
+    vain) takes the skew model's hit rate (:mod:`neo.planner.cache_model`) at the Zipf exponent
+    fitted to the distinct rows of the first batches (:func:`~neo.planner.cache_model.fit_skew`).
+    Until 2026-12-01 the curve was
     the first 16 batches' from an empty cache: 0.33 at every share on
     ``configs/cached_tables.yaml``, where training's caches settle at 0.58-0.72 (docs/cache.md)."""
     import types
@@ -303,8 +303,9 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
             if sim.done:
                 curves[name][f] = sim.hit_rate
                 del live[name][f]
-            elif sim.admitted == counted and sim.batches_to_warm() + counted > counted + warmup - read + sim.pending:
-                del live[name][f]           # cannot warm up within the batches left to read: the model's
+            elif sim.admitted == counted:   # warm-up and count within the batches left (read or held)?
+                if sim.batches_to_warm() + counted > (counted + warmup - read) + sim.pending:
+                    del live[name][f]       # no: the model's rate
 
     def start(spec) -> None:
         """The table's simulations, one per share whose cache holds two of the first batches, fed those."""
