@@ -127,7 +127,8 @@ class StepPrediction:
     critical_rank: int
     samples_per_s: float
     rank_ms: Tuple[float, ...]
-    """Each rank's embedding work + communication (ms), before the dense part."""
+    """Each rank's embedding work + communication (ms) on its path, before the dense part (a cached
+    table's prefetch, beside the path, not included)."""
 
     def to_dict(self) -> Dict[str, object]:
         return {"step_ms": round(self.step_ms, 4), "components_ms": {k: round(v, 4) for k, v in
