@@ -255,6 +255,16 @@ def dense_spec(cfg, num_dense: Optional[int] = None):
     return cfg.dense_spec(num_dense)
 
 
+CURVE_MEMORY_BYTES = 2 << 30
+"""The most memory the simulated caches of :func:`measure_cache_curves` hold at once (each a cache
+index: 16 bytes a row of its table and 24 a slot, under the lookahead policy); caches beyond it
+take the skew model, in the order of the tables, smaller shares first."""
+CURVE_WORK_ROWS = 100_000_000
+"""The most rows the simulated caches admit in all (each batch's distinct rows, about half a
+microsecond each on the CPU, so about a minute): where the reading would go past it, it stops,
+and the caches not done take the skew model."""
+
+
 def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], global_batch: int):
     """``specs`` with a measured miss-ratio curve (``hit_curve``, ``distinct_per_batch``) for
     every table marked in ``which``, at each cache share the planner considers whose cache holds
@@ -269,8 +279,9 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
     (a large share of a large table; judged once ``cache_sample_batches`` batches are admitted, by
     their rate of misses, which only falls as a cache fills, so as not to read batches for it in
     vain) takes the skew model's hit rate (:mod:`neo.planner.cache_model`) at the Zipf exponent
-    fitted to the distinct rows of the first batches (:func:`~neo.planner.cache_model.fit_skew`).
-    Until 2026-12-01 the curve was
+    fitted to the distinct rows of the first batches (:func:`~neo.planner.cache_model.fit_skew`);
+    so do the caches beyond :data:`CURVE_MEMORY_BYTES` and those not done within
+    :data:`CURVE_WORK_ROWS` (tables of 10^8 rows, batches of 10^5 ids). Until 2026-12-01 the curve was
     the first 16 batches' from an empty cache: 0.33 at every share on
     ``configs/cached_tables.yaml``, where training's caches settle at 0.58-0.72 (docs/cache.md)."""
     import types
@@ -291,9 +302,11 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
     ids: Dict[str, List[int]] = {s.name: [] for s in picked}              # and their ids
     curves: Dict[str, Dict[float, Optional[float]]] = {}   # share -> steady hit rate (None: the model's)
     live: Dict[str, Dict[float, SteadyHitRate]] = {}       # the simulations still reading batches
+    budget = {"bytes": CURVE_MEMORY_BYTES, "rows": CURVE_WORK_ROWS}
 
     def feed(name: str, rows: np.ndarray, read: int) -> None:
         """Batch number ``read`` - 1 of the table to every live simulation."""
+        budget["rows"] -= len(rows) * len(live[name])
         for f, sim in list(live[name].items()):
             try:
                 sim.feed(rows)
@@ -314,8 +327,13 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
         fractions = [spec.cache_fraction] if spec.cache_fraction is not None else list(CACHE_FRACTIONS)
         caps = {f: max(1, int(np.ceil(f * t.num_rows))) for f in fractions}
         curves[spec.name] = {f: None for f, c in caps.items() if c >= need}
-        live[spec.name] = {f: SteadyHitRate(t.num_rows, caps[f], t.cache_policy.value, t.cache_lookahead, counted)
-                           for f in curves[spec.name]}
+        live[spec.name] = {}
+        for f in sorted(curves[spec.name]):
+            size = 16 * t.num_rows + 24 * caps[f]
+            if size <= budget["bytes"]:
+                budget["bytes"] -= size
+                live[spec.name][f] = SteadyHitRate(t.num_rows, caps[f], t.cache_policy.value, t.cache_lookahead,
+                                                   counted)
         for k, b in enumerate(batches):
             feed(spec.name, b, k + 1)
 
@@ -334,7 +352,7 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
             if k + 1 == counted:
                 for s in picked:
                     start(s)
-            if k + 1 >= counted and (k + 1 >= counted + warmup or not any(live.values())):
+            if k + 1 >= counted and (k + 1 >= counted + warmup or not any(live.values()) or budget["rows"] < 0):
                 break
     finally:
         it.close()

@@ -67,3 +67,28 @@ def test_curves_are_the_warm_caches_hit_rates(tmp_data, warmup):
             assert h > cold                              # what the first batches from empty say
         assert h == pytest.approx(expected, abs=1e-12), f
     assert warm == (len(shares) - 1 if warmup else 0)   # the data warms all but the largest cache
+
+
+def test_caches_past_the_memory_or_work_budget_take_the_fitted_model(tmp_data, monkeypatch):
+    """Memory for one simulated cache only: the smallest share is simulated (its warm rate, as in
+    the test above), the others take the skew model at the fitted exponent. A work budget the first
+    batches already spend: reading stops there, and every share takes the model."""
+    import neo.train.build as build
+
+    cfg = tiny_config(tmp_data, *CACHED, f"train.batch_size={BATCH}")
+    data = prepare_data(cfg, resolve_tables(cfg), ONE, log=lambda *a, **k: None)
+    batches, ids = the_batches(cfg, data)
+    counted = cfg.sharding.cache_sample_batches
+    n = float(np.mean(ids[:counted]))
+    skew = fit_skew(3000, n, float(np.mean([len(b) for b in batches[:counted]])))
+    model = {f: hit_rate(f, 3000, skew, n) for f in CACHE_FRACTIONS}
+    smallest = 16 * 3000 + 24 * int(np.ceil(0.05 * 3000))
+    monkeypatch.setattr(build, "CURVE_MEMORY_BYTES", smallest)
+    user = measure_cache_curves(cfg, data, cfg.table_specs(), [True, False, False, False], BATCH)[0]
+    first, *rest = user.hit_curve
+    assert first[0] == 0.05 and first[1] == warm_window(batches, 3000, 150, "lookahead", 4, counted)
+    assert rest and all(h == pytest.approx(model[f], abs=1e-12) for f, h in rest)
+    monkeypatch.setattr(build, "CURVE_MEMORY_BYTES", 2 << 30)
+    monkeypatch.setattr(build, "CURVE_WORK_ROWS", 1)
+    user = measure_cache_curves(cfg, data, cfg.table_specs(), [True, False, False, False], BATCH)[0]
+    assert all(h == pytest.approx(model[f], abs=1e-12) for f, h in user.hit_curve)
