@@ -376,18 +376,17 @@ def cache(group, quick: bool = False, store_dir: Optional[str] = None) -> List[D
     each, over the same store), so a shared machine's drifting load hits all alike."""
     import numpy as np
 
+    from data_pipeline.locality import zipf_ranks
     from neo.config.embedding import TableConfig
     from neo.embedding.cache import MmapStore
     from neo.embedding.cache.table_cache import TableCache
 
     N, D, lookahead, timed_batches = 1_000_000, 32, 32, (30 if quick else 100)
     rng = np.random.default_rng(11)
-    cdf = np.cumsum(np.arange(1, N + 1, dtype=np.float64) ** -CACHE_SKEW)
-    cdf /= cdf[-1]
     order = rng.permutation(N)
 
     def batch(B: int) -> torch.Tensor:
-        return torch.from_numpy(np.unique(order[np.searchsorted(cdf, rng.random(B))]))
+        return torch.from_numpy(np.unique(order[zipf_ranks(rng, B, N, CACHE_SKEW)]))
 
     def step(k: Dict[str, Any]) -> Tuple[float, int, int]:
         """One prefetch of case ``k``: (seconds, distinct rows, misses)."""

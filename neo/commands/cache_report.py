@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from neo.commands.arg_types import non_negative_int, positive_int
-from neo.embedding.cache.simulate import POLICIES, batch_rows, report
+from neo.embedding.cache.simulate import POLICIES, batch_rows, report, rows_needed
 
 _DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -154,10 +154,7 @@ def run(args) -> List[dict]:
     if over:
         raise CacheReportError(f"--ways {args.ways}: more ways than the cache has rows (capacities {over}); "
                                f"ways must be <= every capacity")
-    if args.pipelined:                  # two consecutive batches pinned at once: their union (as simulate)
-        need = max((len(np.union1d(a, b)) for a, b in zip(batches, batches[1:])), default=len(batches[0]))
-    else:
-        need = max(len(b) for b in batches)
+    need = rows_needed(batches, args.pipelined)    # with --pipelined: two consecutive batches' union (as simulate)
     small = [k for k in caps if k < need and any(p != "belady" for p in policies)]
     if small:
         raise CacheReportError(f"--capacity {small}: below the {need} distinct rows "

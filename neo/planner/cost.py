@@ -80,13 +80,13 @@ class PartCosts:
     """Cached parts: expected hit rate of a step's distinct rows."""
     miss_seconds: Optional[np.ndarray] = None
     """Cached parts: seconds of the cache's work a step (the batch's admission and its misses'
-    moves, on the cache's worker thread; included in ``compute`` and ``bwd``)."""
+    moves, on the cache's worker thread; included in ``compute``, not in ``bwd``)."""
     distinct: Optional[np.ndarray] = None
     """Distinct rows a step's update touches (a cache must hold two steps' worth)."""
     fwd: Optional[np.ndarray] = None
     """Forward lookup seconds (at speed 1), ``kernel_overhead`` included."""
     bwd: Optional[np.ndarray] = None
-    """Backward + fused optimizer seconds (at speed 1), cache misses included."""
+    """Backward + fused optimizer seconds (at speed 1); a cached part's cache work is ``miss_seconds``."""
     comm_in: Optional[np.ndarray] = None
     """Input distribution seconds (the ids), part of ``comm``."""
 
@@ -255,7 +255,7 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
                          distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)
     miss_s, hit, device, store, _ = cache_parts(table, upd, cols, rows, cache_fraction, G * F * P, c, U)
     return PartCosts(fwd + bwd + miss_s, comm, device + buffers, store, b_in, b_out, hit, miss_s, U,
-                     fwd, bwd + miss_s, comm_in)
+                     fwd, bwd, comm_in)
 
 
 def input_side_cost(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):

@@ -208,10 +208,10 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
         cols = np.array([s.cols for s in sh], dtype=np.float64)
         ranks = np.array([s.rank for s in sh], dtype=np.int64)
         pc = estimate_parts(t, tp.sharding_type, rows, cols, topo, c, _cache_fraction(tp, c), foot[ranks])
-        cache = pc.miss_seconds if pc.miss_seconds is not None else np.zeros_like(rows)
         np.add.at(comp["fwd"], ranks, pc.fwd / speed[ranks])
-        np.add.at(comp["bwd"], ranks, (pc.bwd - cache) / speed[ranks])
-        np.add.at(comp["cache"], ranks, cache / speed[ranks])
+        np.add.at(comp["bwd"], ranks, pc.bwd / speed[ranks])
+        if pc.miss_seconds is not None:
+            np.add.at(comp["cache"], ranks, pc.miss_seconds / speed[ranks])
         np.add.at(comp["in"], ranks, pc.comm_in)
         np.add.at(comp["out"], ranks, pc.comm - pc.comm_in)
         s_in, s_out, _, _, _ = input_side_split(t, tp.sharding_type, topo, c)

@@ -289,7 +289,7 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
     import numpy as np
 
     from neo.embedding.cache.index import CacheCapacityError
-    from neo.embedding.cache.simulate import SteadyHitRate
+    from neo.embedding.cache.simulate import SteadyHitRate, rows_needed
     from neo.planner.cache_model import CACHE_FRACTIONS, fit_skew, hit_rate
 
     counted, warmup = cfg.sharding.cache_sample_batches, cfg.sharding.cache_warmup_batches
@@ -323,7 +323,7 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
     def start(spec) -> None:
         """The table's simulations, one per share whose cache holds two of the first batches, fed those."""
         t, batches = tables[spec.name], first[spec.name]
-        need = max(len(np.union1d(a, b)) for a, b in zip(batches, batches[1:] or batches))
+        need = rows_needed(batches, pipelined=True)
         fractions = [spec.cache_fraction] if spec.cache_fraction is not None else list(CACHE_FRACTIONS)
         caps = {f: max(1, int(np.ceil(f * t.num_rows))) for f in fractions}
         curves[spec.name] = {f: None for f, c in caps.items() if c >= need}

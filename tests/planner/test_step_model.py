@@ -191,13 +191,13 @@ def test_a_cached_tables_work_runs_beside_the_step():
     row_b = 32 * 4 + 32 * 4
     work = c.cache_batch_s + U * c.cache_access_s + U * (1 - hit) * (2 * row_b / c.host_bw + c.cache_miss_latency)
     assert pc.miss_seconds[0] == pytest.approx(work, rel=1e-12) and work > 1e-3
-    assert pc.bwd[0] - pc.miss_seconds[0] > 0 and pc.compute[0] == pytest.approx(pc.fwd[0] + pc.bwd[0])
+    assert pc.bwd[0] > 0 and pc.compute[0] == pytest.approx(pc.fwd[0] + pc.bwd[0] + pc.miss_seconds[0])
     device = replace(plan, tables={n: replace(tp, placement=Placement.DEVICE, cache_load_factor=None)
                                    for n, tp in plan.tables.items()})
     p, d = predict_step(plan, tables, dense, topo, c), predict_step(device, tables, dense, topo, c)
     # the fused backward of the cache's slots instead of every row: cheaper, and the cache's work is not in it
     assert p.components_ms["embedding_bwd"] < d.components_ms["embedding_bwd"]
-    assert p.components_ms["embedding_bwd"] < pc.bwd[0] * 1e3 - work * 1e3 + 0.5
+    assert p.components_ms["embedding_bwd"] < pc.bwd[0] * 1e3 + 0.5
     assert p.step_ms < d.step_ms + 1e-9 or p.components_ms["embedding_fwd"] > d.components_ms["embedding_fwd"]
     # a cache slow enough to outlast the path: the step is its work, the excess a wait in the lookup
     slow = replace(c, cache_miss_latency=200e-6)

@@ -25,15 +25,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from neo.config.embedding import CachePolicy
-from neo.embedding.cache.index import CacheCapacityError, CacheIndex
+from neo.embedding.cache.index import Admission, CacheCapacityError, CacheIndex
 
-__all__ = ["SimResult", "SteadyHitRate", "batch_rows", "simulate", "simulate_belady", "simulate_set_associative",
+__all__ = ["SimResult", "SteadyHitRate", "TraceCache", "rows_needed", "batch_rows", "simulate", "simulate_belady", "simulate_set_associative",
            "report", "POLICIES"]
 
 POLICIES = ("lru", "lfu", "lookahead", "belady")
@@ -73,14 +73,67 @@ def batch_rows(trace: np.ndarray, batch_size: int, num_rows: int) -> List[np.nda
     return [np.unique(trace[i:i + batch_size]) for i in range(0, len(trace), batch_size)]
 
 
+def rows_needed(batches: Sequence[np.ndarray], pipelined: bool) -> int:
+    """The fewest slots a cache needs for these batches (sorted distinct rows): the largest batch,
+    or with ``pipelined`` (two batches in flight) the largest union of two consecutive ones."""
+    if not pipelined or len(batches) == 1:
+        return max(len(b) for b in batches)
+    return max(len(np.union1d(a, b)) for a, b in zip(batches, batches[1:]))
+
+
 def _check_capacity(batches: Sequence[np.ndarray], capacity: int, num_rows: int, pinned_batches: int) -> None:
     if not 0 < capacity <= num_rows:
         raise ValueError(f"capacity {capacity} must be in [1, {num_rows}]")
-    need = max(len(b) for b in batches) if pinned_batches == 1 else \
-        max((len(np.union1d(a, b)) for a, b in zip(batches, batches[1:])), default=len(batches[0]))
+    need = rows_needed(batches, pinned_batches > 1)
     if need > capacity:
         raise CacheCapacityError(f"capacity {capacity} is below the {need} distinct rows of "
                                  f"{'one batch' if pinned_batches == 1 else 'two consecutive batches'}")
+
+
+class TraceCache:
+    """A cache index fed a table's batches one at a time (sorted distinct rows), admitted as
+    training admits them: the lookahead policy sees the next ``lookahead`` batches, so a batch is
+    admitted once they have been fed; with ``pipelined`` a batch completes only once the next is
+    admitted (two batches in flight), else at once. CacheCapacityError where a batch (and the one
+    in flight) needs more rows than the cache holds."""
+
+    def __init__(self, num_rows: int, capacity: int, policy: str, lookahead: int = 2, pipelined: bool = True):
+        self.index = CacheIndex("trace", num_rows, capacity, CachePolicy(policy))
+        self._k = lookahead if policy == "lookahead" else 0
+        self._pipelined = pipelined
+        self._pending: List[torch.Tensor] = []        # fed, not yet admitted (the lookahead's window)
+        self._prev: Optional[int] = None
+
+    @property
+    def pending(self) -> int:
+        """Batches fed but not admitted yet (the lookahead window's)."""
+        return len(self._pending)
+
+    def feed(self, rows) -> Optional[Admission]:
+        """Batch ``rows``; the admission of the batch this completes the window of, if any."""
+        self._pending.append(torch.as_tensor(np.asarray(rows, dtype=np.int64)))
+        return self.admit_next() if len(self._pending) > self._k else None
+
+    def admit_all(self, batches: Iterable) -> Iterator[Admission]:
+        """Feed every batch, then admit the ones the window held back: each admission in order."""
+        for rows in batches:
+            adm = self.feed(rows)
+            if adm is not None:
+                yield adm
+        while self._pending:
+            yield self.admit_next()
+
+    def admit_next(self) -> Admission:
+        """Admit the oldest batch fed (at the end of the trace: with what is left of its window)."""
+        rows = self._pending.pop(0)
+        adm = self.index.admit(rows, self._pending[:self._k])
+        if not self._pipelined:
+            self.index.complete(adm.seq)
+            return adm
+        if self._prev is not None:
+            self.index.complete(self._prev)
+        self._prev = adm.seq
+        return adm
 
 
 def simulate(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy: str, lookahead: int = 2,
@@ -89,32 +142,21 @@ def simulate(batches: Sequence[np.ndarray], num_rows: int, capacity: int, policy
     ``hit_masks``: a list that receives each batch's (U,) bool mask of hits. ``warmup``: the first
     batches only warm the cache (their accesses and hits are not counted)."""
     _check_capacity(batches, capacity, num_rows, 2 if pipelined else 1)
-    index = CacheIndex("trace", num_rows, capacity, CachePolicy(policy))
-    tensors = [torch.from_numpy(b.astype(np.int64)) for b in batches]
-    k = lookahead if policy == "lookahead" else 0
+    cache = TraceCache(num_rows, capacity, policy, lookahead, pipelined)
     hits = accesses = 0
-    prev = None
-    for i, rows in enumerate(tensors):
-        adm = index.admit(rows, tensors[i + 1:i + 1 + k])
+    for i, adm in enumerate(cache.admit_all(batches)):
         if i >= warmup:
             hits += adm.hits
-            accesses += int(rows.numel())
+            accesses += int(adm.rows.numel())
         if hit_masks is not None:
             hit_masks.append(~np.isin(batches[i], adm.miss_rows.numpy()))
-        if pipelined:
-            if prev is not None:
-                index.complete(prev)
-            prev = adm.seq
-        else:
-            index.complete(adm.seq)
     return SimResult(capacity, policy, accesses, hits, hits / accesses if accesses else 0.0,
                      warmup_batches=warmup or None)
 
 
 class SteadyHitRate:
-    """The hit rate of one cache once it is warm: fed a table's batches one at a time (sorted
-    distinct rows), admitted as :func:`simulate` admits them with ``pipelined`` (the lookahead
-    policy sees the next ``lookahead`` batches, so a batch is admitted once they have been fed).
+    """The hit rate of one cache once it is warm: a :class:`TraceCache` (two batches pinned, as
+    under the pipeline) fed a table's batches one at a time.
 
     The cache starts empty. It is *warm* once its misses reach ``turnovers`` times its capacity
     (filled, then its rows replaced once more: on Zipf(1.05) ids over 2M rows the hit rate of a
@@ -127,11 +169,8 @@ class SteadyHitRate:
                  turnovers: float = 2.0):
         if counted <= 0:
             raise ValueError(f"counted must be > 0, got {counted}")
-        self.index = CacheIndex("trace", num_rows, capacity, CachePolicy(policy))
-        self.capacity, self.counted, self.warm_misses = capacity, counted, turnovers * capacity
-        self._k = lookahead if policy == "lookahead" else 0
-        self._pending: List[torch.Tensor] = []        # fed, not yet admitted (the lookahead's window)
-        self._prev: Optional[int] = None
+        self.cache = TraceCache(num_rows, capacity, policy, lookahead, pipelined=True)
+        self.counted, self.warm_misses = counted, turnovers * capacity
         self.misses = self.hits = self.accesses = self.batches = self.admitted = 0
 
     @property
@@ -149,7 +188,7 @@ class SteadyHitRate:
     @property
     def pending(self) -> int:
         """Batches fed but not admitted yet (the lookahead window's)."""
-        return len(self._pending)
+        return self.cache.pending
 
     def batches_to_warm(self) -> float:
         """Batches still needed to warm up at the rate of misses so far (0 once warm; infinite
@@ -163,27 +202,22 @@ class SteadyHitRate:
     def feed(self, rows: np.ndarray) -> None:
         """Batch ``rows`` (sorted distinct ids); CacheCapacityError if it and the batch before need
         more rows than the cache holds."""
-        self._pending.append(torch.from_numpy(np.asarray(rows, dtype=np.int64)))
-        if len(self._pending) > self._k:
-            self._admit()
+        adm = self.cache.feed(rows)
+        if adm is not None:
+            self._count(adm)
 
     def finish(self) -> None:
         """No batch will follow: admit the ones the lookahead window held back."""
-        while self._pending and not self.done:
-            self._admit()
+        while self.cache.pending and not self.done:
+            self._count(self.cache.admit_next())
 
-    def _admit(self) -> None:
-        rows = self._pending.pop(0)
-        warm = self.warm
-        adm = self.index.admit(rows, self._pending[:self._k])
-        if self._prev is not None:
-            self.index.complete(self._prev)
-        self._prev = adm.seq
+    def _count(self, adm: Admission) -> None:
+        warm = self.warm                        # as the cache was when it admitted this batch
         self.admitted += 1
-        self.misses += int(rows.numel()) - adm.hits
+        self.misses += int(adm.rows.numel()) - adm.hits
         if warm and not self.done:
             self.hits += adm.hits
-            self.accesses += int(rows.numel())
+            self.accesses += int(adm.rows.numel())
             self.batches += 1
 
 
