@@ -380,6 +380,7 @@ def cache(group, quick: bool = False, store_dir: Optional[str] = None) -> List[D
     from neo.config.embedding import TableConfig
     from neo.embedding.cache import MmapStore
     from neo.embedding.cache.table_cache import TableCache
+    from neo.embedding.init import TableRegion
 
     N, D, lookahead, timed_batches = 1_000_000, 32, 32, (30 if quick else 100)
     rng = np.random.default_rng(11)
@@ -401,7 +402,7 @@ def cache(group, quick: bool = False, store_dir: Optional[str] = None) -> List[D
 
     with tempfile.TemporaryDirectory(prefix="neo-calibrate-cache-", dir=store_dir) as d:
         store = MmapStore("calibrate", N, D, torch.float32, [False], d, trim_bytes=2 << 30)
-        store.initialize(torch.Generator().manual_seed(3), 0.5, [0.25])
+        store.initialize(TableRegion.whole("calibrate", N, D), 3, 0.5, [0.25])
         cases = []
         for C, B in cache_cases(N):
             cfg = TableConfig("calibrate", N, D, feature_names=("f",), placement="cached", cache_rows=C)

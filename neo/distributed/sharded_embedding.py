@@ -93,8 +93,10 @@ class ShardedEmbeddingCollection(nn.Module):
             invalid ids are skipped (zero rows, no update) and counted at the source, per
             table (:attr:`skipped_ids`).
         average_gradients: divide embedding gradients by W (mean-loss semantics; see module doc).
-        seed: seed of the local shards' initial weights (data-parallel replicas are then
-            broadcast from rank 0, so that they start identical).
+        seed: seed of the tables' initial weights: each shard starts at its rows and columns of
+            the table the unsharded module draws with this seed (:mod:`neo.embedding.init`), so
+            the initial model is the same under any plan and world size (data-parallel replicas
+            are broadcast from rank 0 besides). Stochastic rounding takes ``seed + rank``.
         store_dir: directory of the backing files of cached shards (``placement: cached`` on an
             mmap store); see :mod:`neo.embedding.cache`.
         fuse_output_dists: with every rank on one host and shards on the CPU, carry every sharding
@@ -142,7 +144,8 @@ class ShardedEmbeddingCollection(nn.Module):
             # InputDist: counted again here, a column-split or data-parallel table's ids would count
             # once per shard or replica, and a row-split table's invalid ids (sent to no shard) not at all
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
-                                                seed=seed + pg.rank, store_dir=store_dir, count_skipped=False)
+                                                seed=seed, store_dir=store_dir, count_skipped=False,
+                                                regions=self.layout.regions_on[pg.rank], rounding_seed=seed + pg.rank)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])

@@ -24,6 +24,7 @@ import torch
 
 from neo.config.embedding import PoolingMode, TableConfig
 from neo.distributed.plan_view import PlanView, ShardingType
+from neo.embedding.init import TableRegion
 
 __all__ = ["Slot", "SlotLayout", "OUTPUT_GROUP"]
 
@@ -88,13 +89,19 @@ class SlotLayout:
                 slots = [Slot(t.name, f, tp.sharding_type, k, s.rank, s.row_offset, s.rows, s.col_offset, s.cols,
                               t.num_rows, t.pooling is PoolingMode.MEAN) for f in t.feature_names]
                 key = (OUTPUT_GROUP[tp.sharding_type], ti, k)
-                per_rank[s.rank].append((key, self._shard_table(t, tp.sharding_type, k, s.rows, s.cols), slots))
+                region = TableRegion(t.name, t.num_rows, t.dim, s.row_offset, s.rows, s.col_offset, s.cols)
+                per_rank[s.rank].append((key, self._shard_table(t, tp.sharding_type, k, s.rows, s.cols), slots,
+                                         region))
         self.slots_on: List[List[Slot]] = []
         self.shard_tables_on: List[List[TableConfig]] = []
+        self.regions_on: List[Dict[str, TableRegion]] = []
+        """Per rank: where each shard table sits in its table (its initial values are those rows and
+        columns of the table's, :mod:`neo.embedding.init`)."""
         for entries in per_rank:
             entries.sort(key=lambda e: e[0])
             self.shard_tables_on.append([e[1] for e in entries])
             self.slots_on.append([s for e in entries for s in e[2]])
+            self.regions_on.append({e[1].name: e[3] for e in entries})
 
     @staticmethod
     def _shard_table(t: TableConfig, st: ShardingType, k: int, rows: int, cols: int) -> TableConfig:

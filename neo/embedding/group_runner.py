@@ -112,7 +112,7 @@ class PooledLookup(torch.autograd.Function):
             owner.backend.backward_update(
                 runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
                 indices, offsets, per_sample_weights, ctx.batch_size,
-                owner.learning_rates[runner.index], step, owner.seed,
+                owner.learning_rates[runner.index], step, owner.rounding_seed,
                 **({} if ctx.forward_graph is None else {"forward_graph": ctx.forward_graph}),
             )
         ctx.forward_graph = None

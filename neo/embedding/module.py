@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -47,6 +47,7 @@ from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
+from neo.embedding.init import TableRegion, fill_rows
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.embedding.table_state import load_tables, save_tables
@@ -105,7 +106,14 @@ class TableBatchedEmbedding(nn.Module):
             here (the sharded collection's local lookup: its input distribution checks or counts
             them at the source, ``ShardedEmbeddingCollection.skipped_ids``): then nothing is
             counted and :attr:`skipped_ids` raises.
-        seed: seeds the initial weights and stochastic rounding.
+        seed: seeds the initial weights (per table and block, :mod:`neo.embedding.init`:
+            the same values whatever the tables' grouping, order or sharding) and, unless
+            ``rounding_seed`` is given, stochastic rounding.
+        regions: for tables that are shards of larger ones, where each sits in its table
+            (``{name: TableRegion}``), so that it starts at that table's values for its rows and
+            columns; the others start as whole tables of their own name.
+        rounding_seed: seed of stochastic rounding (default ``seed``); the sharded collection
+            gives each rank its own.
         store_dir: directory of the backing files of cached tables on ``mmap`` stores (a
             table's ``cache_dir`` overrides it).
     """
@@ -123,6 +131,8 @@ class TableBatchedEmbedding(nn.Module):
         seed: int = 0,
         store_dir: Optional[str] = None,
         count_skipped: bool = True,
+        regions: Optional[Mapping[str, TableRegion]] = None,
+        rounding_seed: Optional[int] = None,
     ):
         super().__init__()
         tables = list(tables)
@@ -141,6 +151,15 @@ class TableBatchedEmbedding(nn.Module):
         self.tables = tables
         self.feature_names = [f for t in tables for f in t.feature_names]
         self.validate, self.seed, self.count_skipped = validate, seed, count_skipped
+        self.rounding_seed = seed if rounding_seed is None else rounding_seed
+        regions = dict(regions or {})
+        for name, r in regions.items():
+            cfg = next((t for t in tables if t.name == name), None)
+            if cfg is None:
+                raise ValueError(f"regions: no table '{name}' (tables: {names})")
+            if (r.rows, r.cols) != (cfg.num_rows, cfg.dim):
+                raise ValueError(f"regions: table '{name}' is {cfg.num_rows} x {cfg.dim}, but its region of "
+                                 f"'{r.table}' is {r.rows} x {r.cols}")
         self.timers = None
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
         self.backend_name = resolve_backend_name(backend, device)
@@ -152,7 +171,6 @@ class TableBatchedEmbedding(nn.Module):
             return
         self.backend = get_backend(self.backend_name)
 
-        gen = torch.Generator().manual_seed(seed)
         caches: Dict[str, TableCache] = {}
         moves = moves_for(self.backend_name) if any(t.cached for t in tables) else None
         for gi, members in enumerate(group_tables(tables)):
@@ -164,12 +182,13 @@ class TableBatchedEmbedding(nn.Module):
             for t, cfg in enumerate(members):
                 scale = cfg.init_scale if cfg.init_scale is not None else cfg.num_rows ** -0.5
                 off, n = int(layout.weight_offsets[t]), cfg.num_rows * cfg.dim
+                region = regions.get(cfg.name) or TableRegion.whole(cfg.name, cfg.num_rows, cfg.dim)
                 if cfg.cached:           # the same numbers, drawn into the backing store
                     stores[t] = make_store(cfg, device, store_dir)
-                    stores[t].initialize(gen, scale, state_init)
+                    stores[t].initialize(region, seed, scale, state_init)
                     weights[off : off + cfg.cache_capacity * cfg.dim].zero_()
                 else:
-                    weights[off : off + n].uniform_(-scale, scale, generator=gen)
+                    fill_rows(weights[off : off + n].view(cfg.num_rows, cfg.dim), region, seed, scale)
             # the group's flat buffers are not in the state dict: it holds each table by name instead
             # (_save_to_state_dict), so that a state dict cannot load into tables of another layout
             self.register_buffer(f"group{gi}_weights", weights.to(device=device, dtype=layout.dtype.torch_dtype),

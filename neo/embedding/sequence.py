@@ -114,7 +114,7 @@ class _SequenceLookup(torch.autograd.Function):
                     lk.runner.layout, lk.runner.weights, lk.runner.states, grad.contiguous().to(torch.float32),
                     ids, _bags_of_one(ids), None, ids.numel(), owner.learning_rates[lk.runner.index],
                     steps[lk.runner.index],
-                    owner.seed,
+                    owner.rounding_seed,
                 )
         for lk in ctx.lookups:
             lk.runner.step.fill_(steps[lk.runner.index])

@@ -193,6 +193,7 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
     W, B = case.world_size, case.batch_size
     sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", comm=case.comm, seed=case.seed,
                                      validate=case.validate)
+    initial = sec.full_weights()
     mean_row_wise = any(t.pooling.value == "mean" and case.types[t.name] in ("row_wise", "table_row_wise")
                         for t in case.tables)
     assert sec._one_rank == (W == 1 and case.comm == CommConfig() and not mean_row_wise), case.name
@@ -206,8 +207,7 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
         model = parallelize(toy, "embedding", sec, pg)
         mlp, step_fn = toy.mlp, model
         opt = torch.optim.SGD(model.parameters(), lr=case.dense_lr)
-    else:
-        sec.load_full_weights(initial_tables(case))
+    else:                # no weights copied: every shard starts at its rows and columns of the unsharded tables
         ddp = DDP(dense(case), process_group=pg.dense)
         mlp, step_fn = ddp.module, lambda b: ddp(sec(b))
         opt = torch.optim.SGD(ddp.parameters(), lr=case.dense_lr)
@@ -232,7 +232,7 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
         g = loss.detach().clone()
         dist.all_reduce(g, group=pg.world)
         losses.append(float(g) / W)
-    return {"losses": losses, "error": error, "weights": sec.full_weights(), "states": sec.full_optimizer_state(),
+    return {"losses": losses, "error": error, "initial": initial, "weights": sec.full_weights(), "states": sec.full_optimizer_state(),
             "dense": [p.detach().clone() for p in mlp.parameters()], "drift": sec.replica_drift()}
 
 

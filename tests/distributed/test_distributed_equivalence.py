@@ -57,6 +57,8 @@ def _check(case: Case, got: dict, rtol: float = RTOL, atol: float = ATOL, loss_r
            states: bool = True) -> None:
     ref = train_reference(case)
     msg = lambda what: (lambda m: f"[{case.name}] {what}: {m}")  # noqa: E731
+    for name, w in initial_tables(case).items():       # the plan does not change the initial tables
+        assert torch.equal(got["initial"][name], w.to(torch.float32)), f"[{case.name}] table {name} starts elsewhere"
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=loss_rtol, atol=atol,
                                msg=msg("losses"))
     for name, w in ref["weights"].items():

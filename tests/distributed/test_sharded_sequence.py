@@ -116,7 +116,10 @@ def _cases(W: int, L: int) -> List[Case]:
     cases.append(Case(f"W{W} cached table/row/column-wise", cached,
                       {"c0": "table_wise", "c1": "row_wise", "c2": "column_wise"}, W, L, seed=7))
     if W == 2:
-        cases.append(Case("W2 mixed adam fp16 comm", adam, {t.name: ALL_TYPES[i % 6] for i, t in enumerate(adam)},
+        # 16-bit gradients with adagrad from 0.1, not adam: adam's first step is lr * g / (|g| + eps),
+        # about lr * sign(g), so where a row's gradient pieces nearly cancel, their rounding on the
+        # wire moves that element by up to lr (seen: 0.05 against the 1e-2 allowed) with nothing wrong
+        cases.append(Case("W2 mixed adagrad fp16 comm", ada, {t.name: ALL_TYPES[i % 6] for i, t in enumerate(ada)},
                           W, L, seed=3, comm=CommConfig(forward="fp16", backward="bf16")))
     return cases
 

@@ -18,6 +18,7 @@ import torch
 from neo.config.embedding import ConfigError, OptimizerConfig, TableConfig
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.cache import CacheCapacityError, CacheIndex, CacheStoreError, MmapStore
+from neo.embedding.init import TableRegion
 from neo.sparse import KeyedJaggedBatch
 
 OPTS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lamb"]
@@ -383,7 +384,7 @@ def test_an_mmap_store_keeps_its_initialized_pages_mapped_up_to_its_bound(tmp_pa
     store's resident pages stay near that bound while it is written."""
     base = _rss_file_kib()
     store = MmapStore("t", 1 << 16, 256, torch.float32, [], str(tmp_path), trim_bytes=trim_mib << 20)
-    store.initialize(torch.Generator().manual_seed(0), 0.1, [])
+    store.initialize(TableRegion.whole("t", 1 << 16, 256), 0, 0.1, [])
     grown = _rss_file_kib() - base
     if trim_mib == 8:
         assert grown < 3 * 8 * 1024, grown                  # one init chunk (16 MiB) past the bound at most

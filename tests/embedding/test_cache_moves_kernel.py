@@ -22,6 +22,7 @@ from neo.embedding.cache import MmapStore
 from neo.embedding.cache.prefetch import distinct_rows
 from neo.embedding.cache.store import HostStore
 from neo.embedding.cache.table_cache import TableCache
+from neo.embedding.init import TableRegion
 
 pytestmark = pytest.mark.skipif(cpu_kernels("cache_swap_rows") is None, reason="neo._C is not built")
 
@@ -36,7 +37,7 @@ def _pair(N: int, C: int, D: int, dtype: torch.dtype, rowwise: list, policy: str
             store = HostStore("t", N, D, dtype, rowwise)
         else:
             store = MmapStore("t", N, D, dtype, rowwise, str(store_dir))
-        store.initialize(torch.Generator().manual_seed(7), 0.5, [0.25] * len(rowwise))
+        store.initialize(TableRegion.whole("t", N, D), 7, 0.5, [0.25] * len(rowwise))
         weights = torch.zeros(C, D + 3, dtype=dtype)[:, :D]
         states = [torch.zeros(C) if rw else torch.zeros(C, D + 1)[:, :D] for rw in rowwise]
         out.append(TableCache(cfg, weights, states, store, kernel=kernel))

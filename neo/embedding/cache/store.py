@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from neo.embedding.init import TableRegion, fill_rows
+
 __all__ = ["BackingStore", "HostStore", "MmapStore", "CacheStoreError", "init_chunks"]
 
 _INIT_CHUNK_ELEMS = 1 << 22
@@ -80,15 +82,19 @@ class BackingStore:
             s.index_copy_(0, rows, v.to(dev))
         self.touched(int(rows.numel()))
 
-    def initialize(self, generator: torch.Generator, scale: float, state_init: Sequence[float]) -> None:
-        """Weights uniform in [-scale, scale] drawn from ``generator`` in row-major order, as the
-        embedding module draws a table in fast memory (same numbers, chunk by chunk); states
+    def initialize(self, region: TableRegion, seed: int, scale: float, state_init: Sequence[float]) -> None:
+        """Weights: ``region``'s initial values (:mod:`neo.embedding.init`, the same numbers as
+        the embedding module draws for a table in fast memory), written chunk by chunk; states
         filled with ``state_init``."""
-        flat = self.weights.view(-1)
-        for a, b in init_chunks(flat.numel()):
-            chunk = torch.empty(b - a, dtype=torch.float32).uniform_(-scale, scale, generator=generator)
-            flat[a:b].copy_(chunk.to(self.dtype))
-            self._written(flat[a:b])
+        if (region.rows, region.cols) != (self.num_rows, self.dim):
+            raise CacheStoreError(f"table '{self.name}': its store holds {self.num_rows} x {self.dim}, but its "
+                                  f"initial region is {region.rows} x {region.cols}")
+        rows_per_chunk = max(1, _INIT_CHUNK_ELEMS // self.dim)
+        for a, b in init_chunks(self.num_rows, rows_per_chunk):
+            chunk = torch.empty(b - a, self.dim, dtype=torch.float32)
+            fill_rows(chunk, region, seed, scale, start=a)
+            self.weights[a:b].copy_(chunk.to(self.dtype))
+            self._written(self.weights[a:b])
         for s, v in zip(self.states, state_init):
             sf = s.view(-1)
             for a, b in init_chunks(sf.numel()):
