@@ -50,7 +50,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +130,7 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     from neo.models import DLRM
     from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
     from neo.train.step import DenseStep, Timers, wrap_ddp
+    from neo.config.train import OptimConfig
     from neo.train.trainer import dense_optimizer
 
     opt = OptimizerConfig("adagrad", lr=0.01)
@@ -148,7 +148,7 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
     timers = Timers()
     dtype = torch.bfloat16 if args.dense_dtype == "bf16" else torch.float32
     ddp = wrap_ddp(DenseStep(model, timers, overlap=not args.plain, dense_dtype=dtype), pg)
-    dense_opt = dense_optimizer(SimpleNamespace(type="adagrad", lr=0.01, eps=1e-10, weight_decay=0.0),
+    dense_opt = dense_optimizer(OptimConfig(type="adagrad", lr=0.01, eps=1e-10),
                                 [p for n, p in model.named_parameters() if not n.startswith("embedding.")])
 
     def step_fn(sb, dist_batch):

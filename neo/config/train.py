@@ -51,6 +51,9 @@ class OptimConfig:
     """Adam's (beta1, beta2)."""
     eps: float = 1e-8
     """Denominator epsilon of adagrad and adam."""
+    initial_accumulator_value: float = 0.0
+    """Adagrad's starting sum of squared gradients (torch's ``initial_accumulator_value``). From 0
+    the first step is about ``lr * sign(grad)`` for every element, however small its gradient."""
     weight_decay: float = 0.0
     """L2 penalty of the dense parameters."""
     warmup_steps: int = 0
@@ -68,7 +71,7 @@ class OptimConfig:
 
     def validate(self, where: str = "optim") -> None:
         self.type = choice(self.type, [m.value for m in DenseOptimizerType], f"{where}.type")
-        for name in ("lr", "eps", "weight_decay", "momentum", "decay_power"):
+        for name in ("lr", "eps", "weight_decay", "momentum", "decay_power", "initial_accumulator_value"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"{where}.{name}: must be a finite number >= 0, got {v!r}")

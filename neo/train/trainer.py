@@ -86,7 +86,8 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
     if cfg.type == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused)
     if cfg.type == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
+        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                   initial_accumulator_value=cfg.initial_accumulator_value, fused=fused)
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.multiprocess import run_multiprocess
-from tests.pipeline.test_pipeline_equivalence import STEPS, _batches, _local, _model, _pipelined, _tables
+from tests.pipeline.test_pipeline_equivalence import DENSE_ACC0, STEPS, _batches, _local, _model, _pipelined, _tables
 
 TOL = 1e-6
 MLP_SPLIT, DCN_SPLIT = [[0, 2], [3, 9]], [[0, 2], [3, 10]]
@@ -42,7 +42,9 @@ CASES = [
 
 def _torch_optimizer(kind: str, params):
     """The oracle's dense optimizer: torch's own, not Neo's dense_optimizer."""
-    return torch.optim.SGD(params, lr=0.05) if kind == "sgd" else torch.optim.Adagrad(params, lr=0.05, eps=1e-8)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.05)
+    return torch.optim.Adagrad(params, lr=0.05, eps=1e-8, initial_accumulator_value=DENSE_ACC0)
 
 
 def oracle(name: str, world: int, B: int, mode: str, M: int, split, opt_kind: str) -> Dict[str, Any]:
@@ -151,7 +153,9 @@ def _neo_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
     for name, S, schedule, v, M, split, B, opt_kind, mode in cases:
         ref = oracle(name, world, B, mode, M, split, opt_kind)
         sec, _, pipe = _pipelined(pg, name, ref["init"], S, schedule, v, M, split, batch=B)
-        opt = dense_optimizer(OptimConfig(type=opt_kind, lr=0.05, eps=1e-8), pipe.parameters())
+        acc0 = DENSE_ACC0 if opt_kind == "adagrad" else 0.0
+        opt = dense_optimizer(OptimConfig(type=opt_kind, lr=0.05, eps=1e-8, initial_accumulator_value=acc0),
+                              pipe.parameters())
         losses = []
         for dense, sparse, y in _batches(world, B):
             lo, hi = rank * B, (rank + 1) * B

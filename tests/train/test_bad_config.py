@@ -23,6 +23,7 @@ from tests.train.test_trainer import ROOT, TINY, tiny_config
     ("optim.lr=-1", r"optim\.lr: must be a finite number >= 0"),
     ("optim.decay_power=-3", r"optim\.decay_power: must be a finite number >= 0"),
     ("optim.end_ratio=5", r"optim\.end_ratio: must be in \[0, 1\]"),
+    ("optim.initial_accumulator_value=-0.1", r"optim\.initial_accumulator_value: must be a finite number >= 0"),
     ("train.seed=-5", r"train\.seed: must be >= 0, got -5"),
     ("tables[0].init_scale=.inf", r"tables\[0\]\.init_scale: must be null or a number in \(0, 3\.40282e\+38\]"),
     ("tables[0].pooling_factor=.inf", r"tables\[0\]\.pooling_factor: must be a finite number > 0"),
