@@ -198,4 +198,5 @@ def table_spec(tc: TableConfig, pooling_factor: float = 1.0, access_skew: float 
     return TableSpec(tc.name, tc.num_rows, tc.dim, tc.dtype.itemsize, opt.state_floats_per_row(tc.dim),
                      not opt.rowwise_state and bool(opt.state_names()), len(tc.feature_names),
                      float(pooling_factor), float(access_skew), constraints or TableConstraints(),
-                     cache_fraction=cache_fraction)
+                     cache_fraction=cache_fraction, cache_policy=tc.cache_policy.value,
+                     cache_lookahead=int(tc.cache_lookahead))

@@ -177,7 +177,8 @@ def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.nd
         if r > 0:
             key = (int(r), float(n))
             if key not in seen:
-                seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve)
+                seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve,
+                                     table.cache_policy, table.cache_lookahead)
             hit[k] = seen[key]
     miss_s = np.where(rows > 0, c.cache_batch_s, 0.0) + U * c.cache_access_s \
         + U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)

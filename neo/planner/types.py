@@ -17,6 +17,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
+from neo.planner.cache_model import POLICIES
+
 __all__ = [
     "ShardingType",
     "Placement",
@@ -233,6 +235,10 @@ class TableSpec:
     """Measured (cache share of the rows, hit rate of a batch's distinct rows) points; empty: the skew model."""
     distinct_per_batch: Optional[float] = None
     """Measured distinct rows per global batch (with ``hit_curve``); None: the skew model."""
+    cache_policy: str = "lookahead"
+    """Cached tables: the cache's eviction policy (``lfu``, ``lru``, ``lookahead``), for the skew model."""
+    cache_lookahead: int = 32
+    """Cached tables: the lookahead policy's window, in batches."""
 
     def __post_init__(self) -> None:
         """Types and ranges of every field, as the config checks them; a :class:`PlanningError`
@@ -271,6 +277,11 @@ class TableSpec:
         object.__setattr__(self, "hit_curve", curve)
         if not isinstance(self.constraints, TableConstraints):
             raise bad("constraints", "a TableConstraints", self.constraints)
+        if self.cache_policy not in POLICIES:
+            raise bad("cache_policy", f"one of {', '.join(POLICIES)}", self.cache_policy)
+        if not _is_int(self.cache_lookahead) or self.cache_lookahead < 0:
+            raise bad("cache_lookahead", "an integer >= 0", self.cache_lookahead)
+        object.__setattr__(self, "cache_lookahead", int(self.cache_lookahead))
 
     def state_floats(self, cols: int) -> int:
         """Optimizer state floats per row for a shard of ``cols`` columns."""

@@ -375,7 +375,9 @@ def measure_cache_curves(cfg, data: DataSpec, specs, which: Sequence[bool], glob
         t = tables[s.name]
         distinct, n = float(np.mean([len(b) for b in first[s.name]])), float(np.mean(ids[s.name]))
         skew = fit_skew(t.num_rows, n, distinct)
-        curve = tuple((f, h if h is not None else hit_rate(f, t.num_rows, skew, n)) for f, h in curves[s.name].items())
+        curve = tuple((f, h if h is not None else hit_rate(f, t.num_rows, skew, n, policy=t.cache_policy.value,
+                                                          lookahead=t.cache_lookahead))
+                      for f, h in curves[s.name].items())
         out[i] = replace(s, hit_curve=curve, distinct_per_batch=distinct)
     return out
 

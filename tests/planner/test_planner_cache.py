@@ -9,7 +9,8 @@ import pytest
 from neo.embedding.cache.index import CacheCapacityError
 from neo.embedding.cache.simulate import SteadyHitRate, batch_rows, simulate, simulate_belady
 from neo.planner import Placement, Plan, format_report, plan_tables
-from neo.planner.cache_model import CACHE_FRACTIONS, distinct_per_batch, fit_skew, hit_rate
+from data_pipeline.locality import zipf_ranks
+from neo.planner.cache_model import CACHE_FRACTIONS, che_hit_rate, distinct_per_batch, fit_skew, hit_rate
 from neo.planner.types import GIB, TableConstraints, TableSpec, Topology
 
 
@@ -32,6 +33,47 @@ def test_skew_model_matches_the_simulated_cache(alpha):
     assert simulate(batches, rows, k, "lfu").hit_rate - 0.02 <= model <= simulate_belady(batches, k).hit_rate + 0.05
     model = [hit_rate(f, rows, alpha, B) for f in CACHE_FRACTIONS]
     assert model == sorted(model) and 0 < model[0] and model[-1] < 1
+
+
+@pytest.mark.parametrize("alpha,n,share", [(1.05, 512, 0.05), (1.2, 2048, 0.02), (0.8, 512, 0.2)])
+def test_each_policys_model_is_the_steady_state_of_its_simulated_cache(alpha, n, share):
+    """Che's approximation for LRU, Che's at T + L (at most the static top share) for the
+    lookahead policy, against SteadyHitRate on Zipf ids (the planner's statistics: Zipf(alpha)
+    over the rows, n ids a batch). tools/check_cache_model.py runs the wider grid (docs/cache.md)."""
+    rows, L = 200_000, 32
+    C = int(share * rows)
+    rng = np.random.default_rng(7)
+    sims = {}
+    for policy in ("lru", "lookahead"):
+        sim = SteadyHitRate(rows, C, policy, L, counted=120)
+        while not sim.done:
+            sim.feed(np.unique(zipf_ranks(rng, n, rows, alpha)))
+        sim.finish()
+        sims[policy] = sim.hit_rate
+    lru = hit_rate(share, rows, alpha, n, policy="lru")
+    ahead = hit_rate(share, rows, alpha, n, policy="lookahead", lookahead=L)
+    top = hit_rate(share, rows, alpha, n, policy="lfu")
+    assert lru == pytest.approx(sims["lru"], abs=0.025)
+    assert ahead == pytest.approx(sims["lookahead"], abs=0.035)
+    assert top >= ahead >= lru and ahead > lru + 0.01                    # the window keeps rows LRU loses
+    assert hit_rate(share, rows, alpha, n, policy="lookahead", lookahead=0) == pytest.approx(lru)
+
+
+def test_the_window_cannot_hold_more_rows_than_the_cache():
+    """A window of 32 batches that reads far more rows than the cache holds: the lookahead
+    model is the static top share there, not Che's at T + 32."""
+    rows, n, share = 2_000_000, 16_384, 0.01
+    assert che_hit_rate(rows, 1.05, n, share * rows, 32) > hit_rate(share, rows, 1.05, n, policy="lfu") + 0.1
+    assert hit_rate(share, rows, 1.05, n, policy="lookahead", lookahead=32) == hit_rate(share, rows, 1.05, n)
+    with pytest.raises(ValueError, match="cache policy must be one of"):
+        hit_rate(share, rows, 1.05, n, policy="fifo")
+    with pytest.raises(Exception, match="table 't': cache_policy must be one of lfu, lru, lookahead"):
+        TableSpec("t", 10, 4, cache_policy="fifo")
+    from neo.config.embedding import TableConfig
+    from neo.config.tables import table_spec
+
+    spec = table_spec(TableConfig("t", 100, 4, placement="cached", cache_policy="lru", cache_lookahead=7))
+    assert (spec.cache_policy, spec.cache_lookahead) == ("lru", 7)            # the config's policy reaches the model
 
 
 def test_measured_curve_is_interpolated():

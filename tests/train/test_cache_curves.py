@@ -60,7 +60,7 @@ def test_curves_are_the_warm_caches_hit_rates(tmp_data, warmup):
         C = int(np.ceil(f * 3000))
         expected = warm_window(batches[:counted + warmup], 3000, C, "lookahead", 4, counted)
         if expected is None:
-            expected = hit_rate(f, 3000, skew, float(np.mean(ids[:counted])))
+            expected = hit_rate(f, 3000, skew, float(np.mean(ids[:counted])), policy="lookahead", lookahead=4)
         else:
             warm += 1
             cold = warm_window(first, 3000, C, "lookahead", 4, counted, turnovers=0.0)
@@ -81,7 +81,7 @@ def test_caches_past_the_memory_or_work_budget_take_the_fitted_model(tmp_data, m
     counted = cfg.sharding.cache_sample_batches
     n = float(np.mean(ids[:counted]))
     skew = fit_skew(3000, n, float(np.mean([len(b) for b in batches[:counted]])))
-    model = {f: hit_rate(f, 3000, skew, n) for f in CACHE_FRACTIONS}
+    model = {f: hit_rate(f, 3000, skew, n, policy="lookahead", lookahead=4) for f in CACHE_FRACTIONS}
     smallest = 16 * 3000 + 24 * int(np.ceil(0.05 * 3000))
     monkeypatch.setattr(build, "CURVE_MEMORY_BYTES", smallest)
     user = measure_cache_curves(cfg, data, cfg.table_specs(), [True, False, False, False], BATCH)[0]
