@@ -408,10 +408,9 @@ def main(argv=None) -> int:
     if "d" in parts:
         out["index"] = part_d(args)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.json}")
+        from bench_common import write_json
+
+        write_json(args.json, out)
     return 0
 
 

@@ -16,7 +16,6 @@ table. Records: ``rows``, ``alpha``, ``ids_per_batch``, ``share``, ``policy``, `
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_common import write_json  # noqa: E402
 from data_pipeline.locality import zipf_ranks  # noqa: E402
 from neo.embedding.cache.index import CacheCapacityError  # noqa: E402
 from neo.embedding.cache.simulate import SteadyHitRate  # noqa: E402
@@ -82,10 +83,7 @@ def main(argv=None) -> int:
                   f"{np.mean(np.abs(errs)):.3f}, over {len(errs)} caches")
     print(f"({time.time() - t0:.0f} s)")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+        write_json(args.json, records)
     return 0
 
 
