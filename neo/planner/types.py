@@ -15,7 +15,7 @@ import enum
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from neo.planner.cache_model import POLICIES
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.multiprocess import run_multiprocess
-from tests.pipeline.test_pipeline_equivalence import DENSE_ACC0, STEPS, _batches, _local, _model, _pipelined, _tables
+from tests.pipeline.test_pipeline_equivalence import DENSE_ACC0, _batches, _local, _model, _pipelined, _tables
 
 TOL = 1e-6
 MLP_SPLIT, DCN_SPLIT = [[0, 2], [3, 9]], [[0, 2], [3, 10]]

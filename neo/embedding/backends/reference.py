@@ -9,7 +9,6 @@ reproduce.
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Tuple
 
 import torch
