@@ -10,7 +10,10 @@ of the config's training data. Accesses are the distinct ids of each batch; Bela
 exact optimum over the sequence of every batch's sorted distinct ids. ``--json`` prints one
 JSON line per (capacity, policy) with ``capacity``, ``policy``, ``accesses``, ``hits``,
 ``hit_rate`` (and ``ways``, ``conflict_misses`` for a set-associative cache, ``--ways``: W ways
-at most the capacity, ceil(K / W) sets as FBGEMM sizes them, holding exactly K rows together).
+at most the capacity, ceil(K / W) sets as FBGEMM sizes them, holding exactly K rows together),
+and for lru, lfu and lookahead ``model_hit_rate``, the planner's steady-state model of the
+policy at ``model_skew``, the Zipf exponent fitted to the trace's distinct rows a batch (what
+``neo plan`` expects with that ``access_skew``).
 Capacities default to 1, 2, 5, 10, 20 and 50% of the rows. ``--warmup-batches W``: the first W
 batches only warm the caches (config mode reads W + N), so the rates are those of caches in use,
 not of empty ones filling (from empty, every first access of a row misses: on
@@ -159,8 +162,28 @@ def run(args) -> List[dict]:
     if small:
         raise CacheReportError(f"--capacity {small}: below the {need} distinct rows "
                                f"{'two consecutive batches' if args.pipelined else 'one batch'} of this trace need")
-    return [r.to_dict() for r in report(batches, N, caps, policies, args.lookahead, args.ways, args.pipelined,
+    rows = [r.to_dict() for r in report(batches, N, caps, policies, args.lookahead, args.ways, args.pipelined,
                                         args.warmup_batches)]
+    ids = float(len(trace)) / len(batches) if B else float(np.mean([len(p) for p in parts]))
+    add_model(rows, batches, N, ids, args.lookahead)
+    return rows
+
+
+def add_model(rows: List[dict], batches: List[np.ndarray], num_rows: int, ids_per_batch: float, lookahead: int) -> None:
+    """Put the planner's skew model beside each fully associative lru, lfu and lookahead record:
+    ``model_hit_rate`` (:func:`neo.planner.cache_model.hit_rate`, the steady state of the
+    record's policy) at ``model_skew``, the Zipf exponent under which ``ids_per_batch`` ids give
+    the trace's mean distinct rows a batch (:func:`~neo.planner.cache_model.fit_skew`): what
+    ``neo plan`` would expect of this table with ``access_skew: model_skew``."""
+    from neo.planner.cache_model import POLICIES as MODELLED
+    from neo.planner.cache_model import fit_skew, hit_rate
+
+    skew = fit_skew(num_rows, ids_per_batch, float(np.mean([len(b) for b in batches])))
+    for r in rows:
+        if r["policy"] in MODELLED and r.get("ways") is None:
+            r["model_hit_rate"] = hit_rate(r["capacity"] / num_rows, num_rows, skew, ids_per_batch,
+                                           policy=r["policy"], lookahead=lookahead)
+            r["model_skew"] = skew
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -183,9 +206,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.warmup_batches:
         print(f"hit rates after {args.warmup_batches} batches warming the caches (not counted)")
     best = {r["capacity"]: r["hit_rate"] for r in rows if r["policy"] == "belady"}
-    print(f"{'capacity':>10s} {'policy':>10s} {'accesses':>10s} {'hits':>10s} {'hit rate':>9s} {'/ belady':>9s}")
+    print(f"{'capacity':>10s} {'policy':>10s} {'accesses':>10s} {'hits':>10s} {'hit rate':>9s} {'/ belady':>9s} "
+          f"{'model':>7s}")
     for r in rows:
         rel = f"{r['hit_rate'] / best[r['capacity']]:.3f}" if best.get(r["capacity"]) else "-"
+        model = f"{r['model_hit_rate']:.4f}" if "model_hit_rate" in r else "-"
         print(f"{r['capacity']:>10d} {r['policy']:>10s} {r['accesses']:>10d} {r['hits']:>10d} "
-              f"{r['hit_rate']:>9.4f} {rel:>9s}")
+              f"{r['hit_rate']:>9.4f} {rel:>9s} {model:>7s}")
+    skews = {r["model_skew"] for r in rows if "model_skew" in r}
+    if skews:
+        print(f"model: the planner's steady-state hit rate of each policy for Zipf ids at the exponent fitted to this "
+              f"trace's distinct rows a batch, {skews.pop():.3f} (neo plan's access_skew); compare it with "
+              f"--warmup-batches")
     return 0

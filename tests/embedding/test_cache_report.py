@@ -303,3 +303,33 @@ def test_command_warmup_batches(tmp_path, capsys):
     assert main(["cache-report", str(path), "--batch-size", "4", "--num-rows", "20", "--capacity", "8",
                  "--warmup-batches", "3"]) == 2
     assert "--warmup-batches 3: the trace has only 3 batches; none would be counted" in capsys.readouterr().err
+
+
+def test_command_puts_the_planners_model_beside_each_policy(tmp_path, capsys):
+    """``model_hit_rate``: the planner's model of the record's policy at the Zipf exponent fitted
+    to the trace (recomputed here from the trace); after a long warm-up, the simulated lru is
+    near its model (Che's approximation); belady and set-associative records carry none."""
+    from data_pipeline.locality import zipf_ranks
+    from neo.planner.cache_model import fit_skew, hit_rate
+
+    rows, B = 50_000, 1000
+    trace = zipf_ranks(np.random.default_rng(3), B * 160, rows, 1.05)
+    path = tmp_path / "z.npy"
+    np.save(path, trace.astype(np.int64))
+    args = ["cache-report", str(path), "--batch-size", str(B), "--num-rows", str(rows), "--capacity", "2500",
+            "--lookahead", "8", "--warmup-batches", "120"]
+    assert main(args + ["--json"]) == 0
+    recs = {r["policy"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    batches = batch_rows(trace, B, rows)
+    skew = fit_skew(rows, float(B), float(np.mean([len(b) for b in batches])))
+    assert 0.9 < skew < 1.2                                          # the trace's own exponent, 1.05
+    for p in ("lru", "lfu", "lookahead"):
+        assert recs[p]["model_skew"] == pytest.approx(skew)
+        assert recs[p]["model_hit_rate"] == pytest.approx(hit_rate(0.05, rows, skew, float(B), policy=p, lookahead=8))
+    assert "model_hit_rate" not in recs["belady"]
+    assert recs["lru"]["model_hit_rate"] == pytest.approx(recs["lru"]["hit_rate"], abs=0.04)
+    assert main(args + ["--policies", "lru", "--ways", "8", "--json"]) == 0
+    assert "model_hit_rate" not in json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "model" in out.splitlines()[1] and f"{recs['lru']['model_hit_rate']:.4f}" in out
