@@ -164,8 +164,7 @@ def run(args) -> List[dict]:
                                f"{'two consecutive batches' if args.pipelined else 'one batch'} of this trace need")
     rows = [r.to_dict() for r in report(batches, N, caps, policies, args.lookahead, args.ways, args.pipelined,
                                         args.warmup_batches)]
-    ids = float(len(trace)) / len(batches) if B else float(np.mean([len(p) for p in parts]))
-    add_model(rows, batches, N, ids, args.lookahead)
+    add_model(rows, batches, N, len(trace) / len(batches), args.lookahead)     # config mode: a batch per part
     return rows
 
 

@@ -153,8 +153,9 @@ class TableBatchedEmbedding(nn.Module):
         self.validate, self.seed, self.count_skipped = validate, seed, count_skipped
         self.rounding_seed = seed if rounding_seed is None else rounding_seed
         regions = dict(regions or {})
+        by_name = {t.name: t for t in tables}
         for name, r in regions.items():
-            cfg = next((t for t in tables if t.name == name), None)
+            cfg = by_name.get(name)
             if cfg is None:
                 raise ValueError(f"regions: no table '{name}' (tables: {names})")
             if (r.rows, r.cols) != (cfg.num_rows, cfg.dim):

@@ -33,8 +33,8 @@ import torch
 from neo.config.embedding import CachePolicy
 from neo.embedding.cache.index import Admission, CacheCapacityError, CacheIndex
 
-__all__ = ["SimResult", "SteadyHitRate", "TraceCache", "rows_needed", "batch_rows", "simulate", "simulate_belady", "simulate_set_associative",
-           "report", "POLICIES"]
+__all__ = ["SimResult", "SteadyHitRate", "TraceCache", "rows_needed", "batch_rows", "simulate", "simulate_belady",
+           "simulate_set_associative", "report", "POLICIES"]
 
 POLICIES = ("lru", "lfu", "lookahead", "belady")
 
