@@ -72,10 +72,11 @@ class WeightDType(str, enum.Enum):
 
     @property
     def max_value(self) -> float:
-        """The largest finite value the type holds."""
-        import torch
-
-        return float(torch.finfo(self.torch_dtype).max)
+        """The largest finite value the type holds: (2 - 2^-m) 2^e_max for m fraction bits and the
+        largest exponent e_max (``torch.finfo(torch_dtype).max``, without importing torch: a
+        config's validation, and so ``neo plan``, runs without it)."""
+        fraction_bits, e_max = {"fp32": (23, 127), "fp16": (10, 15), "bf16": (7, 127)}[self.value]
+        return (2.0 - 2.0 ** -fraction_bits) * 2.0 ** e_max
 
 
 class OptimizerType(str, enum.Enum):

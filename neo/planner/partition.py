@@ -31,7 +31,8 @@ import numpy as np
 
 from neo.planner.types import GIB, PlanningError
 
-__all__ = ["Group", "Problem", "Assignment", "greedy", "karmarkar_karp", "evaluate", "objective", "fits"]
+__all__ = ["Group", "Problem", "Assignment", "greedy", "karmarkar_karp", "evaluate", "objective", "fits",
+           "lower_bound"]
 
 _EPS = 1e-12
 
@@ -251,3 +252,23 @@ def objective(loads: np.ndarray, imbalance_weight: float) -> float:
 
 def fits(p: Problem, hbm: np.ndarray, host: np.ndarray) -> bool:
     return bool((hbm <= p.hbm_cap * (1 + 1e-12)).all() and (host <= p.host_cap * (1 + 1e-12)).all())
+
+
+def lower_bound(p: Problem, cost: Optional[np.ndarray] = None) -> float:
+    """Seconds below which no assignment's busiest rank can be, memory aside: the most loaded
+    base; every item on its cheapest allowed rank over that rank's base; and the mean load
+    when each item and group part costs its least (on its cheapest rank, a part at the fastest
+    speed). The planner skips partitioning a proposal whose bound already loses."""
+    cost = p.cost_matrix() if cost is None else cost
+    W = p.world_size
+    base = p.base_load.astype(np.float64)
+    bound = float(base.max()) if W else 0.0
+    total = float(base.sum())
+    if p.n:
+        on = np.where(p.allowed, cost + base[None, :], np.inf).min(axis=1)
+        bound = max(bound, float(on.max()))
+        total += float(np.where(p.allowed, cost, np.inf).min(axis=1).sum())
+    fastest = float(p.speed.max()) if W else 1.0
+    for g in p.groups:
+        total += float((g.compute / fastest + g.comm).sum())
+    return max(bound, total / max(W, 1))

@@ -12,7 +12,8 @@ also caps each part at a fraction of the device memory. When the chosen options 
 memory than the cluster has, tables move to their next option with less memory (a smaller
 cache, or a cache instead of every row on the device) in the order of the least time added
 per byte saved, until they fit. Every proposal is partitioned by greedy, Karmarkar-Karp and
-the refinement. Then come the variants of the best so far (:func:`variants`: the plan without
+the refinement, unless its lower bound (:func:`neo.planner.partition.lower_bound`) already
+ranks below the best candidate so far. Then come the variants of the best so far (:func:`variants`: the plan without
 one of its collective kinds, and the uniform plans), which per-table choices cannot reach. The
 feasible result whose busiest rank is least busy wins (the step model's embedding part; within
 0.1%, the lower objective max + imbalance_weight x (max - mean) predicted rank time).
@@ -30,7 +31,8 @@ import numpy as np
 
 from neo.planner.cost import collective_latency, estimate_parts, input_side_cost
 from neo.planner.enumerate import Option, enumerate_options
-from neo.planner.partition import Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp, objective
+from neo.planner.partition import (Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp,
+                                   lower_bound, objective)
 from neo.planner.refine import refine
 from neo.planner.plan import Plan, RankStats, TablePlan
 from neo.planner.step_model import rank_footprints
@@ -49,6 +51,10 @@ class Proposal:
     name: str
     choice: Tuple[int, ...]
     """Index into each table's option list."""
+    theta: Optional[float] = None
+    """The largest part's cap (x the ideal per-rank load) that chose it; None for a variant."""
+    mem_frac: Optional[float] = None
+    """The cap on each part's memory (x the smallest device's) that chose it; None for a variant."""
 
 
 def _input_side(tables: Sequence[TableSpec], opts: Sequence[Option], topo: Topology, c: CostConstants):
@@ -72,49 +78,62 @@ def _work_and_memory(tables: Sequence[TableSpec], options: Sequence[Sequence[Opt
 
 
 def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
-            c: CostConstants) -> List[Proposal]:
-    """Candidate option choices (deduplicated), see the module docstring."""
+            c: CostConstants, without: Optional[ShardingType] = None,
+            caps: Optional[Sequence[Tuple[float, float]]] = None, work=None) -> List[Proposal]:
+    """Candidate option choices (deduplicated), see the module docstring. ``without``: no table
+    takes an option of that sharding type (none when a table has no other); ``caps``: the
+    (theta, mem_frac) pairs to run, by default every one; ``work``: :func:`_work_and_memory`'s
+    result when the caller has it."""
     W = topo.world_size
-    totals, sumhbm, embed_cap = _work_and_memory(tables, options, topo, c)
-    maxpart = [np.array([o.max_part_seconds for o in opts]) for opts in options]
-    maxhbm = [np.array([o.max_part_hbm for o in opts]) for opts in options]
+    totals, sumhbm, embed_cap = work or _work_and_memory(tables, options, topo, c)
+    if without is not None:
+        totals = [np.where([o.sharding_type is without for o in opts], np.inf, t) for t, opts in zip(totals, options)]
+        if not all(np.isfinite(t).any() for t in totals):
+            return []
+    maxpart = [np.where(np.isfinite(t), [o.max_part_seconds for o in opts], np.inf)
+               for t, opts in zip(totals, options)]
+    maxhbm = [np.where(np.isfinite(t), [o.max_part_hbm for o in opts], np.inf) for t, opts in zip(totals, options)]
     min_cap = min(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     out: List[Proposal] = []
     seen = set()
-    for mem_frac in (1.0, 0.5):
-        for theta in _THETAS:
-            choice = [int(np.argmin(t)) for t in totals]
-            for _ in range(2):
-                target = sum(float(totals[k][j]) for k, j in enumerate(choice)) / W
-                new = []
-                for t, mp, mh in zip(totals, maxpart, maxhbm):
-                    ok = (mp <= theta * target) & (mh <= mem_frac * min_cap)
-                    new.append(int(np.argmin(np.where(ok, t, np.inf))) if ok.any() else
-                               int(np.argmin(np.where(mh <= mem_frac * min_cap, mp, np.inf)))
-                               if (mh <= mem_frac * min_cap).any() else int(np.argmin(mh)))
-                if new == choice:
-                    break
-                choice = new
-            for slack in (1.0, 0.9, 0.75):
-                fitted = _fit_total_memory(choice, totals, sumhbm, embed_cap - (1 - slack) * total_cap)
-                key = tuple(fitted)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(Proposal(f"theta={theta:g},mem={mem_frac:g}" + (f",fit={slack:g}" if fitted != choice
-                                                                                 else ""), key))
-                if fitted == choice:
-                    break
+    prefix = "" if without is None else f"without {without.value}: "
+    for mem_frac, theta in caps if caps is not None else [(m, t) for m in (1.0, 0.5) for t in _THETAS]:
+        choice = [int(np.argmin(t)) for t in totals]
+        for _ in range(2):
+            target = sum(float(totals[k][j]) for k, j in enumerate(choice)) / W
+            new = []
+            for t, mp, mh in zip(totals, maxpart, maxhbm):
+                ok = (mp <= theta * target) & (mh <= mem_frac * min_cap)
+                new.append(int(np.argmin(np.where(ok, t, np.inf))) if ok.any() else
+                           int(np.argmin(np.where(mh <= mem_frac * min_cap, mp, np.inf)))
+                           if (mh <= mem_frac * min_cap).any() else int(np.argmin(mh)))
+            if new == choice:
+                break
+            choice = new
+        for slack in (1.0, 0.9, 0.75):
+            fitted = _fit_total_memory(choice, totals, sumhbm, embed_cap - (1 - slack) * total_cap)
+            key = tuple(fitted)
+            if key not in seen:
+                seen.add(key)
+                out.append(Proposal(f"{prefix}theta={theta:g},mem={mem_frac:g}" + (f",fit={slack:g}" if fitted != choice
+                                                                                   else ""), key, theta, mem_frac))
+            if fitted == choice:
+                break
     return out
 
 
 def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
-             c: CostConstants, base: Proposal) -> List[Proposal]:
+             c: CostConstants, base: Proposal, work=None) -> List[Proposal]:
     """Proposals the per-table choices of :func:`propose` cannot reach: ``base`` without each
-    collective kind it uses (every table of that sharding type moved to its best option of
-    another type: a kind's fixed per-step latency is paid once, by the plan, and so is invisible
-    to any one table's choice), and the uniform plans (one sharding type for every table)."""
-    totals, sumhbm, cap = _work_and_memory(tables, options, topo, c)
+    collective kind it uses (a kind's fixed per-step latency is paid once, by the plan, and so is
+    invisible to any one table's choice), and the uniform plans (one sharding type for every
+    table). Without a kind, two proposals: the tables of that kind each moved to their least
+    work of another type, and, for a base that :func:`propose` made, every table choosing again
+    as the base chose (at its theta and memory cap, that kind left out), the proposal the
+    planner makes when the config forbids the kind."""
+    work = work or _work_and_memory(tables, options, topo, c)
+    totals, sumhbm, cap = work
     out: List[Proposal] = []
 
     def best_of(k: int, keep) -> Optional[int]:
@@ -123,6 +142,8 @@ def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], t
 
     kinds = {options[k][j].sharding_type for k, j in enumerate(base.choice)}
     for kind in sorted(kinds, key=lambda t: t.value) if len(kinds) > 1 else []:
+        if base.theta is not None:
+            out.extend(propose(tables, options, topo, c, without=kind, caps=[(base.mem_frac, base.theta)], work=work))
         choice = [best_of(k, lambda o: o.sharding_type is not kind) if options[k][j].sharding_type is kind else j
                   for k, j in enumerate(base.choice)]
         if None not in choice:
@@ -152,7 +173,7 @@ def _fit_total_memory(choice: List[int], totals, sumhbm, cap: float) -> List[int
         for k, j in enumerate(choice):
             h, t = sumhbm[k], totals[k]
             saves = h[j] - h
-            ok = saves > 0
+            ok = (saves > 0) & np.isfinite(t)           # (a variant's left-out kind: inf)
             if not ok.any():
                 continue
             ratio = np.where(ok, (t - t[j]) / np.where(ok, saves, 1.0), np.inf)
@@ -289,21 +310,36 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
           allow_cache: bool, alternatives: int = 0) -> Plan:
     options = enumerate_options(tables, topo, c, allow_cache)
     _check_total_memory(tables, options, topo, c)
-    proposals = propose(tables, options, topo, c)
+    work = _work_and_memory(tables, options, topo, c)
+    proposals = propose(tables, options, topo, c, work=work)
     best = None
     candidates = []
     feasible = []
     errors: List[PlanningError] = []
     tried, expanded = {p.choice for p in proposals}, set()
     i = 0
-    while i < len(proposals):          # grows: the variants of the best so far, once each
+    while True:
+        if i == len(proposals):        # then the variants of the best so far, once each
+            if best is None or best[1].choice in expanded:
+                break
+            expanded.add(best[1].choice)
+            extra = [p for p in variants(tables, options, topo, c, best[1], work) if p.choice not in tried]
+            tried.update(p.choice for p in extra)
+            proposals.extend(extra)
+            continue
         prop = proposals[i]
         i += 1
         chosen = [options[k][j] for k, j in enumerate(prop.choice)]
         prob, pos_arr, part_arr, group_of = build_problem(tables, chosen, topo, c)
+        lat = collective_latency([o.sharding_type for o in chosen], topo, c)
+        if best is not None and not alternatives:
+            bound = lower_bound(prob) + lat           # no partition of it can rank above the best
+            if _rank_key(np.array([bound]), c)[0] > best[0][0]:
+                candidates.append({"proposal": prop.name, "partitioner": "bound", "feasible": None,
+                                   "max_ms": bound * 1e3, "max_over_mean": None, "over_bytes": 0.0})
+                continue
         results, errs = _run_partitioners(prob, c, partitioners)
         errors.extend(errs)
-        lat = collective_latency([o.sharding_type for o in chosen], topo, c)
         for algo, a, loads, ok, over in results:
             loads = loads + lat
             candidates.append({"proposal": prop.name, "partitioner": algo, "feasible": ok,
@@ -314,11 +350,6 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
                 feasible.append((_rank_key(loads, c), prop, chosen, prob, a, pos_arr, part_arr, group_of, algo))
                 if best is None or feasible[-1][0] < best[0]:
                     best = feasible[-1]
-        if i == len(proposals) and best is not None and best[1].choice not in expanded:
-            expanded.add(best[1].choice)
-            extra = [p for p in variants(tables, options, topo, c, best[1]) if p.choice not in tried]
-            tried.update(p.choice for p in extra)
-            proposals.extend(extra)
     if best is None:
         algos = "/".join(partitioners)
         if candidates:

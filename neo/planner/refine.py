@@ -5,7 +5,8 @@ rank), else the best pairwise swap, else an exact re-partition of the max rank's
 other rank's items (all 2^k splits, k <= 14), each only when it lowers the pair's max below
 the current max and respects memory and pins (vectorized with numpy over all candidates);
 then seeded kicks of iterated local search (Lourenco, Martin & Stuetzle, "Iterated Local
-Search", 2003). Never worse (max rank time) than its start.
+Search", 2003): one to three random steps, each a move or a swap, so that the search leaves
+plateaus that memory closes to single moves. Never worse (max rank time) than its start.
 """
 
 from __future__ import annotations
@@ -94,11 +95,7 @@ def _descend(p: Problem, cost, rank, loads, hbm, host, max_iters: int, exact_bud
         cand = np.where(ok, np.maximum(new_r, new_m), np.inf)
         a, r = np.unravel_index(int(np.argmin(cand)), cand.shape)
         if cand[a, r] < top - tol:
-            i = I[a]
-            rank[i] = r
-            loads[m] -= cost[i, m]; loads[r] += cost[i, r]
-            hbm[m] -= p.hbm[i]; hbm[r] += p.hbm[i]
-            host[m] -= p.host[i]; host[r] += p.host[i]
+            _move(p, cost, int(I[a]), int(r), rank, loads, hbm, host)
             continue
         # swaps: item i on m with item j on r != m
         J = idx[(rank != m) & (loads[rank] < top - tol)]
@@ -123,12 +120,54 @@ def _descend(p: Problem, cost, rank, loads, hbm, host, max_iters: int, exact_bud
                 exact_budget -= 1
                 continue
             break
-        i, j = I[a], J[b]
-        r = int(rJ[b])
-        rank[i], rank[j] = r, m
-        loads[m] += cost[j, m] - cost[i, m]; loads[r] += cost[i, r] - cost[j, r]
-        hbm[m] += p.hbm[j] - p.hbm[i]; hbm[r] += p.hbm[i] - p.hbm[j]
-        host[m] += p.host[j] - p.host[i]; host[r] += p.host[i] - p.host[j]
+        _swap(p, cost, int(I[a]), int(J[b]), rank, loads, hbm, host)
+
+
+def _move(p: Problem, cost, i: int, r: int, rank, loads, hbm, host) -> None:
+    """Item ``i`` to rank ``r``, the loads and memory updated in place."""
+    m = int(rank[i])
+    rank[i] = r
+    loads[m] -= cost[i, m]; loads[r] += cost[i, r]
+    hbm[m] -= p.hbm[i]; hbm[r] += p.hbm[i]
+    host[m] -= p.host[i]; host[r] += p.host[i]
+
+
+def _swap(p: Problem, cost, i: int, j: int, rank, loads, hbm, host) -> None:
+    """Items ``i`` and ``j`` (on two ranks) change places, updated in place."""
+    m, r = int(rank[i]), int(rank[j])
+    rank[i], rank[j] = r, m
+    loads[m] += cost[j, m] - cost[i, m]; loads[r] += cost[i, r] - cost[j, r]
+    hbm[m] += p.hbm[j] - p.hbm[i]; hbm[r] += p.hbm[i] - p.hbm[j]
+    host[m] += p.host[j] - p.host[i]; host[r] += p.host[i] - p.host[j]
+
+
+def _kick(p: Problem, cost, rng, i: int, rank, loads, hbm, host) -> bool:
+    """One random step of iterated local search, whatever it does to the max: item ``i`` moves
+    to a random rank with room for it, or, at random or where no rank has room, swaps with a
+    random item of another rank that has room for it and whose rank has room for ``i``. The
+    swap lets the search leave a plateau that memory closes to moves: tight ranks whose items
+    must change places before the most loaded rank can shed anything. Updates in place;
+    returns whether anything changed."""
+    m = int(rank[i])
+    cap, hcap = p.hbm_cap, p.host_cap
+    ok = p.allowed[i] & (hbm + p.hbm[i] <= cap) & (host + p.host[i] <= hcap)
+    ok[m] = False
+    moves = np.nonzero(ok)[0]
+    if len(moves) and rng.random() < 0.5:
+        _move(p, cost, i, int(rng.choice(moves)), rank, loads, hbm, host)
+        return True
+    J = np.nonzero(rank != m)[0]
+    rJ = rank[J]
+    sw = p.allowed[J, m] & p.allowed[i, rJ]
+    sw &= (hbm[m] - p.hbm[i] + p.hbm[J] <= cap[m]) & (hbm[rJ] - p.hbm[J] + p.hbm[i] <= cap[rJ])
+    sw &= (host[m] - p.host[i] + p.host[J] <= hcap[m]) & (host[rJ] - p.host[J] + p.host[i] <= hcap[rJ])
+    if sw.any():
+        _swap(p, cost, i, int(rng.choice(J[sw])), rank, loads, hbm, host)
+    elif len(moves):
+        _move(p, cost, i, int(rng.choice(moves)), rank, loads, hbm, host)
+    else:
+        return False
+    return True
 
 
 def refine(p: Problem, start: Assignment, cost: Optional[np.ndarray] = None, max_iters: Optional[int] = None,
@@ -161,40 +200,30 @@ def refine(p: Problem, start: Assignment, cost: Optional[np.ndarray] = None, max
             return replace(start, algorithm="refine")
         new = np.where(ok, loads[None, :] + cost[I], np.inf)
         a, r = np.unravel_index(int(np.argmin(new)), new.shape)
-        i = I[a]
-        rank[i] = r
-        loads[m] -= cost[i, m]; loads[r] += cost[i, r]
-        hbm[m] -= p.hbm[i]; hbm[r] += p.hbm[i]
-        host[m] -= p.host[i]; host[r] += p.host[i]
+        _move(p, cost, int(I[a]), int(r), rank, loads, hbm, host)
     else:
         return replace(start, algorithm="refine")
     if n == 0:
         return Assignment(rank, start.group_ranks, "refine")
     max_iters = max_iters if max_iters is not None else 20 * n + 100
     _descend(p, cost, rank, loads, hbm, host, max_iters, 200)
-    # iterated local search: deterministic random kicks (move one item off a top rank to a
-    # random rank with room, then descend again); keep the result when the objective drops
+    # iterated local search: deterministic random kicks (one to three random moves or swaps of
+    # items of the top ranks, then descend again); keep the result when the objective drops
     rng = np.random.default_rng(seed)
+    steps = 3                    # a kick's random steps, at most: some plateaus take two to leave
     if n * p.world_size > 50_000:  # large problems: many small items already balance well
-        kicks = min(kicks, 3)
+        kicks, steps = min(kicks, 3), 1
     best = (objective(loads, imbalance_weight), rank.copy(), loads.copy(), hbm.copy(), host.copy())
     for _ in range(kicks):
         rank, loads, hbm, host = best[1].copy(), best[2].copy(), best[3].copy(), best[4].copy()
-        tops = np.argsort(-loads, kind="stable")[: max(2, min(3, p.world_size))]
-        m = int(rng.choice(tops))
-        I = idx[rank == m]
-        if not len(I):
+        kicked = False
+        for _ in range(int(rng.integers(1, steps + 1))):
+            tops = np.argsort(-loads, kind="stable")[: max(2, min(3, p.world_size))]
+            I = idx[rank == int(rng.choice(tops))]
+            if len(I):
+                kicked |= _kick(p, cost, rng, int(rng.choice(I)), rank, loads, hbm, host)
+        if not kicked:
             continue
-        i = int(rng.choice(I))
-        ok = p.allowed[i] & (hbm + p.hbm[i] <= cap) & (host + p.host[i] <= hcap)
-        ok[m] = False
-        if not ok.any():
-            continue
-        r = int(rng.choice(np.nonzero(ok)[0]))
-        rank[i] = r
-        loads[m] -= cost[i, m]; loads[r] += cost[i, r]
-        hbm[m] -= p.hbm[i]; hbm[r] += p.hbm[i]
-        host[m] -= p.host[i]; host[r] += p.host[i]
         _descend(p, cost, rank, loads, hbm, host, max_iters, 20)
         obj = objective(loads, imbalance_weight)
         if obj < best[0] * (1 - 1e-12):

@@ -86,6 +86,10 @@ def format_report(plan: Plan, max_tables: int = 0) -> str:
         if cands:
             lines.append("Candidates (proposal / partitioner: max ms, max/mean, fits memory):")
             for c in cands:
+                if c["partitioner"] == "bound":        # skipped: its lower bound already lost
+                    lines.append(f"  {c['proposal']:22s} {'-':15s} >= {c['max_ms']:.3f} (its lower bound: "
+                                 f"not partitioned)")
+                    continue
                 lines.append(f"  {c['proposal']:22s} {c['partitioner']:15s} {c['max_ms']:9.3f} "
                              f"{c['max_over_mean']:7.3f} {'yes' if c['feasible'] else 'NO'}")
     return "\n".join(lines)

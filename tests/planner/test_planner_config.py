@@ -179,3 +179,25 @@ def test_large_configs_load_typed_and_errors_still_name_table_and_field():
                             ("tables[994].feature_names=x", r"tables\[994\]\.feature_names: expected a list")]:
         with pytest.raises(ConfigError, match=match):
             config_from_dict(data, [override])
+
+
+def test_weight_dtype_maxima_are_torchs():
+    torch = pytest.importorskip("torch")
+    for d in WeightDType:
+        assert d.max_value == float(torch.finfo(d.torch_dtype).max), d
+
+
+def test_neo_plan_loads_and_plans_without_importing_torch(tmp_path):
+    """``neo plan`` on a 1,000-table config took 5-8 s where importing torch for a dtype's
+    largest value (the config's init_scale check) took 1.5-2 s of it: the planner path stays
+    free of torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from neo.commands.plan import main\n"
+            f"assert main([{EXAMPLE!r}, '--max-tables', '1']) == 0\n"
+            "print('torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False []", out.stdout[-500:]

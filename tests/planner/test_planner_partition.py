@@ -2,19 +2,23 @@
 
 Stated bound (checked below): the refinement is never worse than the better of greedy and
 KK (it starts from them and only accepts improvements), hence on identical ranks without
-binding memory within Graham's LPT bound 4/3 - 1/(3m) of the optimum; on all tiny cases
-here within 1.2 x the optimum, and it reaches the exact optimum on most (fixed seeds,
-observed: 100% identical ranks, 97% heterogeneous speeds, 98% tight memory, 93% both;
-greedy 58/28/50/25%, KK 82/23/56/9%).
+binding memory within Graham's LPT bound 4/3 - 1/(3m) of the optimum; on the tiny cases here
+within 1.05 x the optimum, and at the exact optimum on at least 97% of them. Measured
+(2026-12-01): at the exact optimum on every case of this seed (greedy 58/28/50/25% for
+identical ranks, heterogeneous speeds, tight memory, both; KK 82/23/56/9%); on 20 other seeds
+(2000-2019, 4,341 cases) 100/100/100/99.9%, the worst 1.026 x. Before its kicks could swap
+(a tight rank's items changing places), 98.6/97.8/98.3/96.4% there and the worst 1.25 x, up to
+1.37 x on seed 1235.
 """
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from neo.planner import PlanningError
-from neo.planner.partition import Group, Problem, evaluate, fits, greedy, karmarkar_karp
+from neo.planner.partition import Group, Problem, evaluate, fits, greedy, karmarkar_karp, lower_bound
 from neo.planner.refine import refine
 
 
@@ -36,8 +40,8 @@ def exhaustive(p: Problem) -> float:
     n, W = cost.shape
     A = np.array(list(itertools.product(range(W), repeat=n)))
     rows = np.arange(len(A))
-    loads = np.zeros((len(A), W))
-    mem = np.zeros((len(A), W))
+    loads = np.tile(p.base_load.astype(np.float64), (len(A), 1))
+    mem = np.tile(p.base_hbm.astype(np.float64), (len(A), 1))
     ok = np.ones(len(A), dtype=bool)
     for i in range(n):
         np.add.at(loads, (rows, A[:, i]), cost[i, A[:, i]])
@@ -68,8 +72,8 @@ def run_all(p):
     return out
 
 
-@pytest.mark.parametrize("hetero,mem_slack,min_rate", [(False, None, 0.98), (True, None, 0.9), (False, 1.3, 0.9),
-                                                       (True, 1.3, 0.85)])
+@pytest.mark.parametrize("hetero,mem_slack,min_rate", [(False, None, 0.97), (True, None, 0.97), (False, 1.3, 0.97),
+                                                       (True, 1.3, 0.97)])
 def test_refine_vs_exhaustive_on_tiny_cases(hetero, mem_slack, min_rate):
     rng = np.random.default_rng(1234)
     hits = total = 0
@@ -88,13 +92,54 @@ def test_refine_vs_exhaustive_on_tiny_cases(hetero, mem_slack, min_rate):
         if not hetero and mem_slack is None:
             m = W
             assert res["refine"] <= (4 / 3 - 1 / (3 * m)) * opt + tol, "Graham's LPT bound"
-        assert res["refine"] <= 1.2 * opt + tol, "stated bound on tiny cases (observed worst: 1.15)"
+        assert res["refine"] <= 1.05 * opt + tol, "stated bound on tiny cases (observed worst: 1.026)"
         hits += res["refine"] <= opt + tol
         for k in wins:
             wins[k] += res[k] <= opt + tol
     assert total >= 40
     assert hits / total >= min_rate, (hits, total, wins)
     assert wins["refine"] >= max(wins["greedy"], wins["kk"])
+
+
+def test_refine_leaves_a_plateau_that_memory_closes_to_moves():
+    """Seed 1235's case 50 (4 items, 3 ranks, speeds 0.59 / 1.96 / 1.12, memory 1.3 x the mean,
+    item 0 pinned to rank 2): item 1 fits only a rank of its own, so the optimum needs items 1
+    and 3 to change places between the two other ranks before rank 2 can shed item 2. No move
+    helps; before the kicks could swap, refine stayed at greedy's 1.37 x the optimum."""
+    rng = np.random.default_rng(1235)
+    for _ in range(51):
+        n, W = int(rng.integers(3, 9)), int(rng.integers(2, 4))
+        p = problem(rng, n, W, True, 1.3, pins=bool(rng.integers(0, 2)))
+    assert (n, W) == (4, 3)
+    opt = exhaustive(p)
+    res = run_all(p)
+    assert min(res["greedy"], res["kk"]) > 1.3 * opt, "the case is still the hard one"
+    assert res["refine"] == pytest.approx(opt, rel=1e-12)
+
+
+def test_lower_bound_is_below_every_assignment():
+    """The planner skips a proposal whose bound already loses, so the bound must never exceed
+    the best assignment (memory aside): checked against the exhaustive optimum without memory
+    caps, with bases, pins and heterogeneous speeds; and against greedy's with groups."""
+    rng = np.random.default_rng(5)
+    tight = 0
+    for case in range(120):
+        n, W = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        p = problem(rng, n, W, hetero=bool(case % 2), pins=bool(rng.integers(0, 2)))
+        p = replace(p, base_load=rng.uniform(0, 5, W) * rng.integers(0, 2))
+        opt = exhaustive(p)
+        lb = lower_bound(p)
+        assert lb <= opt * (1 + 1e-12), (case, lb, opt)
+        tight += lb >= 0.9 * opt
+    assert tight >= 60, "a bound this loose would prune nothing"
+    W, L = 8, 4
+    g = Group("twrw", np.array([4.0, 3.0, 2.0, 1.0]), np.full(L, 0.5), np.zeros(L), np.zeros(L), ordered=True)
+    for speed in (np.ones(W), rng.uniform(0.5, 2.0, W)):
+        p = Problem(L, speed, np.full(W, 1e12), np.full(W, 1e12), np.zeros(W), np.zeros(W), np.zeros(W),
+                    rng.uniform(1, 10, 12), rng.uniform(0, 1, 12), np.zeros(12), np.zeros(12),
+                    np.ones((12, W), bool), tuple(f"t{k}" for k in range(12)), (g,))
+        for start in (greedy(p), karmarkar_karp(p)):
+            assert lower_bound(p) <= evaluate(p, refine(p, start))[0].max() * (1 + 1e-12)
 
 
 def test_kk_beats_greedy_on_classic_instance():

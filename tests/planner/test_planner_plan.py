@@ -270,3 +270,25 @@ def test_small_tables_pick_is_never_slower_than_all_row_or_all_column_wise(make_
         other = plan_tables(forced, topo, c)
         assert other.tables != free.tables, st
         assert free.summary["max_ms"] <= other.summary["max_ms"] * 1.001 + 1e-9, st
+
+
+@pytest.mark.parametrize("W,L,n,max_rows,seed", [(8, 8, 20, 1e6, 0), (16, 8, 60, 1e8, 1)])
+def test_proposals_skipped_by_their_bound_never_hold_the_pick(W, L, n, max_rows, seed, make_tables):
+    """A proposal whose lower bound (neo.planner.partition.lower_bound) already ranks below the
+    best so far is not partitioned. With ``alternatives`` every proposal is partitioned: the
+    pick must be the same plan, and the skipped ones must have been skipped for a reason (each
+    one's bound ranks below the pick: above its busiest rank)."""
+    tables = make_tables(n, seed=seed, max_rows=max_rows)
+    topo = Topology.uniform(W, L, hbm_gib=24)
+    fast = plan_tables(tables, topo)
+    every = plan_tables(tables, topo, alternatives=1)
+    assert fast.tables == every.tables
+    assert fast.summary["max_ms"] == pytest.approx(every.summary["max_ms"], rel=1e-12)
+    skipped = [c for c in fast.summary["candidates"] if c["partitioner"] == "bound"]
+    assert skipped, "no proposal skipped: the case tests nothing"
+    assert not [c for c in every.summary["candidates"] if c["partitioner"] == "bound"]
+    for c in skipped:
+        assert c["max_ms"] > fast.summary["max_ms"], c
+        done = [x["max_ms"] for x in every.summary["candidates"] if x["proposal"] == c["proposal"]]
+        assert done and min(done) >= c["max_ms"] * (1 - 1e-9), (c, done)
+    assert "not partitioned" in format_report(fast)
