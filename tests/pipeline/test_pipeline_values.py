@@ -171,11 +171,15 @@ def _neo_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
 
 def test_the_oracles_tell_the_schedules_apart():
     """Synchronous, weight-stashing and 2BW training of the same model and data differ by far more
-    than TOL: a test passing within TOL ran the right one."""
+    than TOL: a test passing within TOL ran the right one. 2BW differs from synchronous training
+    only from its second step, by the change of a gradient between two versions (second order
+    in lr), so that gap is the smallest: with every seed of the suite shifted by 0 to 7
+    (2026-12-01) it was 355-5,234 x TOL (sync / async and async / 2bw 15,496-74,326 x); the
+    margin asked is 100 x (an earlier 1,000 x held for the suite's own seeds only)."""
     runs = {m: oracle("mlp", 2, 4, m, 4, MLP_SPLIT, "sgd") for m in ("sync", "async", "2bw")}
     for a, b in (("sync", "async"), ("sync", "2bw"), ("async", "2bw")):
         gap = max(float((runs[a]["dense"][n] - runs[b]["dense"][n]).abs().max()) for n in runs[a]["dense"])
-        assert gap > 1000 * TOL, (a, b, gap)
+        assert gap > 100 * TOL, (a, b, gap)
 
 
 def test_pipelined_schedules_equal_their_oracles():
