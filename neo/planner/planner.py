@@ -234,9 +234,9 @@ def _over_bytes(prob: Problem, hbm: np.ndarray, host: np.ndarray) -> float:
     return float(max((hbm - prob.hbm_cap).max(), (host - prob.host_cap).max()))
 
 
-def _run_partitioners(prob: Problem, c: CostConstants, allowed_algos: Sequence[str]):
-    """[(algorithm, assignment, loads, fits, bytes over capacity)], [errors]."""
-    cost = prob.cost_matrix()
+def _run_partitioners(prob: Problem, cost: np.ndarray, c: CostConstants, allowed_algos: Sequence[str]):
+    """[(algorithm, assignment, loads, fits, bytes over capacity)], [errors]; ``cost``:
+    ``prob.cost_matrix()``."""
     results = []
     starts = []
     errors = []
@@ -332,13 +332,14 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         chosen = [options[k][j] for k, j in enumerate(prop.choice)]
         prob, pos_arr, part_arr, group_of = build_problem(tables, chosen, topo, c)
         lat = collective_latency([o.sharding_type for o in chosen], topo, c)
+        cost = prob.cost_matrix()
         if best is not None and not alternatives:
-            bound = lower_bound(prob) + lat           # no partition of it can rank above the best
+            bound = lower_bound(prob, cost) + lat           # no partition of it can rank above the best
             if _rank_key(np.array([bound]), c)[0] > best[0][0]:
                 candidates.append({"proposal": prop.name, "partitioner": "bound", "feasible": None,
                                    "max_ms": bound * 1e3, "max_over_mean": None, "over_bytes": 0.0})
                 continue
-        results, errs = _run_partitioners(prob, c, partitioners)
+        results, errs = _run_partitioners(prob, cost, c, partitioners)
         errors.extend(errs)
         for algo, a, loads, ok, over in results:
             loads = loads + lat

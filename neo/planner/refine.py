@@ -108,12 +108,7 @@ def _descend(p: Problem, cost, rank, loads, hbm, host, max_iters: int, exact_bud
         new_m = top - cI_m[:, None] + cJ_m[None, :]
         new_r = (loads[rJ] - cJ_r)[None, :] + cI_r
         cand = np.maximum(new_m, new_r)
-        ok = p.allowed[I][:, rJ] & p.allowed[J, m][None, :]
-        ok &= (hbm[m] - p.hbm[I])[:, None] + p.hbm[J][None, :] <= cap[m]
-        ok &= (hbm[rJ] - p.hbm[J])[None, :] + p.hbm[I][:, None] <= cap[rJ][None, :]
-        ok &= (host[m] - p.host[I])[:, None] + p.host[J][None, :] <= hcap[m]
-        ok &= (host[rJ] - p.host[J])[None, :] + p.host[I][:, None] <= hcap[rJ][None, :]
-        cand = np.where(ok, cand, np.inf)
+        cand = np.where(_swaps_fit(p, I, m, J, rJ, hbm, host), cand, np.inf)
         a, b = np.unravel_index(int(np.argmin(cand)), cand.shape)
         if not cand[a, b] < top - tol:
             if exact_budget > 0 and _pair_exact(p, cost, m, rank, loads, hbm, host, tol):
@@ -141,6 +136,18 @@ def _swap(p: Problem, cost, i: int, j: int, rank, loads, hbm, host) -> None:
     host[m] += p.host[j] - p.host[i]; host[r] += p.host[i] - p.host[j]
 
 
+def _swaps_fit(p: Problem, I: np.ndarray, m: int, J: np.ndarray, rJ: np.ndarray, hbm, host) -> np.ndarray:
+    """Bool [len(I), len(J)]: item I[a] of rank ``m`` and item J[b] of rank rJ[b] may change
+    places (pins, and memory on both ranks after the swap)."""
+    cap, hcap = p.hbm_cap, p.host_cap
+    ok = p.allowed[I][:, rJ] & p.allowed[J, m][None, :]
+    ok &= (hbm[m] - p.hbm[I])[:, None] + p.hbm[J][None, :] <= cap[m]
+    ok &= (hbm[rJ] - p.hbm[J])[None, :] + p.hbm[I][:, None] <= cap[rJ][None, :]
+    ok &= (host[m] - p.host[I])[:, None] + p.host[J][None, :] <= hcap[m]
+    ok &= (host[rJ] - p.host[J])[None, :] + p.host[I][:, None] <= hcap[rJ][None, :]
+    return ok
+
+
 def _kick(p: Problem, cost, rng, i: int, rank, loads, hbm, host) -> bool:
     """One random step of iterated local search, whatever it does to the max: item ``i`` moves
     to a random rank with room for it, or, at random or where no rank has room, swaps with a
@@ -157,10 +164,7 @@ def _kick(p: Problem, cost, rng, i: int, rank, loads, hbm, host) -> bool:
         _move(p, cost, i, int(rng.choice(moves)), rank, loads, hbm, host)
         return True
     J = np.nonzero(rank != m)[0]
-    rJ = rank[J]
-    sw = p.allowed[J, m] & p.allowed[i, rJ]
-    sw &= (hbm[m] - p.hbm[i] + p.hbm[J] <= cap[m]) & (hbm[rJ] - p.hbm[J] + p.hbm[i] <= cap[rJ])
-    sw &= (host[m] - p.host[i] + p.host[J] <= hcap[m]) & (host[rJ] - p.host[J] + p.host[i] <= hcap[rJ])
+    sw = _swaps_fit(p, np.array([i]), m, J, rank[J], hbm, host)[0]
     if sw.any():
         _swap(p, cost, i, int(rng.choice(J[sw])), rank, loads, hbm, host)
     elif len(moves):
