@@ -48,18 +48,20 @@ forward/backward compute and input/output communication.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neo.planner.cache_model import distinct_per_batch, hit_rate
+from neo.planner.cache_model import distinct_per_batch_of, hit_rate
 from neo.planner.constants import KIND_OVERHEADS, CostConstants
 from neo.planner.types import ShardingType, TableSpec, Topology
 
-__all__ = ["PartCosts", "estimate_parts", "input_side_cost", "input_side_split", "zipf_hit_rate",
-           "collective_latency", "collective_latency_split", "cache_parts", "lookup_parts", "seconds_per_byte"]
+__all__ = ["PartCosts", "PartTables", "estimate_parts", "estimate_many", "input_side_cost", "input_side_split",
+           "zipf_hit_rate", "collective_latency", "collective_latency_split", "cache_parts", "lookup_parts",
+           "seconds_per_byte"]
 
 
 @dataclass(frozen=True)
@@ -125,61 +127,126 @@ def seconds_per_byte(footprint: np.ndarray, hot_bw: float, cold_bw: float, c: Co
     return (1.0 - t) / hot_bw + t / cold_bw
 
 
-def _distinct(table: TableSpec, ids: np.ndarray, rows: np.ndarray, global_ids: float) -> np.ndarray:
-    """Distinct rows among ``ids`` ids of each part (measured, scaled to the part, or the Zipf model)."""
+@dataclass(frozen=True)
+class PartTables:
+    """The table of each part, as arrays: what the cost formulas read of a :class:`TableSpec`,
+    one entry per part, so that the parts of many tables' options are costed in one call
+    (:func:`estimate_many`; the enumeration of 1,000 tables makes about 9,000 options).
+    ``specs[index[k]]`` is part k's table."""
+
+    specs: Tuple[TableSpec, ...]
+    index: np.ndarray
+    rows: np.ndarray
+    dim: np.ndarray
+    weight_bytes: np.ndarray
+    state_floats_per_row: np.ndarray
+    state_per_element: np.ndarray
+    num_features: np.ndarray
+    pooling_factor: np.ndarray
+    access_skew: np.ndarray
+    distinct_per_batch: np.ndarray
+    """Measured distinct rows per global batch; NaN: the skew model."""
+
+    @staticmethod
+    def of(specs: Sequence[TableSpec], index=None) -> "PartTables":
+        """The tables ``specs`` (one entry each), or the parts whose tables are ``specs[index]``."""
+        specs = tuple(specs)
+
+        def col(f, dtype=np.float64):
+            return np.array([f(t) for t in specs], dtype=dtype)
+
+        T = PartTables(specs, np.arange(len(specs)), col(lambda t: t.rows), col(lambda t: t.dim),
+                       col(lambda t: t.weight_bytes), col(lambda t: t.state_floats_per_row),
+                       col(lambda t: t.state_per_element, bool), col(lambda t: t.num_features),
+                       col(lambda t: t.pooling_factor), col(lambda t: t.access_skew),
+                       col(lambda t: np.nan if t.distinct_per_batch is None else t.distinct_per_batch))
+        return T if index is None else T.take(index)
+
+    def take(self, index) -> "PartTables":
+        """Entries ``index`` (of this object's entries)."""
+        index = np.asarray(index, dtype=np.int64)
+        fields = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self) if f.name != "specs"}
+        return PartTables(self.specs, **fields)
+
+
+def _part_tables(table, n: int) -> PartTables:
+    """``table`` as the table of each of ``n`` parts (a TableSpec), or itself (PartTables)."""
+    return table if isinstance(table, PartTables) else PartTables.of([table], np.zeros(n, np.int64))
+
+
+def _per_key(fn, *keys: np.ndarray) -> np.ndarray:
+    """``fn(*columns)`` (arrays of distinct keys, one column per key array; an array of values)
+    for each entry's key, each distinct key computed once: the parts of one split repeat their key
+    (a row-wise table's differ by at most one row), so only the first of a run of equal keys is
+    looked up."""
+    k = np.stack(keys, axis=1)
+    if len(k) == 0:
+        return np.zeros(0)
+    head = np.ones(len(k), dtype=bool)
+    head[1:] = (k[1:] != k[:-1]).any(axis=1)
+    slot: dict = {}
+    which = np.array([slot.setdefault(key, len(slot)) for key in map(tuple, k[head].tolist())], dtype=np.int64)
+    distinct = np.array(list(slot), dtype=np.float64).reshape(len(slot), k.shape[1])
+    vals = np.asarray(fn(*distinct.T), dtype=np.float64)
+    return vals[which][np.cumsum(head) - 1]
+
+
+def _distinct(T: PartTables, ids: np.ndarray, rows: np.ndarray, global_ids: np.ndarray) -> np.ndarray:
+    """Distinct rows among ``ids`` ids of each part (measured, scaled to the part, or the Zipf model);
+    ``global_ids``: ids per step of each part's whole table over the global batch."""
     out = np.zeros_like(rows)
-    seen = {}
-    for k, (r, n) in enumerate(zip(rows, ids)):
-        if r <= 0 or n <= 0:
-            continue
-        key = (int(r), float(n))                      # row-split parts repeat (sizes differ by one row)
-        if key not in seen:
-            if table.distinct_per_batch is not None:
-                full = global_ids * r / max(1, table.rows)
-                seen[key] = table.distinct_per_batch * r / max(1, table.rows) * min(1.0, n / max(full, 1e-30))
-            else:
-                seen[key] = min(float(r), distinct_per_batch(int(r), table.access_skew, float(n)))
-        out[k] = seen[key]
+    live = (rows > 0) & (ids > 0)
+    measured = live & ~np.isnan(T.distinct_per_batch)
+    if measured.any():
+        r, n, tr = rows[measured], ids[measured], np.maximum(1.0, T.rows[measured])
+        full = global_ids[measured] * r / tr
+        out[measured] = T.distinct_per_batch[measured] * r / tr * np.minimum(1.0, n / np.maximum(full, 1e-30))
+    model = live & np.isnan(T.distinct_per_batch)
+    if model.any():
+        out[model] = _per_key(lambda r, s, n: np.minimum(r, distinct_per_batch_of(r, s, n)),
+                              rows[model], T.access_skew[model], ids[model])
     return out
 
 
-def lookup_parts(table: TableSpec, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
-                 rows: np.ndarray, global_ids: float, c: CostConstants, rank_footprint=None, resident_rows=None):
+def lookup_parts(table, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
+                 rows: np.ndarray, global_ids, c: CostConstants, rank_footprint=None, resident_rows=None):
     """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1;
     the bandwidths are those of ``rank_footprint`` (bytes of all the tables of each part's rank:
     the fused kernels walk them together), else of the part alone: its ``resident_rows`` (a cached
-    part's slots) or all its rows."""
-    row_b = cols * table.weight_bytes
-    state_b = 4.0 * table.state_floats_per_row * (cols / table.dim if table.state_per_element else 1.0)
+    part's slots) or all its rows. ``table``: a TableSpec, or each part's (:class:`PartTables`)."""
+    T = _part_tables(table, len(rows))
+    row_b = cols * T.weight_bytes
+    state_b = 4.0 * T.state_floats_per_row * np.where(T.state_per_element, cols / T.dim, 1.0)
     foot = (rows if resident_rows is None else resident_rows) * (row_b + state_b)
     if rank_footprint is not None:
         foot = np.maximum(foot, rank_footprint)
     fwd = bags * c.lookup_bag_s + ids * (c.lookup_id_s + row_b * seconds_per_byte(foot, c.lookup_bw_hot,
                                                                                 c.lookup_bw_cold, c))
-    U = _distinct(table, update_ids, rows, global_ids)
+    U = _distinct(T, update_ids, rows, np.broadcast_to(np.asarray(global_ids, dtype=np.float64), rows.shape))
     bwd = update_ids * c.update_id_s + U * (c.update_row_s + 2.0 * (row_b + state_b) * seconds_per_byte(
         foot, c.update_bw_hot, c.update_bw_cold, c))
     return fwd + np.where(rows > 0, c.kernel_overhead, 0.0), bwd, U
 
 
-def cache_parts(table: TableSpec, ids: np.ndarray, cols: np.ndarray, rows: np.ndarray, fraction: float,
-                global_ids: float, c: CostConstants, distinct: Optional[np.ndarray] = None):
+def cache_parts(table, ids: np.ndarray, cols: np.ndarray, rows: np.ndarray, fraction: float,
+                global_ids, c: CostConstants, distinct: Optional[np.ndarray] = None):
     """(the cache's seconds a step: admission and misses, hit rate, device bytes of cache + index,
     store bytes, distinct rows) per part of a cached table whose parts cache ``fraction`` of their
     rows; ``ids``: ids per step on each part, ``global_ids``: ids per step of the whole table over
-    the global batch."""
-    row_bytes = cols * table.weight_bytes + 4.0 * table.state_floats_per_row * (
-        cols / table.dim if table.state_per_element else 1.0)
-    U = _distinct(table, ids, rows, global_ids) if distinct is None else distinct
+    the global batch. ``table``: a TableSpec, or each part's (:class:`PartTables`)."""
+    T = _part_tables(table, len(rows))
+    row_bytes = cols * T.weight_bytes + 4.0 * T.state_floats_per_row * np.where(T.state_per_element, cols / T.dim, 1.0)
+    U = _distinct(T, ids, rows, np.broadcast_to(np.asarray(global_ids, dtype=np.float64), rows.shape)) \
+        if distinct is None else distinct
     hit = np.zeros_like(rows)
-    seen = {}
-    for k, (r, n) in enumerate(zip(rows, ids)):
-        if r > 0:
-            key = (int(r), float(n))
-            if key not in seen:
-                seen[key] = hit_rate(fraction, int(r), table.access_skew, float(n), table.hit_curve,
-                                     table.cache_policy, table.cache_lookahead)
-            hit[k] = seen[key]
+    live = rows > 0
+    if live.any():
+        def rates(tables, part_rows, part_ids):
+            return [hit_rate(fraction, int(r), T.specs[int(k)].access_skew, n, T.specs[int(k)].hit_curve,
+                             T.specs[int(k)].cache_policy, T.specs[int(k)].cache_lookahead)
+                    for k, r, n in zip(tables.tolist(), part_rows.tolist(), part_ids.tolist())]
+
+        hit[live] = _per_key(rates, T.index[live].astype(np.float64), rows[live], ids[live])
     miss_s = np.where(rows > 0, c.cache_batch_s, 0.0) + U * c.cache_access_s \
         + U * (1.0 - hit) * (2.0 * row_bytes / c.host_bw + c.cache_miss_latency)
     # slots; the index per row: the row's slot (4 bytes), its batch count (4, lfu and lookahead) and
@@ -195,19 +262,26 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
     cache of ``cache_fraction`` of each shard's rows when given, else all rows on the device;
     ``rank_footprint``: device bytes of the tables of each shard's rank (:func:`lookup_parts`)."""
     rows = np.asarray(rows, dtype=np.float64)
+    return _estimate_parts_of(_part_tables(table, len(rows)), stype, rows, cols, topo, c, cache_fraction,
+                             rank_footprint)
+
+
+def _estimate_parts_of(T: PartTables, stype: ShardingType, rows: np.ndarray, cols: np.ndarray,
+                      topo: Topology, c: CostConstants, cache_fraction: Optional[float] = None,
+                      rank_footprint=None) -> PartCosts:
+    """:func:`estimate_parts` of parts of many tables at once, all sharded as ``stype`` (and cached
+    with ``cache_fraction``): part k is a shard of table ``T.specs[T.index[k]]``."""
+    rows = np.asarray(rows, dtype=np.float64)
     cols = np.asarray(cols, dtype=np.float64)
     W, L = topo.world_size, topo.local_world_size
     B = topo.batch_size_per_rank
     G = B * W
-    F, P = table.num_features, table.pooling_factor
+    F, P = T.num_features, T.pooling_factor
     a, i_b = c.act_bytes, c.id_bytes
-    rho = rows / max(1, table.rows)
+    rho = rows / np.maximum(1.0, T.rows)
     f_intra, f_inter = (L - 1) / W, (W - L) / W
-    if table.state_per_element:
-        state_floats = table.state_floats_per_row * cols / table.dim
-    else:
-        state_floats = np.full_like(cols, float(table.state_floats_per_row))
-    weights = rows * cols * table.weight_bytes
+    state_floats = np.where(T.state_per_element, T.state_floats_per_row * cols / T.dim, T.state_floats_per_row)
+    weights = rows * cols * T.weight_bytes
     state = rows * state_floats * 4.0
     ones = np.ones_like(rows)
 
@@ -250,13 +324,45 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
         comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + out
     slots = None if cache_fraction is None else np.ceil(cache_fraction * rows)     # what a cached part's kernels walk
-    fwd, bwd, U = lookup_parts(table, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint, slots)
+    fwd, bwd, U = lookup_parts(T, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint, slots)
     if cache_fraction is None:
         return PartCosts(fwd + bwd, comm, weights + state + buffers, np.zeros_like(rows), b_in, b_out,
                          distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)
-    miss_s, hit, device, store, _ = cache_parts(table, upd, cols, rows, cache_fraction, G * F * P, c, U)
+    miss_s, hit, device, store, _ = cache_parts(T, upd, cols, rows, cache_fraction, G * F * P, c, U)
     return PartCosts(fwd + bwd + miss_s, comm, device + buffers, store, b_in, b_out, hit, miss_s, U,
                      fwd, bwd, comm_in)
+
+
+def estimate_many(tables: Sequence[TableSpec], requests: Sequence[tuple], topo: Topology,
+                  c: CostConstants) -> List[PartCosts]:
+    """:func:`estimate_parts` of each request ``(table index, sharding type, rows, cols,
+    cache_fraction, rank_footprint or None)``, the parts of all requests of one sharding type
+    and cache share costed in one call (the same numbers as one by one: the formulas work per
+    part)."""
+    columns = PartTables.of(tables)
+    groups: dict = {}
+    for k, (_, stype, _, _, fraction, _) in enumerate(requests):
+        groups.setdefault((stype, fraction), []).append(k)
+    out: List[Optional[PartCosts]] = [None] * len(requests)
+    for (stype, fraction), members in groups.items():
+        sizes = [len(requests[k][2]) for k in members]
+        ends = np.cumsum(sizes).tolist()
+        index = np.repeat([requests[k][0] for k in members], sizes)
+        rows = np.concatenate([np.asarray(requests[k][2], dtype=np.float64) for k in members])
+        cols = np.concatenate([np.asarray(requests[k][3], dtype=np.float64) for k in members])
+        # a part's own bytes are never below 0: no rank footprint is a footprint of 0
+        feet = [0.0 if requests[k][5] is None else requests[k][5] for k in members]
+        if all(np.ndim(f) == 0 for f in feet):
+            foot = np.repeat(np.array(feet, dtype=np.float64), sizes)
+        else:
+            foot = np.concatenate([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f, n in zip(feet, sizes)])
+        pc = _estimate_parts_of(columns.take(index), stype, rows, cols, topo, c, fraction, foot)
+        for k, e, n in zip(members, ends, sizes):
+            out[k] = PartCosts(*[None if v is None else v[e - n:e] for v in (getattr(pc, f) for f in _FIELDS)])
+    return out
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(PartCosts))
 
 
 def input_side_cost(table: TableSpec, stype: ShardingType, topo: Topology, c: CostConstants):

@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from neo.planner.cache_model import CACHE_FRACTIONS
-from neo.planner.cost import PartCosts, estimate_parts
+from neo.planner.cost import PartCosts, estimate_many, estimate_parts
 from neo.planner.constants import CostConstants
 from neo.planner.types import GIB, Placement, PlanningError, ShardingType, TableSpec, Topology
 
@@ -63,16 +63,17 @@ class Option:
     def part_seconds(self, speed: float = 1.0) -> np.ndarray:
         return self.costs.compute / speed + self.costs.comm
 
-    @property
+    # computed once: the proposals read them for every option, many times over
+    @functools.cached_property
     def total_seconds(self) -> float:
         """Sum of the parts' times (the work this option adds to the whole cluster)."""
         return float(self.part_seconds().sum())
 
-    @property
+    @functools.cached_property
     def max_part_seconds(self) -> float:
         return float(self.part_seconds().max())
 
-    @property
+    @functools.cached_property
     def max_part_hbm(self) -> float:
         return float(self.costs.hbm.max())
 
@@ -143,67 +144,94 @@ def _fractions(t: TableSpec, allow_cache: bool) -> List[Optional[float]]:
     return cached if p is Placement.CACHED else [None] + cached
 
 
-def _make(idx: int, t: TableSpec, st: ShardingType, scope: str, ro, rs, co, cs, topo, c, pins=None,
-          fractions=(None,), rank_footprint: Optional[float] = None) -> List[Option]:
-    """Options of one split, one per cache share; a cache too small for two steps' distinct rows
-    (the step computing and the one prefetching) is left out, and when every one of a cached
-    table's shares is, the smallest share that holds them stands in. ``rank_footprint``: bytes of
-    tables a rank is expected to hold (the lookups' bandwidths depend on them)."""
-    out, need = [], 0.0
-    rs = np.asarray(rs)
-    for f in fractions:
-        costs = estimate_parts(t, st, rs, cs, topo, c, f, rank_footprint)
-        if f is not None:
-            short = (np.ceil(f * rs) < 2.0 * costs.distinct) & (rs > 0)
-            if short.any():
-                need = max(need, float((2.0 * costs.distinct[short] / rs[short]).max()))
-                continue
-        out.append(Option(idx, st, scope, np.asarray(ro), rs, np.asarray(co), np.asarray(cs), costs, pins, f))
-    if not out and need:
-        f = min(1.0, math.ceil(need * 100.0) / 100.0)
-        out.append(Option(idx, st, scope, np.asarray(ro), rs, np.asarray(co), np.asarray(cs),
-                          estimate_parts(t, st, rs, cs, topo, c, f, rank_footprint), pins, f))
-    return out
+@dataclass(frozen=True)
+class _Split:
+    """One way to split one table, before its costs: the parts' offsets and sizes, and the cache
+    shares to cost it at (None: on the device)."""
+
+    table: int
+    sharding_type: ShardingType
+    scope: str
+    row_offset: np.ndarray
+    rows: np.ndarray
+    col_offset: np.ndarray
+    cols: np.ndarray
+    pins: Optional[Tuple[int, ...]]
+    fractions: Tuple[Optional[float], ...]
 
 
-def table_options(idx: int, t: TableSpec, topo: Topology, c: CostConstants, allow_cache: bool = True,
-                  rank_footprint: Optional[float] = None) -> List[Option]:
-    """All options of one table allowed by its constraints (before the memory filter);
-    ``rank_footprint``: bytes of tables a rank is expected to hold (:func:`expected_rank_footprint`)."""
+def table_splits(idx: int, t: TableSpec, topo: Topology, allow_cache: bool = True) -> List[_Split]:
+    """Every split of table ``idx`` allowed by its constraints, in the order its options are listed."""
     allowed = _check_constraints(idx, t, topo)
-    make = functools.partial(_make, rank_footprint=rank_footprint)
-    fr = _fractions(t, allow_cache)
+    fr = tuple(_fractions(t, allow_cache))
     W, L = topo.world_size, topo.local_world_size
     pins = tuple(sorted(set(t.constraints.ranks))) or None
     width = t.constraints.column_shard_width
-    opts: List[Option] = []
-    full_r, full_c = np.array([t.rows]), np.array([t.dim])
-    zero = np.array([0])
+    out: List[_Split] = []
+
+    def add(st, scope, ro, rs, co, cs, p=None):
+        out.append(_Split(idx, st, scope, np.asarray(ro), np.asarray(rs), np.asarray(co), np.asarray(cs), p, fr))
+
     for st in allowed:
         if st is ShardingType.TABLE_WISE:
-            opts.extend(make(idx, t, st, "rank", zero, full_r, zero, full_c, topo, c, pins, fr))
+            add(st, "rank", np.array([0]), np.array([t.rows]), np.array([0]), np.array([t.dim]), pins)
         elif st is ShardingType.DATA_PARALLEL:
-            opts.extend(make(idx, t, st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows),
-                              np.zeros(W, np.int64), np.full(W, t.dim), topo, c, None, fr))
+            add(st, "fixed", np.zeros(W, np.int64), np.full(W, t.rows), np.zeros(W, np.int64), np.full(W, t.dim))
         elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
             k = W if st is ShardingType.ROW_WISE else L
             ro, rs = split_evenly(t.rows, k)
-            opts.extend(make(idx, t, st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node",
-                              ro, rs, np.zeros(k, np.int64), np.full(k, t.dim), topo, c, None, fr))
+            add(st, "fixed" if k == W and st is ShardingType.ROW_WISE else "node", ro, rs, np.zeros(k, np.int64),
+                np.full(k, t.dim))
         elif st is ShardingType.COLUMN_WISE:
             widths = [width] if width else _default_cw_widths(t.dim, len(pins) if pins else W)
             if not widths and st in t.constraints.sharding_types:
                 widths = [t.dim]  # forced but too narrow to split: a single column shard
             for w in widths:
                 co, cs = column_widths(t.dim, w)
-                opts.extend(make(idx, t, st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
-                                  co, cs, topo, c, pins, fr))
+                add(st, "rank", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows), co, cs, pins)
         elif st is ShardingType.TABLE_COLUMN_WISE:
             w = width or _round4(t.dim / min(L, max(1, t.dim // 4)))
             co, cs = column_widths(t.dim, w)
-            opts.extend(make(idx, t, st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows),
-                              co, cs, topo, c, None, fr))
-    return opts
+            add(st, "node", np.zeros(len(cs), np.int64), np.full(len(cs), t.rows), co, cs)
+    return out
+
+
+def _options_of(sp: _Split, t: TableSpec, costs: dict, k: int, topo: Topology, c: CostConstants,
+                rank_footprint: Optional[float]) -> List[Option]:
+    """The options of split ``k`` (``sp``), one per cache share; a cache too small for two steps'
+    distinct rows (the step computing and the one prefetching) is left out, and when every one
+    of a cached table's shares is, the smallest share that holds them stands in."""
+    out, need = [], 0.0
+    rs = sp.rows
+    for f in sp.fractions:
+        pc = costs[(k, f)]
+        if f is not None:
+            short = (np.ceil(f * rs) < 2.0 * pc.distinct) & (rs > 0)
+            if short.any():
+                need = max(need, float((2.0 * pc.distinct[short] / rs[short]).max()))
+                continue
+        out.append(Option(sp.table, sp.sharding_type, sp.scope, sp.row_offset, rs, sp.col_offset, sp.cols, pc,
+                          sp.pins, f))
+    if not out and need:
+        f = min(1.0, math.ceil(need * 100.0) / 100.0)
+        out.append(Option(sp.table, sp.sharding_type, sp.scope, sp.row_offset, rs, sp.col_offset, sp.cols,
+                          estimate_parts(t, sp.sharding_type, rs, sp.cols, topo, c, f, rank_footprint), sp.pins, f))
+    return out
+
+
+def table_options(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, allow_cache: bool = True,
+                  rank_footprint: Optional[float] = None) -> List[List[Option]]:
+    """All options of each table allowed by its constraints (before the memory filter), the
+    tables' parts costed together; ``rank_footprint``: bytes of tables a rank is expected to hold
+    (:func:`expected_rank_footprint`)."""
+    splits = [sp for idx, t in enumerate(tables) for sp in table_splits(idx, t, topo, allow_cache)]
+    keys = [(k, f) for k, sp in enumerate(splits) for f in sp.fractions]
+    costs = dict(zip(keys, estimate_many(tables, [(splits[k].table, splits[k].sharding_type, splits[k].rows,
+                                                   splits[k].cols, f, rank_footprint) for k, f in keys], topo, c)))
+    out: List[List[Option]] = [[] for _ in tables]
+    for k, sp in enumerate(splits):
+        out[sp.table].extend(_options_of(sp, tables[sp.table], costs, k, topo, c, rank_footprint))
+    return out
 
 
 def _capacity(topo: Topology, c: CostConstants) -> np.ndarray:
@@ -237,8 +265,9 @@ def enumerate_options(tables: Sequence[TableSpec], topo: Topology, c: CostConsta
     host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
     out: List[List[Option]] = []
     share = expected_rank_footprint(tables, topo.world_size)
+    every = table_options(tables, topo, c, allow_cache, share)
     for idx, t in enumerate(tables):
-        opts = table_options(idx, t, topo, c, allow_cache, share)
+        opts = every[idx]
         fits = [o for o in opts if _shortfall(o, topo, hbm_cap, host_cap) <= 0]
         if not fits:
             counted = [o for o in opts if math.isfinite(_shortfall(o, topo, hbm_cap, host_cap))]

@@ -29,7 +29,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neo.planner.cost import collective_latency, estimate_parts, input_side_cost
+from neo.planner.cost import collective_latency, estimate_many, input_side_cost
 from neo.planner.enumerate import Option, enumerate_options
 from neo.planner.partition import (Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp,
                                    lower_bound, objective)
@@ -70,8 +70,15 @@ def _work_and_memory(tables: Sequence[TableSpec], options: Sequence[Sequence[Opt
     """(work each option adds to the cluster: its parts plus the input side every rank pays, 0
     for DP; device memory of each option; the cluster's memory left for embeddings)."""
     W = topo.world_size
-    totals = [np.array([o.total_seconds + W * input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
-                        for o in opts]) for opts in options]
+    side = {}                                   # a table's input side depends on its sharding type only
+
+    def input_side(o: Option) -> float:
+        key = (o.table, o.sharding_type)
+        if key not in side:
+            side[key] = input_side_cost(tables[o.table], o.sharding_type, topo, c)[0]
+        return side[key]
+
+    totals = [np.array([o.total_seconds + W * input_side(o) for o in opts]) for opts in options]
     sumhbm = [np.array([float(o.costs.hbm.sum()) for o in opts]) for opts in options]
     total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     return totals, sumhbm, total_cap - _input_side(tables, [opts[0] for opts in options], topo, c)[3] * W
@@ -86,31 +93,34 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
     result when the caller has it."""
     W = topo.world_size
     totals, sumhbm, embed_cap = work or _work_and_memory(tables, options, topo, c)
+    # the tables' options side by side, one row a table (padded with inf: never chosen)
+    T = _padded(totals)
     if without is not None:
-        totals = [np.where([o.sharding_type is without for o in opts], np.inf, t) for t, opts in zip(totals, options)]
-        if not all(np.isfinite(t).any() for t in totals):
+        T = np.where(_type_codes(options) == _CODE[without], np.inf, T)
+        if not np.isfinite(T).any(axis=1).all():
             return []
-    maxpart = [np.where(np.isfinite(t), [o.max_part_seconds for o in opts], np.inf)
-               for t, opts in zip(totals, options)]
-    maxhbm = [np.where(np.isfinite(t), [o.max_part_hbm for o in opts], np.inf) for t, opts in zip(totals, options)]
+        totals = [T[k, :len(t)] for k, t in enumerate(totals)]
+    MP = np.where(np.isfinite(T), _padded([[o.max_part_seconds for o in opts] for opts in options]), np.inf)
+    MH = np.where(np.isfinite(T), _padded([[o.max_part_hbm for o in opts] for opts in options]), np.inf)
     min_cap = min(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     total_cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
     out: List[Proposal] = []
     seen = set()
     prefix = "" if without is None else f"without {without.value}: "
+    rows = np.arange(len(totals))
     for mem_frac, theta in caps if caps is not None else [(m, t) for m in (1.0, 0.5) for t in _THETAS]:
-        choice = [int(np.argmin(t)) for t in totals]
+        choice = np.argmin(T, axis=1)
         for _ in range(2):
-            target = sum(float(totals[k][j]) for k, j in enumerate(choice)) / W
-            new = []
-            for t, mp, mh in zip(totals, maxpart, maxhbm):
-                ok = (mp <= theta * target) & (mh <= mem_frac * min_cap)
-                new.append(int(np.argmin(np.where(ok, t, np.inf))) if ok.any() else
-                           int(np.argmin(np.where(mh <= mem_frac * min_cap, mp, np.inf)))
-                           if (mh <= mem_frac * min_cap).any() else int(np.argmin(mh)))
-            if new == choice:
+            target = sum(T[rows, choice].tolist()) / W
+            room = MH <= mem_frac * min_cap
+            ok = (MP <= theta * target) & room
+            new = np.where(ok.any(axis=1), np.argmin(np.where(ok, T, np.inf), axis=1),
+                           np.where(room.any(axis=1), np.argmin(np.where(room, MP, np.inf), axis=1),
+                                    np.argmin(MH, axis=1)))
+            if np.array_equal(new, choice):
                 break
             choice = new
+        choice = choice.tolist()
         for slack in (1.0, 0.9, 0.75):
             fitted = _fit_total_memory(choice, totals, sumhbm, embed_cap - (1 - slack) * total_cap)
             key = tuple(fitted)
@@ -121,6 +131,23 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
             if fitted == choice:
                 break
     return out
+
+
+def _padded(per_table, fill: float = np.inf) -> np.ndarray:
+    """(tables, most options) array of per-option values, ``fill`` past a table's options."""
+    out = np.full((len(per_table), max(len(v) for v in per_table)), fill)
+    for k, v in enumerate(per_table):
+        out[k, :len(v)] = v
+    return out
+
+
+_CODE = {t: i for i, t in enumerate(ShardingType)}
+
+
+def _type_codes(options: Sequence[Sequence[Option]]) -> np.ndarray:
+    """(tables, most options): each option's sharding type as its number in :data:`_CODE`, -1 past
+    a table's options."""
+    return _padded([[_CODE[o.sharding_type] for o in opts] for opts in options], -1).astype(np.int64)
 
 
 def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
@@ -136,20 +163,24 @@ def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], t
     totals, sumhbm, cap = work
     out: List[Proposal] = []
 
-    def best_of(k: int, keep) -> Optional[int]:
-        ok = np.array([keep(o) for o in options[k]])
-        return int(np.argmin(np.where(ok, totals[k], np.inf))) if ok.any() else None
+    T, types = _padded(totals), _type_codes(options)
+
+    def best(keep: np.ndarray) -> List[Optional[int]]:
+        """Each table's option of least work among those ``keep`` marks (None: none marked)."""
+        j = np.argmin(np.where(keep, T, np.inf), axis=1)
+        return [int(a) if any_ else None for a, any_ in zip(j.tolist(), keep.any(axis=1).tolist())]
 
     kinds = {options[k][j].sharding_type for k, j in enumerate(base.choice)}
+    base_types = types[np.arange(len(options)), list(base.choice)].tolist()
     for kind in sorted(kinds, key=lambda t: t.value) if len(kinds) > 1 else []:
         if base.theta is not None:
             out.extend(propose(tables, options, topo, c, without=kind, caps=[(base.mem_frac, base.theta)], work=work))
-        choice = [best_of(k, lambda o: o.sharding_type is not kind) if options[k][j].sharding_type is kind else j
-                  for k, j in enumerate(base.choice)]
+        other = best((types != _CODE[kind]) & (types >= 0))
+        choice = [other[k] if base_types[k] == _CODE[kind] else j for k, j in enumerate(base.choice)]
         if None not in choice:
             out.append(Proposal(f"without {kind.value}", tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
     for kind in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE):
-        choice = [best_of(k, lambda o: o.sharding_type is kind) for k in range(len(options))]
+        choice = best(types == _CODE[kind])
         if None not in choice:
             out.append(Proposal(f"uniform {kind.value}", tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
     return out
@@ -165,28 +196,53 @@ def _rank_key(loads: np.ndarray, c: CostConstants) -> Tuple[float, float]:
 
 def _fit_total_memory(choice: List[int], totals, sumhbm, cap: float) -> List[int]:
     """Move tables to options with less memory (fewer cached rows, or cached instead of on the
-    device), least seconds added per byte saved first, until the chosen options fit ``cap``."""
+    device), least seconds added per byte saved first, until the chosen options fit ``cap``.
+    Each table's cheapest move is kept and only the moved table's is computed again."""
     choice = list(choice)
     need = sum(float(h[j]) for h, j in zip(sumhbm, choice))
+    if need <= cap:
+        return choice
+    n = len(choice)
+    ratio, move, valid = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+
+    def update(k: int) -> None:
+        cheapest = _cheapest_move(sumhbm[k], totals[k], choice[k])
+        valid[k] = cheapest is not None
+        if valid[k]:
+            ratio[k], move[k] = cheapest
+
+    for k in range(n):
+        update(k)
     while need > cap:
-        best = None
-        for k, j in enumerate(choice):
-            h, t = sumhbm[k], totals[k]
-            saves = h[j] - h
-            ok = (saves > 0) & np.isfinite(t)           # (a variant's left-out kind: inf)
-            if not ok.any():
-                continue
-            ratio = np.where(ok, (t - t[j]) / np.where(ok, saves, 1.0), np.inf)
-            # among the moves of this table, the cheapest per byte; ties: the one saving most
-            m = int(np.lexsort((-saves, ratio))[0])
-            if best is None or ratio[m] < best[0]:
-                best = (ratio[m], k, m)
-        if best is None:
+        idx = np.flatnonzero(valid)
+        if not len(idx):
             break
-        _, k, m = best
+        r = ratio[idx]
+        if np.isnan(r).any():          # the first table, then any strictly cheaper (NaN never is)
+            k = int(idx[0])
+            for q in idx[1:].tolist():
+                if ratio[q] < ratio[k]:
+                    k = q
+        else:
+            k = int(idx[np.argmin(r)])   # the cheapest; ties: the first table
+        m = int(move[k])
         need -= float(sumhbm[k][choice[k]] - sumhbm[k][m])
         choice[k] = m
+        update(k)
     return choice
+
+
+def _cheapest_move(h: np.ndarray, t: np.ndarray, j: int):
+    """(seconds added per byte saved, option) of a table's cheapest move from option ``j`` to one
+    with less memory (``h``: each option's bytes, ``t``: its seconds); None when none saves any."""
+    saves = h[j] - h
+    ok = (saves > 0) & np.isfinite(t)           # (a variant's left-out kind: inf)
+    if not ok.any():
+        return None
+    ratio = np.where(ok, (t - t[j]) / np.where(ok, saves, 1.0), np.inf)
+    # among the moves of this table, the cheapest per byte; ties: the one saving most
+    m = int(np.lexsort((-saves, ratio))[0])
+    return ratio[m], m
 
 
 def build_problem(tables: Sequence[TableSpec], chosen: Sequence[Option], topo: Topology, c: CostConstants):
@@ -400,6 +456,7 @@ def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict
     c = constants or CostConstants()
     chosen, part_ranks, eff = [], [], []
     foot = rank_footprints(table_plans, tables, topo.world_size, c)
+    requests, fields = [], []
     for idx, t in enumerate(tables):
         tp = table_plans[t.name]
         sh = tp.shards
@@ -408,10 +465,12 @@ def evaluate_plan(tables: Sequence[TableSpec], topo: Topology, table_plans: Dict
         if tp.placement is Placement.CACHED:
             fraction = tp.cache_load_factor if tp.cache_load_factor is not None else c.cache_load_factor
         eff.append(replace(t, constraints=replace(t.constraints, placement=tp.placement)))
-        costs = estimate_parts(t, tp.sharding_type, arr("rows"), arr("cols"), topo, c, fraction, foot[arr("rank")])
-        chosen.append(Option(idx, tp.sharding_type, "rank", arr("row_offset"), arr("rows"), arr("col_offset"),
-                             arr("cols"), costs, None, fraction))
+        requests.append((idx, tp.sharding_type, arr("rows"), arr("cols"), fraction, foot[arr("rank")]))
+        fields.append((arr("row_offset"), arr("col_offset")))
         part_ranks.append(arr("rank"))
+    for (idx, st, rows, cols, fraction, _), (ro, co), costs in zip(requests, fields,
+                                                                 estimate_many(tables, requests, topo, c)):
+        chosen.append(Option(idx, st, "rank", ro, rows, co, cols, costs, None, fraction))
     return _to_plan(eff, topo, c, chosen, part_ranks, dict(summary or {}))
 
 
@@ -446,8 +505,9 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
                        for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
         out_tables[tables[o.table].name] = _table_plan(o, shards, speed[ranks])
     foot = rank_footprints(out_tables, tables, W, c)     # the options were costed at an even share
-    for o, ranks in zip(chosen, part_ranks):
-        pc = estimate_parts(tables[o.table], o.sharding_type, o.rows, o.cols, topo, c, o.cache_fraction, foot[ranks])
+    costs = estimate_many(tables, [(o.table, o.sharding_type, o.rows, o.cols, o.cache_fraction, foot[ranks])
+                                   for o, ranks in zip(chosen, part_ranks)], topo, c)
+    for pc, ranks in zip(costs, part_ranks):
         np.add.at(compute, ranks, pc.compute / speed[ranks])
         np.add.at(comm, ranks, pc.comm)
         np.add.at(b_in, ranks, pc.bytes_intra)

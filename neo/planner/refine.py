@@ -26,11 +26,14 @@ _PAIR_EXACT_MAX_PARTNERS = 16
 
 
 @functools.lru_cache(maxsize=None)
-def _bits(k: int) -> np.ndarray:
-    """All 2^k subsets of k items as a bool matrix [2^k, k]."""
+def _bits(k: int):
+    """All 2^k subsets of k items as a bool matrix [2^k, k], and it and its complement as
+    floats (the matrix products' operands: numpy would convert the bools on every product)."""
     b = ((np.arange(1 << k)[:, None] >> np.arange(k)[None, :]) & 1).astype(bool)
-    b.setflags(write=False)
-    return b
+    out = (b, b.astype(np.float64), (~b).astype(np.float64))
+    for a in out:
+        a.setflags(write=False)
+    return out
 
 
 def _pair_exact(p: Problem, cost, m: int, rank, loads, hbm, host, tol) -> bool:
@@ -53,18 +56,21 @@ def _pair_exact(p: Problem, cost, m: int, rank, loads, hbm, host, tol) -> bool:
         k = len(I)
         if k == 0 or not (p.allowed[I, m] | p.allowed[I, r]).all():
             continue
-        bits = _bits(k)  # True: on m
+        bits, on, off = _bits(k)  # True / 1.0: on m
         cur_m, cur_r = rank[I] == m, rank[I] == r
         base_m = loads[m] - cost[I, m][cur_m].sum()
         base_r = loads[r] - cost[I, r][cur_r].sum()
-        lm = base_m + bits @ cost[I, m]
-        lr = base_r + (~bits) @ cost[I, r]
-        hm = hbm[m] - p.hbm[I][cur_m].sum() + bits @ p.hbm[I]
-        hr = hbm[r] - p.hbm[I][cur_r].sum() + (~bits) @ p.hbm[I]
-        om = host[m] - p.host[I][cur_m].sum() + bits @ p.host[I]
-        orr = host[r] - p.host[I][cur_r].sum() + (~bits) @ p.host[I]
+        lm = base_m + on @ cost[I, m]
+        lr = base_r + off @ cost[I, r]
+        hm = hbm[m] - p.hbm[I][cur_m].sum() + on @ p.hbm[I]
+        hr = hbm[r] - p.hbm[I][cur_r].sum() + off @ p.hbm[I]
+        om = host[m] - p.host[I][cur_m].sum() + on @ p.host[I]
+        orr = host[r] - p.host[I][cur_r].sum() + off @ p.host[I]
         ok = (hm <= p.hbm_cap[m]) & (hr <= p.hbm_cap[r]) & (om <= p.host_cap[m]) & (orr <= p.host_cap[r])
-        ok &= (~bits | p.allowed[I, m][None, :]).all(axis=1) & (bits | p.allowed[I, r][None, :]).all(axis=1)
+        if not p.allowed[I, m].all():                 # pins: an item allowed on one of the two only
+            ok &= (~bits | p.allowed[I, m][None, :]).all(axis=1)
+        if not p.allowed[I, r].all():
+            ok &= (bits | p.allowed[I, r][None, :]).all(axis=1)
         val = np.where(ok, np.maximum(lm, lr), np.inf)
         b = int(np.argmin(val))
         if val[b] < top - tol:
@@ -108,8 +114,12 @@ def _descend(p: Problem, cost, rank, loads, hbm, host, max_iters: int, exact_bud
         new_m = top - cI_m[:, None] + cJ_m[None, :]
         new_r = (loads[rJ] - cJ_r)[None, :] + cI_r
         cand = np.maximum(new_m, new_r)
-        cand = np.where(_swaps_fit(p, I, m, J, rJ, hbm, host), cand, np.inf)
         a, b = np.unravel_index(int(np.argmin(cand)), cand.shape)
+        # the best swap, if it fits, is the best that fits (almost always: memory is checked for
+        # every pair only when it does not)
+        if cand[a, b] < top - tol and not _swaps_fit(p, I[a:a + 1], m, J[b:b + 1], rJ[b:b + 1], hbm, host)[0, 0]:
+            cand = np.where(_swaps_fit(p, I, m, J, rJ, hbm, host), cand, np.inf)
+            a, b = np.unravel_index(int(np.argmin(cand)), cand.shape)
         if not cand[a, b] < top - tol:
             if exact_budget > 0 and _pair_exact(p, cost, m, rank, loads, hbm, host, tol):
                 exact_budget -= 1
