@@ -1,9 +1,14 @@
-"""Suite-wide test settings: the run's own temporary folder and the ``multiprocess`` marker.
+"""Suite-wide test settings: the run's own temporary folder, the ``multiprocess`` marker and
+``--seed-shift``.
 
 Every test in a module that uses the shared multi-process helper (``tests.multiprocess``) or
 launches ``torchrun`` is marked ``multiprocess``: they take most of the suite's time, so a quick
 loop while editing can leave them out (``pytest -m "not multiprocess"``) and CI runs everything in
 one pass.
+
+``pytest --seed-shift K`` (or ``NEO_TEST_SEED_SHIFT=K``) adds K to every integer seed, in the
+suite's process and in every process it starts (``tests/seed_shift``): a test that holds only for
+the random values its own seeds draw fails under another K.
 """
 
 from __future__ import annotations
@@ -15,6 +20,13 @@ import tempfile
 import pytest
 
 from tests.multiprocess import run_multiprocess
+from tests.seed_shift import seed_shift
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--seed-shift", type=int, default=None, metavar="K",
+                     help="add K to every integer seed, here and in the processes the tests start "
+                          f"(default: ${seed_shift.ENV}, else 0)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +50,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = config._neo_tmp_dir
     tempfile.tempdir = None                # re-read from TMPDIR at the next gettempdir()
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
+    k = config.getoption("--seed-shift")
+    k = seed_shift.shift_from_env() if k is None else k
+    if k:                                  # before any test: the ranks' fork server starts with it
+        seed_shift.export(k)
+        seed_shift.install(k)
+
+
+def pytest_report_header(config: pytest.Config):
+    k = seed_shift.shift_from_env()
+    return [f"seeds shifted by {k} ({seed_shift.ENV})"] if k else []
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -46,7 +46,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["run_multiprocess", "free_port", "MultiProcessError"]
+__all__ = ["run_multiprocess", "free_port", "child_env", "MultiProcessError", "ROOT"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The repository's root."""
+
+
+def child_env(**overrides: str) -> Dict[str, str]:
+    """The environment of a process a test starts itself (torchrun, ``python -m neo.train``): this
+    process's, the repository first on ``PYTHONPATH`` (what was there kept: ``pytest --seed-shift``
+    puts its folder there), and ``overrides``."""
+    paths = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **overrides)
 
 
 class MultiProcessError(AssertionError):

@@ -37,6 +37,7 @@ from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType  # no
 from neo.embedding import TableBatchedEmbedding  # noqa: E402
 from neo.sparse import KeyedJaggedBatch  # noqa: E402
 from tests.embedding.harness import clone_weights, random_batch, run_steps  # noqa: E402
+from tests.multiprocess import ROOT, child_env  # noqa: E402
 from neo.embedding.backends.reference import round_weights, sr_uniform  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -235,9 +236,7 @@ def test_import_neo_does_not_import_triton():
         "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
         "assert tb.TritonBackend.name == 'triton'\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=child_env())
 
 
 # ------------------------------------------------------------------------ unpooled lookups

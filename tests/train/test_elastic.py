@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.multiprocess import run_multiprocess
+from tests.multiprocess import child_env, run_multiprocess
 from tests.train.test_trainer import MIXED, ROOT, TINY, train_and_collect
 
 STEPS, EVERY = 40, 8
@@ -68,7 +68,7 @@ def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data, 
     ref = run_multiprocess(train_and_collect, 2, tmp_data, [x.replace(f"{tmp_data}/", "") if x.startswith("data.")
                                                             else x for x in []] + _overrides(tmp_data, ref_run)[1:])
     # (the cache override is the session's; tiny_config in train_and_collect sets it already)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = child_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
            "-m", "neo.train", TINY] + _overrides(tmp_data, f"elastic-{len(stop_signals)}") + [
            f"train.stop_signals={stop_signals}", f"train.checkpoint_dir={ck}", f"train.checkpoint_every={EVERY}"]

@@ -22,7 +22,7 @@ import torch
 from neo.config import ConfigError
 from neo.train.checkpoint.lease import LEASE_FILE
 from neo.train.trainer import FitHook
-from tests.multiprocess import run_multiprocess
+from tests.multiprocess import child_env, run_multiprocess
 from tests.train.test_cache_training import BIGGER, CACHED
 from tests.train.test_trainer import MIXED, ROOT, TINY, tiny_config, train_and_collect
 
@@ -74,7 +74,7 @@ with StopSignals(["SIGUSR1"]) as stop:
 
 def test_the_first_signal_is_recorded_and_the_second_kills():
     p = subprocess.run([sys.executable, "-c", _SECOND_SIGNAL], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+                       env=child_env())
     assert p.returncode == -signal.SIGUSR1, (p.returncode, p.stdout, p.stderr)
     assert p.stdout.splitlines() == [f"first: {int(signal.SIGUSR1)}"]
 
@@ -210,7 +210,7 @@ def _cli_overrides(tmp: str, run: str, ck: str):
 
 def test_neo_train_stops_on_sigterm_with_a_checkpoint_and_exit_status_143(tmp_data):
     ck = f"{tmp_data}/cli-ck"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = child_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "neo.train", TINY] + _cli_overrides(tmp_data, "cli", ck)
     rc, out, err = _signal_once_training(cmd, env, f"{tmp_data}/cli/metrics.jsonl")
     assert rc == 143, (rc, err[-3000:])
@@ -227,7 +227,7 @@ def test_torchrun_forwards_the_signal_and_both_ranks_stop_at_one_step(tmp_data, 
     """SIGTERM reaches the workers through torchrun's agent as it is; SIGUSR1 (SLURM's --signal)
     once torchrun's --signals-to-handle lists it."""
     ck, run = f"{tmp_data}/torchrun-ck-{sig}", f"torchrun-{sig}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = child_env(OMP_NUM_THREADS="1")
     handle = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"] if sig == "SIGUSR1" else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *handle,
            "-m", "neo.train", TINY] + _cli_overrides(tmp_data, run, ck) + MIXED + [f"train.stop_signals=[{sig}]"]
@@ -246,7 +246,7 @@ def test_torchrun_stops_a_wsp_run_at_a_version_with_its_checkpoint(tmp_data):
     """async_train.mode: wsp under torchrun: SIGTERM to the agent reaches both workers, which stop
     at the version both completed; rank 0 writes its checkpoint, says so, and leaves no lease."""
     ck, run = f"{tmp_data}/wsp-ck", "wsp-run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = child_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "neo.async_train", TINY] + _cli_overrides(tmp_data, run, ck) + [
            "async_train.wave_steps=2", "async_train.staleness=1", "train.checkpoint_every=4"]
@@ -264,7 +264,7 @@ def test_neo_train_passes_sigterm_to_the_torchrun_it_launched(tmp_data):
     """A pipelined config is relaunched under torchrun by ``neo train``: a SIGTERM to ``neo train``
     reaches the workers through it (they stop cleanly; no checkpoints under a pipeline), instead of
     killing ``neo train`` alone and leaving torchrun and its workers running."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = child_env(OMP_NUM_THREADS="1")
     cfg = os.path.join(ROOT, "configs", "pipeline_deep_mlp.yaml")
     cmd = [sys.executable, "-m", "neo.cli", "train", cfg, f"data.synthetic.cache_dir={tmp_data}/cache",
            f"train.run_dir={tmp_data}/pipelined", "train.progress=false", "train.log_every=4", "train.steps=100000",
