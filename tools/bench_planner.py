@@ -12,6 +12,9 @@
    the plan restricted to greedy, Karmarkar-Karp and the refinement, side by side, and,
    where torchrec is importable, TorchRec's ``EmbeddingShardingPlanner`` on the same tables
    (its plan translated into Neo shards and scored by Neo's cost model).
+3. Against planners restricted to fewer kinds (``--rival-seeds``): how often, and by how much,
+   the planner forced to one sharding kind, or forbidden one, predicts a less busy busiest rank
+   than the free planner on the same tables.
 
 Everything is printed as a markdown table; ``--json FILE`` writes the records.
 """
@@ -152,12 +155,56 @@ def speed(n: int, W: int, L: int, repeat: int) -> dict:
             "partitioner": plan.summary["partitioner"], "proposal": plan.summary["proposal"]}
 
 
+def rivals(seeds: int) -> dict:
+    """The planner's pick against planners restricted to fewer sharding kinds, on the same tables:
+    every table forced to one kind (table-, row-, column-wise) and each kind forbidden in turn. A
+    restricted planner searches less, but its proposals differ, so it can find a plan the free one
+    missed. Three small families (the built-in CPU constants, 8 GiB a rank, batch 1,024), seeds
+    0..``seeds``-1 each; a workload or rival that cannot be placed is left out."""
+    from dataclasses import replace
+
+    from neo.planner.constants import builtin_constants
+
+    c = builtin_constants("cpu")
+    out = {"comparisons": 0, "rival_faster": 0, "worst_ratio": 1.0, "seconds_free": 0.0, "cases": []}
+    for W, n, max_rows in ((4, 8, 1e8), (8, 20, 1e6), (8, 40, 1e6)):
+        topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
+        for seed in range(seeds):
+            tables = production_like_tables(n, seed=seed, max_rows=max_rows)
+            t0 = time.perf_counter()
+            try:
+                free = plan_tables(tables, topo, c)
+            except PlanningError:
+                continue
+            out["seconds_free"] += time.perf_counter() - t0
+            kinds = {"uniform " + k.value: [k] for k in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE,
+                                                          ShardingType.COLUMN_WISE)}
+            kinds.update({"without " + k.value: [s for s in ShardingType if s is not k] for k in ShardingType})
+            for name, types in kinds.items():
+                try:
+                    other = plan_tables([replace(t, constraints=TableConstraints(tuple(types))) for t in tables], topo, c)
+                except PlanningError:
+                    continue
+                r = free.summary["max_ms"] / other.summary["max_ms"]
+                out["comparisons"] += 1
+                out["worst_ratio"] = max(out["worst_ratio"], r)
+                if r > 1.001:
+                    out["rival_faster"] += 1
+                    out["cases"].append({"world_size": W, "tables": n, "max_rows": max_rows, "seed": seed, "rival": name,
+                                         "ratio": round(r, 4)})
+    out["worst_ratio"] = round(out["worst_ratio"], 4)
+    out["seconds_free"] = round(out["seconds_free"], 2)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None, type=json_path, help="write the records to this file")
     ap.add_argument("--repeat", type=positive_int, default=3, help="runs of the speed case (best reported)")
     ap.add_argument("--quick", action="store_true", help="small cases only")
     ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
+    ap.add_argument("--rival-seeds", type=nonneg_int, default=10,
+                    help="workloads per family of the pick against planners restricted to fewer kinds (0: skip)")
     ap.add_argument("--torchrec-max-tables", type=nonneg_int, default=200,
                     help="skip TorchRec above this many tables (its planner takes ~3 min for 200 tables here)")
     args = ap.parse_args(argv)
@@ -201,6 +248,14 @@ def main(argv=None) -> int:
                 print(f"| {name} | {case['total_weights_gib']} | {r['planner']} | {r['max_ms']} | {r['mean_ms']} | "
                       f"{r['max_over_mean']} | {r['placed_max_over_mean']} | {r['max_hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {r['seconds']} |")
         sys.stdout.flush()
+    if args.rival_seeds:
+        rv = rivals(args.rival_seeds)
+        records["rivals"] = rv
+        print(f"\nAgainst planners restricted to fewer kinds ({args.rival_seeds} workloads x 3 families): "
+              f"{rv['comparisons']} comparisons, a rival faster by more than 0.1% in {rv['rival_faster']}, "
+              f"worst pick / rival {rv['worst_ratio']}; the free planner's time {rv['seconds_free']} s")
+        for case in rv["cases"]:
+            print(f"  {case}")
     if args.json:
         write_json(args.json, records)
     return 0

@@ -59,7 +59,7 @@ from neo.planner.cache_model import distinct_per_batch_of, hit_rate
 from neo.planner.constants import KIND_OVERHEADS, CostConstants
 from neo.planner.types import ShardingType, TableSpec, Topology
 
-__all__ = ["PartCosts", "PartTables", "estimate_parts", "estimate_many", "input_side_cost", "input_side_split",
+__all__ = ["PartCosts", "PartTables", "estimate_parts", "estimate_many", "estimate_joined", "input_side_cost", "input_side_split",
            "zipf_hit_rate", "collective_latency", "collective_latency_split", "cache_parts", "lookup_parts",
            "seconds_per_byte"]
 
@@ -209,11 +209,13 @@ def _distinct(T: PartTables, ids: np.ndarray, rows: np.ndarray, global_ids: np.n
 
 
 def lookup_parts(table, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarray, cols: np.ndarray,
-                 rows: np.ndarray, global_ids, c: CostConstants, rank_footprint=None, resident_rows=None):
+                 rows: np.ndarray, global_ids, c: CostConstants, rank_footprint=None, resident_rows=None,
+                 distinct: Optional[np.ndarray] = None):
     """(forward seconds, backward + optimizer seconds, distinct rows updated) per part at speed 1;
     the bandwidths are those of ``rank_footprint`` (bytes of all the tables of each part's rank:
     the fused kernels walk them together), else of the part alone: its ``resident_rows`` (a cached
-    part's slots) or all its rows. ``table``: a TableSpec, or each part's (:class:`PartTables`)."""
+    part's slots) or all its rows. ``table``: a TableSpec, or each part's (:class:`PartTables`);
+    ``distinct``: the parts' distinct rows when known (they do not depend on the footprint)."""
     T = _part_tables(table, len(rows))
     row_b = cols * T.weight_bytes
     state_b = 4.0 * T.state_floats_per_row * np.where(T.state_per_element, cols / T.dim, 1.0)
@@ -222,7 +224,8 @@ def lookup_parts(table, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarra
         foot = np.maximum(foot, rank_footprint)
     fwd = bags * c.lookup_bag_s + ids * (c.lookup_id_s + row_b * seconds_per_byte(foot, c.lookup_bw_hot,
                                                                                 c.lookup_bw_cold, c))
-    U = _distinct(T, update_ids, rows, np.broadcast_to(np.asarray(global_ids, dtype=np.float64), rows.shape))
+    U = _distinct(T, update_ids, rows, np.broadcast_to(np.asarray(global_ids, dtype=np.float64), rows.shape)) \
+        if distinct is None else distinct
     bwd = update_ids * c.update_id_s + U * (c.update_row_s + 2.0 * (row_b + state_b) * seconds_per_byte(
         foot, c.update_bw_hot, c.update_bw_cold, c))
     return fwd + np.where(rows > 0, c.kernel_overhead, 0.0), bwd, U
@@ -268,7 +271,7 @@ def estimate_parts(table: TableSpec, stype: ShardingType, rows: np.ndarray, cols
 
 def _estimate_parts_of(T: PartTables, stype: ShardingType, rows: np.ndarray, cols: np.ndarray,
                       topo: Topology, c: CostConstants, cache_fraction: Optional[float] = None,
-                      rank_footprint=None) -> PartCosts:
+                      rank_footprint=None, distinct: Optional[np.ndarray] = None) -> PartCosts:
     """:func:`estimate_parts` of parts of many tables at once, all sharded as ``stype`` (and cached
     with ``cache_fraction``): part k is a shard of table ``T.specs[T.index[k]]``."""
     rows = np.asarray(rows, dtype=np.float64)
@@ -324,7 +327,7 @@ def _estimate_parts_of(T: PartTables, stype: ShardingType, rows: np.ndarray, col
         comm = b_in / c.intra_bw + b_out / c.inter_bw
         buffers = ids_bytes + out
     slots = None if cache_fraction is None else np.ceil(cache_fraction * rows)     # what a cached part's kernels walk
-    fwd, bwd, U = lookup_parts(T, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint, slots)
+    fwd, bwd, U = lookup_parts(T, bags, ids, upd, cols, rows, G * F * P, c, rank_footprint, slots, distinct)
     if cache_fraction is None:
         return PartCosts(fwd + bwd, comm, weights + state + buffers, np.zeros_like(rows), b_in, b_out,
                          distinct=U, fwd=fwd, bwd=bwd, comm_in=comm_in)
@@ -336,14 +339,37 @@ def _estimate_parts_of(T: PartTables, stype: ShardingType, rows: np.ndarray, col
 def estimate_many(tables: Sequence[TableSpec], requests: Sequence[tuple], topo: Topology,
                   c: CostConstants) -> List[PartCosts]:
     """:func:`estimate_parts` of each request ``(table index, sharding type, rows, cols,
-    cache_fraction, rank_footprint or None)``, the parts of all requests of one sharding type
-    and cache share costed in one call (the same numbers as one by one: the formulas work per
-    part)."""
+    cache_fraction, rank_footprint or None[, distinct rows])``, the parts of all requests of one
+    sharding type and cache share costed in one call (the same numbers as one by one: the formulas
+    work per part). The distinct rows, when every request of a call has them (an option's
+    ``costs.distinct``, costed before), are not counted again."""
+    out: List[Optional[PartCosts]] = [None] * len(requests)
+    for members, ends, sizes, pc in _costed_groups(tables, requests, topo, c):
+        for k, e, n in zip(members, ends, sizes):
+            out[k] = PartCosts(*[None if v is None else v[e - n:e] for v in (getattr(pc, f) for f in _FIELDS)])
+    return out
+
+
+def estimate_joined(tables: Sequence[TableSpec], requests: Sequence[tuple], topo: Topology, c: CostConstants,
+                    fields: Sequence[str]) -> List[np.ndarray]:
+    """The ``fields`` of :func:`estimate_many`'s costs, each one array of every request's parts in
+    the requests' order (what a plan sums per rank: no object per request)."""
+    starts = np.cumsum([0] + [len(r[2]) for r in requests])
+    out = [np.empty(int(starts[-1])) for _ in fields]
+    for members, _, sizes, pc in _costed_groups(tables, requests, topo, c):
+        where = np.concatenate([np.arange(starts[k], starts[k] + n) for k, n in zip(members, sizes)])
+        for o, f in zip(out, fields):
+            o[where] = getattr(pc, f)
+    return out
+
+
+def _costed_groups(tables: Sequence[TableSpec], requests: Sequence[tuple], topo: Topology, c: CostConstants):
+    """(requests, their parts' ends, sizes, PartCosts of their parts) for the requests of each sharding
+    type and cache share, costed in one call."""
     columns = PartTables.of(tables)
     groups: dict = {}
-    for k, (_, stype, _, _, fraction, _) in enumerate(requests):
+    for k, (_, stype, _, _, fraction, *_) in enumerate(requests):
         groups.setdefault((stype, fraction), []).append(k)
-    out: List[Optional[PartCosts]] = [None] * len(requests)
     for (stype, fraction), members in groups.items():
         sizes = [len(requests[k][2]) for k in members]
         ends = np.cumsum(sizes).tolist()
@@ -356,10 +382,10 @@ def estimate_many(tables: Sequence[TableSpec], requests: Sequence[tuple], topo: 
             foot = np.repeat(np.array(feet, dtype=np.float64), sizes)
         else:
             foot = np.concatenate([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f, n in zip(feet, sizes)])
-        pc = _estimate_parts_of(columns.take(index), stype, rows, cols, topo, c, fraction, foot)
-        for k, e, n in zip(members, ends, sizes):
-            out[k] = PartCosts(*[None if v is None else v[e - n:e] for v in (getattr(pc, f) for f in _FIELDS)])
-    return out
+        known = [requests[k][6] if len(requests[k]) > 6 else None for k in members]
+        distinct = None if any(d is None for d in known) else np.concatenate(known)
+        yield members, ends, sizes, _estimate_parts_of(columns.take(index), stype, rows, cols, topo, c, fraction,
+                                                       foot, distinct)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(PartCosts))

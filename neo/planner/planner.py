@@ -29,7 +29,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neo.planner.cost import collective_latency, estimate_many, input_side_cost
+from neo.planner.cost import collective_latency, estimate_joined, estimate_many, input_side_cost
 from neo.planner.enumerate import Option, enumerate_options
 from neo.planner.partition import (Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp,
                                    lower_bound, objective)
@@ -44,6 +44,20 @@ __all__ = ["plan_tables", "evaluate_plan", "propose", "build_problem", "PARTITIO
 
 PARTITIONERS = ("greedy", "karmarkar_karp", "refine")
 _THETAS = (float("inf"), 1.0, 0.25, 0.05)
+
+_RECOST_STEPS = 1000
+"""Candidates whose busiest rank is within this many 0.1% steps of the best's, by the search's
+costs (here: all of them), are costed again at their ranks' own footprints and ranked by those,
+at most ``_RECOST_MAX`` distinct plans, nearest first. The search costs every option at an even
+share of the bytes a rank holds; the gap can be large (1,000 tables on 128 ranks, the built-in
+CPU constants: a candidate at 806 ms by the search's costs is 578 ms by its own, the best)."""
+_RECOST_MAX = 12
+
+_VARIANT_STEPS = 50
+"""Besides the best candidate's, the variants of proposals whose lower bound is within this many
+0.1% steps (5%) of the best are tried: a proposal that loses may lose by one kind a few of its
+tables took, which its variant without that kind drops (at most ``_VARIANT_BASES`` bases in all)."""
+_VARIANT_BASES = 6
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ def propose(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], to
             caps: Optional[Sequence[Tuple[float, float]]] = None, work=None) -> List[Proposal]:
     """Candidate option choices (deduplicated), see the module docstring. ``without``: no table
     takes an option of that sharding type (none when a table has no other); ``caps``: the
-    (theta, mem_frac) pairs to run, by default every one; ``work``: :func:`_work_and_memory`'s
+    (mem_frac, theta) pairs to run, by default every one; ``work``: :func:`_work_and_memory`'s
     result when the caller has it."""
     W = topo.world_size
     totals, sumhbm, embed_cap = work or _work_and_memory(tables, options, topo, c)
@@ -178,7 +192,8 @@ def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], t
         other = best((types != _CODE[kind]) & (types >= 0))
         choice = [other[k] if base_types[k] == _CODE[kind] else j for k, j in enumerate(base.choice)]
         if None not in choice:
-            out.append(Proposal(f"without {kind.value}", tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
+            out.append(Proposal(f"{base.name} without {kind.value}",      # named by its base: each base has one
+                                tuple(_fit_total_memory(choice, totals, sumhbm, cap))))
     for kind in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE):
         choice = best(types == _CODE[kind])
         if None not in choice:
@@ -373,13 +388,21 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
     feasible = []
     errors: List[PlanningError] = []
     tried, expanded = {p.choice for p in proposals}, set()
+    reach = []                         # (rank key of a proposal's lower bound, order, proposal)
     i = 0
     while True:
-        if i == len(proposals):        # then the variants of the best so far, once each
-            if best is None or best[1].choice in expanded:
+        if i == len(proposals):        # then the variants of the best so far, once each, and of the
+            if best is None:           # proposals whose bound is near it (a few)
                 break
-            expanded.add(best[1].choice)
-            extra = [p for p in variants(tables, options, topo, c, best[1], work) if p.choice not in tried]
+            near = [p for k, _, p in sorted(reach) if k <= best[0][0] + _VARIANT_STEPS and p.choice not in expanded]
+            if best[1].choice not in expanded:
+                base = best[1]
+            elif near and len(expanded) < _VARIANT_BASES:
+                base = near[0]
+            else:
+                break
+            expanded.add(base.choice)
+            extra = [p for p in variants(tables, options, topo, c, base, work) if p.choice not in tried]
             tried.update(p.choice for p in extra)
             proposals.extend(extra)
             continue
@@ -389,9 +412,10 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         prob, pos_arr, part_arr, group_of = build_problem(tables, chosen, topo, c)
         lat = collective_latency([o.sharding_type for o in chosen], topo, c)
         cost = prob.cost_matrix()
+        bound = lower_bound(prob, cost) + lat               # no partition of it can rank above this
+        reach.append((_rank_key(np.array([bound]), c)[0], i, prop))
         if best is not None and not alternatives:
-            bound = lower_bound(prob, cost) + lat           # no partition of it can rank above the best
-            if _rank_key(np.array([bound]), c)[0] > best[0][0]:
+            if reach[-1][0] > best[0][0]:
                 candidates.append({"proposal": prop.name, "partitioner": "bound", "feasible": None,
                                    "max_ms": bound * 1e3, "max_over_mean": None, "over_bytes": 0.0})
                 continue
@@ -418,8 +442,14 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         if errors:
             raise errors[0]
         raise PlanningError(f"no {algos} plan could be built")
-    plans, seen = [], set()
-    for _, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo in sorted(feasible, key=lambda f: f[0]):
+    # The search costs options at an even share of the bytes per rank; a plan is costed at each
+    # rank's own (_to_plan). The distinct candidates near the best are costed so and ranked by it.
+    ranked = sorted(feasible, key=lambda f: f[0])
+    near = ranked[0][0][0] + _RECOST_STEPS
+    built, seen = [], set()
+    for order, (found, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo) in enumerate(ranked):
+        if len(built) > alternatives and (found[0] > near or len(built) >= _RECOST_MAX):
+            break
         part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
         on_rank: Dict[int, set] = {}
         for o, r in zip(chosen, part_ranks):
@@ -430,10 +460,14 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         if key in seen:
             continue
         seen.add(key)
-        plans.append(_to_plan(tables, topo, c, chosen, part_ranks,
-                              {"partitioner": algo, "proposal": prop.name, "candidates": candidates}))
-        if len(plans) > alternatives:
-            break
+        compute, comm = _rank_sums(tables, topo, c, chosen, part_ranks)[:2]
+        lat = collective_latency([o.sharding_type for o in chosen], topo, c)
+        built.append((_rank_key(compute + comm + lat, c), order, chosen, part_ranks, algo, prop))
+    built.sort(key=lambda b: (b[0], b[1]))
+    plans = [_to_plan(tables, topo, c, chosen, part_ranks,
+                      {"partitioner": algo, "proposal": prop.name, "candidates": candidates})
+             for _, _, chosen, part_ranks, algo, prop in built[:alternatives + 1]]
+    plans[0].summary["recosted"] = len(built)
     if alternatives:
         plans[0].summary["alternatives"] = [p.to_dict() for p in plans[1:]]
     return plans[0]
@@ -488,32 +522,52 @@ def _table_plan(o: Option, shards, speeds: np.ndarray) -> TablePlan:
     return TablePlan(o.sharding_type, shards, Placement.CACHED, o.cache_fraction, cache_rows, hit, miss_ms)
 
 
+def _footprints(tables, chosen, part_ranks: List[np.ndarray], W: int) -> np.ndarray:
+    """(W,) bytes each rank's fused kernels walk (step_model.rank_footprints of the plan these
+    options and ranks make, summed in the same order)."""
+    each = []
+    for o in chosen:
+        t = tables[o.table]
+        rows = o.rows if o.cache_fraction is None else np.ceil(o.rows * o.cache_fraction)
+        state = (t.state_floats_per_row * o.cols // t.dim) if t.state_per_element and t.dim else t.state_floats_per_row
+        each.append(rows * (o.cols * t.weight_bytes + 4 * state))
+    out = np.zeros(W)
+    if chosen:
+        np.add.at(out, np.concatenate(part_ranks), np.concatenate(each).astype(np.float64))
+    return out
+
+
+_SUMMED = ("compute", "comm", "bytes_intra", "bytes_inter", "hbm", "host")
+
+
+def _rank_sums(tables, topo, c, chosen, part_ranks: List[np.ndarray]):
+    """The chosen options' parts costed at their ranks' own footprints (the search costed them at
+    an even share) and summed per rank: (compute (at the ranks' speeds), comm, bytes intra, bytes
+    inter, hbm, host), each (W,), the input side included."""
+    W = topo.world_size
+    speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
+    foot = _footprints(tables, chosen, part_ranks, W)
+    parts = estimate_joined(tables, [(o.table, o.sharding_type, o.rows, o.cols, o.cache_fraction, foot[ranks],
+                                      o.costs.distinct) for o, ranks in zip(chosen, part_ranks)], topo, c, _SUMMED)
+    ranks = np.concatenate(part_ranks) if chosen else np.zeros(0, dtype=np.int64)
+    parts[0] = parts[0] / speed[ranks]
+    in_t, in_bi, in_bo, in_m = _input_side(tables, chosen, topo, c)
+    sums = [np.zeros(W) + start for start in (0.0, in_t, in_bi, in_bo, in_m, 0.0)]
+    for total, v in zip(sums, parts):
+        np.add.at(total, ranks, v)
+    return sums
+
+
 def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dict) -> Plan:
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
-    compute, comm = np.zeros(W), np.zeros(W)
-    b_in, b_out = np.zeros(W), np.zeros(W)
-    hbm, host = np.zeros(W), np.zeros(W)
-    in_t, in_bi, in_bo, in_m = _input_side(tables, chosen, topo, c)
-    comm += in_t
-    b_in += in_bi
-    b_out += in_bo
-    hbm += in_m
     out_tables: Dict[str, TablePlan] = {}
     for o, ranks in zip(chosen, part_ranks):
         shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
                        for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
         out_tables[tables[o.table].name] = _table_plan(o, shards, speed[ranks])
-    foot = rank_footprints(out_tables, tables, W, c)     # the options were costed at an even share
-    costs = estimate_many(tables, [(o.table, o.sharding_type, o.rows, o.cols, o.cache_fraction, foot[ranks])
-                                   for o, ranks in zip(chosen, part_ranks)], topo, c)
-    for pc, ranks in zip(costs, part_ranks):
-        np.add.at(compute, ranks, pc.compute / speed[ranks])
-        np.add.at(comm, ranks, pc.comm)
-        np.add.at(b_in, ranks, pc.bytes_intra)
-        np.add.at(b_out, ranks, pc.bytes_inter)
-        np.add.at(hbm, ranks, pc.hbm)
-        np.add.at(host, ranks, pc.host)
+    compute, comm, b_in, b_out, hbm, host = _rank_sums(tables, topo, c, chosen, part_ranks)
+    in_t = _input_side(tables, chosen, topo, c)[0]
     lat = collective_latency([o.sharding_type for o in chosen], topo, c)
     pred = compute + comm + lat
     ranks = tuple(RankStats(r, int(hbm[r]), float(pred[r] * 1e3), float(compute[r] * 1e3),

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
 from neo.planner.types import TableSpec
 
 
-def production_like_tables(n: int, seed: int = 0, max_rows: float = 1e8) -> List[TableSpec]:
+def production_like_tables(n: int, seed: int = 0, max_rows: float = 1e8,
+                           rng: Optional[np.random.Generator] = None) -> List[TableSpec]:
     """Rows log-uniform in [10, max_rows]; dims 16..256; pooling factors 1 + Pareto(1.2) capped at 200.
 
     The spread of sizes and the heavy-tailed pooling factors resemble the production table
     sets described in the Neo paper (Mudigere et al. 2022, Sec. 2); fp16 or fp32 weights,
-    row-wise state (one fp32 per row).
+    row-wise state (one fp32 per row). Drawn from ``rng`` when given, else from ``seed``.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if rng is None else rng
     out = []
     for i in range(n):
         rows = int(10 ** rng.uniform(1, np.log10(max_rows)))

@@ -9,6 +9,7 @@ import pytest
 from neo.planner import (GIB, CostConstants, Device, Plan, PlanningError, ShardingType, Topology, check_shards_tile,
                          format_report, plan_tables)
 from neo.planner.types import Placement, TableConstraints, TableSpec
+from neo.planner.workloads import production_like_tables
 
 
 def assert_invariants(plan: Plan, tables, topo: Topology):
@@ -231,29 +232,61 @@ EPYC_2CORE = CostConstants(device_kind="cpu", lookup_id_s=1.7e-9, lookup_bw_hot=
 
 
 @pytest.mark.parametrize("W,n,max_rows,seed", [(4, 8, 1e8, 0), (8, 20, 1e6, 0)])
-def test_the_planners_pick_is_never_slower_than_a_uniform_plan_or_one_without_a_kind(W, n, max_rows, seed,
-                                                                                    make_tables):
-    """The pick is ranked by the step model's embedding part (the busiest rank): forcing every
-    table to one sharding type, or forbidding the one kind the plan uses least, never predicts a
-    less busy busiest rank (per-kind collective latency is invisible to per-table choices).
-    Under EPYC_2CORE; the workloads are ones whose pick mixes kinds (table-, row- and column-wise), so that every
-    rival is another plan."""
+def test_a_planner_restricted_to_fewer_kinds_is_seldom_and_little_faster(W, n, max_rows, seed, make_tables):
+    """The pick is ranked by the step model's embedding part (the busiest rank). Its rivals: every
+    table forced to one sharding type, or one kind the pick uses forbidden (per-kind collective
+    latency is invisible to per-table choices: the variants without a kind and the uniform plans
+    are proposed for it). The planner is a heuristic, and the rivals search too: over 30 workloads
+    of three families (W 4 n 8, W 8 n 20 and n 40; 791 comparisons, 2026-12-02) a rival predicted a
+    less busy busiest rank in 4, by 0.7-2.2% (before the pick was ranked by the plan's own numbers
+    and near proposals' variants were tried: 4, by up to 10.3%). Here, under EPYC_2CORE, the six
+    workloads from ``seed`` that fit and every rival that can be planned: none more than 2.5%
+    faster, more than 0.1% faster in at most one workload, and most of them other plans than the
+    pick."""
     c = EPYC_2CORE
-    tables = make_tables(n, seed=seed, max_rows=max_rows)
     topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
+    ratios, other_plans, workloads = [], 0, 0
+    for s in range(seed, seed + 6):
+        tables = make_tables(n, seed=s, max_rows=max_rows)
+        try:
+            free = plan_tables(tables, topo, c)
+        except PlanningError:                 # a table larger than the cluster allows it
+            continue
+        workloads += 1
+        used = {tp.sharding_type for tp in free.tables.values()}
+        rivals = {st.value: [st] for st in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE)}
+        rivals.update({f"without {k.value}": [st for st in ShardingType if st is not k] for k in used})
+        for name, types in rivals.items():
+            forced = [replace(t, constraints=TableConstraints(tuple(types))) for t in tables]
+            try:
+                other = plan_tables(forced, topo, c)
+            except PlanningError:             # e.g. a table too large for one rank, forced table-wise
+                continue
+            other_plans += other.tables != free.tables
+            ratios.append((free.summary["max_ms"] / other.summary["max_ms"], s, name))
+    assert workloads >= 4 and other_plans >= 12, (workloads, other_plans)
+    assert max(ratios)[0] <= 1.025, max(ratios)
+    assert len({s for r, s, _ in ratios if r > 1.001}) <= 1, sorted(ratios)[-3:]
+
+
+@pytest.mark.parametrize("W,n,max_rows,workload,rival", [(8, 20, 1e6, 0, ShardingType.ROW_WISE),
+                                                          (4, 8, 1e8, 15, ShardingType.TABLE_WISE),
+                                                          (8, 20, 1e6, 7, ShardingType.ROW_WISE)])
+def test_the_variants_find_what_a_planner_without_a_kind_finds(W, n, max_rows, workload, rival):
+    """Workloads where the pick depends on the variants (a proposal without a kind, tried for the
+    best candidate and for proposals whose bound is near it): without any variants the planner
+    predicted a busiest rank 0.17% and 6.3% slower than the planner forbidden ``rival`` on the first
+    two, and with the best candidate's variants only, 4.5% slower on the third (its best used one
+    kind: no variant without a kind; 2026-12-02). The workloads are fixed (drawn from a generator of
+    their own, whatever ``--seed-shift``), the planner's own kicks not."""
+    c = EPYC_2CORE
+    topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
+    tables = production_like_tables(n, max_rows=max_rows, rng=np.random.Generator(np.random.PCG64(workload)))
     free = plan_tables(tables, topo, c)
-    used = {}
-    for tp in free.tables.values():
-        used[tp.sharding_type] = used.get(tp.sharding_type, 0) + 1
-    assert len(used) > 1 and ShardingType.TABLE_WISE in used, f"the workload's pick must mix kinds: {used}"
-    least = min(used, key=used.get)
-    rivals = {st: [st] for st in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE)}
-    rivals[f"without {least.value}"] = [st for st in ShardingType if st is not least]
-    for name, types in rivals.items():
-        forced = [replace(t, constraints=TableConstraints(tuple(types))) for t in tables]
-        other = plan_tables(forced, topo, c)
-        assert other.tables != free.tables, f"{name}: the rival is the pick itself"
-        assert free.summary["max_ms"] <= other.summary["max_ms"] * 1.001 + 1e-9, name
+    forced = [replace(t, constraints=TableConstraints(tuple(st for st in ShardingType if st is not rival)))
+              for t in tables]
+    other = plan_tables(forced, topo, c)
+    assert free.summary["max_ms"] <= other.summary["max_ms"] * 1.001 + 1e-9, (free.summary, other.summary)
 
 
 def test_small_tables_pick_is_never_slower_than_all_row_or_all_column_wise(make_table):
