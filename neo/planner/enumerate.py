@@ -38,8 +38,8 @@ _ALL_TYPES = tuple(ShardingType)
 
 
 @dataclass(frozen=True)
-class Option:
-    """One sharding option of one table, with the estimated cost of each part."""
+class _Parts:
+    """How one table is split: its sharding type and its parts' offsets and sizes."""
 
     table: int
     """Index of the table in the planner's input list."""
@@ -50,6 +50,12 @@ class Option:
     rows: np.ndarray
     col_offset: np.ndarray
     cols: np.ndarray
+
+
+@dataclass(frozen=True)
+class Option(_Parts):
+    """One sharding option of one table, with the estimated cost of each part."""
+
     costs: PartCosts
     allowed_ranks: Optional[Tuple[int, ...]] = None
     """Pinned ranks (scope ``rank`` only); None = any rank."""
@@ -145,17 +151,10 @@ def _fractions(t: TableSpec, allow_cache: bool) -> List[Optional[float]]:
 
 
 @dataclass(frozen=True)
-class _Split:
-    """One way to split one table, before its costs: the parts' offsets and sizes, and the cache
-    shares to cost it at (None: on the device)."""
+class _Split(_Parts):
+    """One way to split one table, before its costs, and the cache shares to cost it at (None: on
+    the device)."""
 
-    table: int
-    sharding_type: ShardingType
-    scope: str
-    row_offset: np.ndarray
-    rows: np.ndarray
-    col_offset: np.ndarray
-    cols: np.ndarray
     pins: Optional[Tuple[int, ...]]
     fractions: Tuple[Optional[float], ...]
 
