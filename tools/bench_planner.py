@@ -203,8 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=positive_int, default=3, help="runs of the speed case (best reported)")
     ap.add_argument("--quick", action="store_true", help="small cases only")
     ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
-    ap.add_argument("--rival-seeds", type=nonneg_int, default=10,
-                    help="workloads per family of the pick against planners restricted to fewer kinds (0: skip)")
+    ap.add_argument("--rival-seeds", type=nonneg_int, default=None,
+                    help="workloads per family of the pick against planners restricted to fewer kinds "
+                         "(0: skip; default 10, 0 with --quick)")
     ap.add_argument("--torchrec-max-tables", type=nonneg_int, default=200,
                     help="skip TorchRec above this many tables (its planner takes ~3 min for 200 tables here)")
     args = ap.parse_args(argv)
@@ -248,6 +249,8 @@ def main(argv=None) -> int:
                 print(f"| {name} | {case['total_weights_gib']} | {r['planner']} | {r['max_ms']} | {r['mean_ms']} | "
                       f"{r['max_over_mean']} | {r['placed_max_over_mean']} | {r['max_hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {r['seconds']} |")
         sys.stdout.flush()
+    if args.rival_seeds is None:
+        args.rival_seeds = 0 if args.quick else 10
     if args.rival_seeds:
         rv = rivals(args.rival_seeds)
         records["rivals"] = rv
