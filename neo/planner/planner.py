@@ -45,13 +45,11 @@ __all__ = ["plan_tables", "evaluate_plan", "propose", "build_problem", "PARTITIO
 PARTITIONERS = ("greedy", "karmarkar_karp", "refine")
 _THETAS = (float("inf"), 1.0, 0.25, 0.05)
 
-_RECOST_STEPS = 1000
-"""Candidates whose busiest rank is within this many 0.1% steps of the best's, by the search's
-costs (here: all of them), are costed again at their ranks' own footprints and ranked by those,
-at most ``_RECOST_MAX`` distinct plans, nearest first. The search costs every option at an even
+_RECOST_MAX = 12
+"""Feasible candidates, at most this many distinct plans in the search's order, are costed again
+at their ranks' own footprints and ranked by those. The search costs every option at an even
 share of the bytes a rank holds; the gap can be large (1,000 tables on 128 ranks, the built-in
 CPU constants: a candidate at 806 ms by the search's costs is 578 ms by its own, the best)."""
-_RECOST_MAX = 12
 
 _VARIANT_STEPS = 50
 """Besides the best candidate's, the variants of proposals whose lower bound is within this many
@@ -443,12 +441,11 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
             raise errors[0]
         raise PlanningError(f"no {algos} plan could be built")
     # The search costs options at an even share of the bytes per rank; a plan is costed at each
-    # rank's own (_to_plan). The distinct candidates near the best are costed so and ranked by it.
-    ranked = sorted(feasible, key=lambda f: f[0])
-    near = ranked[0][0][0] + _RECOST_STEPS
+    # rank's own (_rank_sums). The distinct candidates are costed so and ranked by it.
     built, seen = [], set()
-    for order, (found, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo) in enumerate(ranked):
-        if len(built) > alternatives and (found[0] > near or len(built) >= _RECOST_MAX):
+    for order, (_, prop, chosen, prob, a, pos_arr, part_arr, group_of, algo) in enumerate(
+            sorted(feasible, key=lambda f: f[0])):
+        if len(built) > alternatives and len(built) >= _RECOST_MAX:
             break
         part_ranks = _part_ranks(chosen, a, pos_arr, part_arr, group_of, topo.world_size)
         on_rank: Dict[int, set] = {}
@@ -460,13 +457,13 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
         if key in seen:
             continue
         seen.add(key)
-        compute, comm = _rank_sums(tables, topo, c, chosen, part_ranks)[:2]
+        sums = _rank_sums(tables, topo, c, chosen, part_ranks)
         lat = collective_latency([o.sharding_type for o in chosen], topo, c)
-        built.append((_rank_key(compute + comm + lat, c), order, chosen, part_ranks, algo, prop))
+        built.append((_rank_key(sums[0] + sums[1] + lat, c), order, chosen, part_ranks, algo, prop, sums))
     built.sort(key=lambda b: (b[0], b[1]))
     plans = [_to_plan(tables, topo, c, chosen, part_ranks,
-                      {"partitioner": algo, "proposal": prop.name, "candidates": candidates})
-             for _, _, chosen, part_ranks, algo, prop in built[:alternatives + 1]]
+                      {"partitioner": algo, "proposal": prop.name, "candidates": candidates}, sums)
+             for _, _, chosen, part_ranks, algo, prop, sums in built[:alternatives + 1]]
     plans[0].summary["recosted"] = len(built)
     if alternatives:
         plans[0].summary["alternatives"] = [p.to_dict() for p in plans[1:]]
@@ -527,10 +524,8 @@ def _footprints(tables, chosen, part_ranks: List[np.ndarray], W: int) -> np.ndar
     options and ranks make, summed in the same order)."""
     each = []
     for o in chosen:
-        t = tables[o.table]
         rows = o.rows if o.cache_fraction is None else np.ceil(o.rows * o.cache_fraction)
-        state = (t.state_floats_per_row * o.cols // t.dim) if t.state_per_element and t.dim else t.state_floats_per_row
-        each.append(rows * (o.cols * t.weight_bytes + 4 * state))
+        each.append(rows * tables[o.table].bytes_per_row(o.cols))
     out = np.zeros(W)
     if chosen:
         np.add.at(out, np.concatenate(part_ranks), np.concatenate(each).astype(np.float64))
@@ -543,7 +538,7 @@ _SUMMED = ("compute", "comm", "bytes_intra", "bytes_inter", "hbm", "host")
 def _rank_sums(tables, topo, c, chosen, part_ranks: List[np.ndarray]):
     """The chosen options' parts costed at their ranks' own footprints (the search costed them at
     an even share) and summed per rank: (compute (at the ranks' speeds), comm, bytes intra, bytes
-    inter, hbm, host), each (W,), the input side included."""
+    inter, hbm, host), each (W,), the input side included; then the input side's seconds."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     foot = _footprints(tables, chosen, part_ranks, W)
@@ -555,10 +550,12 @@ def _rank_sums(tables, topo, c, chosen, part_ranks: List[np.ndarray]):
     sums = [np.zeros(W) + start for start in (0.0, in_t, in_bi, in_bo, in_m, 0.0)]
     for total, v in zip(sums, parts):
         np.add.at(total, ranks, v)
-    return sums
+    return sums + [in_t]
 
 
-def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dict) -> Plan:
+def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dict, sums=None) -> Plan:
+    """The plan of ``chosen`` with parts on ``part_ranks``; ``sums``: their :func:`_rank_sums`
+    when the caller has them."""
     W = topo.world_size
     speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
     out_tables: Dict[str, TablePlan] = {}
@@ -566,8 +563,7 @@ def _to_plan(tables, topo, c, chosen, part_ranks: List[np.ndarray], summary: dic
         shards = tuple(Shard(int(r), int(ro), int(rs), int(co), int(cs))
                        for r, ro, rs, co, cs in zip(ranks, o.row_offset, o.rows, o.col_offset, o.cols))
         out_tables[tables[o.table].name] = _table_plan(o, shards, speed[ranks])
-    compute, comm, b_in, b_out, hbm, host = _rank_sums(tables, topo, c, chosen, part_ranks)
-    in_t = _input_side(tables, chosen, topo, c)[0]
+    compute, comm, b_in, b_out, hbm, host, in_t = sums or _rank_sums(tables, topo, c, chosen, part_ranks)
     lat = collective_latency([o.sharding_type for o in chosen], topo, c)
     pred = compute + comm + lat
     ranks = tuple(RankStats(r, int(hbm[r]), float(pred[r] * 1e3), float(compute[r] * 1e3),
