@@ -12,6 +12,7 @@
 #include "column_runs.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
+#include "id_check.h"
 #include "interaction.h"
 #include "jagged_take.h"
 #include "unique_rows.h"
@@ -150,6 +151,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bucketize_rows", &neo::bucketize_rows, py::call_guard<py::gil_scoped_release>(),
         "Row-range bucketization of one feature's ids: (lengths (S, B), re-based ids by shard, sizes (S,), positions)",
         py::arg("values"), py::arg("bag_offsets"), py::arg("bounds"), py::arg("with_positions") = false);
+  m.def("check_id_ranges", &neo::check_id_ranges, py::call_guard<py::gil_scoped_release>(),
+        "Per feature, the ids outside [0, rows[f]) (counts (F,) int64), and with to_int32 the ids as int32 "
+        "clamped to [-1, 2^31 - 1] (else an empty tensor); starts (F + 1,): each feature's first id, then N",
+        py::arg("values"), py::arg("starts"), py::arg("rows"), py::arg("to_int32") = false);
   m.def("cache_victims", &neo::cache_victims, py::call_guard<py::gil_scoped_release>(),
         "A cached table's eviction choice (neo/embedding/cache/index.py is the reference): (the `need` slots, "
         "the evictable count)", py::arg("key"), py::arg("pinned"), py::arg("need"), py::arg("row_of_slot"),

@@ -61,6 +61,11 @@ struct KernelTable {
   void (*bucketize_i32)(const BucketizeArgs<int32_t>&);
   void (*bucketize_i64)(const BucketizeArgs<int64_t>&);
 
+  // Range check of a batch's ids: per-feature counts of ids outside their table, optionally
+  // the ids narrowed to int32.
+  void (*id_check_i32)(const IdCheckArgs<int32_t>&);
+  void (*id_check_i64)(const IdCheckArgs<int64_t>&);
+
   // Memory probe: sums rows ids[0..n) of `row_bytes` bytes each of table (as integers),
   // prefetching `prefetch` ids ahead into L1 and `far` ids ahead with locality hint
   // `far_hint` (every `far_every`-th line; 0 ids: none), on the torch threads; returns a

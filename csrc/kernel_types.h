@@ -88,6 +88,17 @@ struct BucketizeArgs {
   int64_t* pos = nullptr;              // (N,) or null
 };
 
+// Range check of a batch's ids (see id_check.h).
+template <typename T>
+struct IdCheckArgs {
+  const T* values = nullptr;           // (N,)
+  const int64_t* starts = nullptr;     // (F + 1,): each feature's first id, then N; starts[0] = 0
+  const int64_t* rows = nullptr;       // (F,): rows of the table each feature reads
+  int64_t F = 0;
+  int64_t* counts = nullptr;           // (F,) out, zeroed by the caller: ids outside [0, rows[f])
+  int32_t* out32 = nullptr;            // (N,) out or null: the ids as int32, clamped to [-1, 2^31 - 1]
+};
+
 // Prefetch distances and store policy, settable from Python for benchmarking (neo._C._set_tuning). Defined
 // in cpu_isa.cpp (one instance for every variant).
 struct Tuning {

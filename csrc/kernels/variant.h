@@ -7,6 +7,7 @@
 #include "bias_relu.h"
 #include "bucketize.h"
 #include "forward.h"
+#include "id_check.h"
 #include "interaction.h"
 #include "probe.h"
 
@@ -24,6 +25,7 @@ const KernelTable& kernel_table() {
       &interaction_forward, &interaction_backward,
       &bias_relu, &relu_bias_backward,
       &bucketize<int32_t>, &bucketize<int64_t>,
+      &id_check<int32_t>, &id_check<int64_t>,
       &gather_probe, &interaction_traffic_forward, &interaction_traffic_backward,
       &round_rows<c10::Half>, &round_rows<c10::BFloat16>,
   };

@@ -58,7 +58,7 @@ from neo.cpp import cpu_kernels
 from neo.distributed.comms import Awaitable, all_to_all
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.slots import Slot, SlotLayout
-from neo.embedding.checks import EmbeddingInputError, count_bad_ids
+from neo.embedding.checks import EmbeddingInputError, count_bad_ids, count_bad_ids_to_int32
 from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
@@ -163,12 +163,19 @@ class InputDist:
             out[self.layout.feature_table[f].name] += n
         return out
 
-    def _count_skipped(self, values: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
+    def _count_skipped(self, values: torch.Tensor, offsets: torch.Tensor, B: int,
+                       narrow: bool = False) -> Optional[torch.Tensor]:
         """Add the invalid ids of a batch (``values`` (N,) int64 in global feature order,
-        ``offsets`` (F * B + 1,)) to the per-feature counts, on the ids' device."""
+        ``offsets`` (F * B + 1,)) to the per-feature counts, on the ids' device. ``narrow``: also
+        return the ids as int32, clamped to ``[-1, 2^31 - 1]`` (the same pass on the CPU)."""
         if self._rows.device != values.device:
             self._rows, self._skipped = self._rows.to(values.device), self._skipped.to(values.device)
-        self._skipped += count_bad_ids(values, offsets, B, self._rows)
+        if not narrow:
+            self._skipped += count_bad_ids(values, offsets, B, self._rows)
+            return None
+        counts, narrowed = count_bad_ids_to_int32(values, offsets, B, self._rows)
+        self._skipped += counts
+        return narrowed
 
     # ---------------------------------------------------------------- source side
     def _bad_id_error(self, values: torch.Tensor, offsets: torch.Tensor, starts: List[int],
@@ -225,8 +232,9 @@ class InputDist:
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
         if self.validate and values.numel() and missing_err is None:
             header_err = self._bad_id_error(values, offsets, starts, B) or header_err
+        narrowed = None                                                     # the int32 wire's ids, clamped
         if not self.validate:                                               # before routing drops or copies any
-            self._count_skipped(values, offsets, B)
+            narrowed = self._count_skipped(values, offsets, B, narrow=self.wire is torch.int32)
         head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
         if self.validate and W > 1:
             # The headers alone first (6 ints to each rank): the lengths AlltoAll's sizes follow each
@@ -238,7 +246,7 @@ class InputDist:
             self._raise_on_bad_input(heads, B, weights is not None)
 
         if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
-            values = (values if self.validate else values.clamp(-1, 2 ** 31 - 1)).to(torch.int32)
+            values = values.to(torch.int32) if narrowed is None else narrowed
         fidx = self._fidx
         cache: Dict[tuple, tuple] = {}
         split: Dict[str, dict] = {}

@@ -6,6 +6,7 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
+from neo.cpp import cpu_kernels
 from neo.sparse import KeyedJaggedBatch
 
 
@@ -87,7 +88,53 @@ def count_bad_ids(
 ) -> torch.Tensor:
     """(F,) int64 on ``values``' device: ids outside ``[0, rows)`` of their table, per feature
     (what ``validate=False`` lets the kernels skip). Nothing is copied to the host and nothing
-    waits for the device: a caller may add the counts up and read them when asked."""
+    waits for the device: a caller may add the counts up and read them when asked.
+
+    On the CPU one pass of ``neo._C.check_id_ranges`` (:func:`count_bad_ids_reference` takes
+    six to eight: 8 ms against 0.2 at the multi-hot benchmark's 438k ids, one thread)."""
+    fast = _fast_check(values, offsets, batch_size, rows)
+    if fast is None:
+        return count_bad_ids_reference(values, offsets, batch_size, rows)
+    return fast[0].check_id_ranges(values, fast[1], rows, False)[0]
+
+
+def count_bad_ids_to_int32(
+    values: torch.Tensor,            # (N,) ids, feature-major
+    offsets: torch.Tensor,           # (F * B + 1,)
+    batch_size: int,
+    rows: torch.Tensor,              # (F,) int64, on values' device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`count_bad_ids`, the ids as int32 clamped to ``[-1, 2^31 - 1]`` (an invalid id stays
+    invalid on an int32 wire)), in one pass on the CPU."""
+    fast = _fast_check(values, offsets, batch_size, rows)
+    if fast is None:
+        return (count_bad_ids_reference(values, offsets, batch_size, rows),
+                values.clamp(-1, 2 ** 31 - 1).to(torch.int32))
+    return fast[0].check_id_ranges(values, fast[1], rows, True)
+
+
+def _fast_check(values: torch.Tensor, offsets: torch.Tensor, batch_size: int, rows: torch.Tensor):
+    """(``neo._C``, starts (F + 1,) int64) where ``check_id_ranges`` applies (CPU tensors, a
+    built extension, int32 / int64 ids, offsets from 0), else None."""
+    if values.device.type != "cpu" or values.dtype not in (torch.int32, torch.int64) or not batch_size \
+            or values.numel() == 0:
+        return None
+    _C = cpu_kernels("check_id_ranges")
+    if _C is None:
+        return None
+    starts = offsets[::batch_size].to(torch.int64).contiguous()                                 # (F + 1,)
+    if starts.numel() != rows.numel() + 1 or int(starts[0]) != 0:
+        return None
+    return _C, starts
+
+
+def count_bad_ids_reference(
+    values: torch.Tensor,            # (N,) ids, feature-major
+    offsets: torch.Tensor,           # (F * B + 1,)
+    batch_size: int,
+    rows: torch.Tensor,              # (F,) int64, on values' device
+) -> torch.Tensor:
+    """:func:`count_bad_ids` in torch operations (any device; the oracle of the C++ pass)."""
     if values.numel() == 0:
         return torch.zeros(rows.numel(), dtype=torch.int64, device=values.device)
     starts, bad = _bad_ids(values, offsets, batch_size, rows)

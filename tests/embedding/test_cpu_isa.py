@@ -6,7 +6,7 @@ against the reference and against each other.
 - per variant: the pooled forward is bit-identical to the reference (every dtype and row
   length, fp16/bf16 conversion of every 16-bit pattern), the fused backward + optimizer
   matches the reference (test_cpu_backend's tolerances) and is bit-identical across
-  variants, bucketization equals the plain-torch reference, the gather probe reads the
+  variants, bucketization and the ids' range check equal the plain-torch reference, the gather probe reads the
   right rows, the dot interaction's traffic probe reads and writes what the kernels do;
 - the built library is portable: no AVX instruction outside neo::avx2 / neo::avx512, no
   AVX-512 register outside neo::avx512 (objdump).
@@ -401,6 +401,71 @@ def test_bucketize_matches_the_reference(isa, dtype):
             got = bucketize_rows(ids, off, bounds, None)
         for (gl, gi, _), (rl, ri, _) in zip(got, bucketize_rows_reference(ids, off, bounds, None)):
             assert torch.equal(gl, rl) and torch.equal(gi, ri)
+
+
+def _ids_with_bad_ones(g: torch.Generator, F: int, B: int, rows: list, dtype: torch.dtype):
+    """A feature-major batch of F features x B bags (some empty, one feature with no ids at all)
+    whose ids are mostly in range, with negatives, ids at the table's size, and (int64) ids past
+    2^31 mixed in."""
+    lens = torch.randint(0, 40, (F * B,), generator=g)
+    lens[B:2 * B] = 0                                                       # feature 1: no ids
+    off = torch.zeros(F * B + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=off[1:])
+    n = int(off[-1])
+    limit = torch.repeat_interleave(torch.tensor(rows), lens.view(F, B).sum(1))
+    ids = (torch.rand(n, generator=g) * limit).to(torch.int64)
+    pick = torch.rand(n, generator=g)
+    ids[pick < 0.01] = -1 - torch.randint(0, 5, (int((pick < 0.01).sum()),), generator=g)
+    ids[(pick >= 0.01) & (pick < 0.02)] = limit[(pick >= 0.01) & (pick < 0.02)]
+    if dtype == torch.int64:
+        ids[(pick >= 0.02) & (pick < 0.03)] = 2 ** 31 + 7
+        ids[(pick >= 0.03) & (pick < 0.035)] = -(2 ** 40)
+    return ids.to(dtype), off
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_id_check_matches_the_reference(isa, dtype, threads):
+    """The range check of the input distribution and the lookups (``neo._C.check_id_ranges``
+    through ``count_bad_ids`` / ``count_bad_ids_to_int32``) counts per feature what the torch
+    reference counts, and narrows the ids to int32 as ``clamp(-1, 2^31 - 1)`` does; on batches
+    large enough to be cut into chunks across threads (one chunk of 64k ids a thread)."""
+    from neo.embedding.checks import count_bad_ids, count_bad_ids_reference, count_bad_ids_to_int32
+
+    g = torch.Generator().manual_seed(3)
+    rows = [1000, 7, 250_000, 1, 60_000]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for B in (1, 64, 3000):                                              # 3000: ~300k ids
+            ids, off = _ids_with_bad_ones(g, len(rows), B, rows, dtype)
+            r = torch.tensor(rows)
+            expected = count_bad_ids_reference(ids.to(torch.int64), off, B, r)
+            assert int(expected.sum()) > 0 and int(expected[1]) == 0
+            with use_cpu_isa(isa):
+                got = count_bad_ids(ids, off, B, r)
+                got2, narrowed = count_bad_ids_to_int32(ids, off, B, r)
+            assert torch.equal(got, expected) and torch.equal(got2, expected)
+            assert narrowed.dtype == torch.int32
+            assert torch.equal(narrowed, ids.to(torch.int64).clamp(-1, 2 ** 31 - 1).to(torch.int32))
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_id_check_refuses_inconsistent_arguments():
+    """Starts that do not cover the ids, or that decrease, are refused with the argument named
+    (never a read past the ids)."""
+    ids = torch.arange(10)
+    rows = torch.tensor([5, 5])
+    with pytest.raises(RuntimeError, match="starts run from 0 to 9, values holds 10"):
+        C.check_id_ranges(ids, torch.tensor([0, 4, 9]), rows)
+    with pytest.raises(RuntimeError, match="starts decrease at feature 1"):
+        C.check_id_ranges(ids, torch.tensor([0, 11, 10]), rows)
+    with pytest.raises(RuntimeError, match="F \\+ 1 = 3 entries"):
+        C.check_id_ranges(ids, torch.tensor([0, 10]), rows)
+    with pytest.raises(RuntimeError, match="int32/int64"):
+        C.check_id_ranges(ids.float(), torch.tensor([0, 4, 10]), rows)
 
 
 @pytest.mark.parametrize("isa", VARIANTS)
