@@ -4,12 +4,13 @@ DDP hands each gradient bucket to gloo's AllReduce by default: on one host that 
 loopback TCP, about 0.4 ms for a 60 KB bucket at 2 ranks (sockets, gloo's threads) where the
 data is a few microseconds of copying. When the dense group's ranks share a host,
 :func:`register_shm_allreduce` replaces that with the group's shared-memory exchange
-(:class:`neo.distributed.shm.ShmExchange`). At 2 ranks each rank gathers the other's bucket and
-adds the two; at more, rank r sums chunk r of every rank's bucket, in rank order, and every rank
-gathers the W summed chunks (two AlltoAlls: a ring's traffic, not W buckets a rank). Either way
-every rank holds the same sum. As DDP's own hook does, each bucket is scaled by 1 / W first (the
-mean gradient). At 2 ranks the result is bit for bit gloo's (one addition, commutative); at
-more ranks it is the same sum in another order (rounding).
+(:class:`neo.distributed.shm.ShmExchange`). At 2 ranks each rank adds the other's bucket to its
+own, reading it in the other's shared segment; at more, rank r sums chunk r of every rank's
+bucket, in rank order, and every rank gathers the W summed chunks (two AlltoAlls: a ring's
+traffic, not W buckets a rank). Either way every rank holds the same sum. As DDP's own hook
+does, each bucket is scaled by 1 / W first (the mean gradient). At 2 ranks the result is bit for
+bit gloo's (one addition, commutative); at more ranks it is the same sum in another order
+(rounding).
 
 The exchange completes inside the hook (it progresses only while a rank waits on it), so a
 bucket's reduction no longer overlaps the rest of the backward; on a CPU host whose ranks each
@@ -58,10 +59,10 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
 
 
 def _gather_sum(ex: ShmExchange, grads: torch.Tensor) -> None:
-    """Every rank gathers all W buckets and sums them in rank order (W n floats read a rank)."""
-    every = torch.empty(ex.size * grads.numel(), dtype=grads.dtype)       # (W n,)
-    ex.all_gather_single(every, grads).wait()
-    torch.sum(every.view(ex.size, -1), dim=0, out=grads)
+    """W = 2: each rank's bucket to the other, which adds it to its own in place, reading it in
+    the sender's segment (no copy out, no gathered buffer): g0 + g1 on rank 0, g1 + g0 on rank 1,
+    the same bits (one addition commutes), gloo's."""
+    ex.all_gather_apply(grads, lambda _, peer: grads.add_(peer)).wait()
 
 
 def _reduce_scatter_gather(ex: ShmExchange, grads: torch.Tensor) -> None:

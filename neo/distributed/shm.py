@@ -211,13 +211,15 @@ class _Segment:
 @dataclass
 class _Receive:
     """A launched collective's receives: per peer, where its chunk goes (address, bytes) in
-    ``out``, which this record keeps alive until the chunks are in."""
+    ``out``, which this record keeps alive until the chunks are in; or, with ``apply``, what
+    reads each peer's chunk where it lies (:meth:`ShmExchange.all_gather_apply`)."""
 
     q: int
     slot: int
     into: List[Tuple[int, int]]
     missing: List[int]
     out: torch.Tensor
+    apply: Optional[Callable[[int, int], None]] = None
 
 
 class _Work:
@@ -373,6 +375,22 @@ class ShmExchange:
         _move(oa + self.rank * n, sa, n)
         return self._start([(sa, n)] * self.size, [(oa + s * n, n) for s in range(self.size)], out, gather=True)
 
+    def all_gather_apply(self, send: torch.Tensor, apply: Callable[[int, torch.Tensor], None]) -> _Work:
+        """An AllGather without an output: every peer's ``send`` (of one shape and dtype on every
+        rank) is handed to ``apply(peer, block)`` in rank order, ``block`` a tensor over the peer's
+        slot, valid only during the call (the peer cannot reuse the slot before it returns). A
+        reduction reads the peers' blocks where they lie instead of copying them out first. ``send``
+        is copied into this rank's slot before this returns: ``apply`` may then overwrite it."""
+        send = send.contiguous()
+        n = send.nbytes
+        if send.device.type != "cpu":
+            raise ShmError(f"all_gather_apply: a CPU tensor expected, got one on {send.device}")
+        shape, dtype = send.shape, send.dtype
+        work = self._start([(send.data_ptr(), n)] * self.size, [(0, n)] * self.size, send, gather=True)
+        self._pending[-1].apply = lambda peer, addr: apply(
+            peer, _at(addr, n).view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype))
+        return work
+
     # ------------------------------------------------------------------ protocol
     def _word(self, rank: int, field: int) -> int:
         return self._ctrl[rank * _BLOCK + field]
@@ -430,7 +448,7 @@ class ShmExchange:
             rx = pending[0]
             left = []
             for s in rx.missing:
-                if self._word(s, _PUBLISHED) < rx.q:
+                if self._word(s, _PUBLISHED) < rx.q or (left and rx.apply is not None):   # apply: rank order
                     left.append(s)
                     continue
                 seg = self._peer_segment(s, rx.slot)
@@ -439,7 +457,9 @@ class ShmExchange:
                 if n != want:
                     raise ShmError(f"rank {self.global_rank}: message {rx.q} from rank {self._global(s)} holds {n} "
                                    f"bytes, this rank expected {want}: the ranks disagree on the splits")
-                if n:
+                if rx.apply is not None:
+                    rx.apply(s, seg.addr + off)
+                elif n:
                     _move(dst, seg.addr + off, n)
             rx.missing = left
             if left:

@@ -95,6 +95,26 @@ def _exchange_body(rank: int, W: int):
         ex.all_gather_single(got, send).wait()
         dist.all_gather_into_tensor(ref, send)
         assert torch.equal(got, ref), n
+    # AllGather read in place (all_gather_apply): every peer's block, in rank order, valid in the
+    # call; the sent tensor overwritten in the call (it was copied at the launch); a block large
+    # enough to grow the segment; an empty one
+    for n in (1000, 400_000, 0):
+        send = (torch.arange(n, dtype=torch.float32) + n * rank).view(-1, 1)
+        seen = []
+
+        def apply(peer, block, send=send, seen=seen):
+            seen.append((peer, block.clone()))
+            send.add_(block)
+        ex.all_gather_apply(send, apply).wait()
+        assert [p for p, _ in seen] == [r for r in range(W) if r != rank], n
+        for peer, block in seen:
+            assert block.shape == (n, 1) and block.dtype == torch.float32
+            assert torch.equal(block, (torch.arange(n, dtype=torch.float32) + n * peer).view(-1, 1)), (n, peer)
+        base = torch.arange(n, dtype=torch.float32).view(-1, 1)
+        expected = base + n * rank
+        for peer, _ in seen:
+            expected = expected + (base + n * peer)
+        assert torch.equal(send, expected), n
     # no segment file outlives the wait() of the message that needed it
     dist.barrier()
     left = glob.glob(f"/dev/shm/{ex._base}-*")
