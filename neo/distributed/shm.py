@@ -380,7 +380,9 @@ class ShmExchange:
         rank) is handed to ``apply(peer, block)`` in rank order, ``block`` a tensor over the peer's
         slot, valid only during the call (the peer cannot reuse the slot before it returns). A
         reduction reads the peers' blocks where they lie instead of copying them out first. ``send``
-        is copied into this rank's slot before this returns: ``apply`` may then overwrite it."""
+        is copied into this rank's slot before this returns: ``apply`` may then overwrite it. The
+        calls happen as the blocks arrive, inside this exchange's later launches and waits (the
+        returned work's ``wait()`` returns once every peer's has run)."""
         send = send.contiguous()
         n = send.nbytes
         if send.device.type != "cpu":
