@@ -95,7 +95,7 @@ def count_bad_ids(
     fast = _fast_check(values, offsets, batch_size, rows)
     if fast is None:
         return count_bad_ids_reference(values, offsets, batch_size, rows)
-    return fast[0].check_id_ranges(values, fast[1], rows, False)[0]
+    return fast[0].check_id_ranges(values.contiguous(), fast[1], rows.contiguous(), False)[0]
 
 
 def count_bad_ids_to_int32(
@@ -110,14 +110,14 @@ def count_bad_ids_to_int32(
     if fast is None:
         return (count_bad_ids_reference(values, offsets, batch_size, rows),
                 values.clamp(-1, 2 ** 31 - 1).to(torch.int32))
-    return fast[0].check_id_ranges(values, fast[1], rows, True)
+    return fast[0].check_id_ranges(values.contiguous(), fast[1], rows.contiguous(), True)
 
 
 def _fast_check(values: torch.Tensor, offsets: torch.Tensor, batch_size: int, rows: torch.Tensor):
     """(``neo._C``, starts (F + 1,) int64) where ``check_id_ranges`` applies (CPU tensors, a
-    built extension, int32 / int64 ids, offsets from 0), else None."""
+    built extension, int32 / int64 ids, int64 row counts, offsets from 0), else None."""
     if values.device.type != "cpu" or values.dtype not in (torch.int32, torch.int64) or not batch_size \
-            or values.numel() == 0:
+            or values.numel() == 0 or rows.device.type != "cpu" or rows.dtype != torch.int64:
         return None
     _C = cpu_kernels("check_id_ranges")
     if _C is None:
