@@ -48,7 +48,7 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
         token = state.recorder.begin("grad_sync", "grad_sync", bytes=grads.numel() * grads.element_size())
     grads.mul_(1.0 / ex.size)                                 # as DDP's built-in hook scales
     if ex.size == 2:
-        _gather_sum(ex, grads)
+        _add_peer_bucket(ex, grads)
     else:
         _reduce_scatter_gather(ex, grads)
     if token is not None:
@@ -58,7 +58,7 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
     return fut
 
 
-def _gather_sum(ex: ShmExchange, grads: torch.Tensor) -> None:
+def _add_peer_bucket(ex: ShmExchange, grads: torch.Tensor) -> None:
     """W = 2: each rank's bucket to the other, which adds it to its own in place, reading it in
     the sender's segment (no copy out, no gathered buffer): g0 + g1 on rank 0, g1 + g0 on rank 1,
     the same bits (one addition commutes), gloo's."""

@@ -388,19 +388,20 @@ class ShmExchange:
         if send.device.type != "cpu":
             raise ShmError(f"all_gather_apply: a CPU tensor expected, got one on {send.device}")
         shape, dtype = send.shape, send.dtype
-        work = self._start([(send.data_ptr(), n)] * self.size, [(0, n)] * self.size, send, gather=True)
-        self._pending[-1].apply = lambda peer, addr: apply(
-            peer, _at(addr, n).view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype))
-        return work
+
+        def at(peer: int, addr: int) -> None:
+            apply(peer, _at(addr, n).view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype))
+        return self._start([(send.data_ptr(), n)] * self.size, [(0, n)] * self.size, send, gather=True, apply=at)
 
     # ------------------------------------------------------------------ protocol
     def _word(self, rank: int, field: int) -> int:
         return self._ctrl[rank * _BLOCK + field]
 
     def _start(self, chunks: List[Tuple[int, int]], into: List[Tuple[int, int]], out: torch.Tensor,
-               gather: bool) -> _Work:
+               gather: bool, apply: Optional[Callable[[int, int], None]] = None) -> _Work:
         """Number the message, copy its chunks for the peers (address, bytes) into this rank's
-        slot and publish it; the receives into ``into`` (within ``out``) progress later."""
+        slot and publish it; the receives into ``into`` (within ``out``), or ``apply``'s calls
+        (:class:`_Receive`), progress later."""
         self._seq += 1
         q, slot = self._seq, self._seq % SLOTS
         if self._pending:                  # receives progress at every launch (frees the peers' slots)
@@ -421,7 +422,7 @@ class ShmExchange:
             if not gather:
                 off += _align(n)
         self._ctrl[self.rank * _BLOCK + _PUBLISHED] = q
-        self._pending.append(_Receive(q, slot, into, list(self.peers), out))
+        self._pending.append(_Receive(q, slot, into, list(self.peers), out, apply))
         return _Work(self, q)
 
     def _own_segment(self, slot: int, q: int, need: int) -> _Segment:

@@ -59,9 +59,9 @@ from neo.planner.cache_model import distinct_per_batch_of, hit_rate
 from neo.planner.constants import KIND_OVERHEADS, CostConstants
 from neo.planner.types import ShardingType, TableSpec, Topology
 
-__all__ = ["PartCosts", "PartTables", "estimate_parts", "estimate_many", "estimate_joined", "input_side_cost", "input_side_split",
-           "zipf_hit_rate", "collective_latency", "collective_latency_split", "cache_parts", "lookup_parts",
-           "seconds_per_byte"]
+__all__ = ["PartCosts", "PartTables", "estimate_parts", "estimate_many", "estimate_joined", "input_side_cost",
+           "input_side_split", "zipf_hit_rate", "collective_latency", "collective_latency_split", "cache_parts",
+           "lookup_parts", "seconds_per_byte"]
 
 
 @dataclass(frozen=True)
