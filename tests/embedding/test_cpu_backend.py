@@ -24,7 +24,7 @@ from neo.sparse import KeyedJaggedBatch
 
 from harness import clone_weights, random_batch, run_steps
 
-import neo._C  # noqa: E402,F401  (built by tools/setup.sh; a missing build must fail here, not skip)
+import neo._C as _C  # noqa: E402  (built by tools/setup.sh; a missing build must fail here, not skip)
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lamb"]
 # (dtype, stochastic rounding)
@@ -196,7 +196,7 @@ def test_threads_bit_identical(opt, dtype):
 def test_large_table_segment_matches_reference_on_any_threads():
     """The backward sorts each table's ids alone (csrc/kernels/radix_sort.h): a table past 256k ids
     a step sorts on every thread, the small ones beside it one a thread. Against the reference,
-    at 1 and 2 threads, bit for bit between the two."""
+    at 1 and 2 threads, bit for bit between the two and with the sort's write prefetches off."""
     opt = OptimizerConfig("adagrad", lr=0.05)
     tables = [TableConfig("small", 300, 8, feature_names=("a", "b"), optimizer=opt),
               TableConfig("big", 5000, 16, optimizer=opt),
@@ -213,8 +213,13 @@ def test_large_table_segment_matches_reference_on_any_threads():
     run_steps(tables, "cpu", steps=1, batches=[batch])
     one = _train(tables, [batch], [grad], 1)
     two = _train(tables, [batch], [grad], 2)
-    for x, y in zip(sum(one, []), sum(two, [])):
-        assert torch.equal(x, y)
+    try:
+        _C._set_tuning(32, 16, 1, 0)
+        plain = _train(tables, [batch], [grad], 2)
+    finally:
+        _C._set_tuning(32, 16, 1, 1)
+    for x, y, z in zip(sum(one, []), sum(two, []), sum(plain, [])):
+        assert torch.equal(x, y) and torch.equal(x, z)
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS)
@@ -279,3 +284,40 @@ def test_validation_through_kernel_count_names_feature_and_table():
         emb(KeyedJaggedBatch.from_lists(bags))
     bags["b2"] = [[4], [3, 1]]
     assert emb(KeyedJaggedBatch.from_lists(bags)).shape == (2, 20)
+
+
+@pytest.mark.parametrize("bad_id", [False, True], ids=["by_table", "whole_range"])
+def test_three_digit_sort_of_a_table_past_2_24_rows(bad_id):
+    """Keys of 25 bits sort in three radix passes (csrc/kernels/radix_sort.h): the counting of the
+    first two passes' digits in one read, the third alone. One table of 2^24 + 5 rows, ids over
+    all of it (the top rows too, and repeats), at 1 and 2 threads against the reference. An id
+    out of range sends the group down the whole-range sort (the sentinel key past every row)."""
+    rows = (1 << 24) + 5
+    tables = [TableConfig("huge", rows, 4, optimizer=OptimizerConfig("sgd", lr=0.5))]
+    gen = torch.Generator().manual_seed(4)
+    B = 256
+    lengths = torch.randint(100, 300, (B,), generator=gen)
+    n = int(lengths.sum())
+    values = torch.randint(0, rows, (n,), generator=gen)
+    q = n // 4
+    values[:q] = values[q: 2 * q]                                   # repeats, far apart in the batch
+    values[-3:] = torch.tensor([rows - 1, rows - 5, 1 << 24])
+    if bad_id:
+        values[7] = rows
+    batch = KeyedJaggedBatch(("huge",), values, lengths, B)
+    grad = torch.randn(B, 4, generator=gen)
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False)
+    ref(batch).backward(grad)
+    expected = ref.table_weight("huge")
+    prev = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            fast = TableBatchedEmbedding(tables, backend="cpu", validate=False)
+            clone_weights(TableBatchedEmbedding(tables, backend="reference"), fast)   # ref's initial weights
+            fast(batch).backward(grad)
+            assert fast.backend.last_invalid_count == int(bad_id)
+            assert torch.equal(fast.table_weight("huge"), expected), f"{threads} threads"
+            del fast
+    finally:
+        torch.set_num_threads(prev)
