@@ -1,10 +1,11 @@
-"""AlltoAll and AllGather between the ranks of one host: Neo's shared-memory exchange against gloo.
+"""AlltoAll, AllGather and AllReduce between the ranks of one host: Neo's shared-memory exchange against gloo.
 
     python tools/bench_collectives.py                       # W = 2, 0.06 to 8 MB per peer
     python tools/bench_collectives.py --world-size 4 --json bench_out/collectives.json
 
 Each rank sends ``size`` bytes of fp32 to every peer (AlltoAll) or contributes ``size``
-bytes (AllGather). Per size: ``--warmup`` then ``--iters`` iterations, each running every
+bytes (AllGather; AllReduce: a sum in place, as DDP's gradient buckets are reduced, the shared-memory
+side by ``neo.distributed.ddp_hook.all_reduce_sum_``, the comm hook's reduction). Per size: ``--warmup`` then ``--iters`` iterations, each running every
 (collective, transport) once, interleaved in a new order per iteration (bench_common.balanced_orders,
 picked by the iteration index alone, so every rank runs the same sequence), a barrier before each
 call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
@@ -14,7 +15,8 @@ slowest rank (``chain_us``), which the barrier-separated time hides under the ba
 skew. Results are checked equal between the transports before timing.
 
 Output: a table with the gloo / shared-memory ratio and, with ``--json``, records with
-``collective``, ``transport``, ``world_size``, ``bytes_per_peer``, ``ms``, ``cpu_ms``, ``chain_us``.
+``collective`` (``all_to_all``, ``all_gather``, ``all_reduce``), ``transport``, ``world_size``,
+``bytes_per_peer``, ``ms``, ``cpu_ms``, ``chain_us``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from bench_common import describe_machine, machine_info, start_rank, time_interl
 
 
 def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
+    from neo.distributed.comms import sum_in_rank_order
+    from neo.distributed.ddp_hook import all_reduce_sum_
     from neo.distributed.shm import ShmExchange
 
     start_rank(1, False)
@@ -52,13 +56,23 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
             ("all_to_all", "gloo"): lambda out: dist.all_to_all_single(out, send),
             ("all_gather", "shm"): lambda out: ex.all_gather_single(out, send[:n]).wait(),
             ("all_gather", "gloo"): lambda out: dist.all_gather_into_tensor(out, send[:n]),
+            ("all_reduce", "shm"): lambda out: all_reduce_sum_(ex, out),          # in place: out grows
+            ("all_reduce", "gloo"): lambda out: dist.all_reduce(out),
         }
-        outs = {k: torch.empty(W * n) for k in calls}
+        outs = {k: (send[:n].clone() if k[0] == "all_reduce" else torch.empty(W * n)) for k in calls}
         for (coll, transport), fn in calls.items():
             fn(outs[(coll, transport)])
         for coll in ("all_to_all", "all_gather"):
             if not torch.equal(outs[(coll, "shm")], outs[(coll, "gloo")]):
                 raise AssertionError(f"{coll}: shared memory and gloo disagree at {mb} MB")
+        # AllReduce: the sum in rank order (from gloo's AllGather) is the oracle; shared memory sums in
+        # that order (bit for bit), gloo in its own (the same bits only at W = 2)
+        expected = sum_in_rank_order(outs[("all_gather", "gloo")].view(W, n))
+        if not torch.equal(outs[("all_reduce", "shm")], expected):
+            raise AssertionError(f"all_reduce: shared memory differs from the rank-order sum at {mb} MB")
+        gloo_sum = outs[("all_reduce", "gloo")]
+        if not (torch.equal(gloo_sum, expected) if W == 2 else torch.allclose(gloo_sum, expected, atol=1e-5)):
+            raise AssertionError(f"all_reduce: gloo differs from the rank-order sum at {mb} MB")
         timed = time_interleaved({k: (lambda fn=fn, out=outs[k]: fn(out)) for k, fn in calls.items()},
                                  args.warmup, args.iters, before=dist.barrier)
         for (coll, transport), t in timed.items():

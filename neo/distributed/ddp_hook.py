@@ -26,7 +26,7 @@ import torch.distributed as dist
 from neo.distributed.comms import sum_in_rank_order
 from neo.distributed.shm import ShmExchange
 
-__all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce"]
+__all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce", "all_reduce_sum_"]
 
 
 @dataclass
@@ -47,15 +47,23 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
     if state.recorder is not None:
         token = state.recorder.begin("grad_sync", "grad_sync", bytes=grads.numel() * grads.element_size())
     grads.mul_(1.0 / ex.size)                                 # as DDP's built-in hook scales
-    if ex.size == 2:
-        _add_peer_bucket(ex, grads)
-    else:
-        _reduce_scatter_gather(ex, grads)
+    all_reduce_sum_(ex, grads)
     if token is not None:
         state.recorder.end(token)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(grads)
     return fut
+
+
+def all_reduce_sum_(ex: ShmExchange, grads: torch.Tensor) -> torch.Tensor:
+    """The sum of ``grads`` (a flat contiguous tensor, the same size on every rank) over the
+    exchange's ranks, in place, as the hook reduces a bucket (tools/bench_collectives.py times
+    it against gloo's AllReduce). Returns ``grads``."""
+    if ex.size == 2:
+        _add_peer_bucket(ex, grads)
+    elif ex.size > 2:
+        _reduce_scatter_gather(ex, grads)
+    return grads
 
 
 def _add_peer_bucket(ex: ShmExchange, grads: torch.Tensor) -> None:

@@ -10,7 +10,8 @@ import argparse
 from tests.multiprocess import run_multiprocess
 from tests.tools import load_tool
 
-KEYS = [("all_to_all", "shm"), ("all_to_all", "gloo"), ("all_gather", "shm"), ("all_gather", "gloo")]
+KEYS = [("all_to_all", "shm"), ("all_to_all", "gloo"), ("all_gather", "shm"), ("all_gather", "gloo"),
+        ("all_reduce", "shm"), ("all_reduce", "gloo")]
 
 
 def _check_interleaved(seq, keys, iters):
@@ -42,10 +43,10 @@ def _rank_call_order(rank: int, world_size: int, args):
 
 
 def test_ranks_time_the_transports_interleaved_in_the_same_order():
-    args = argparse.Namespace(sizes=[0.001], warmup=1, iters=3, chain=4)
+    args = argparse.Namespace(sizes=[0.001], warmup=1, iters=5, chain=4)
     results = run_multiprocess(_rank_call_order, 2, args, timeout_s=120, threads=1, env={"OMP_NUM_THREADS": "1"})
     (seq0, recs0, chain0), (seq1, recs1, chain1) = results
     assert seq0 == seq1                                               # every rank: the same collectives in order
-    _check_interleaved([tuple(k) for k in seq0], KEYS, 4)
+    _check_interleaved([tuple(k) for k in seq0], KEYS, 6)
     assert chain0 == chain1 and all(c > 0 for c in chain0)            # the slowest rank's time, on every rank
     assert recs0 == recs1 == KEYS                                     # the records, as before
