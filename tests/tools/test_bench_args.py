@@ -56,6 +56,9 @@ CASES = [
     ("soak.py", ["--json", "/proc/neo/x.json"], "--json"),
     ("bench_collectives.py", ["--iters", "0"], "--iters"),
     ("bench_stream.py", ["--sizes", "0"], "--sizes"),
+    ("bench_id_check.py", ["--bad", "1.5"], "--bad"),
+    ("bench_id_check.py", ["--batch", "0"], "--batch"),
+    ("bench_id_check.py", ["--threads", "0"], "--threads"),
 ]
 
 
