@@ -19,7 +19,7 @@
 // The scatter writes to one cursor per bucket (up to 4096), in a buffer the rest of the step
 // has pushed out of the caches: every cache line it starts is a miss that the hardware
 // prefetchers, following so many streams, do not foresee. So a cursor entering a new line
-// prefetches, with write intent, the line after the next one. A pass over 409,600 items
+// prefetches, with write intent, the line after the next one. A sort of 409,600 items
 // of 17-bit keys (2 passes of 512 buckets), caches flushed before each sort, Intel Xeon,
 // AVX2: 10.5-11.0 -> 5.7-5.8 ms; at 655k items over 1M rows 13.1 -> 7.8 ms; a segment
 // in cache (28k items) unchanged (scratch program, 2026-12-02). tuning().sort_prefetch = 0
