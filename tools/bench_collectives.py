@@ -4,15 +4,16 @@
     python tools/bench_collectives.py --world-size 4 --json bench_out/collectives.json
 
 Each rank sends ``size`` bytes of fp32 to every peer (AlltoAll) or contributes ``size``
-bytes (AllGather; AllReduce: a sum in place, as DDP's gradient buckets are reduced, the shared-memory
-side by ``neo.distributed.ddp_hook.all_reduce_sum_``, the comm hook's reduction). Per size: ``--warmup`` then ``--iters`` iterations, each running every
-(collective, transport) once, interleaved in a new order per iteration (bench_common.balanced_orders,
-picked by the iteration index alone, so every rank runs the same sequence), a barrier before each
-call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
+bytes (AllGather; AllReduce: a sum in place, as DDP's gradient buckets are reduced, the
+shared-memory side by ``neo.distributed.ddp_hook.all_reduce_sum_``, the comm hook's reduction).
+Per size: ``--warmup`` then ``--iters`` iterations, each running every (collective, transport)
+once, interleaved in a new order per iteration (bench_common.balanced_orders, picked by the
+iteration index alone, so every rank runs the same sequence), a barrier before each call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
 the calling thread plus gloo's I/O threads). Then ``--chain`` calls of each back to back with no
 barrier between them, as a training step issues its small collectives: the time per call of the
 slowest rank (``chain_us``), which the barrier-separated time hides under the barrier's own exit
-skew. Results are checked equal between the transports before timing.
+skew. Results are checked before timing: equal between the transports, and the AllReduce's
+against the rank-order sum of the inputs (bit for bit; gloo's to 1e-5 beyond W = 2, its own order).
 
 Output: a table with the gloo / shared-memory ratio and, with ``--json``, records with
 ``collective`` (``all_to_all``, ``all_gather``, ``all_reduce``), ``transport``, ``world_size``,

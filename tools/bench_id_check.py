@@ -11,7 +11,7 @@ oracle in the tests), and ``clamp`` + ``to(int32)`` the narrowing. Timed on one 
 the multi-hot workload of ``tools/bench_train.py`` (26 features with the MLPerf DLRM-DCNv2 bag
 sizes, ``--batch`` samples: 438,272 ids at 2048), ids uniform below ``--rows``, ``--bad`` of them
 out of range. Systems: ``torch`` (count), ``torch+int32`` (count, clamp, cast), and per ISA variant
-this CPU runs (``neo.cpp.use_cpu_isa``) ``neo-ISA`` and ``neo-ISA+int32``; all interleaved
+this CPU runs up to the --isa cap (``neo.cpp.use_cpu_isa``) ``neo-ISA`` and ``neo-ISA+int32``; all interleaved
 (bench_common.time_interleaved), results checked equal to torch's first.
 
 Output: a table (median ms, torch / Neo) and, with ``--json``, records with ``system``, ``isa``,
@@ -30,8 +30,7 @@ from typing import Any, Callable, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 import torch  # noqa: E402
 
-from bench_common import (describe_machine, json_path, machine_info, nonneg_int, positive_int,  # noqa: E402
-                          positive_int_list, time_interleaved, write_json)
+from bench_common import add_timing_args, positive_int, start_one_process, time_interleaved, write_json  # noqa: E402
 from bench_train import MULTI_HOT  # noqa: E402
 
 from neo.cpp import use_cpu_isa  # noqa: E402
@@ -83,19 +82,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=positive_int, default=2048, help="samples (one rank's batch)")
     p.add_argument("--rows", type=positive_int, default=100_000, help="rows of every table")
     p.add_argument("--bad", type=float, default=0.0, help="fraction of ids out of range (-1 or rows)")
-    p.add_argument("--threads", type=positive_int_list, default=[1], help="torch threads, e.g. 1,2")
-    p.add_argument("--iters", type=positive_int, default=30)
-    p.add_argument("--warmup", type=nonneg_int, default=3)
-    p.add_argument("--json", default=None, type=json_path)
+    add_timing_args(p, iters=30, warmup=3)
     args = p.parse_args(argv)
     if not 0.0 <= args.bad <= 1.0:
         p.error(f"argument --bad: a fraction in [0, 1], got {args.bad}")
+    machine = start_one_process(args)
     from neo import _C
 
-    machine = machine_info()
-    print(describe_machine(machine))
+    supported = list(_C.cpu_isa_supported())                           # baseline first
     values, offsets, rows = make_batch(args.batch, args.rows, args.bad)
-    calls = systems(values, offsets, args.batch, rows, list(_C.cpu_isa_supported()))
+    calls = systems(values, offsets, args.batch, rows, supported[:supported.index(_C.cpu_isa()) + 1])
     check(calls)
     records: List[Dict[str, Any]] = []
     prev = torch.get_num_threads()

@@ -170,10 +170,8 @@ class InputDist:
         return the ids as int32, clamped to ``[-1, 2^31 - 1]`` (the same pass on the CPU)."""
         if self._rows.device != values.device:
             self._rows, self._skipped = self._rows.to(values.device), self._skipped.to(values.device)
-        if not narrow:
-            self._skipped += count_bad_ids(values, offsets, B, self._rows)
-            return None
-        counts, narrowed = count_bad_ids_to_int32(values, offsets, B, self._rows)
+        counts, narrowed = (count_bad_ids_to_int32(values, offsets, B, self._rows) if narrow
+                            else (count_bad_ids(values, offsets, B, self._rows), None))
         self._skipped += counts
         return narrowed
 
