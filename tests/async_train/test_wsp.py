@@ -82,8 +82,7 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
 def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):
     S = 2
     run_dir = f"{tmp_data}/slow"
-    out = run_multiprocess(_wsp, 2, tmp_data, ["train.steps=24", "train.eval_batches=4",
-                                               f"async_train.staleness={S}", "async_train.wave_steps=2",
+    out = run_multiprocess(_wsp, 2, tmp_data, ["train.steps=24", f"async_train.staleness={S}", "async_train.wave_steps=2",
                                                "async_train.slowdown=[{rank: 1, factor: 4}]", f"train.run_dir={run_dir}"])
     final = out[0]["final"]
     assert final["max_staleness_observed"] == S                # the fast worker went as far as allowed
@@ -105,7 +104,12 @@ def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):
     fast_done = next(c["t_s"] for c in clocks if c["worker"] == 0 and c["wave"] == 11)
     slow_done = next(c["t_s"] for c in clocks if c["worker"] == 1 and c["wave"] == 11)
     assert fast_done < slow_done
-    assert final["auc"] > 0.55
+    # It trains: its AUC on the whole validation set within 0.1 of the synchronous trainer's on the
+    # same data and steps (0.5: no training). Over eight seed shifts the gap was 0 to 0.076 and the
+    # AUC 0.560-0.660; a fixed bar (once 0.55 on 4 batches) failed at seeds shifted by 1234.
+    bsp = run_multiprocess(_bsp, 2, tmp_data, ["train.steps=24", f"train.run_dir={tmp_data}/slow_bsp"])[0]["final"]
+    assert bsp["eval_samples"] == final["eval_samples"] == 2048
+    assert final["auc"] > bsp["auc"] - 0.1 and final["auc"] > 0.5
 
 
 def test_a_virtual_worker_of_two_ranks_moves_in_lock_step(tmp_data):

@@ -406,8 +406,10 @@ def test_bucketize_matches_the_reference(isa, dtype):
 def _ids_with_bad_ones(g: torch.Generator, F: int, B: int, rows: list, dtype: torch.dtype):
     """A feature-major batch of F features x B bags (some empty, one feature with no ids at all)
     whose ids are mostly in range, with negatives, ids at the table's size, and (int64) ids past
-    2^31 mixed in."""
+    2^31 mixed in: about 2-3.5% drawn at random, and one of each kind planted in feature 0 (so that
+    a batch of one sample, whose few ids may draw none, still has every kind)."""
     lens = torch.randint(0, 40, (F * B,), generator=g)
+    lens[0] = max(int(lens[0]), 4)                                          # room for the planted ones
     lens[B:2 * B] = 0                                                       # feature 1: no ids
     off = torch.zeros(F * B + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=off[1:])
@@ -420,6 +422,9 @@ def _ids_with_bad_ones(g: torch.Generator, F: int, B: int, rows: list, dtype: to
     if dtype == torch.int64:
         ids[(pick >= 0.02) & (pick < 0.03)] = 2 ** 31 + 7
         ids[(pick >= 0.03) & (pick < 0.035)] = -(2 ** 40)
+    ids[0], ids[1] = -1, rows[0]                                            # feature 0's first bag
+    if dtype == torch.int64:
+        ids[2], ids[3] = 2 ** 31 + 7, -(2 ** 40)
     return ids.to(dtype), off
 
 
