@@ -98,7 +98,11 @@ def test_cached_training_equals_device_training(opt, backend):
 def test_every_policy_is_exact_and_evicts_every_step(policy):
     dev, cached, evictions = train_pair("adagrad", "cpu", steps=10, prefetch="always", policy=policy)
     assert_same_tables(dev, cached)
-    assert all(e > 0 for e in evictions[1:]), f"a step without evictions: {evictions}"
+    # The 60-row cache fills within the first three batches (about 36 distinct rows each, of 500;
+    # whether two already overflow it depends on the draw: not at seeds shifted by 99991), and
+    # from then on every step evicts.
+    first = next((i for i, e in enumerate(evictions) if e > 0), len(evictions))
+    assert first <= 2 and all(e > 0 for e in evictions[first:]), f"a step without evictions: {evictions}"
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
