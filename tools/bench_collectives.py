@@ -8,8 +8,9 @@ bytes (AllGather; AllReduce: a sum in place, as DDP's gradient buckets are reduc
 shared-memory side by ``neo.distributed.ddp_hook.all_reduce_sum_``, the comm hook's reduction).
 Per size: ``--warmup`` then ``--iters`` iterations, each running every (collective, transport)
 once, interleaved in a new order per iteration (bench_common.balanced_orders, picked by the
-iteration index alone, so every rank runs the same sequence), a barrier before each call; reported: the median wall time of the slowest rank and the CPU time per call (this process:
-the calling thread plus gloo's I/O threads). Then ``--chain`` calls of each back to back with no
+iteration index alone, so every rank runs the same sequence), a barrier before each call;
+reported: the median wall time of the slowest rank and the CPU time per call (this process: the
+calling thread plus gloo's I/O threads). Then ``--chain`` calls of each back to back with no
 barrier between them, as a training step issues its small collectives: the time per call of the
 slowest rank (``chain_us``), which the barrier-separated time hides under the barrier's own exit
 skew. Results are checked before timing: equal between the transports, and the AllReduce's
