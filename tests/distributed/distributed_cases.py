@@ -56,6 +56,9 @@ class Case:
     general_path: bool = False
     """At world size 1: the input and every type's output distribution run as at W > 1 (not the
     one-rank paths)."""
+    activation: str = "relu"
+    """The dense model's activation, "relu" or "tanh" (smooth: the cases with 16-bit payloads,
+    whose results are compared within a tolerance; see test_distributed_equivalence)."""
 
     def plan(self) -> Dict[str, Any]:
         return even_plan(self.tables, self.types, self.world_size, self.local_world_size)
@@ -140,12 +143,18 @@ def with_bad_ids(batch: KeyedJaggedBatch, case_tables: List[TableConfig], every:
 def dense(case: Case) -> nn.Module:
     torch.manual_seed(3000 + case.seed)
     D = sum(t.dim * len(t.feature_names) for t in case.tables)
-    return nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, 1))
+    act = {"relu": nn.ReLU, "tanh": nn.Tanh}[case.activation]()
+    return nn.Sequential(nn.Linear(D, 8), act, nn.Linear(8, 1))
 
 
 def initial_tables(case: Case) -> Dict[str, torch.Tensor]:
     emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
     return {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables}
+
+
+def initial_states(case: Case) -> Dict[str, Dict[str, torch.Tensor]]:
+    emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
+    return {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()} for t in case.tables}
 
 
 def train_unsharded(model: Callable[[KeyedJaggedBatch], torch.Tensor], emb: TableBatchedEmbedding,
