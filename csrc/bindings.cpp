@@ -214,9 +214,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tests: rows of x (n, D) fp32 rounded to 'fp16'/'bf16' as the fused optimizers store updated rows "
         "(stochastically keyed by seed, step and the flat element index elem0 + i D + d)",
         py::arg("x"), py::arg("dtype"), py::arg("stochastic_rounding"), py::arg("seed"), py::arg("step"), py::arg("elem0"));
-  m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream, int64_t sort_prefetch) {
-        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream, sort_prefetch};
+  m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream, int64_t sort_prefetch,
+                          int64_t bwd_far) {
+        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream, sort_prefetch, bwd_far};
       }, py::arg("fwd_prefetch"), py::arg("bwd_lookahead"), py::arg("fwd_stream") = 1, py::arg("sort_prefetch") = 1,
+      py::arg("bwd_far") = 128,
       "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead), the forward's streaming "
       "stores and the backward sort's write prefetches");
 }

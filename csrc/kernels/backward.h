@@ -100,9 +100,44 @@ inline int64_t sum_row_regs(const Sources& src, int64_t j, int64_t end, uint64_t
   return j;
 }
 
+// sum_squares (optimizers.h) of the V vectors g, the same bits, without storing them: its
+// lanes 0-7 and 8-15 are the two halves of one AVX-512 vector, or AVX2's even and odd
+// vectors. Stored to `scratch` and reloaded in 8-float halves (the baseline's way), the
+// 512-bit stores did not forward to the 256-bit loads: 15% of the row update's samples on an
+// AMD EPYC (Zen 5), row-wise Adagrad, 8 tables of 1M rows, D 64.
+template <int V>
+inline float sum_squares_regs(const vf (&g)[V], float* scratch) {
+#if defined(__AVX512F__)
+  (void)scratch;
+  vf acc = vmul(g[0], g[0]);
+  NEO_UNROLL
+  for (int v = 1; v < V; ++v) acc = vadd(acc, vmul(g[v], g[v]));
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+#elif defined(__AVX2__)
+  (void)scratch;
+  vf lo = vmul(g[0], g[0]), hi = vzero();
+  NEO_UNROLL
+  for (int v = 1; v < V; ++v) {
+    if (v % 2) hi = vadd(hi, vmul(g[v], g[v]));
+    else lo = vadd(lo, vmul(g[v], g[v]));
+  }
+  const __m256 s = _mm256_add_ps(lo, hi);
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 t = _mm_add_ps(b, _mm_movehl_ps(b, b));   // (b0 + b2, b1 + b3, ...)
+  return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+#else
+  NEO_UNROLL
+  for (int v = 0; v < V; ++v) vstore(scratch + v * kW, g[v]);
+  return sum_squares(scratch, V * kW);
+#endif
+}
+
 // SGD, Adagrad or row-wise Adagrad on an fp32 row from its gradient sum in registers:
 // update_row's operations, in its order (so the same bits), without its round trips through
-// memory (row-wise: g stored to `scratch` for update_row's sum of squares). False (nothing
+// memory (row-wise: its sum of squares in registers, sum_squares_regs). False (nothing
 // done) for the other optimizers and for weight decay.
 template <int V>
 inline bool update_row_regs(const OptParams& o, float* w, float* s0, const vf (&g)[V], float* scratch) {
@@ -114,9 +149,7 @@ inline bool update_row_regs(const OptParams& o, float* w, float* s0, const vf (&
     return true;
   }
   if (o.kind == kRowwiseAdagrad) {
-    NEO_UNROLL
-    for (int v = 0; v < V; ++v) vstore(scratch + v * kW, g[v]);
-    const float mean = sum_squares(scratch, V * kW) / static_cast<float>(V * kW);
+    const float mean = sum_squares_regs<V>(g, scratch) / static_cast<float>(V * kW);
     const float s = s0[0] + mean;
     s0[0] = s;
     const vf scale = vset1((1.0f / (std::sqrt(s) + o.eps)) * o.lr);
@@ -329,7 +362,11 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // touches a fair share of the rows: 13% faster at 326k ids over 400k rows, 25% at 655k ids
   // over 8M rows (row-wise Adagrad, 1 thread: 59 -> 44 ms). On sparser batches (one-hot ids
   // over 1.3M rows: 4%) it cost about 10%, so it runs only from 1/16 as many ids as rows.
-  const int64_t far = n_valid * 16 >= m.total_rows ? 8 * lookahead : 0;
+  // Its distance is tuning().bwd_far (128 items). On an AMD EPYC Zen 5 (2026-12-02; 655k ids
+  // over 8M rows, row-wise Adagrad, 1 thread) it cost 1-7% instead (bwd_far 0 against 128 in
+  // one process, alternating, against FBGEMM's time as the yardstick): kept, not measured
+  // on the machines where it helped.
+  const int64_t far = n_valid * 16 >= m.total_rows ? tuning().bwd_far : 0;
   const Sources src{u.grad, L.psw, sorted, bag_of, bag_goff, bag_len};
   at::parallel_for(0, seg, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> acc(m.max_dim), wf(m.max_dim);
