@@ -23,6 +23,7 @@ namespace {
 
 struct Features {
   bool amd_family_19h = false;   // AMD Zen 3 / Zen 4 (see cpu_isa.h: the interaction's tuning)
+  bool amd_family_1ah = false;   // AMD Zen 5 (the same)
   bool avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool os_ymm = false, os_zmm = false;   // the OS saves the YMM / ZMM state (XCR0)
@@ -46,6 +47,7 @@ Features detect() {
   const unsigned base_family = (a >> 8) & 0xF;
   const unsigned family = base_family == 0xF ? base_family + ((a >> 20) & 0xFF) : base_family;
   f.amd_family_19h = amd && family == 0x19;
+  f.amd_family_1ah = amd && family == 0x1A;
   const bool osxsave = (c >> 27) & 1;
   f.avx = (c >> 28) & 1;
   f.fma = (c >> 12) & 1;
@@ -170,6 +172,7 @@ void set_cpu_isa(const std::string& name) { g_active.store(resolve(name, "cpu is
 std::string cpu_isa() { return kernels().isa; }
 
 bool amd_family_19h() { return features().amd_family_19h; }
+bool amd_family_1ah() { return features().amd_family_1ah; }
 bool interaction_l1_burst() { return features().amd_family_19h && features().avx512f; }
 
 namespace {
@@ -216,7 +219,7 @@ InteractionTiles interaction_tiles_at(int64_t D) {
                                                                      : InteractionTiles::kNarrow;
   }
   if (isa != "avx512") return InteractionTiles::kNarrow;
-  const bool full_rate = t == 0 && !amd_family_19h();   // "auto" where 512-bit FMAs run at full rate
+  const bool full_rate = t == 0 && !amd_family_19h() && !amd_family_1ah();   // "auto": Intel's AVX-512 cores
   if ((t == code_of(InteractionTiles::kWide) || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
   if ((t == code_of(InteractionTiles::kGrouped) || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;
   return InteractionTiles::kNarrow;
@@ -243,7 +246,7 @@ std::vector<std::pair<std::string, bool>> cpu_features() {
   const Features& f = features();
   return {{"avx", f.avx}, {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f},
           {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
-          {"os_ymm_state", f.os_ymm}, {"os_zmm_state", f.os_zmm}, {"amd_family_19h", f.amd_family_19h}};
+          {"os_ymm_state", f.os_ymm}, {"os_zmm_state", f.os_zmm}, {"amd_family_19h", f.amd_family_19h}, {"amd_family_1ah", f.amd_family_1ah}};
 }
 
 }  // namespace neo

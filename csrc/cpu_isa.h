@@ -106,16 +106,18 @@ std::vector<std::pair<std::string, bool>> cpu_features();   // detected CPU feat
 void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks); throws like init_cpu_isa
 
 // Tuning of the dot interaction (csrc/kernels/interaction.h) per microarchitecture, from what
-// was measured on the three this project has run on (docs/benchmarks.md): AMD Zen 4 (family
-// 19h, whose 512-bit operations take both 256-bit pipes), AMD Zen 3 (family 19h, AVX2 only)
-// and Intel's AVX-512 server cores (two 512-bit FMA pipes).
+// was measured on the four this project has run on (docs/benchmarks.md): AMD Zen 4 (family
+// 19h, whose 512-bit operations take both 256-bit pipes), AMD Zen 3 (family 19h, AVX2 only),
+// AMD Zen 5 (family 1Ah) and Intel's AVX-512 server cores (two 512-bit FMA pipes).
 //   tiles      the AVX-512 forward's pair tiles: "narrow" (8-float vectors, as every variant),
 //              "wide" (16-float vectors, D >= kWideMinDim) or "grouped" (rows interleaved in
-//              groups of four, D >= kGroupedMinDim). "auto": on family 19h narrow; elsewhere
-//              wide from kWideMinDim and grouped below it (Intel, D 128: wide forward 10-20%
-//              faster than narrow; D 32 to 80: grouped 7-24% less time than either, with the
-//              batch in cache; on Zen 4 no FMA gain from 16-float vectors, costlier
-//              reductions). They differ in rounding only (summation order). The AVX2
+//              groups of four, D >= kGroupedMinDim). "auto": on AMD (families 19h and 1Ah)
+//              narrow; on Intel wide from kWideMinDim and grouped below it (Intel, D 128: wide
+//              forward 10-20% faster than narrow; D 32 to 80: grouped 7-24% less time than
+//              either, with the batch in cache; on Zen 4 no FMA gain from 16-float vectors,
+//              costlier reductions; on Zen 5, AMD EPYC 26/2/1, 2026-12-02, the narrow forward
+//              took 15-23% less time than wide at D 128 in five runs, and within 12% of grouped
+//              either way at D 64). They differ in rounding only (summation order). The AVX2
 //              forward's tiles: "narrow" (2 x 4 pairs) or "tall" (3 x 4: 35 tiles a sample at
 //              n 27 instead of 49, fewer of them narrow at the triangle's edge; each column
 //              operand loaded once and used three times, 16 registers). "auto": tall on Zen 3
@@ -130,6 +132,7 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 constexpr int64_t kWideMinDim = 96;
 constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-column block to interleave
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
+bool amd_family_1ah();                               // this CPU is AMD family 1Ah (Zen 5)
 bool interaction_l1_burst();                         // the L1 burst is on: this CPU is Zen 4 (above)
 void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped", "tall"; throws otherwise
 std::string interaction_tiles();                     // the setting

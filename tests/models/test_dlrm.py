@@ -91,8 +91,7 @@ def test_fused_dot_interaction_large_batch_streams_its_gradient(isa, tiles):
 def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
-    the AVX-512 kernels, and only where the CPU runs 512-bit multiply-adds at full rate (not
-    AMD family 19h); tall tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h
+    the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h
     without AVX-512)."""
     before = C.interaction_tiles()
     with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
@@ -102,13 +101,13 @@ def test_interaction_tiles_setting_is_checked_and_restored():
         assert C.interaction_tiles() == "wide"
     assert C.interaction_tiles() == before
     features = dict(C.cpu_features())
-    zen4 = features["amd_family_19h"]   # or Zen 3: a 19h CPU without AVX-512
+    amd = features["amd_family_19h"] or features["amd_family_1ah"]   # Zen 3 / 4, Zen 5
     zen3 = features["amd_family_19h"] and not features["avx512f"]
     for isa in ISA_VARIANTS:
         with use_cpu_isa(isa), use_interaction_tiles("auto"):
             assert not C.interaction_wide(64)
-            assert C.interaction_wide(128) == (isa == "avx512" and not zen4)
-            full_rate = isa == "avx512" and not zen4
+            assert C.interaction_wide(128) == (isa == "avx512" and not amd)
+            full_rate = isa == "avx512" and not amd
             assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
                 ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
                 else ["tall"] * 6 if isa == "avx2" and zen3 else ["narrow"] * 6)
