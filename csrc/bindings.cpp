@@ -216,9 +216,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("dtype"), py::arg("stochastic_rounding"), py::arg("seed"), py::arg("step"), py::arg("elem0"));
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream, int64_t sort_prefetch,
                           int64_t bwd_far) {
-        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream, sort_prefetch, bwd_far};
+        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream, sort_prefetch,
+                                    bwd_far < 0 ? neo::default_tuning().bwd_far : bwd_far};
       }, py::arg("fwd_prefetch"), py::arg("bwd_lookahead"), py::arg("fwd_stream") = 1, py::arg("sort_prefetch") = 1,
-      py::arg("bwd_far") = 128,
+      py::arg("bwd_far") = -1,
       "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead), the forward's streaming "
-      "stores and the backward sort's write prefetches");
+      "stores and the backward sort's write prefetches; bwd_far < 0: this CPU's default");
 }

@@ -14,8 +14,14 @@
 
 namespace neo {
 
+Tuning default_tuning() {
+  Tuning t;
+  if (amd_family_1ah()) t.bwd_far = 0;   // the backward's L2 prefetch of fp32 rows cost 2-8% there (backward.h)
+  return t;
+}
+
 Tuning& tuning() {
-  static Tuning t;
+  static Tuning t = default_tuning();
   return t;
 }
 

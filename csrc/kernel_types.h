@@ -106,8 +106,10 @@ struct Tuning {
   int64_t bwd_lookahead = 16;  // backward: sorted items ahead whose rows are prefetched
   int64_t fwd_stream = 1;     // forward: pooled rows of whole aligned cache lines written with streaming stores
   int64_t sort_prefetch = 1;  // backward's radix sort: each bucket's next lines prefetched for writing
-  int64_t bwd_far = 128;      // backward: sorted items ahead whose weight rows are prefetched into L2 (0: none)
+  int64_t bwd_far = 128;      // backward, fp32 tables: sorted items ahead whose weight rows are prefetched into L2
+                              // (0: none; 16-bit tables: 128)
 };
-Tuning& tuning();
+Tuning& tuning();            // starts at default_tuning()
+Tuning default_tuning();     // this CPU's: bwd_far 0 on AMD Zen 5 (backward.h), the fields' defaults elsewhere
 
 }  // namespace neo

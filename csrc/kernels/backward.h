@@ -362,11 +362,13 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // touches a fair share of the rows: 13% faster at 326k ids over 400k rows, 25% at 655k ids
   // over 8M rows (row-wise Adagrad, 1 thread: 59 -> 44 ms). On sparser batches (one-hot ids
   // over 1.3M rows: 4%) it cost about 10%, so it runs only from 1/16 as many ids as rows.
-  // Its distance is tuning().bwd_far (128 items). On an AMD EPYC Zen 5 (2026-12-02; 655k ids
-  // over 8M rows, row-wise Adagrad, 1 thread) it cost 1-7% instead (bwd_far 0 against 128 in
-  // one process, alternating, against FBGEMM's time as the yardstick): kept, not measured
-  // on the machines where it helped.
-  const int64_t far = n_valid * 16 >= m.total_rows ? tuning().bwd_far : 0;
+  // Its distance: 128 items; for fp32 tables tuning().bwd_far, 128 but 0 (none) on AMD Zen 5
+  // (family 1Ah, default_tuning). There, 655k ids over 8M rows of D 64, row-wise Adagrad,
+  // bwd_far 0 against 128 in one process, alternating, FBGEMM's time as the yardstick
+  // (2026-12-02): fp32 tables 2-8% faster at 1 thread (six runs), 1-5% at 2 (three); fp16
+  // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.
+  const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : 128;
+  const int64_t far = n_valid * 16 >= m.total_rows ? far_items : 0;
   const Sources src{u.grad, L.psw, sorted, bag_of, bag_goff, bag_len};
   at::parallel_for(0, seg, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> acc(m.max_dim), wf(m.max_dim);
