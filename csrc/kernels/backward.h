@@ -21,8 +21,9 @@
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
 //    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead are
 //    prefetched into L1 (weights and state with write intent, gradient slices), and, on
-//    batches not too sparse in rows, weight and state rows 128 items ahead into L2: rows are random
-//    in a large table, so this phase is bound by memory latency. Common D (16, 32, 64,
+//    batches not too sparse in rows, weight and state rows 128 items ahead into L2 (not fp32
+//    rows on AMD Zen 5): rows are random in a large table, so this phase is bound by memory
+//    latency. Common D (16, 32, 64,
 //    128) get compile-time row lengths (straight-line vector code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
@@ -112,8 +113,8 @@ inline float sum_squares_regs(const vf (&g)[V], float* scratch) {
   vf acc = vmul(g[0], g[0]);
   NEO_UNROLL
   for (int v = 1; v < V; ++v) acc = vadd(acc, vmul(g[v], g[v]));
-  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  return sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
 #elif defined(__AVX2__)
   (void)scratch;
   vf lo = vmul(g[0], g[0]), hi = vzero();
@@ -122,12 +123,7 @@ inline float sum_squares_regs(const vf (&g)[V], float* scratch) {
     if (v % 2) hi = vadd(hi, vmul(g[v], g[v]));
     else lo = vadd(lo, vmul(g[v], g[v]));
   }
-  const __m256 s = _mm256_add_ps(lo, hi);
-#endif
-#if defined(__AVX512F__) || defined(__AVX2__)
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 t = _mm_add_ps(b, _mm_movehl_ps(b, b));   // (b0 + b2, b1 + b3, ...)
-  return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+  return sum_lanes8(_mm256_add_ps(lo, hi));
 #else
   NEO_UNROLL
   for (int v = 0; v < V; ++v) vstore(scratch + v * kW, g[v]);
@@ -362,12 +358,12 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // touches a fair share of the rows: 13% faster at 326k ids over 400k rows, 25% at 655k ids
   // over 8M rows (row-wise Adagrad, 1 thread: 59 -> 44 ms). On sparser batches (one-hot ids
   // over 1.3M rows: 4%) it cost about 10%, so it runs only from 1/16 as many ids as rows.
-  // Its distance: 128 items; for fp32 tables tuning().bwd_far, 128 but 0 (none) on AMD Zen 5
+  // Its distance: kBwdFar items; for fp32 tables tuning().bwd_far, kBwdFar but 0 (none) on AMD Zen 5
   // (family 1Ah, default_tuning). There, 655k ids over 8M rows of D 64, row-wise Adagrad,
   // bwd_far 0 against 128 in one process, alternating, FBGEMM's time as the yardstick
   // (2026-12-02): fp32 tables 2-8% faster at 1 thread (six runs), 1-5% at 2 (three); fp16
   // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.
-  const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : 128;
+  const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : kBwdFar;
   const int64_t far = n_valid * 16 >= m.total_rows ? far_items : 0;
   const Sources src{u.grad, L.psw, sorted, bag_of, bag_goff, bag_len};
   at::parallel_for(0, seg, 1, [&](int64_t c0, int64_t c1) {

@@ -91,8 +91,8 @@ def test_fused_dot_interaction_large_batch_streams_its_gradient(isa, tiles):
 def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
-    the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h
-    without AVX-512)."""
+    the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall
+    tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h without AVX-512)."""
     before = C.interaction_tiles()
     with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
         C._set_interaction_tiles("broad")
