@@ -8,7 +8,11 @@ within 1.05 x the optimum, and at the exact optimum on at least 97% of them. Mea
 identical ranks, heterogeneous speeds, tight memory, both; KK 82/23/56/9%); on 20 other seeds
 (2000-2019, 4,341 cases) 100/100/100/99.9%, the worst 1.026 x. Before its kicks could swap
 (a tight rank's items changing places), 98.6/97.8/98.3/96.4% there and the worst 1.25 x, up to
-1.37 x on seed 1235.
+1.37 x on seed 1235. The kicks' own seed moves with ``--seed-shift`` too: with 30 kicks,
+generator seed 5476's case 34 (8 items, 3 ranks, heterogeneous, tight memory) stayed at
+1.072 x for kick seed 4242 (and 24% of 300 kick seeds); with today's default (100 kicks up to
+16 items, refine.default_kicks), 1,388 cases of seeds 2000-2004 and 5476 x kick seeds 0-4 and
+4242 (2026-12-02): every one at the optimum.
 """
 
 import itertools
@@ -171,12 +175,25 @@ def test_larger_instances_refine_beats_both():
 
 
 def test_memory_and_pins_respected():
+    """40 items on 4 ranks with 15% memory to spare and item 0 pinned to rank 3, refined from
+    both starts as the planner does: a start that fits stays fitting, a start over capacity
+    (Karmarkar-Karp ignores memory) is repaired, the pin holds, and at least one result fits.
+    Greedy places by time and can run out of room (PlanningError on 3 of the generator seeds
+    3-39, e.g. 7), which is why the planner has two starts; refine from KK fitted on all 37."""
     rng = np.random.default_rng(3)
     p = problem(rng, 40, 4, mem_slack=1.15, pins=True)
-    a = refine(p, greedy(p))
-    loads, hbm, host = evaluate(p, a)
-    assert fits(p, hbm, host)
-    assert a.rank[0] == 3
+    fitted = []
+    for start_fn in (greedy, karmarkar_karp):
+        try:
+            start = start_fn(p)
+        except PlanningError:
+            continue
+        a = refine(p, start)
+        _, hbm, host = evaluate(p, a)
+        assert fits(p, hbm, host) or not fits(p, *evaluate(p, start)[1:]), "a fitting start stays fitting"
+        assert a.rank[0] == 3
+        fitted.append(fits(p, hbm, host))
+    assert any(fitted)
 
 
 def test_groups_go_to_one_node():
