@@ -295,9 +295,12 @@ def test_a_table_that_cannot_take_a_batch_leaves_the_others_unpinned():
 def test_a_batch_refilled_in_place_is_looked_up_anew(prefetch):
     """One batch object whose ids are overwritten in place every step (a loader reusing its
     buffers): the cached module reads the new ids, as the device one does (before, the rows of
-    its first contents were memoized by the object's id: audit of 2026-11-30)."""
+    its first contents were memoized by the object's id: audit of 2026-11-30). The refills draw
+    uniform ids (no hot rows), so the caches hold two whole batches (a prefetched one and the
+    one refilled after it: at most 2 x 96 ids of table big, 2 x 48 of mean): with 60 rows, a
+    refill of 61 distinct rows of big raised CacheCapacityError at --seed-shift 17."""
     dev = TableBatchedEmbedding(make_tables("adagrad", False), backend="cpu", seed=3)
-    cached = TableBatchedEmbedding(make_tables("adagrad", True), backend="cpu", seed=3)
+    cached = TableBatchedEmbedding(make_tables("adagrad", True, cache_rows=200), backend="cpu", seed=3)
     gen = torch.Generator().manual_seed(7)
     batch = make_batch(gen)
     rows = {"big1": 500, "big2": 500, "mean": 300, "dev": 50}
