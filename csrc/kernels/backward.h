@@ -19,12 +19,12 @@
 //    on AVX-512) are summed in registers, and under SGD, Adagrad or row-wise Adagrad (no
 //    weight decay) updated from there too (update_row_regs); other rows go through a
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
-//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead are
-//    prefetched into L1 (weights and state with write intent, gradient slices), and, on
-//    batches not too sparse in rows, weight and state rows 128 items ahead into L2 (not fp32
-//    rows on AMD Zen 5): rows are random in a large table, so this phase is bound by memory
-//    latency. Common D (16, 32, 64,
-//    128) get compile-time row lengths (straight-line vector code).
+//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items
+//    ahead are prefetched into L1 (weights and state with write intent, gradient slices),
+//    and, on batches not too sparse in rows, weight and state rows 128 items ahead into L2
+//    (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase is bound
+//    by memory latency. Common D (16, 32, 64, 128) get compile-time row lengths
+//    (straight-line vector code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
 // and updated by one thread, in a fixed order, with the same IEEE operations (no FMA:
