@@ -191,11 +191,11 @@ def default_kicks(n: int, world_size: int) -> int:
     """Kicks of the iterated local search for ``n`` items on ``world_size`` ranks: none on two
     ranks with at most 14 items (the descent's exact pair re-partition then tries every split:
     its end is the optimum of the max, but for two loads tied to 1e-9), 100 up to 16 items,
-    else 30 (``refine`` caps any count at 3 on large problems). A kick costs about 0.3 ms on a small problem, and few large items leave deep local
-    optima that only a rare kick leaves: on the hardest tiny case seen (8 items, 3 ranks of
-    speeds 0.85-1.8, memory 1.3x the mean; tests/planner/test_planner_partition.py), 24% of
-    kick seeds stayed at 1.072x the optimum with 30 kicks, 8% with 60, 2% with 100 (300 seeds
-    each)."""
+    else 30 (``refine`` caps any count at 3 on large problems). A kick costs about 0.3 ms on a
+    small problem, and few large items leave deep local optima that only a rare kick leaves: on
+    the hardest tiny case seen (8 items, 3 ranks of speeds 0.85-1.8, memory 1.3x the mean;
+    tests/planner/test_planner_partition.py), 24% of kick seeds stayed at 1.072x the optimum
+    with 30 kicks, 8% with 60, 2% with 100 (300 seeds each)."""
     if world_size <= 2 and n <= _PAIR_EXACT_MAX_ITEMS:
         return 0
     return 100 if n <= _SMALL_ITEMS else 30
