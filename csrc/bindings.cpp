@@ -192,6 +192,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The tiles the active kernels' dot interaction forward runs at this D: 'narrow', 'wide' or 'grouped'");
   m.def("interaction_l1_burst", &neo::interaction_l1_burst,
         "Whether the dot interaction prefetches each sample's rows into L1 as it starts (Zen 4 only, cpu_isa.h)");
+  m.def("interaction_l1_next", &neo::interaction_l1_next,
+        "Whether the dot interaction prefetches the next sample's rows into L1, not L2 (Zen 5 only, cpu_isa.h)");
   m.def("interaction_wide", &neo::interaction_wide, py::arg("dim"),
         "Whether the active kernels' dot interaction forward at this D runs in 16-float (wide) tiles");
   m.def("_set_interaction_tiles", &neo::set_interaction_tiles, py::arg("name"),

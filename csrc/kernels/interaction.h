@@ -64,8 +64,9 @@
 // stores when it is large, see kStreamBytes).
 //
 // Memory: at B 2048 the inputs (13.6 MB at n 27, D 64) come from DRAM; the next sample's
-// rows (and pair gradients) are prefetched into L2 while the current one computes
-// (NextSample).
+// rows (and pair gradients) are prefetched into L2 (L1 on Zen 5) while the current one
+// computes: in the tiled forwards a line every few tile steps (LineSpread), in the backward
+// and the grouped forward in shares (NextSample).
 //
 // Not done: a forward with one sample in each vector lane (the inputs transposed kW x kW, no
 // horizontal sums). Built and measured on the Intel Xeon (docs/benchmarks.md, 2026-11-28
@@ -104,7 +105,12 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const bool grouped = kHaveGroupedForward && a.tiles == InteractionTiles::kGrouped;
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
   const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
-  const NextSample::Plan plan(n, D, 0, pair_row_blocks(n, tall ? kTallR : kFwdR));   // a share per row block
+  const NextSample::Plan plan(n, D, 0, grouped ? pair_row_blocks(n) : 0);   // the grouped forward's shares
+  // The tiled forwards' prefetches, a line every few steps (LineSpread).
+  const int64_t lines = n * ((D * 4 + 63) / 64);
+  const uint32_t spread = LineSpread::increment(
+      lines, wide ? pair_dot_steps<kHaveWideForward>(n, D) : pair_dot_steps<false>(n, D));
+  const uint32_t spread_tall = LineSpread::increment(lines, pair_dot_steps<false, kTallR>(n, D));
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     // The grouped forward's interleaved rows: 8 Dv floats, 64-byte aligned.
@@ -117,9 +123,9 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       std::memcpy(o, v[0], D * sizeof(float));
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
-      else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, std::move(next));
-      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, std::move(next));
-      else pair_dots<false>(v, n, D, o + D, std::move(next));
+      else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread));
+      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, LineSpread(next, spread_tall));
+      else pair_dots<false>(v, n, D, o + D, LineSpread(next, spread));
     }
   });
 }

@@ -17,16 +17,33 @@ inline void sample_rows(const InteractionArgs& a, int64_t b, const float** v) {
 // gradient of (i, j) is g[pair_base(i, n) + j].
 inline int64_t pair_base(int64_t i, int64_t n) { return i * (n - 1) - i * (i - 1) / 2 - i - 1; }
 
+// Lines [p, p + bytes) of the next sample into L1 (prefetcht0) or L2 (prefetcht2).
+inline void prefetch_next(const void* p, int64_t bytes, bool l1) {
+  if (l1) prefetch_lines_l1_kept(p, bytes);
+  else prefetch_lines_l2_kept(p, bytes);
+}
+
+// The next sample's rows go into L1 (InteractionArgs::l1_next, Zen 5) only where a sample's
+// rows take at most this much: two samples' rows then fit a 48 KB L1 beside the pair gradients.
+constexpr int64_t kL1NextBytes = 16 << 10;
+
 // Prefetches of the next sample into L2 while the current one computes: its n vectors and,
 // in the backward, its pair gradients, spread over the current sample's work in Q shares
 // (a burst of all of a sample's lines at once overflows the miss buffers: the forward at
-// B 2048, D 128, AVX-512 then takes 3.7 ms instead of 2.5). Into L2, not L1: prefetcht0 or
-// prefetchnta bring in the next sample over the current one (4.2 ms; without prefetches
-// 4.9; the arithmetic alone about 2.0). The prefetches are asm statements
-// (prefetch_lines_l2_kept): gcc deleted these loops of __builtin_prefetch.
+// B 2048, D 128, AVX-512 then takes 3.7 ms instead of 2.5). Into L2, not L1: on Zen 4 and
+// the Intel Xeons prefetcht0 or prefetchnta brought in the next sample over the current one
+// (4.2 ms; without prefetches 4.9; the arithmetic alone about 2.0). On Zen 5 (AMD family
+// 1Ah: InteractionArgs::l1_next) the rows go into L1 where two samples' rows fit
+// (kL1NextBytes): AMD EPYC 26/2/1, B 2048, n 27, one thread, L1 and L2 alternating in one
+// process (2026-12-03, four runs), the AVX-512 backward at D 64 1.87 -> 1.66, 2.16 -> 1.97,
+// 1.49 -> 1.32, 1.52 -> 1.35 ms, at D 128 3.34 -> 2.65, 4.26 -> 3.58, 2.30 -> 2.34,
+// 2.23 -> 2.19; the AVX2 backward and the forwards (LineSpread) 0-3% faster. The
+// prefetches are asm statements (prefetch_lines_l2_kept): gcc deleted these loops of
+// __builtin_prefetch.
 //
 // Share q of Q is either one burst of whole rows and pair-gradient lines (part(q): the
-// forward, per row block; the backward on AVX2 and the baseline, per gradient block) or,
+// grouped forward, per row block; the backward on AVX2 and the baseline, per gradient
+// block) or,
 // where a gradient block's steps are long enough to carry a prefetch each (AVX-512: 24
 // multiply-adds of 16 floats a step; AVX2's 12 of 8 slow down by a tenth), a line or a
 // few of row j at each step j (row_share(q).row(j)) plus a burst of pair-gradient lines
@@ -54,13 +71,14 @@ class NextSample {
     n_ = a.F + 1;
     sample_rows(a, b, row_);
     row_bytes_ = a.D * 4;
+    l1_ = a.l1_next && n_ * row_bytes_ <= kL1NextBytes;
     if (grad_out) grad_ = reinterpret_cast<const char*>(grad_out + b * grad_floats);
   }
 
   // Share q at once: whole rows and pair-gradient lines.
   void part(int64_t q) const {
     if (n_ == 0) return;
-    for (int64_t r = plan_.row[q]; r < plan_.row[q + 1]; ++r) prefetch_lines_l2_kept(row_[r], row_bytes_);
+    for (int64_t r = plan_.row[q]; r < plan_.row[q + 1]; ++r) prefetch_next(row_[r], row_bytes_, l1_);
     grad_part(q);
   }
   // Share q of the pair gradients.
@@ -71,19 +89,80 @@ class NextSample {
   struct RowShare {
     const float* const* rows = nullptr;
     int64_t lo = 0, hi = 0;
+    bool l1 = false;
     void row(int64_t j) const {
-      if (hi > lo) prefetch_lines_l2_kept(reinterpret_cast<const char*>(rows[j]) + lo, hi - lo);
+      if (hi > lo) prefetch_next(reinterpret_cast<const char*>(rows[j]) + lo, hi - lo, l1);
     }
   };
   RowShare row_share(int64_t q) const {
-    return n_ == 0 ? RowShare{} : RowShare{row_, plan_.row_byte[q], plan_.row_byte[q + 1]};
+    return n_ == 0 ? RowShare{} : RowShare{row_, plan_.row_byte[q], plan_.row_byte[q + 1], l1_};
   }
+  // The next sample's rows (none where there is no next sample) and their bytes.
+  const float* const* rows() const { return row_; }
+  int64_t row_count() const { return n_; }
+  int64_t row_bytes() const { return row_bytes_; }
+  bool into_l1() const { return l1_; }
 
  private:
   const Plan& plan_;
   const float* row_[256];
   const char* grad_ = nullptr;
   int64_t n_ = 0, row_bytes_ = 0;   // n_ = 0: no next sample
+  bool l1_ = false;                 // its rows into L1, not L2
+};
+
+// The forward's prefetches of the next sample (the tiled forwards, interaction_tiles.h): its
+// lines one at a time, spread evenly over the current sample's tile steps (a step loads one
+// vector of each operand and issues R x C multiply-adds), one every steps / lines steps, the
+// last line issued by 15/16 of the steps (kSpreadEnd); into L2 or L1 as NextSample's. The
+// memory then stays busy the whole sample, where a burst per row block (NextSample::part,
+// which the backward and the grouped forward still use) left it idle between bursts and the
+// forward took about its arithmetic plus its traffic. AMD EPYC Zen 5 (26/2/1), B 2048, n 27,
+// one thread, a 128 MiB pass before each call, bursts and spread alternated in one process
+// (2026-12-03, two runs each): the forward at D 64 1.70-1.76 -> 1.44-1.49 ms with AVX2 and
+// 1.91-1.99 -> 1.30-1.36 with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22
+// -> 2.13-2.19 (AVX-512). The tile loop keeps a copy in registers (tile_sums): stepped
+// through a reference, gcc kept the count in memory, a store and reload every step, and the
+// D 64 forward gained nothing. The same spread over the backward's steps (AVX2, register
+// copy, every 4 to 8 steps) was no faster than its bursts per gradient block, or slower.
+class LineSpread {
+ public:
+  static constexpr uint32_t kOne = 1u << 16;       // the increment is in lines per step, 16.16 fixed point
+  static constexpr int64_t kSpreadEnd = 15;        // sixteenths of the steps by which the last line is issued
+
+  // Increment per step for `lines` lines over `steps` steps (at most one line a step).
+  static uint32_t increment(int64_t lines, int64_t steps) {
+    if (steps * kSpreadEnd <= lines * 16) return kOne;
+    return static_cast<uint32_t>(lines * 16 * int64_t(kOne) / (steps * kSpreadEnd));
+  }
+
+  LineSpread(const NextSample& next, uint32_t inc)
+      : rows_(next.rows()), n_(next.row_count()), row_bytes_(next.row_bytes()), inc_(inc), l1_(next.into_l1()) {}
+
+  // One tile step: a prefetch where the count has reached a whole line.
+  __attribute__((always_inline)) inline void step() {   // inlined: a call would spill the tile's sums
+    acc_ += inc_;
+    if (acc_ < kOne) return;
+    acc_ -= kOne;
+    if (r_ == n_) return;
+    prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
+    off_ += 64;
+    if (off_ >= row_bytes_) {
+      off_ = 0;
+      ++r_;
+    }
+  }
+  // The lines the steps left (more lines than steps; D below the vector width).
+  void rest() {
+    for (; r_ < n_; ++r_, off_ = 0)
+      prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, row_bytes_ - off_, l1_);
+  }
+
+ private:
+  const float* const* rows_;
+  int64_t n_, row_bytes_, r_ = 0, off_ = 0;
+  uint32_t inc_, acc_ = 0;
+  bool l1_;
 };
 
 // The current sample's rows from L2 (where NextSample put them) into L1 at once, as it

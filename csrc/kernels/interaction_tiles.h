@@ -32,12 +32,15 @@ struct WideVec {
 // and R + C operands fit the register file) or one column operand at a time, used R times
 // (AVX2's 3 x 4 tiles: 12 sums + 3 + 1 of 16 registers).
 template <class Vec, int R, int C, int STRIDE, bool DIAG, int K>
-inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K]) {
+inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K],
+                      LineSpread& next) {
   using V = typename Vec::V;
   constexpr bool kOneColumnAtATime = R * C + R + C > kVecRegs;
   NEO_UNROLL
   for (int q = 0; q < K; ++q) acc[q] = Vec::zero();
+  LineSpread spread = next;   // a local copy: through the reference gcc kept its count in memory (a chain per step)
   for (int64_t d = 0; d < Dv; d += Vec::kLanes) {
+    spread.step();
     V x[R], y[C];
     NEO_UNROLL
     for (int r = 0; r < R; ++r) x[r] = Vec::load(ri[r] + d);
@@ -64,6 +67,7 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
       for (int c = 0; c < C; ++c)
         if (!DIAG || c >= r) acc[r * STRIDE + c] = Vec::fmadd(x[r], y[c], acc[r * STRIDE + c]);
   }
+  next = spread;
 }
 
 // The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
@@ -72,10 +76,11 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
 // (j0 = i0 + 1), where only c >= r are pairs; the others are neither computed nor stored.
 // `row[r] + j` is where pair (i0 + r, j) goes.
 template <int R, int C, bool DIAG>
-inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
+inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
+                      LineSpread& next) {
   constexpr int K = (R * C + 7) / 8 * 8;   // sums reduced eight at a time; the padding stays zero
   pv acc[K];
-  tile_sums<NarrowVec, R, C, C, DIAG>(ri, cj, Dv, acc);
+  tile_sums<NarrowVec, R, C, C, DIAG>(ri, cj, Dv, acc, next);
   alignas(32) float res[K];
   NEO_UNROLL
   for (int q = 0; q < K; q += 8) hsum8(acc + q, res + q);
@@ -100,10 +105,10 @@ inline void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv
 // before its pairs, which follow its D >= 96 dense floats).
 template <int R, int C, bool DIAG>
 inline void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
-                           int64_t j0) {
+                           int64_t j0, LineSpread& next) {
   static_assert(R <= 4 && C <= 4, "wide tiles are at most 4 x 4");
   __m512 acc[16];
-  tile_sums<WideVec, R, C, 4, DIAG>(ri, cj, Dv, acc);
+  tile_sums<WideVec, R, C, 4, DIAG>(ri, cj, Dv, acc, next);
   const __m512 sums = hsum16(acc);
   NEO_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -116,7 +121,8 @@ constexpr bool kHaveWideForward = true;
 #else
 // Declared only, for pair_tile_any's discarded branch: never instantiated without AVX-512.
 template <int R, int C, bool DIAG>
-void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0);
+void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
+                    LineSpread& next);
 constexpr bool kHaveWideForward = false;
 #endif
 
@@ -128,44 +134,56 @@ template <bool WIDE>
 constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
 
 template <int R, int C, bool DIAG, bool WIDE>
-inline void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0) {
-  if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0);
-  else pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0);
+inline void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
+                          LineSpread& next) {
+  if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0, next);
+  else pair_tile<R, C, DIAG>(ri, cj, Dv, row, j0, next);
 }
 
 // pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
 template <int R, bool DIAG, bool WIDE, int C = kFwdC>
 inline void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row, int64_t j0,
-                         int64_t nc) {
+                         int64_t nc, LineSpread& next) {
   if constexpr (C > 1) {
-    if (nc < C) return pair_tile_nc<R, DIAG, WIDE, C - 1>(ri, cj, Dv, row, j0, nc);
+    if (nc < C) return pair_tile_nc<R, DIAG, WIDE, C - 1>(ri, cj, Dv, row, j0, nc, next);
   }
-  pair_tile_any<R, C, DIAG, WIDE>(ri, cj, Dv, row, j0);
+  pair_tile_any<R, C, DIAG, WIDE>(ri, cj, Dv, row, j0, next);
 }
 
 // Row block [i0, i0 + R): the tile on the diagonal, whole tiles, a narrower one at the end.
 template <int R, bool WIDE>
-inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0, float* out) {
+inline void pair_row_block(const float* const* v, int64_t n, int64_t Dv, int64_t i0, float* out, LineSpread& next) {
   constexpr int C = kFwdC;
   float* row[R];   // row[r][j] = pair (i0 + r, j)
   NEO_UNROLL
   for (int r = 0; r < R; ++r) row[r] = out + pair_base(i0 + r, n);
   const float* const* ri = v + i0;
   int64_t j0 = i0 + 1;
-  pair_tile_nc<R, true, WIDE>(ri, v + j0, Dv, row, j0, n - j0);   // n - j0 >= R: every row has a pair
-  for (j0 += C; j0 + C <= n; j0 += C) pair_tile_any<R, C, false, WIDE>(ri, v + j0, Dv, row, j0);
-  if (j0 < n) pair_tile_nc<R, false, WIDE>(ri, v + j0, Dv, row, j0, n - j0);
+  pair_tile_nc<R, true, WIDE>(ri, v + j0, Dv, row, j0, n - j0, next);   // n - j0 >= R: every row has a pair
+  for (j0 += C; j0 + C <= n; j0 += C) pair_tile_any<R, C, false, WIDE>(ri, v + j0, Dv, row, j0, next);
+  if (j0 < n) pair_tile_nc<R, false, WIDE>(ri, v + j0, Dv, row, j0, n - j0, next);
 }
 template <bool WIDE, int R>
-inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out) {
+inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64_t i0, int64_t nr, float* out,
+                             LineSpread& next) {
   if constexpr (R > 1) {
-    if (nr < R) return pair_row_block_r<WIDE, R - 1>(v, n, Dv, i0, nr, out);
+    if (nr < R) return pair_row_block_r<WIDE, R - 1>(v, n, Dv, i0, nr, out, next);
   }
-  pair_row_block<R, WIDE>(v, n, Dv, i0, out);
+  pair_row_block<R, WIDE>(v, n, Dv, i0, out, next);
 }
 
-// Row blocks of the forward with tiles of R rows (the shares of its prefetches).
+// Row blocks of the forward with tiles of R rows (the grouped forward's prefetch shares: one per 4 rows).
 inline int64_t pair_row_blocks(int64_t n, int64_t R = kFwdR) { return (n - 1 + R - 1) / R; }
+
+// Tile steps of pair_dots<WIDE, R> on one sample (each tile runs Dv / lanes of them): what
+// LineSpread spreads the next sample's lines over.
+template <bool WIDE, int R = kFwdR>
+inline int64_t pair_dot_steps(int64_t n, int64_t D) {
+  const int64_t Dv = D / fwd_width<WIDE>() * fwd_width<WIDE>();
+  int64_t tiles = 0;
+  for (int64_t i0 = 0; i0 < n - 1; i0 += R) tiles += (n - 1 - i0 + kFwdC - 1) / kFwdC;
+  return tiles * (Dv / fwd_width<WIDE>());
+}
 
 // out[p] += the pair's dot over the columns [Dv, D) the vector tiles left out (scalar code).
 inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t D, float* out) {
@@ -180,14 +198,14 @@ inline void add_tail_dots(const float* const* v, int64_t n, int64_t Dv, int64_t 
 
 // out[p] = v_i . v_j over pairs i < j, p in row-major upper-triangle order (rows 0 .. n - 2:
 // row n - 1 has no pair to its right), in tiles of R rows (kFwdR, or kTallR for the AVX2
-// variant's tall tiles); the last D % fwd_width columns added in scalar code.
+// variant's tall tiles); the last D % fwd_width columns added in scalar code. The next
+// sample's lines are prefetched as the tiles step (LineSpread).
 template <bool WIDE, int R = kFwdR>
-inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, NextSample&& next) {
+inline void pair_dots(const float* const* v, int64_t n, int64_t D, float* out, LineSpread&& next) {
   const int64_t Dv = D / fwd_width<WIDE>() * fwd_width<WIDE>();
-  for (int64_t k = 0, i0 = 0; i0 < n - 1; ++k, i0 += R) {
-    next.part(k);
-    pair_row_block_r<WIDE, R>(v, n, Dv, i0, std::min<int64_t>(R, n - 1 - i0), out);
-  }
+  for (int64_t i0 = 0; i0 < n - 1; i0 += R)
+    pair_row_block_r<WIDE, R>(v, n, Dv, i0, std::min<int64_t>(R, n - 1 - i0), out, next);
+  next.rest();
   add_tail_dots(v, n, Dv, D, out);
 }
 

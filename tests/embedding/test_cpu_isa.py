@@ -80,6 +80,16 @@ def test_interaction_l1_burst_only_on_zen4():
     assert cpu_isa_info()["interaction_tiles"]["l1_burst"] == zen4
 
 
+def test_interaction_l1_next_only_on_zen5():
+    """The interaction's prefetches of the next sample go into L1 (csrc/cpu_isa.h) exactly on
+    AMD family 1Ah (Zen 5), read here from /proc/cpuinfo; elsewhere into L2."""
+    fields = dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", Path("/proc/cpuinfo").read_text(), re.M)) \
+        if Path("/proc/cpuinfo").exists() else {}
+    zen5 = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "26"
+    assert C.interaction_l1_next() == zen5
+    assert cpu_isa_info()["interaction_tiles"]["l1_next"] == zen5
+
+
 def test_cpu_id_and_caches_name_the_machine(tmp_path):
     info = Path("/proc/cpuinfo")
     text = info.read_text().split("\n\n")[0] if info.exists() else ""
