@@ -37,7 +37,9 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // (kL1NextBytes): AMD EPYC 26/2/1, B 2048, n 27, one thread, L1 and L2 alternating in one
 // process (2026-12-03, four runs), the AVX-512 backward at D 64 1.87 -> 1.66, 2.16 -> 1.97,
 // 1.49 -> 1.32, 1.52 -> 1.35 ms, at D 128 3.34 -> 2.65, 4.26 -> 3.58, 2.30 -> 2.34,
-// 2.23 -> 2.19; the AVX2 backward and the forwards (LineSpread) 0-3% faster. The
+// 2.23 -> 2.19; the AVX2 backward and the forwards (LineSpread) 0-3% faster. The pair
+// gradients go with them (into L1 too): the AVX-512 backward at D 128 a further 2.79 -> 2.55,
+// 2.86 -> 2.59, 3.55 -> 3.24 ms, at D 64 3%; AVX2 within 3% either way. The
 // prefetches are asm statements (prefetch_lines_l2_kept): gcc deleted these loops of
 // __builtin_prefetch.
 //
@@ -83,7 +85,8 @@ class NextSample {
   }
   // Share q of the pair gradients.
   void grad_part(int64_t q) const {
-    if (grad_) prefetch_lines_l2_kept(grad_ + plan_.grad_line[q] * 64, (plan_.grad_line[q + 1] - plan_.grad_line[q]) * 64);
+    if (grad_)
+      prefetch_next(grad_ + plan_.grad_line[q] * 64, (plan_.grad_line[q + 1] - plan_.grad_line[q]) * 64, l1_);
   }
   // Share q per step: bytes [lo, hi) of row j at step j (a line, a few, or none).
   struct RowShare {
@@ -108,7 +111,7 @@ class NextSample {
   const float* row_[256];
   const char* grad_ = nullptr;
   int64_t n_ = 0, row_bytes_ = 0;   // n_ = 0: no next sample
-  bool l1_ = false;                 // its rows into L1, not L2
+  bool l1_ = false;                 // its rows and pair gradients into L1, not L2
 };
 
 // The forward's prefetches of the next sample (the tiled forwards, interaction_tiles.h): its
