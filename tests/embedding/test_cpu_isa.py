@@ -69,13 +69,19 @@ def test_variants_follow_the_cpu_flags():
     assert info["cpu_model"] and set(info["cpu_flags"]) <= flags
 
 
+def _amd_family():
+    """The CPU family /proc/cpuinfo reports where the vendor is AMD (25: Zen 3 and 4, 26: Zen 5), else None."""
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.exists() else ""
+    fields = dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", text, re.M))
+    return int(fields["cpu family"]) if fields.get("vendor_id") == "AuthenticAMD" and "cpu family" in fields else None
+
+
 def test_interaction_l1_burst_only_on_zen4():
     """The interaction's L1 burst (csrc/cpu_isa.h) is on exactly on AMD family 19h with AVX-512
     (Zen 4), read here from /proc/cpuinfo: Zen 3 (family 19h, AVX2 only) and Intel run faster
     without it. Every record of the benchmarks says which way it ran."""
-    fields = dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", Path("/proc/cpuinfo").read_text(), re.M)) \
-        if Path("/proc/cpuinfo").exists() else {}
-    zen4 = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25" and "avx512f" in _cpuinfo_flags()
+    zen4 = _amd_family() == 25 and "avx512f" in _cpuinfo_flags()
     assert C.interaction_l1_burst() == zen4
     assert cpu_isa_info()["interaction_tiles"]["l1_burst"] == zen4
 
@@ -83,9 +89,7 @@ def test_interaction_l1_burst_only_on_zen4():
 def test_interaction_l1_next_only_on_zen5():
     """The interaction's prefetches of the next sample go into L1 (csrc/cpu_isa.h) exactly on
     AMD family 1Ah (Zen 5), read here from /proc/cpuinfo; elsewhere into L2."""
-    fields = dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", Path("/proc/cpuinfo").read_text(), re.M)) \
-        if Path("/proc/cpuinfo").exists() else {}
-    zen5 = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "26"
+    zen5 = _amd_family() == 26
     assert C.interaction_l1_next() == zen5
     assert cpu_isa_info()["interaction_tiles"]["l1_next"] == zen5
 
