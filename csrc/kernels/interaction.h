@@ -106,11 +106,10 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
   const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
   const NextSample::Plan plan(n, D, 0, grouped ? pair_row_blocks(n) : 0);   // the grouped forward's shares
-  // The tiled forwards' prefetches, a line every few steps (LineSpread).
-  const int64_t lines = n * ((D * 4 + 63) / 64);
-  const uint32_t spread = LineSpread::increment(
-      lines, wide ? pair_dot_steps<kHaveWideForward>(n, D) : pair_dot_steps<false>(n, D));
-  const uint32_t spread_tall = LineSpread::increment(lines, pair_dot_steps<false, kTallR>(n, D));
+  // The tiled forwards' prefetches, a line every few of their steps (LineSpread).
+  const int64_t steps = wide ? pair_dot_steps<kHaveWideForward>(n, D)
+                        : tall ? pair_dot_steps<false, kTallR>(n, D) : pair_dot_steps<false>(n, D);
+  const uint32_t spread = LineSpread::increment(n * ((D * 4 + 63) / 64), steps);
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     // The grouped forward's interleaved rows: 8 Dv floats, 64-byte aligned.
@@ -124,7 +123,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
       else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread));
-      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, LineSpread(next, spread_tall));
+      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, LineSpread(next, spread));
       else pair_dots<false>(v, n, D, o + D, LineSpread(next, spread));
     }
   });

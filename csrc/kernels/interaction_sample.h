@@ -100,13 +100,8 @@ class NextSample {
   RowShare row_share(int64_t q) const {
     return n_ == 0 ? RowShare{} : RowShare{row_, plan_.row_byte[q], plan_.row_byte[q + 1], l1_};
   }
-  // The next sample's rows (none where there is no next sample) and their bytes.
-  const float* const* rows() const { return row_; }
-  int64_t row_count() const { return n_; }
-  int64_t row_bytes() const { return row_bytes_; }
-  bool into_l1() const { return l1_; }
-
  private:
+  friend class LineSpread;   // the forward's prefetches of the same rows, spread over its steps
   const Plan& plan_;
   const float* row_[256];
   const char* grad_ = nullptr;
@@ -140,7 +135,7 @@ class LineSpread {
   }
 
   LineSpread(const NextSample& next, uint32_t inc)
-      : rows_(next.rows()), n_(next.row_count()), row_bytes_(next.row_bytes()), inc_(inc), l1_(next.into_l1()) {}
+      : rows_(next.row_), n_(next.n_), row_bytes_(next.row_bytes_), inc_(inc), l1_(next.l1_) {}
 
   // One tile step: a prefetch where the count has reached a whole line.
   __attribute__((always_inline)) inline void step() {   // inlined: a call would spill the tile's sums
