@@ -123,8 +123,8 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
       else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread));
-      else if (tall) pair_dots<false, kTallR>(v, n, D, o + D, LineSpread(next, spread));
-      else pair_dots<false>(v, n, D, o + D, LineSpread(next, spread));
+      else if (tall) pair_dots_d<kTallR>(v, n, D, o + D, LineSpread(next, spread));
+      else pair_dots_d<kFwdR>(v, n, D, o + D, LineSpread(next, spread));
     }
   });
 }
