@@ -57,6 +57,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Backward of dot_interaction_forward: (grad_dense (B, D), grad_pooled like pooled, times grad_scale)",
         py::arg("grad_out"), py::arg("dense"), py::arg("pooled"), py::arg("num_features"),
         py::arg("feature_offsets") = py::none(), py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
+  m.def("dot_interaction_eager", &neo::dot_interaction_eager, py::call_guard<py::gil_scoped_release>(),
+        "torch.ops.neo.dot_interaction without the dispatcher (an autograd node), or None where the fused kernel "
+        "does not apply (not CPU fp32, or CPU autocast on)",
+        py::arg("dense"), py::arg("pooled"), py::arg("num_features"), py::arg("feature_offsets") = py::none(),
+        py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
   m.def("bias_relu_", &neo::bias_relu_, py::call_guard<py::gil_scoped_release>(),
         "An MLP layer's bias and ReLU in place: y (B, N) = relu(y + bias); returns y", py::arg("y"), py::arg("bias"));
   m.def("relu_bias_backward", &neo::relu_bias_backward, py::call_guard<py::gil_scoped_release>(),

@@ -220,10 +220,11 @@ std::string interaction_tiles() { return kTileNames[tiles()]; }
 InteractionTiles interaction_tiles_at(int64_t D) {
   const std::string isa = kernels().isa;
   const int t = tiles();
-  if (isa == "avx2") {   // "auto": tall on Zen 3 (AMD family 19h without AVX-512), where it was measured faster
-    const bool zen3 = amd_family_19h() && !features().avx512f;
-    return t == code_of(InteractionTiles::kTall) || (t == 0 && zen3) ? InteractionTiles::kTall
-                                                                     : InteractionTiles::kNarrow;
+  if (isa == "avx2") {   // "auto": tall on Zen 3 (AMD family 19h without AVX-512) and Zen 5 (family 1Ah),
+                         // where it was measured faster
+    const bool tall_cpu = (amd_family_19h() && !features().avx512f) || amd_family_1ah();
+    return t == code_of(InteractionTiles::kTall) || (t == 0 && tall_cpu) ? InteractionTiles::kTall
+                                                                         : InteractionTiles::kNarrow;
   }
   if (isa != "avx512") return InteractionTiles::kNarrow;
   const bool full_rate = t == 0 && !amd_family_19h() && !amd_family_1ah();   // "auto": Intel's AVX-512 cores

@@ -122,8 +122,11 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              n 27 instead of 49, fewer of them narrow at the triangle's edge; each column
 //              operand loaded once and used three times, 16 registers). "auto": tall on Zen 3
 //              (AMD family 19h without AVX-512; forward 7-10% faster at D 64 and 128, one thread,
-//              AMD EPYC 25/1/1, 2026-11-30), narrow elsewhere (on the Zen 4 of 2026-11-24 a
-//              3 x 4 AVX2 tile was 5-15% slower). Same sums, same order: bit-identical results.
+//              AMD EPYC 25/1/1, 2026-11-30) and on Zen 5 (family 1Ah; forward 1-14% faster than
+//              narrow at D 64 and 128, one and two threads, in three runs of
+//              tools/bench_interaction.py --isa avx2 --all-variants, AMD EPYC 26/2/1, 2026-12-03),
+//              narrow elsewhere (on the Zen 4 of 2026-11-24 a 3 x 4 AVX2 tile was 5-15% slower; on
+//              Intel within noise). Same sums, same order: bit-identical results.
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
 //              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%

@@ -10,6 +10,7 @@
 // multiplied by grad_scale (the sharded collection's 1 / W), into a buffer like `pooled`.
 #include "interaction.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -199,6 +200,15 @@ at::Tensor dot_interaction(const at::Tensor& dense, const at::Tensor& pooled, in
 }
 
 }  // namespace
+
+std::optional<at::Tensor> dot_interaction_eager(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                                                const std::optional<at::Tensor>& offsets,
+                                                const std::optional<at::Tensor>& strides, double grad_scale) {
+  if (!dense.device().is_cpu() || !pooled.device().is_cpu() || dense.scalar_type() != at::kFloat ||
+      pooled.scalar_type() != at::kFloat || at::autocast::is_autocast_enabled(at::kCPU))
+    return std::nullopt;
+  return FusedDotInteraction::apply(dense, pooled, F, offsets, strides, grad_scale);
+}
 
 }  // namespace neo
 

@@ -92,7 +92,8 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
     the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall
-    tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h without AVX-512)."""
+    tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h without AVX-512) and Zen 5
+    (family 1Ah)."""
     before = C.interaction_tiles()
     with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
         C._set_interaction_tiles("broad")
@@ -102,7 +103,7 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     assert C.interaction_tiles() == before
     features = dict(C.cpu_features())
     amd = features["amd_family_19h"] or features["amd_family_1ah"]   # Zen 3 / 4, Zen 5
-    zen3 = features["amd_family_19h"] and not features["avx512f"]
+    tall_cpu = (features["amd_family_19h"] and not features["avx512f"]) or features["amd_family_1ah"]
     for isa in ISA_VARIANTS:
         with use_cpu_isa(isa), use_interaction_tiles("auto"):
             assert not C.interaction_wide(64)
@@ -110,7 +111,7 @@ def test_interaction_tiles_setting_is_checked_and_restored():
             full_rate = isa == "avx512" and not amd
             assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
                 ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
-                else ["tall"] * 6 if isa == "avx2" and zen3 else ["narrow"] * 6)
+                else ["tall"] * 6 if isa == "avx2" and tall_cpu else ["narrow"] * 6)
 
 
 def _fused_against_float64(F, D, B=37):
@@ -144,6 +145,56 @@ def test_fused_dot_interaction_equals_the_torch_path_and_falls_back_under_autoca
     torch.testing.assert_close(out.float(), ref(dense, pooled), rtol=0.05, atol=0.5)
     with pytest.raises(ValueError, match="kernel"):
         DotInteraction(F, D, kernel="cuda")
+
+
+def test_module_and_torch_ops_run_the_same_fused_node():
+    """The module calls the fused autograd node without the dispatcher (neo._C's
+    dot_interaction_eager); torch.ops.neo.dot_interaction is the same node registered as an op:
+    equal outputs and gradients bit for bit, on a tensor and on PooledPieces. The eager entry
+    declines (None) what the fused kernel does not take: fp64, and fp32 under CPU autocast."""
+    from neo import _C
+    from neo.models import PooledPieces
+
+    torch.manual_seed(4)
+    F, D, B = 5, 16, 7
+    dense = torch.randn(B, D, requires_grad=True)
+    pooled = torch.randn(B, F * D, requires_grad=True)
+    g = torch.randn(B, D + (F + 1) * F // 2)
+    out = DotInteraction(F, D)(dense, pooled)
+    op_out = torch.ops.neo.dot_interaction(dense, pooled, F)
+    assert "Fused" in out.grad_fn.name() and "Fused" in op_out.grad_fn.name()
+    assert torch.equal(out, op_out)
+    for a, b in zip(torch.autograd.grad(out, (dense, pooled), g), torch.autograd.grad(op_out, (dense, pooled), g)):
+        assert torch.equal(a, b)
+    offsets, strides = torch.arange(F) * D, torch.full((F,), F * D)
+    pieces = PooledPieces(pooled, offsets, strides, 0.5, tensor=lambda: pooled)
+    out = DotInteraction(F, D)(dense, pieces)
+    op_out = torch.ops.neo.dot_interaction(dense, pooled, F, offsets, strides, 0.5)
+    assert torch.equal(out, op_out)
+    for a, b in zip(torch.autograd.grad(out, (dense, pooled), g), torch.autograd.grad(op_out, (dense, pooled), g)):
+        assert torch.equal(a, b)
+    assert _C.dot_interaction_eager(dense.double(), pooled.double(), F) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _C.dot_interaction_eager(dense, pooled, F) is None
+    out64 = DotInteraction(F, D)(dense.double(), pooled.double())
+    assert out64.dtype == torch.float64 and "Fused" not in out64.grad_fn.name()   # the torch path
+    torch.testing.assert_close(out64.float(), op_out, rtol=1e-5, atol=1e-5)
+
+
+def test_unpickled_module_finds_the_fused_op_again(monkeypatch):
+    """A module unpickled in a process that has not built one (the op not looked up yet there)
+    still runs the fused kernel."""
+    import pickle
+
+    import neo.models.interaction as interaction
+
+    blob = pickle.dumps(DotInteraction(3, 8))
+    monkeypatch.setattr(interaction, "_eager_op", None)
+    module = pickle.loads(blob)
+    dense, pooled = torch.randn(4, 8, requires_grad=True), torch.randn(4, 24)
+    out = module(dense, pooled)
+    assert "Fused" in out.grad_fn.name()
+    torch.testing.assert_close(out, DotInteraction(3, 8, kernel="torch")(dense, pooled), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("F", [0, 256])
