@@ -93,7 +93,7 @@ class DotInteraction(nn.Module):
     Two implementations of the same function: ``kernel="torch"``, the reference (a
     concatenation, one bmm and a gather: any device and dtype, autocast included), and on
     fp32 CPU tensors outside autocast, ``kernel="auto"`` takes the fused C++ kernels of
-    ``neo._C`` when it is built (2.8 to 5.9x faster forward+backward at DLRM's shapes on one
+    ``neo._C`` when it is built (2.8 to 6.3x faster forward+backward at DLRM's shapes on one
     thread, by CPU, ISA and phase of a shared machine: docs/benchmarks.md). The two agree to
     fp32 rounding (the summation order differs).
     """
