@@ -1,8 +1,8 @@
 // DLRM's dot interaction, fused (the math and its register blocking per ISA:
 // csrc/kernels/interaction.h): checks and the pooled layout here, then the active
 // variant's kernel; output buffers reused across calls (reused_or_empty); and the op with
-// its backward as one C++ autograd node, torch.ops.neo.dot_interaction (what
-// neo.models.DotInteraction calls).
+// its backward as one C++ autograd node, torch.ops.neo.dot_interaction, which
+// neo.models.DotInteraction calls without the dispatcher (dot_interaction_eager).
 //
 // Pooled layout: either a contiguous (B, F * D) tensor, or any flat buffer in which feature
 // k of sample b starts at offsets[k] + b * strides[k] (e.g. the source-major output of the
