@@ -73,10 +73,8 @@ def _find_eager_op() -> Callable | None:
     layout (``(B, F * D)``, or a :class:`PooledPieces` buffer read in place). fp32 CPU tensors
     only. It is registered as ``torch.ops.neo.dot_interaction``; the module calls the same
     autograd node through ``dot_interaction_eager`` (no dispatcher), which also makes the
-    module's checks (CPU, fp32, no autocast) in C++: 30-40 us less a forward call (best of 190)
-    and 70-85 us less in the median than through ``torch.ops`` with the checks in Python, when
-    the caches are cold, as after the rest of a training step (B 64 and 2048, one thread,
-    2026-12-03, AMD EPYC Zen 5; docs/benchmarks.md)."""
+    module's checks (CPU, fp32, no autocast) in C++: tens of microseconds less a call with
+    cold caches (csrc/interaction.h, docs/benchmarks.md)."""
     global _eager_op
     if _eager_op is None:
         _eager_op = getattr(cpu_kernels("dot_interaction_forward"), "dot_interaction_eager", None)
