@@ -67,7 +67,7 @@
 //
 // Memory: at B 2048 the inputs (13.6 MB at n 27, D 64) come from DRAM; the next sample's
 // rows (and pair gradients) are prefetched into L2 (L1 on Zen 5) while the current one
-// computes: in the tiled forwards a line every few tile steps (LineSpread), in the backward
+// computes: in the tiled forwards a few lines as each tile starts (LineSpread), in the backward
 // and the grouped forward in shares (NextSample).
 //
 // Not done: a forward with one sample in each vector lane (the inputs transposed kW x kW, no
@@ -108,7 +108,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
   const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
   const NextSample::Plan plan(n, D, 0, grouped ? pair_row_blocks(n) : 0);   // the grouped forward's shares
-  // The tiled forwards' prefetches, a line every few of their steps (LineSpread).
+  // The tiled forwards' prefetches, spread over their tiles' steps (LineSpread).
   const int64_t steps = wide ? pair_dot_steps<kHaveWideForward>(n, D)
                         : tall ? pair_dot_steps<false, kTallR>(n, D) : pair_dot_steps<false>(n, D);
   const uint32_t spread = LineSpread::increment(n * ((D * 4 + 63) / 64), steps);

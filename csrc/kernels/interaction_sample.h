@@ -101,7 +101,7 @@ class NextSample {
     return n_ == 0 ? RowShare{} : RowShare{row_, plan_.row_byte[q], plan_.row_byte[q + 1], l1_};
   }
  private:
-  friend class LineSpread;   // the forward's prefetches of the same rows, spread over its steps
+  friend class LineSpread;   // the forward's prefetches of the same rows, spread over its tiles
   const Plan& plan_;
   const float* row_[256];
   const char* grad_ = nullptr;
@@ -110,19 +110,24 @@ class NextSample {
 };
 
 // The forward's prefetches of the next sample (the tiled forwards, interaction_tiles.h): its
-// lines one at a time, spread evenly over the current sample's tile steps (a step loads one
-// vector of each operand and issues R x C multiply-adds), one every steps / lines steps, the
-// last line issued by 15/16 of the steps (kSpreadEnd); into L2 or L1 as NextSample's. The
-// memory then stays busy the whole sample, where a burst per row block (NextSample::part,
-// which the backward and the grouped forward still use) left it idle between bursts and the
-// forward took about its arithmetic plus its traffic. AMD EPYC Zen 5 (26/2/1), B 2048, n 27,
-// one thread, a 128 MiB pass before each call, bursts and spread alternated in one process
-// (2026-12-03, two runs each): the forward at D 64 1.70-1.76 -> 1.44-1.49 ms with AVX2 and
-// 1.91-1.99 -> 1.30-1.36 with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22
-// -> 2.13-2.19 (AVX-512). The tile loop keeps a copy in registers (tile_sums): stepped
-// through a reference, gcc kept the count in memory, a store and reload every step, and the
-// D 64 forward gained nothing. The same spread over the backward's steps (AVX2, register
-// copy, every 4 to 8 steps) was no faster than its bursts per gradient block, or slower.
+// lines spread evenly over the current sample's tile steps (a step loads one vector of each
+// operand and issues R x C multiply-adds), one every steps / lines steps, the last line issued
+// by 15/16 of the steps (kSpreadEnd); into L2 or L1 as NextSample's. The memory then stays
+// busy the whole sample, where a burst per row block (NextSample::part, which the backward and
+// the grouped forward still use) left it idle between bursts and the forward took about its
+// arithmetic plus its traffic. AMD EPYC Zen 5 (26/2/1), B 2048, n 27, one thread, a 128 MiB
+// pass before each call, bursts and spread alternated in one process (2026-12-03, two runs
+// each): the forward at D 64 1.70-1.76 -> 1.44-1.49 ms with AVX2 and 1.91-1.99 -> 1.30-1.36
+// with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22 -> 2.13-2.19 (AVX-512).
+// A tile issues its steps' share when it starts (tile(k): the 16.16 count advanced by k
+// steps at once), not a line at a step: the count, its tests and its store stay out of the
+// step loop (D 64 has 8 steps a tile; its prefetches are still 30-40 a tile apart). Same
+// machine, alternating in one process (2026-12-03): with the rows in L1 the AVX2 forward
+// 536 -> 515 ns a sample at D 64, 866 -> 846 at D 128, AVX-512 558 -> 531 and 936 -> 931; in
+// the module after the torch path's pass (B 2048, medians of 36) AVX2 1.42 -> 1.32 ms at D 64,
+// 2.23 -> 2.18 at D 128, two threads 0.78 -> 0.73 and 1.37 -> 1.32. The same spread over the
+// backward's steps (AVX2, every 4 to 8 steps) was no faster than its bursts per gradient
+// block, or slower.
 class LineSpread {
  public:
   static constexpr uint32_t kOne = 1u << 16;       // the increment is in lines per step, 16.16 fixed point
@@ -137,17 +142,16 @@ class LineSpread {
   LineSpread(const NextSample& next, uint32_t inc)
       : rows_(next.row_), n_(next.n_), row_bytes_(next.row_bytes_), inc_(inc), l1_(next.l1_) {}
 
-  // One tile step: a prefetch where the count has reached a whole line.
-  __attribute__((always_inline)) inline void step() {   // inlined: a call would spill the tile's sums
-    acc_ += inc_;
-    if (acc_ < kOne) return;
-    acc_ -= kOne;
-    if (r_ == n_) return;
-    prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
-    off_ += 64;
-    if (off_ >= row_bytes_) {
-      off_ = 0;
-      ++r_;
+  // A tile of k steps starts: the lines its steps' share has reached, one prefetch each.
+  __attribute__((always_inline)) inline void tile(int64_t k) {
+    acc_ += static_cast<uint64_t>(inc_) * static_cast<uint64_t>(k);
+    for (; acc_ >= kOne && r_ < n_; acc_ -= kOne) {
+      prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
+      off_ += 64;
+      if (off_ >= row_bytes_) {
+        off_ = 0;
+        ++r_;
+      }
     }
   }
   // The lines the steps left (more lines than steps; D below the vector width).
@@ -159,7 +163,8 @@ class LineSpread {
  private:
   const float* const* rows_;
   int64_t n_, row_bytes_, r_ = 0, off_ = 0;
-  uint32_t inc_, acc_ = 0;
+  uint32_t inc_;
+  uint64_t acc_ = 0;
   bool l1_;
 };
 
