@@ -121,7 +121,7 @@ class NextSample {
 // with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22 -> 2.13-2.19 (AVX-512).
 // A tile issues its steps' share when it starts (tile(k): the 16.16 count advanced by k
 // steps at once), not a line at a step: the count, its tests and its store stay out of the
-// step loop (D 64 has 8 steps a tile; its prefetches are still 30-40 a tile apart). Same
+// step loop (at D 64, n 27: 35 tiles of 8 steps, about 3 of the 108 lines at each). Same
 // machine, alternating in one process (2026-12-03): with the rows in L1 the AVX2 forward
 // 536 -> 515 ns a sample at D 64, 866 -> 846 at D 128, AVX-512 558 -> 531 and 936 -> 931; in
 // the module after the torch path's pass (B 2048, medians of 36) AVX2 1.42 -> 1.32 ms at D 64,
