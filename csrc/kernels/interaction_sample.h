@@ -119,9 +119,10 @@ class NextSample {
 // pass before each call, bursts and spread alternated in one process (2026-12-03, two runs
 // each): the forward at D 64 1.70-1.76 -> 1.44-1.49 ms with AVX2 and 1.91-1.99 -> 1.30-1.36
 // with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22 -> 2.13-2.19 (AVX-512).
-// A tile issues its steps' share when it starts (tile(k): the 16.16 count advanced by k
-// steps at once), not a line at a step: the count, its tests and its store stay out of the
-// step loop (at D 64, n 27: 35 tiles of 8 steps, about 3 of the 108 lines at each). Same
+// In the AVX2 and AVX-512 variants a tile issues its steps' share when it starts (tile(k): the
+// 16.16 count advanced by k steps at once), not a line at a step (step(), which the baseline
+// keeps: tile_sums): the count, its tests and its store stay out of the step loop (at D 64,
+// n 27: 35 tiles of 8 steps, about 3 of the 108 lines at each). Same
 // machine, alternating in one process (2026-12-03): with the rows in L1 the AVX2 forward
 // 536 -> 515 ns a sample at D 64, 866 -> 846 at D 128, AVX-512 558 -> 531 and 936 -> 931; in
 // the module after the torch path's pass (B 2048, medians of 36) AVX2 1.42 -> 1.32 ms at D 64,
@@ -142,10 +143,23 @@ class LineSpread {
   LineSpread(const NextSample& next, uint32_t inc)
       : rows_(next.row_), n_(next.n_), row_bytes_(next.row_bytes_), inc_(inc), l1_(next.l1_) {}
 
+  // One tile step: a prefetch where the count has reached a whole line (the baseline variant).
+  __attribute__((always_inline)) inline void step() {   // inlined: a call would spill the tile's sums
+    acc_ += inc_;
+    if (acc_ < kOne) return;
+    acc_ -= kOne;
+    if (r_ == n_) return;
+    prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
+    off_ += 64;
+    if (off_ >= row_bytes_) {
+      off_ = 0;
+      ++r_;
+    }
+  }
   // A tile of k steps starts: the lines its steps' share has reached, one prefetch each.
   __attribute__((always_inline)) inline void tile(int64_t k) {
-    acc_ += static_cast<uint64_t>(inc_) * static_cast<uint64_t>(k);
-    for (; acc_ >= kOne && r_ < n_; acc_ -= kOne) {
+    uint64_t count = acc_ + static_cast<uint64_t>(inc_) * static_cast<uint64_t>(k);
+    for (; count >= kOne && r_ < n_; count -= kOne) {
       prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
       off_ += 64;
       if (off_ >= row_bytes_) {
@@ -153,6 +167,7 @@ class LineSpread {
         ++r_;
       }
     }
+    acc_ = static_cast<uint32_t>(std::min<uint64_t>(count, kOne));   // at most kOne: every row issued
   }
   // The lines the steps left (more lines than steps; D below the vector width).
   void rest() {
@@ -163,8 +178,7 @@ class LineSpread {
  private:
   const float* const* rows_;
   int64_t n_, row_bytes_, r_ = 0, off_ = 0;
-  uint32_t inc_;
-  uint64_t acc_ = 0;
+  uint32_t inc_, acc_ = 0;
   bool l1_;
 };
 

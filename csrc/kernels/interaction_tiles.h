@@ -64,13 +64,33 @@ __attribute__((always_inline)) inline void tile_step(const float* const* ri, con
 // acc[r * STRIDE + c] = lane-wise partial sums of v_{i0 + r} * v_{j0 + c}; every acc entry is
 // zeroed first (the ones no pair uses stay zero). DIAG: only the pairs c >= r. DV > 0: Dv is
 // DV, known at compile time, and the steps are unrolled (pair_dots_d); 0: Dv at run time.
-// The tile's share of the next sample's prefetches goes out as it starts (LineSpread::tile).
+// The tile's share of the next sample's prefetches goes out as it starts (LineSpread::tile) in
+// the AVX2 and AVX-512 variants; in the baseline a line at a step as the count reaches it
+// (LineSpread::step): its 4-float steps without the prefetch statements between them ran up
+// to 2x slower (AMD EPYC 26/2/1, rows in L1, one thread, 2026-12-03: 1.80-1.84 -> 3.07-3.29 us
+// a sample at D 64, 2.81-2.92 -> 5.78-6.48 at D 128; gcc schedules the unrolled loads freely).
+constexpr bool kSpreadPerTile = kW >= 8;
 template <class Vec, int R, int C, int STRIDE, bool DIAG, int K, int DV = 0>
 inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K],
                       LineSpread& next) {
   NEO_UNROLL
   for (int q = 0; q < K; ++q) acc[q] = Vec::zero();
-  if constexpr (DV > 0) {
+  if constexpr (!kSpreadPerTile) {   // the baseline: a count per step, on a copy kept in registers
+    LineSpread spread = next;        // (through the reference gcc kept the count in memory)
+    if constexpr (DV > 0) {
+      NEO_UNROLL
+      for (int64_t d = 0; d < DV; d += Vec::kLanes) {
+        spread.step();
+        tile_step<Vec, R, C, STRIDE, DIAG>(ri, cj, d, acc);
+      }
+    } else {
+      for (int64_t d = 0; d < Dv; d += Vec::kLanes) {
+        spread.step();
+        tile_step<Vec, R, C, STRIDE, DIAG>(ri, cj, d, acc);
+      }
+    }
+    next = spread;
+  } else if constexpr (DV > 0) {
     next.tile(DV / Vec::kLanes);
     NEO_UNROLL
     for (int64_t d = 0; d < DV; d += Vec::kLanes) tile_step<Vec, R, C, STRIDE, DIAG>(ri, cj, d, acc);
@@ -81,14 +101,14 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
 }
 
 // How the 8-float tiles are compiled into their row blocks (pair_row_block): inlined, with no
-// call per tile, in the AVX2 variant (and the baseline); called in the AVX-512 one. AMD EPYC
+// call per tile, in the AVX2 variant; called in the AVX-512 one and the baseline. AMD EPYC
 // 26/2/1, B 2048, n 27, one thread, the rows in L1, builds alternating (2026-12-03, three
 // runs): the AVX2 forward inlined 513 -> 469 ns a sample at D 64, 893 -> 830 at D 128;
 // AVX-512's narrow tiles inlined 5-10% slower (533 -> 563 at D 64, 929 -> 965 at D 128).
-#if defined(__AVX512F__)
-#define NEO_NARROW_TILE inline
-#else
+#if defined(__AVX2__) && !defined(__AVX512F__)
 #define NEO_NARROW_TILE __attribute__((always_inline)) inline
+#else
+#define NEO_NARROW_TILE inline
 #endif
 
 // The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
