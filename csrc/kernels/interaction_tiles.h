@@ -67,8 +67,9 @@ __attribute__((always_inline)) inline void tile_step(const float* const* ri, con
 // The tile's share of the next sample's prefetches goes out as it starts (LineSpread::tile) in
 // the AVX2 and AVX-512 variants; in the baseline a line at a step as the count reaches it
 // (LineSpread::step): its 4-float steps without the prefetch statements between them ran up
-// to 2x slower (AMD EPYC 26/2/1, rows in L1, one thread, 2026-12-03: 1.80-1.84 -> 3.07-3.29 us
-// a sample at D 64, 2.81-2.92 -> 5.78-6.48 at D 128; gcc schedules the unrolled loads freely).
+// to 2x slower (AMD EPYC 26/2/1, rows in L1, one thread, 2026-12-03, four runs: 1.18-1.84 ->
+// 2.17-3.29 us a sample at D 64, 2.18-2.92 -> 4.49-6.48 at D 128; gcc schedules the unrolled
+// loads freely).
 constexpr bool kSpreadPerTile = kW >= 8;
 template <class Vec, int R, int C, int STRIDE, bool DIAG, int K, int DV = 0>
 inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv, typename Vec::V (&acc)[K],
