@@ -74,7 +74,11 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
 // nothing else holds the tensor). A storage is reused only when its slot alone holds it
 // (no tensor, view or Python storage object left) and it has the size wanted. Two slots
 // per output: the previous call's output is often still held when the next call starts
-// (an activation until the step's backward, a loop variable until reassigned).
+// (an activation until the step's backward, a loop variable until reassigned). A new
+// storage takes an empty slot first, then one nobody else holds (its storage, of another
+// size, freed), else slot 1: two shapes called in turn (two modules, or training and
+// evaluation batches) keep a slot each, where a unique slot 0 taken first gave each call a
+// fresh buffer (tests/models/test_dlrm.py).
 struct Slots {
   c10::Storage s[2];
 };
@@ -86,7 +90,9 @@ at::Tensor reused_or_empty(Slots& slots, at::IntArrayRef sizes, const at::Tensor
   for (c10::Storage& s : slots.s)
     if (s && s.unique() && s.nbytes() == nbytes) return at::empty({0}, options).set_(s, 0, sizes);   // contiguous
   at::Tensor t = at::empty(sizes, options);
-  c10::Storage& free_slot = !slots.s[0] || slots.s[0].unique() ? slots.s[0] : slots.s[1];
+  c10::Storage& free_slot = !slots.s[0]                      ? slots.s[0]
+                            : !slots.s[1] || !slots.s[0].unique() ? slots.s[1]
+                                                                  : slots.s[0];
   free_slot = t.storage();
   return t;
 }

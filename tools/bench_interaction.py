@@ -55,7 +55,10 @@ and output allocation (a few microseconds).
 
 Every process runs with ``neo.host_memory.retain_freed_memory()``, as training does.
 Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json`` records
-(``speedup_vs_torch``, ``speedup_vs_torchrec``: the peer's time over Neo's, per phase) with
+(``speedup_vs_torch``, ``speedup_vs_torchrec``: the peer's median time over Neo's, per phase;
+``speedup_vs_torch_paired``, ``speedup_vs_torchrec_paired``: per phase, the median over the
+timed iterations of each iteration's ratio, the two systems having run one right after the
+other: steadier on a shared machine, where a slow minute lands on both times of a pair) with
 the machine (CPU model, ISA flags, the --isa cap, the kernels' and ATen's ISA).
 """
 
@@ -219,7 +222,29 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
         tot = 1e3 * statistics.median(a + b for a, b in zip(s.times["fwd"], s.times["bwd"]))
         records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, fwd_ms=fwd, bwd_ms=bwd,
                             fwd_bwd_ms=tot, forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
+    add_paired(records, systems)
     return records
+
+
+def add_paired(records: List[dict], systems: List[System]) -> None:
+    """Each Neo record's ``speedup_vs_<peer>_paired``: per phase, the median over the timed
+    iterations of the peer's time over Neo's in the same iteration (each system runs once per
+    iteration, one right after the other), in place. A slow minute of the shared machine then
+    weighs on both times of a pair instead of on one system's median alone."""
+    by_name = {s.name: s for s in systems}
+    for r in records:
+        if not is_neo(r["system"]):
+            continue
+        neo = by_name[r["system"]].times
+        for peer in PEERS:
+            if peer not in by_name:
+                continue
+            t = by_name[peer].times
+            r[f"speedup_vs_{peer}_paired"] = dict(
+                fwd_ms=statistics.median(a / b for a, b in zip(t["fwd"], neo["fwd"])),
+                bwd_ms=statistics.median(a / b for a, b in zip(t["bwd"], neo["bwd"])),
+                fwd_bwd_ms=statistics.median((a + b) / (c + d)
+                                             for a, b, c, d in zip(t["fwd"], t["bwd"], neo["fwd"], neo["bwd"])))
 
 
 def add_bounds(records: List[dict], isa: str) -> None:
@@ -333,8 +358,10 @@ def print_records(records: List[dict]) -> None:
                 continue
             t = next(x for x in records if x["system"] == peer and x["dim"] == r["dim"] and x["threads"] == r["threads"])
             sp = r[f"speedup_vs_{peer}"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+            paired = r.get(f"speedup_vs_{peer}_paired")
             print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
-                  f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x")
+                  f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x"
+                  + (f"  (paired: median of the iterations' ratios {paired['fwd_bwd_ms']:5.2f}x)" if paired else ""))
 
 
 def main(argv=None) -> int:

@@ -50,7 +50,13 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // multiply-adds of 16 floats a step; AVX2's 12 of 8 slow down by a tenth), a line or a
 // few of row j at each step j (row_share(q).row(j)) plus a burst of pair-gradient lines
 // (grad_part(q)). Where the shares start is computed once per call (Plan): no divisions
-// per sample.
+// per sample. On Zen 5, in tools/bench_interaction.py's state (the inputs evicted by the torch
+// path's pass), none of this changes the AVX2 kernels' time: without any prefetch, with
+// prefetchnta, or with the backward's next rows in column order, forward and backward stayed
+// within the noise (one and two threads, D 64 and 128, alternating in one process, 2026-12-03
+// 11:20-11:40 UTC, docs/benchmarks.md; two to five samples ahead into L2 as well made the
+// backward 5-8% slower): its hardware prefetchers carry these sequential streams. Kept for the
+// other machines above.
 class NextSample {
  public:
   struct Plan {

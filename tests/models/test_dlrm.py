@@ -1,5 +1,7 @@
 """Models against plain re-statements of their formulas."""
 
+import threading
+
 import pytest
 import torch
 
@@ -256,6 +258,56 @@ def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
     del out, dense, pooled, held, view, r, d, p          # nothing holds any of the gradients any more
     _, _, pooled, _ = step(6)
     assert pooled.grad.data_ptr() in seen                # reused, and taken as .grad without a copy
+
+
+def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
+    """Two shapes called in turn (two modules, or training and evaluation batches) keep a slot
+    each (csrc/interaction.cpp, reused_or_empty): from the second round on, every call gets its
+    shape's output and gradient storage of the first round again, though the allocator's chunks
+    freed in between are taken (the filler tensors), and the results stay right. In a thread of
+    its own: the slots are per thread, so it starts with none, whatever ran before."""
+    F, B = 26, 8
+    mods = {D: DotInteraction(F, D) for D in (16, 32)}
+    refs = {D: DotInteraction(F, D, kernel="torch") for D in (16, 32)}
+
+    def call(D, seed):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.randn(B, D, generator=g, requires_grad=True)
+        pooled = torch.randn(B, F * D, generator=g, requires_grad=True)
+        grad = torch.randn(B, mods[D].out_features, generator=g)
+        out = mods[D](dense, pooled)
+        out.backward(grad)
+        d, p = dense.detach().requires_grad_(), pooled.detach().requires_grad_()
+        r = refs[D](d, p)
+        r.backward(grad)
+        torch.testing.assert_close(out, r, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(pooled.grad, p.grad, rtol=1e-5, atol=1e-5)
+        return out.data_ptr(), pooled.grad.data_ptr(), out.numel() * 4, pooled.numel() * 4
+
+    def rounds():
+        first = {D: call(D, D) for D in (16, 32)}
+        fillers = []
+        for seed in range(3):
+            for D in (16, 32):
+                # a tensor of each buffer's size takes whatever chunk the allocator has free for it
+                fillers += [torch.empty(first[D][2], dtype=torch.uint8), torch.empty(first[D][3], dtype=torch.uint8)]
+                assert call(D, 100 + seed)[:2] == first[D][:2]
+
+    errors, done = [], []
+
+    def run():
+        try:
+            rounds()
+            done.append(True)
+        except BaseException as e:   # raised again in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    assert done
 
 
 @pytest.mark.parametrize("isa,tiles", ISA_TILES)

@@ -38,7 +38,22 @@ def test_torchrecs_interaction_arch_is_timed_beside_neo_and_torch_with_both_rati
     neo, torch_path, torchrec = records[0], records[-2], records[-1]
     for ref, key in ((torch_path, "speedup_vs_torch"), (torchrec, "speedup_vs_torchrec")):
         assert neo[key] == {p: ref[p] / neo[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
-    assert "torchrec / neo" in capsys.readouterr().out
+    assert set(neo["speedup_vs_torch_paired"]) == set(neo["speedup_vs_torchrec_paired"]) == {"fwd_ms", "bwd_ms",
+                                                                                             "fwd_bwd_ms"}
+    out = capsys.readouterr().out
+    assert "torchrec / neo" in out and "paired" in out
+
+
+def test_paired_ratios_are_the_median_of_each_iterations_ratio():
+    neo, torch_path = bench.System("neo-avx2", None), bench.System("torch", None)
+    neo.times = {"fwd": [1.0, 2.0, 4.0], "bwd": [2.0, 2.0, 2.0]}
+    torch_path.times = {"fwd": [5.0, 4.0, 16.0], "bwd": [4.0, 10.0, 6.0]}
+    records = [dict(system="neo-avx2"), dict(system="torch")]
+    bench.add_paired(records, [neo, torch_path])
+    # per iteration: fwd 5, 2, 4; bwd 2, 5, 3; fwd + bwd 9 / 3, 14 / 4, 22 / 6 (the medians' ratio
+    # would be 5 / 2 forward: another figure)
+    assert records[0]["speedup_vs_torch_paired"] == {"fwd_ms": 4.0, "bwd_ms": 3.0, "fwd_bwd_ms": 3.5}
+    assert "speedup_vs_torch_paired" not in records[1]
 
 
 def test_torchrecs_output_is_checked_against_the_torch_path_before_timing(monkeypatch):
