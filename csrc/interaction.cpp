@@ -90,9 +90,8 @@ at::Tensor reused_or_empty(Slots& slots, at::IntArrayRef sizes, const at::Tensor
   for (c10::Storage& s : slots.s)
     if (s && s.unique() && s.nbytes() == nbytes) return at::empty({0}, options).set_(s, 0, sizes);   // contiguous
   at::Tensor t = at::empty(sizes, options);
-  c10::Storage& free_slot = !slots.s[0]                      ? slots.s[0]
-                            : !slots.s[1] || !slots.s[0].unique() ? slots.s[1]
-                                                                  : slots.s[0];
+  c10::Storage& free_slot = !slots.s[0] ? slots.s[0]   // an empty slot, then one nobody else holds, else slot 1
+                            : !slots.s[1] || !slots.s[0].unique() ? slots.s[1] : slots.s[0];
   free_slot = t.storage();
   return t;
 }
