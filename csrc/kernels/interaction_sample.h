@@ -155,24 +155,12 @@ class LineSpread {
     if (acc_ < kOne) return;
     acc_ -= kOne;
     if (r_ == n_) return;
-    prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
-    off_ += 64;
-    if (off_ >= row_bytes_) {
-      off_ = 0;
-      ++r_;
-    }
+    issue_line();
   }
   // A tile of k steps starts: the lines its steps' share has reached, one prefetch each.
   __attribute__((always_inline)) inline void tile(int64_t k) {
     uint64_t count = acc_ + static_cast<uint64_t>(inc_) * static_cast<uint64_t>(k);
-    for (; count >= kOne && r_ < n_; count -= kOne) {
-      prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
-      off_ += 64;
-      if (off_ >= row_bytes_) {
-        off_ = 0;
-        ++r_;
-      }
-    }
+    for (; count >= kOne && r_ < n_; count -= kOne) issue_line();
     acc_ = static_cast<uint32_t>(std::min<uint64_t>(count, kOne));   // at most kOne: every row issued
   }
   // The lines the steps left (more lines than steps; D below the vector width).
@@ -182,6 +170,16 @@ class LineSpread {
   }
 
  private:
+  // The next line of the rows (r_ < n_), and the cursor past it.
+  __attribute__((always_inline)) inline void issue_line() {
+    prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, 64, l1_);
+    off_ += 64;
+    if (off_ >= row_bytes_) {
+      off_ = 0;
+      ++r_;
+    }
+  }
+
   const float* const* rows_;
   int64_t n_, row_bytes_, r_ = 0, off_ = 0;
   uint32_t inc_, acc_ = 0;

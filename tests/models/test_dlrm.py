@@ -1,6 +1,6 @@
 """Models against plain re-statements of their formulas."""
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -293,21 +293,8 @@ def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
                 fillers += [torch.empty(first[D][2], dtype=torch.uint8), torch.empty(first[D][3], dtype=torch.uint8)]
                 assert call(D, 100 + seed)[:2] == first[D][:2]
 
-    errors, done = [], []
-
-    def run():
-        try:
-            rounds()
-            done.append(True)
-        except BaseException as e:   # raised again in the test's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    assert done
+    with ThreadPoolExecutor(max_workers=1) as pool:   # result() raises here what the thread raised
+        pool.submit(rounds).result()
 
 
 @pytest.mark.parametrize("isa,tiles", ISA_TILES)
