@@ -72,9 +72,9 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
 // A slot keeps the storage, not a tensor: the returned tensor is the only one, so autograd
 // still takes it as .grad without copying (AccumulateGrad steals a gradient only when
 // nothing else holds the tensor). A storage is reused only when its slot alone holds it
-// (no tensor, view or Python storage object left) and it has the size wanted. Two slots
-// per output: the previous call's output is often still held when the next call starts
-// (an activation until the step's backward, a loop variable until reassigned). A new
+// (held_by_slot_alone) and it has the size wanted. Two slots per output: the previous
+// call's output is often still held when the next call starts (an activation until the
+// step's backward, a loop variable until reassigned). A new
 // storage takes an empty slot first, then one nobody else holds (its storage, of another
 // size, freed), else slot 1: two shapes called in turn (two modules, or training and
 // evaluation batches) keep a slot each, where a unique slot 0 taken first gave each call a
@@ -83,15 +83,32 @@ struct Slots {
   c10::Storage s[2];
 };
 
+// Whether nothing but its slot holds storage s: no other strong or weak reference, or else
+// only its Python object (`tensor.untyped_storage()`, made by torch.save, saved-tensor hooks
+// and the like), which PyTorch keeps alive while C++ holds the storage (PyObject
+// preservation: the object holds one strong reference) and which nothing in Python refers to
+// any more: the test PyTorch's AccumulateGrad makes before it steals a gradient
+// (torch::autograd::impl::is_tensor_stealable). With unique() alone such a storage stayed in
+// its slot for good, never handed out again: with both slots so pinned, every call
+// allocated afresh. Like PyTorch's test, this one does not see a Python weakref.ref to the
+// storage's Python object (C++ weak references, such as StorageWeakRef's, it does see).
+bool held_by_slot_alone(const c10::Storage& s) {
+  const size_t strong = s.use_count();
+  if (strong != 1 && !(strong == 2 && s.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference()))
+    return false;
+  return s.getWeakStorageImpl().weak_use_count() == 2;   // this temporary one and the strong references' one
+}
+
 at::Tensor reused_or_empty(Slots& slots, at::IntArrayRef sizes, const at::TensorOptions& options) {
   int64_t numel = 1;
   for (int64_t n : sizes) numel *= n;
   const size_t nbytes = static_cast<size_t>(numel) * sizeof(float);
   for (c10::Storage& s : slots.s)
-    if (s && s.unique() && s.nbytes() == nbytes) return at::empty({0}, options).set_(s, 0, sizes);   // contiguous
+    if (s && s.nbytes() == nbytes && held_by_slot_alone(s))
+      return at::empty({0}, options).set_(s, 0, sizes);   // contiguous
   at::Tensor t = at::empty(sizes, options);
   c10::Storage& free_slot = !slots.s[0] ? slots.s[0]   // an empty slot, then one nobody else holds, else slot 1
-                            : !slots.s[1] || !slots.s[0].unique() ? slots.s[1] : slots.s[0];
+                            : !slots.s[1] || !held_by_slot_alone(slots.s[0]) ? slots.s[1] : slots.s[0];
   free_slot = t.storage();
   return t;
 }

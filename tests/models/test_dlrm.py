@@ -297,6 +297,53 @@ def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
         pool.submit(rounds).result()
 
 
+def test_fused_dot_interaction_reuses_a_buffer_python_saw_but_not_one_it_still_refers_to():
+    """A storage whose Python object was made (``untyped_storage()``: torch.save, saved-tensor
+    hooks) and then dropped is handed out again (csrc/interaction.cpp, held_by_slot_alone:
+    before, it stayed in its slot for good); one the caller still holds through that object,
+    or through a weak reference (``StorageWeakRef``, as torch.multiprocessing keeps), is not,
+    and its bytes stay as they were. In a thread of its own: the slots are per thread."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    F, D, B = 26, 16, 8
+    m, ref = DotInteraction(F, D), DotInteraction(F, D, kernel="torch")
+
+    def call(seed):
+        g = torch.Generator().manual_seed(seed)
+        dense, pooled = torch.randn(B, D, generator=g), torch.randn(B, F * D, generator=g)
+        with torch.no_grad():
+            out = m(dense, pooled)
+            torch.testing.assert_close(out, ref(dense, pooled), rtol=1e-6, atol=1e-5)
+        return out
+
+    def rounds():
+        out = call(0)
+        first = out.data_ptr()
+        out.untyped_storage()                   # its Python object made, and dropped at once
+        del out
+        out = call(1)
+        assert out.data_ptr() == first          # handed out again
+
+        held, kept = out.untyped_storage(), out.clone()
+        del out                                 # the storage now held through its Python object alone
+        outs = [call(2 + k) for k in range(3)]  # more calls than slots, each output kept
+        assert first not in {o.data_ptr() for o in outs}
+        torch.testing.assert_close(torch.empty(0).set_(held, 0, kept.shape), kept, rtol=0, atol=0)
+        del outs, held
+
+        out = call(5)
+        weak, ptr, kept = StorageWeakRef(out.untyped_storage()), out.data_ptr(), out.clone()
+        del out                                 # a weak reference left, nothing else
+        outs = [call(6 + k) for k in range(3)]
+        assert ptr not in {o.data_ptr() for o in outs}
+        assert not weak.expired()               # still alive in its slot: its bytes untouched
+        torch.testing.assert_close(torch.empty(0).set_(torch.UntypedStorage._new_with_weak_ptr(weak.cdata), 0,
+                                                      kept.shape), kept, rtol=0, atol=0)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:   # result() raises here what the thread raised
+        pool.submit(rounds).result()
+
+
 @pytest.mark.parametrize("isa,tiles", ISA_TILES)
 @pytest.mark.parametrize("D", [16, 128])
 def test_fused_dot_interaction_reads_pooled_pieces_in_place(isa, tiles, D):
