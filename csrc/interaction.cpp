@@ -74,11 +74,10 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
 // nothing else holds the tensor). A storage is reused only when its slot alone holds it
 // (held_by_slot_alone) and it has the size wanted. Two slots per output: the previous
 // call's output is often still held when the next call starts (an activation until the
-// step's backward, a loop variable until reassigned). A new
-// storage takes an empty slot first, then one nobody else holds (its storage, of another
-// size, freed), else slot 1: two shapes called in turn (two modules, or training and
-// evaluation batches) keep a slot each, where a unique slot 0 taken first gave each call a
-// fresh buffer (tests/models/test_dlrm.py).
+// step's backward, a loop variable until reassigned). A new storage takes an empty slot
+// first, then one nobody else holds (its storage, of another size, freed), else slot 1: two
+// shapes called in turn (two modules, or training and evaluation batches) keep a slot each,
+// where a unique slot 0 taken first gave each call a fresh buffer (tests/models/test_dlrm.py).
 struct Slots {
   c10::Storage s[2];
 };

@@ -218,12 +218,18 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
         dense.grad = pooled.grad = None
     records = []
     for s in systems:
-        fwd, bwd = (1e3 * statistics.median(s.times[p]) for p in ("fwd", "bwd"))
-        tot = 1e3 * statistics.median(a + b for a, b in zip(s.times["fwd"], s.times["bwd"]))
-        records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, fwd_ms=fwd, bwd_ms=bwd,
-                            fwd_bwd_ms=tot, forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
+        ms = {p: 1e3 * statistics.median(t) for p, t in phase_times(s).items()}
+        records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, **ms,
+                            forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
     add_paired(records, systems)
     return records
+
+
+def phase_times(s: System) -> Dict[str, List[float]]:
+    """A system's timed iterations per phase, as the records name them: forward, backward and
+    their sum, iteration by iteration."""
+    return dict(fwd_ms=s.times["fwd"], bwd_ms=s.times["bwd"],
+                fwd_bwd_ms=[a + b for a, b in zip(s.times["fwd"], s.times["bwd"])])
 
 
 def add_paired(records: List[dict], systems: List[System]) -> None:
@@ -235,16 +241,11 @@ def add_paired(records: List[dict], systems: List[System]) -> None:
     for r in records:
         if not is_neo(r["system"]):
             continue
-        neo = by_name[r["system"]].times
+        neo = phase_times(by_name[r["system"]])
         for peer in PEERS:
-            if peer not in by_name:
-                continue
-            t = by_name[peer].times
-            r[f"speedup_vs_{peer}_paired"] = dict(
-                fwd_ms=statistics.median(a / b for a, b in zip(t["fwd"], neo["fwd"])),
-                bwd_ms=statistics.median(a / b for a, b in zip(t["bwd"], neo["bwd"])),
-                fwd_bwd_ms=statistics.median((a + b) / (c + d)
-                                             for a, b, c, d in zip(t["fwd"], t["bwd"], neo["fwd"], neo["bwd"])))
+            if peer in by_name:
+                t = phase_times(by_name[peer])
+                r[f"speedup_vs_{peer}_paired"] = {p: statistics.median(a / b for a, b in zip(t[p], neo[p])) for p in neo}
 
 
 def add_bounds(records: List[dict], isa: str) -> None:
