@@ -10,6 +10,7 @@
 // multiplied by grad_scale (the sharded collection's 1 / W), into a buffer like `pooled`.
 #include "interaction.h"
 
+#include <Python.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -82,19 +83,33 @@ struct Slots {
   c10::Storage s[2];
 };
 
+// Whether Python object o has weak references (weakref.ref, a WeakValueDictionary's entry):
+// the list head CPython keeps at its type's tp_weaklistoffset (negative where the type
+// manages its weak references, Python 3.12 on; the same address arithmetic).
+bool has_python_weakrefs(PyObject* o) {
+  const Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
+  return off != 0 && *reinterpret_cast<PyObject* const*>(reinterpret_cast<const char*>(o) + off) != nullptr;
+}
+
 // Whether nothing but its slot holds storage s: no other strong or weak reference, or else
 // only its Python object (`tensor.untyped_storage()`, made by torch.save, saved-tensor hooks
 // and the like), which PyTorch keeps alive while C++ holds the storage (PyObject
 // preservation: the object holds one strong reference) and which nothing in Python refers to
-// any more: the test PyTorch's AccumulateGrad makes before it steals a gradient
-// (torch::autograd::impl::is_tensor_stealable). With unique() alone such a storage stayed in
-// its slot for good, never handed out again: with both slots so pinned, every call
-// allocated afresh. Like PyTorch's test, this one does not see a Python weakref.ref to the
-// storage's Python object (C++ weak references, such as StorageWeakRef's, it does see).
+// any more, strongly (the test PyTorch's AccumulateGrad makes before it steals a gradient,
+// torch::autograd::impl::is_tensor_stealable) or weakly (a weakref.ref to the object would
+// still reach the bytes: PyTorch's test does not look). With unique() alone such a storage
+// stayed in its slot for good, never handed out again: with both slots so pinned, every
+// call allocated afresh. C++ weak references (StorageWeakRef's) count too. Refcounts are
+// read without the GIL, as PyTorch's own test reads them: an object nothing refers to
+// cannot gain a reference meanwhile.
 bool held_by_slot_alone(const c10::Storage& s) {
   const size_t strong = s.use_count();
-  if (strong != 1 && !(strong == 2 && s.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference()))
+  if (strong == 2) {
+    const c10::impl::PyObjectSlot* py = s.unsafeGetStorageImpl()->pyobj_slot();
+    if (!py->has_unique_reference() || has_python_weakrefs(py->load_pyobj())) return false;
+  } else if (strong != 1) {
     return false;
+  }
   return s.getWeakStorageImpl().weak_use_count() == 2;   // this temporary one and the strong references' one
 }
 

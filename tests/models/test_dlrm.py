@@ -1,5 +1,6 @@
 """Models against plain re-statements of their formulas."""
 
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -301,7 +302,8 @@ def test_fused_dot_interaction_reuses_a_buffer_python_saw_but_not_one_it_still_r
     """A storage whose Python object was made (``untyped_storage()``: torch.save, saved-tensor
     hooks) and then dropped is handed out again (csrc/interaction.cpp, held_by_slot_alone:
     before, it stayed in its slot for good); one the caller still holds through that object,
-    or through a weak reference (``StorageWeakRef``, as torch.multiprocessing keeps), is not,
+    or through a weak reference (``StorageWeakRef``, as torch.multiprocessing keeps, or Python's
+    ``weakref.ref`` to that object), is not,
     and its bytes stay as they were. In a thread of its own: the slots are per thread."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -339,6 +341,16 @@ def test_fused_dot_interaction_reuses_a_buffer_python_saw_but_not_one_it_still_r
         assert not weak.expired()               # still alive in its slot: its bytes untouched
         torch.testing.assert_close(torch.empty(0).set_(torch.UntypedStorage._new_with_weak_ptr(weak.cdata), 0,
                                                       kept.shape), kept, rtol=0, atol=0)
+        del outs, weak
+
+        out = call(9)
+        pyweak, ptr, kept = weakref.ref(out.untyped_storage()), out.data_ptr(), out.clone()
+        del out                                 # a Python weak reference to its Python object left
+        outs = [call(10 + k) for k in range(3)]
+        assert ptr not in {o.data_ptr() for o in outs}
+        torch.testing.assert_close(torch.empty(0).set_(pyweak(), 0, kept.shape), kept, rtol=0, atol=0)
+        del outs, pyweak                        # nothing left: handed out again
+        assert call(13).data_ptr() == ptr
 
     with ThreadPoolExecutor(max_workers=1) as pool:   # result() raises here what the thread raised
         pool.submit(rounds).result()
