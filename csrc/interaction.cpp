@@ -175,6 +175,44 @@ std::tuple<at::Tensor, at::Tensor> run_backward(BackwardKernel kernel, const at:
   return {gd, gp};
 }
 
+// The flat index in the pooled buffer of each float of the B x F pooled vectors: (B * F * D,),
+// sample-major (the order of a (B, F * D) tensor).
+at::Tensor pooled_index(const Layout& L, int64_t B, int64_t D) {
+  const int64_t F = static_cast<int64_t>(L.off.size());
+  const at::Tensor off = at::tensor(L.off, at::kLong).view({1, F, 1});
+  const at::Tensor stride = at::tensor(L.stride, at::kLong).view({1, F, 1});
+  const at::Tensor b = at::arange(B, at::kLong).view({B, 1, 1}), d = at::arange(D, at::kLong).view({1, 1, D});
+  return (b * stride + off + d).reshape(-1);
+}
+
+// The backward's formula in differentiable ATen ops (the torch path's, neo/models/interaction.py),
+// on the same pooled layout and grad_scale as the kernel: v = [dense, pooled vectors] (B, n, D),
+// S the pair gradients symmetrised (B, n, n), grad v = S v. For a backward that is itself
+// differentiated; about the torch path's speed.
+std::tuple<at::Tensor, at::Tensor> backward_as_ops(const at::Tensor& grad_out, const at::Tensor& dense,
+                                                   const at::Tensor& pooled, int64_t F,
+                                                   const std::optional<at::Tensor>& offsets,
+                                                   const std::optional<at::Tensor>& strides, double grad_scale) {
+  const Layout L = layout_of(dense, pooled, F, offsets, strides);
+  const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
+  TORCH_CHECK(grad_out.dim() == 2 && grad_out.size(0) == B && grad_out.size(1) == D + P,
+              "neo._C: dot interaction: grad_out must be (B, D + P) = (", B, ", ", D + P, "), got ", grad_out.sizes());
+  const at::Tensor idx = pooled_index(L, B, D);
+  const at::Tensor v = at::cat({dense.unsqueeze(1), pooled.reshape(-1).index_select(0, idx).view({B, F, D})}, 1);
+  std::vector<int64_t> pairs;                                          // (i, j), i < j, as i * n + j
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j) pairs.push_back(i * n + j);
+  const at::Tensor S = at::zeros({B, n * n}, grad_out.options())
+                           .index_copy(1, at::tensor(pairs, at::kLong), grad_out.narrow(1, D, P))
+                           .view({B, n, n});
+  const at::Tensor dv = at::bmm(S + S.transpose(1, 2), v);           // (B, n, D)
+  const at::Tensor gd = grad_out.narrow(1, 0, D) + dv.select(1, 0);
+  const at::Tensor gp = at::zeros({pooled.numel()}, pooled.options())
+                            .index_copy(0, idx, dv.narrow(1, 1, F).reshape(-1) * grad_scale)
+                            .view(pooled.sizes());
+  return {gd, gp};
+}
+
 }  // namespace
 
 at::Tensor dot_interaction_forward(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
@@ -209,30 +247,45 @@ class FusedDotInteraction : public torch::autograd::Function<FusedDotInteraction
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& dense, const at::Tensor& pooled,
                             int64_t F, const std::optional<at::Tensor>& offsets,
                             const std::optional<at::Tensor>& strides, double grad_scale) {
-    const at::Tensor d = dense.contiguous(), p = pooled.contiguous();
-    ctx->save_for_backward({d, p});
+    ctx->save_for_backward({dense, pooled});   // contiguous (fused_apply): the inputs themselves
     ctx->saved_data["F"] = F;
     ctx->saved_data["offsets"] = offsets;
     ctx->saved_data["strides"] = strides;
     ctx->saved_data["grad_scale"] = grad_scale;
-    return dot_interaction_forward(d, p, F, offsets, strides);
+    return dot_interaction_forward(dense, pooled, F, offsets, strides);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    auto [gd, gp] = dot_interaction_backward(
-        grads[0].contiguous(), saved[0], saved[1], ctx->saved_data["F"].toInt(),
-        ctx->saved_data["offsets"].toOptional<at::Tensor>(), ctx->saved_data["strides"].toOptional<at::Tensor>(),
-        ctx->saved_data["grad_scale"].toDouble());
+    const int64_t F = ctx->saved_data["F"].toInt();
+    const auto offsets = ctx->saved_data["offsets"].toOptional<at::Tensor>();
+    const auto strides = ctx->saved_data["strides"].toOptional<at::Tensor>();
+    const double grad_scale = ctx->saved_data["grad_scale"].toDouble();
+    // create_graph=True (a gradient penalty, Hessian-vector products): gradients that carry a
+    // graph. The kernel's carry none, and autograd would take them as constants: second-order
+    // terms through the interaction silently dropped, or "does not require grad" raised.
+    auto [gd, gp] = at::GradMode::is_enabled()
+                        ? backward_as_ops(grads[0], saved[0], saved[1], F, offsets, strides, grad_scale)
+                        : dot_interaction_backward(grads[0].contiguous(), saved[0], saved[1], F, offsets, strides,
+                                                   grad_scale);
     return {gd, gp, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
+// The node on contiguous inputs: a non-contiguous one is copied by a differentiable op
+// first, so that the tensors saved for backward are the node's inputs, whose graph a
+// differentiated backward (backward_as_ops) needs.
+at::Tensor fused_apply(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
+                       const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides,
+                       double grad_scale) {
+  return FusedDotInteraction::apply(dense.contiguous(), pooled.contiguous(), F, offsets, strides, grad_scale);
+}
+
 at::Tensor dot_interaction(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
                            const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides,
                            double grad_scale) {
-  return FusedDotInteraction::apply(dense, pooled, F, offsets, strides, grad_scale);
+  return fused_apply(dense, pooled, F, offsets, strides, grad_scale);
 }
 
 }  // namespace
@@ -243,7 +296,7 @@ std::optional<at::Tensor> dot_interaction_eager(const at::Tensor& dense, const a
   if (!dense.device().is_cpu() || !pooled.device().is_cpu() || dense.scalar_type() != at::kFloat ||
       pooled.scalar_type() != at::kFloat || at::autocast::is_autocast_enabled(at::kCPU))
     return std::nullopt;
-  return FusedDotInteraction::apply(dense, pooled, F, offsets, strides, grad_scale);
+  return fused_apply(dense, pooled, F, offsets, strides, grad_scale);
 }
 
 }  // namespace neo

@@ -93,7 +93,9 @@ class DotInteraction(nn.Module):
     fp32 CPU tensors outside autocast, ``kernel="auto"`` takes the fused C++ kernels of
     ``neo._C`` when it is built (2.8 to 6.3x faster forward+backward at DLRM's shapes on one
     thread, by CPU, ISA and phase of a shared machine: docs/benchmarks.md). The two agree to
-    fp32 rounding (the summation order differs).
+    fp32 rounding (the summation order differs), to second order too: a backward run with
+    ``create_graph=True`` through the fused node computes its gradients with differentiable
+    torch ops (at about the torch path's speed).
     """
 
     def __init__(self, num_features: int, dim: int, kernel: str = "auto"):
