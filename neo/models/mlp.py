@@ -57,7 +57,14 @@ class _LinearReLUFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         x, weight, y = ctx.saved_tensors
-        gp, grad_b = cpu_kernels("bias_relu_").relu_bias_backward(g.contiguous(), y)   # (B, out), (out,)
+        if torch.is_grad_enabled():
+            # create_graph=True (gradient penalties, Hessian-vector products): the masked gradient
+            # from torch ops, which carry its graph back to g; the kernel's carries none, and the
+            # second-order terms through this layer would be dropped.
+            gp = g * (y > 0)                                                      # (B, out)
+            grad_b = gp.sum(0)
+        else:
+            gp, grad_b = cpu_kernels("bias_relu_").relu_bias_backward(g.contiguous(), y)   # (B, out), (out,)
         grad_x = gp @ weight if ctx.needs_input_grad[0] else None                 # (B, in)
         return grad_x, _weight_grad(gp, x, weight), grad_b
 

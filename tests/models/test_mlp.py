@@ -5,7 +5,8 @@
   (NaN, infinities, zeros of both signs included); the bias gradient matches an fp64 column sum
   and has the same bits at 1 and 2 threads;
 - the MLP against plain ``F.linear`` + ``F.relu`` layers on copies of its parameters: output and
-  every gradient, the fused node in the graph, its fall-backs (autocast, ``split_backward``);
+  every gradient (second-order ones too), the fused node in the graph, its fall-backs (autocast,
+  ``split_backward``);
 - bad shapes and dtypes are refused with the argument named.
 """
 
@@ -107,6 +108,32 @@ def test_mlp_fused_layers_match_plain_linear_relu(final_activation):
     # the same modules and state dict as the plain sequence
     assert [type(m).__name__ for m in mlp] == (["Linear", "ReLU"] * 3)[: 6 if final_activation else 5]
     assert list(mlp.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+
+def test_mlp_fused_layers_are_differentiable_twice():
+    """A gradient penalty (the input gradient taken with create_graph=True, its square
+    differentiated): the second-order gradients of every parameter and of the input equal
+    those of plain F.linear + F.relu layers. Before, the fused layers' masked gradient came from
+    the kernel without a graph: the penalty's gradients for every layer but the first were
+    missing (None where unused gradients are allowed, an error otherwise)."""
+    torch.manual_seed(13)
+    mlp = MLP(13, [32, 16, 4])
+    ref_params = [p.detach().clone().requires_grad_() for p in mlp.parameters()]
+    x = torch.randn(50, 13, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+
+    def penalty_grads(out, x, params):
+        gx, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        penalty = (gx ** 2).sum() + (out ** 2).sum()
+        return torch.autograd.grad(penalty, [x] + params, allow_unused=True)
+
+    got = penalty_grads(mlp(x), x, list(mlp.parameters()))
+    want = penalty_grads(_plain(x_ref, ref_params, True), x_ref, ref_params)
+    for a, e in zip(got, want):
+        assert (a is None) == (e is None)
+        if e is not None:
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    assert "LinearReLUFn" in type(mlp(x).grad_fn).__name__
 
 
 def test_mlp_fused_layers_fall_back_where_the_fast_path_does_not_apply():
