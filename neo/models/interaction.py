@@ -117,8 +117,11 @@ class DotInteraction(nn.Module):
     """``forward`` reads :class:`PooledPieces` in place (the fused kernel) or materializes them."""
 
     def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        # torch.func's transforms (grad, vmap, jacrev, ...): plain ops, which autograd and the
+        # transforms differentiate and batch; the fused node and _PairwiseDots define no rules there
+        functorch = torch._C._are_functorch_transforms_active()
         # found at construction, or again in a process that unpickled this module
-        op = (_eager_op or _find_eager_op()) if self._fused else None
+        op = (_eager_op or _find_eager_op()) if self._fused and not functorch else None
         if op is not None:
             out = (op(dense, pooled.flat, self.num_features, pooled.offsets, pooled.strides, pooled.grad_scale)
                    if isinstance(pooled, PooledPieces) else op(dense, pooled, self.num_features))
@@ -127,7 +130,11 @@ class DotInteraction(nn.Module):
         pooled = as_tensor(pooled)
         B = dense.shape[0]
         vectors = torch.cat([dense.unsqueeze(1), pooled.view(B, self.num_features, self.dim)], dim=1)  # (B, F+1, D)
-        pairs = _PairwiseDots.apply(vectors, self.flat_pairs)                                           # (B, (F+1)F/2)
+        if functorch:
+            gram = torch.bmm(vectors, vectors.transpose(1, 2))                                          # (B, F+1, F+1)
+            pairs = gram.reshape(B, -1).index_select(1, self.flat_pairs)                                # (B, (F+1)F/2)
+        else:
+            pairs = _PairwiseDots.apply(vectors, self.flat_pairs)                                       # (B, (F+1)F/2)
         return torch.cat([dense, pairs.to(dense.dtype)], dim=1)
 
 

@@ -87,10 +87,12 @@ class Linear(nn.Linear):
         return super().forward(x)
 
     def _fast(self, x: torch.Tensor) -> bool:
-        """Whether the fp32 CPU autograd functions of this module apply to ``x``."""
+        """Whether the fp32 CPU autograd functions of this module apply to ``x``: not under
+        torch.func's transforms (grad, vmap, jacrev, ...), for which they define no rules, where
+        ``F.linear`` serves."""
         return (not self.split_backward and self.bias is not None and x.device.type == "cpu"
                 and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu"))
+                and not torch.is_autocast_enabled("cpu") and not torch._C._are_functorch_transforms_active())
 
     def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
         """``relu(self(x))``, with bias and ReLU fused (:class:`_LinearReLUFn`) where the fp32 CPU

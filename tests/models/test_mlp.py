@@ -136,6 +136,30 @@ def test_mlp_fused_layers_are_differentiable_twice():
     assert "LinearReLUFn" in type(mlp(x).grad_fn).__name__
 
 
+def test_mlp_runs_under_torch_func_transforms():
+    """Per-sample gradients the torch.func way (vmap of grad of functional_call) equal each
+    sample's gradients from autograd through the fused layers; before, the layers' autograd
+    Functions refused every torch.func transform (they define no rules for them: the layers
+    now take F.linear there)."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(14)
+    mlp = MLP(13, [32, 8])
+    params = {k: v.detach() for k, v in mlp.named_parameters()}
+    x = torch.randn(6, 13)
+
+    def loss(p, xi):
+        return functional_call(mlp, p, (xi.unsqueeze(0),)).pow(2).sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(x.shape[0]):
+        out = mlp(x[i:i + 1])
+        assert "LinearReLUFn" in type(out.grad_fn).__name__
+        want = torch.autograd.grad(out.pow(2).sum(), list(mlp.parameters()))
+        for (name, _), w in zip(mlp.named_parameters(), want):
+            torch.testing.assert_close(per_sample[name][i], w, rtol=1e-5, atol=1e-6)
+
+
 def test_mlp_fused_layers_fall_back_where_the_fast_path_does_not_apply():
     """Under autocast and with split_backward the layers run as torch's linear and relu."""
     from neo.models.mlp import splitting_backward
