@@ -59,9 +59,9 @@ class _LinearReLUFn(torch.autograd.Function):
         x, weight, y = ctx.saved_tensors
         if torch.is_grad_enabled():
             # create_graph=True (gradient penalties, Hessian-vector products): the masked gradient
-            # from torch ops, which carry its graph back to g; the kernel's carries none, and the
-            # second-order terms through this layer would be dropped.
-            gp = g * (y > 0)                                                      # (B, out)
+            # from torch's op for relu's backward, which carries its graph back to g; the kernel's
+            # carries none, and the second-order terms through this layer would be dropped.
+            gp = torch.ops.aten.threshold_backward(g, y, 0.0)                    # (B, out)
             grad_b = gp.sum(0)
         else:
             gp, grad_b = cpu_kernels("bias_relu_").relu_bias_backward(g.contiguous(), y)   # (B, out), (out,)
