@@ -230,7 +230,8 @@ def test_fused_dot_interaction_backward_is_differentiable(pieces):
 def test_dot_interaction_runs_under_torch_func_transforms(kernel):
     """torch.func's grad and vmap over the module (either kernel) give autograd's gradients
     through the fused node and the batched output; before, the fused node and _PairwiseDots
-    refused every torch.func transform (the module now computes the formula in plain ops there)."""
+    refused every torch.func transform (the module now takes its torch path there, whose
+    _PairwiseDots torch.func batches by generate_vmap_rule)."""
     from torch.func import grad, vmap
 
     torch.manual_seed(6)
