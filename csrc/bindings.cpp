@@ -42,6 +42,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weights"), py::arg("indices"), py::arg("offsets"), py::arg("per_sample_weights"),
         py::arg("table_rows"), py::arg("table_dims"), py::arg("weight_offsets"), py::arg("row_offsets"),
         py::arg("feature_table"), py::arg("output_offsets"), py::arg("feature_mean"), py::arg("batch_size"));
+  m.def("embedding_weight_grad", &neo::embedding_weight_grad, py::call_guard<py::gil_scoped_release>(),
+        "Gradient of a group's pooled lookup with respect to its per-id weights: (N,) fp32",
+        py::arg("weights"), py::arg("indices"), py::arg("offsets"), py::arg("grad_output"),
+        py::arg("table_rows"), py::arg("table_dims"), py::arg("weight_offsets"), py::arg("row_offsets"),
+        py::arg("feature_table"), py::arg("output_offsets"), py::arg("feature_mean"), py::arg("batch_size"));
   m.def("embedding_backward_update", &neo::embedding_backward_update, py::call_guard<py::gil_scoped_release>(),
         "Fused backward + sparse optimizer step, in place; returns the invalid id count",
         py::arg("weights"), py::arg("states"), py::arg("grad_output"), py::arg("indices"), py::arg("offsets"),

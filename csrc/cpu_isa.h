@@ -1,7 +1,7 @@
 // Per-ISA builds of the hot kernels with runtime dispatch.
 //
-// Every hot kernel (pooled lookup, fused backward + optimizer, dot interaction,
-// bucketization, the gather probe) lives in csrc/kernels/ and is compiled once per ISA
+// Every hot kernel (pooled lookup, fused backward + optimizer, the per-id weights' gradient,
+// dot interaction, bucketization, the gather probe) lives in csrc/kernels/ and is compiled once per ISA
 // variant by a wrapper in csrc/isa/ (kernels_<isa>.cpp: `#define NEO_ISA <isa>`, then the
 // kernel headers), with that variant's flags (setup.py):
 //
@@ -84,6 +84,12 @@ struct KernelTable {
                          int64_t elem0);
   void (*round_rows_bf16)(const float* x, c10::BFloat16* out, int64_t n, int64_t D, bool stochastic,
                           uint64_t key, int64_t elem0);
+
+  // Gradient of the pooled lookup with respect to its per-id weights: out (N,) fp32, from
+  // grad (B, total_dim) fp32; 0 for an invalid id.
+  void (*weight_grad_f32)(const GroupMeta&, const float* W, const Lookup&, const float* grad, float* out);
+  void (*weight_grad_f16)(const GroupMeta&, const c10::Half* W, const Lookup&, const float* grad, float* out);
+  void (*weight_grad_bf16)(const GroupMeta&, const c10::BFloat16* W, const Lookup&, const float* grad, float* out);
 };
 
 // The variants' tables (defined in csrc/isa/kernels_<isa>.cpp; only those built exist).

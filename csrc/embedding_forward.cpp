@@ -1,6 +1,6 @@
 // Pooled forward lookup of a group: checks, then the active ISA variant's kernel
 // (csrc/kernels/forward.h: the bag sums in registers, prefetching rows ahead; bit-identical
-// to the reference in every variant).
+// to the reference in every variant); and the gradient of its per-id weights (weight_grad.h).
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 
@@ -28,6 +28,33 @@ std::tuple<at::Tensor, int64_t> embedding_forward(
     default: TORCH_CHECK(false, "neo._C: weights must be fp32, fp16 or bf16, got ", weights.scalar_type());
   }
   return {out, 0};
+}
+
+at::Tensor embedding_weight_grad(
+    const at::Tensor& weights, const at::Tensor& indices, const at::Tensor& offsets, const at::Tensor& grad_output,
+    const at::Tensor& table_rows, const at::Tensor& table_dims, const at::Tensor& weight_offsets,
+    const at::Tensor& row_offsets, const at::Tensor& feature_table, const at::Tensor& output_offsets,
+    const at::Tensor& feature_mean, int64_t batch_size) {
+  const GroupMeta m = make_meta(table_rows, table_dims, weight_offsets, row_offsets, feature_table,
+                                output_offsets, feature_mean, batch_size);
+  check_inputs(m, weights, indices, offsets, std::nullopt);
+  TORCH_CHECK(grad_output.device().is_cpu() && grad_output.scalar_type() == at::kFloat && grad_output.is_contiguous() &&
+                  grad_output.dim() == 2 && grad_output.size(0) == m.B && grad_output.size(1) == m.total_dim,
+              "neo._C.embedding_weight_grad: grad_output must be a contiguous CPU fp32 tensor of shape (", m.B, ", ",
+              m.total_dim, ")");
+  at::Tensor out = at::zeros({indices.numel()}, weights.options().dtype(at::kFloat));
+  if (m.B == 0 || m.F == 0) return out;
+  const Lookup L{indices.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), nullptr};
+  const float* g = grad_output.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const KernelTable& k = kernels();
+  switch (weights.scalar_type()) {
+    case at::kFloat: k.weight_grad_f32(m, weights.data_ptr<float>(), L, g, o); break;
+    case at::kHalf: k.weight_grad_f16(m, weights.data_ptr<c10::Half>(), L, g, o); break;
+    case at::kBFloat16: k.weight_grad_bf16(m, weights.data_ptr<c10::BFloat16>(), L, g, o); break;
+    default: TORCH_CHECK(false, "neo._C: weights must be fp32, fp16 or bf16, got ", weights.scalar_type());
+  }
+  return out;
 }
 
 int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,

@@ -42,6 +42,14 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
 int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,
                      int64_t far_hint, int64_t far_every);
 
+// Gradient of the pooled lookup with respect to its per-id weights: (N,) fp32 (see
+// csrc/kernels/weight_grad.h), from grad_output (B, total_dim) fp32.
+at::Tensor embedding_weight_grad(
+    const at::Tensor& weights, const at::Tensor& indices, const at::Tensor& offsets, const at::Tensor& grad_output,
+    const at::Tensor& table_rows, const at::Tensor& table_dims, const at::Tensor& weight_offsets,
+    const at::Tensor& row_offsets, const at::Tensor& feature_table, const at::Tensor& output_offsets,
+    const at::Tensor& feature_mean, int64_t batch_size);
+
 inline void check_inputs(const GroupMeta& m, const at::Tensor& weights, const at::Tensor& indices,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& psw) {
   TORCH_CHECK(weights.device().is_cpu() && weights.is_contiguous() && weights.dim() == 1,

@@ -10,6 +10,7 @@
 #include "id_check.h"
 #include "interaction.h"
 #include "probe.h"
+#include "weight_grad.h"
 
 #define NEO_STR_(x) #x
 #define NEO_STR(x) NEO_STR_(x)
@@ -28,6 +29,7 @@ const KernelTable& kernel_table() {
       &id_check<int32_t>, &id_check<int64_t>,
       &gather_probe, &interaction_traffic_forward, &interaction_traffic_backward,
       &round_rows<c10::Half>, &round_rows<c10::BFloat16>,
+      &weight_grad<float>, &weight_grad<c10::Half>, &weight_grad<c10::BFloat16>,
   };
   return table;
 }

@@ -65,6 +65,7 @@ __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
 
 _HEADER = 6   # B, has_weights, error, feature index, id, sample
 _MISSING_FEATURE = 2   # the header's error code of a feature absent from a rank's batch (1: an id out of range)
+_WEIGHTS_NEED_GRAD = 3   # per-id weights that require grad: the AlltoAll would drop their gradient
 
 
 class DistributedInputError(EmbeddingInputError):
@@ -81,6 +82,13 @@ class DistributedBatch:
     """B, samples per rank."""
     source_lengths: Dict[str, torch.Tensor]
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
+
+
+def _weights_grad_message(rank: int) -> str:
+    return (f"rank {rank}: the batch's per-id weights require grad (a learnable weighting such as TorchRec's "
+            f"position-weighted features), and the sharded collection sends them to the shards' ranks as data: "
+            f"their gradient would be lost. Compute the weights' gradient with an unsharded "
+            f"TableBatchedEmbedding, or detach them (batch.weights.detach()) if they are not to be learned")
 
 
 def bucketize_rows(values: torch.Tensor, bag_offsets: torch.Tensor, bounds: List[int],
@@ -228,7 +236,9 @@ class InputDist:
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
-        if self.validate and values.numel() and missing_err is None:
+        if missing_err is None and weights is not None and weights.requires_grad and torch.is_grad_enabled():
+            header_err = [_WEIGHTS_NEED_GRAD, 0, 0, 0]                     # raised on every rank, below
+        if self.validate and values.numel() and header_err[0] == 0:
             header_err = self._bad_id_error(values, offsets, starts, B) or header_err
         narrowed = None                                                     # the int32 wire's ids, clamped
         if not self.validate:                                               # before routing drops or copies any
@@ -332,6 +342,8 @@ class InputDist:
         error for a bad id (validate) or the same counts (validate=False: the lookup skips them)."""
         B, F = batch.batch_size, len(self.layout.features)
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
+        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+            self._raise_on_bad_input(torch.tensor([[B, 1, _WEIGHTS_NEED_GRAD, 0, 0, 0]]), B, True)
         starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)     # (F + 1,): each feature's first id
         if batch.values.numel():
             if self.validate:
@@ -362,6 +374,7 @@ class InputDist:
         if failed:
             msgs = [self._missing_message(r, int(heads[r, 3]), int(heads[r, 4]))
                     if int(heads[r, 2]) == _MISSING_FEATURE else
+                    _weights_grad_message(r) if int(heads[r, 2]) == _WEIGHTS_NEED_GRAD else
                     self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
             who = "this rank" if me in failed else f"rank(s) {failed}"
             raise DistributedInputError(

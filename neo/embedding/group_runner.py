@@ -4,7 +4,8 @@ runs once per group of tables (one flat buffer, one kernel launch each way).
 - :class:`GroupRunner`: the group's buffers (registered on the owning module) and views of each table's part;
 - :func:`pool`: the pooled lookup through the backend;
 - :class:`PooledLookup`: that lookup with its backward, the fused gradient aggregation and
-  optimizer update in place (no gradient returned);
+  optimizer update in place (no gradient of the tables returned; per-id weights that require
+  grad get theirs);
 - :func:`ids_of_bags`: the ids of the bags a rank pools (data-parallel tables).
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
+from neo.embedding.backends.reference import per_sample_weights_grad
 from neo.embedding.cache import Prefetched
 from neo.embedding.layout import GroupLayout
 
@@ -85,15 +87,19 @@ def ids_of_bags(bags: torch.Tensor, offsets: torch.Tensor, n: int) -> torch.Tens
 
 
 class PooledLookup(torch.autograd.Function):
-    """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step, returns no grads."""
+    """Forward: pooled lookup. Backward: fused gradient aggregation + optimizer step; returns the
+    gradient of the per-id weights where they require grad, nothing else."""
 
     @staticmethod
     def forward(ctx, anchor, runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int,
-                prefetched: Optional[Prefetched] = None, pooled=None):
+                prefetched: Optional[Prefetched] = None, pooled=None, update: bool = True,
+                pooled_ids: Optional[torch.Tensor] = None):
         """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
-        pooled (see ``TableBatchedEmbedding.forward``); the backward always updates from all."""
-        ctx.runner, ctx.batch_size, ctx.prefetched = runner, batch_size, prefetched
-        ctx.save_for_backward(indices, offsets, per_sample_weights)
+        pooled (see ``TableBatchedEmbedding.forward``), ``pooled_ids`` (N,) bool the ids of those
+        bags; the backward always updates from all. ``update``: False where only the gradient of
+        ``per_sample_weights`` is wanted (a lookup in eval mode): the backward then updates nothing."""
+        ctx.runner, ctx.batch_size, ctx.prefetched, ctx.update = runner, batch_size, prefetched, update
+        ctx.save_for_backward(indices, offsets, per_sample_weights, pooled_ids)
         out, graph = pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)),
                           batch_size, with_graph=True)
         if graph is not None and pooled is not None:
@@ -104,9 +110,18 @@ class PooledLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        indices, offsets, per_sample_weights = ctx.saved_tensors
+        indices, offsets, per_sample_weights, pooled_ids = ctx.saved_tensors
         runner = ctx.runner
         owner = runner.owner
+        grad_weights = None
+        if ctx.needs_input_grad[4]:       # per-id weights that require grad: from the rows before the update
+            kernel = getattr(owner.backend, "per_sample_weights_grad", per_sample_weights_grad)
+            grad_weights = kernel(runner.layout, runner.weights, grad_output, indices, offsets, ctx.batch_size)
+            if pooled_ids is not None:    # the other bags came out as zeros, whatever their weights
+                grad_weights = grad_weights * pooled_ids
+            grad_weights = grad_weights.to(per_sample_weights.dtype)
+        if not ctx.update:
+            return None, None, None, None, grad_weights, None, None, None, None, None
         step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             owner.backend.backward_update(
@@ -119,4 +134,4 @@ class PooledLookup(torch.autograd.Function):
         runner.step.fill_(step)
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
-        return None, None, None, None, None, None, None, None
+        return None, None, None, None, grad_weights, None, None, None, None, None

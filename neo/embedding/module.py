@@ -22,6 +22,10 @@ table. ``validate=False`` skips them for speed: backends then ignore invalid ids
 contribute zero and are not updated) rather than touch memory out of bounds, and the module
 counts them per table (:attr:`TableBatchedEmbedding.skipped_ids`).
 
+Per-id weights (``batch.weights``) that require grad get their gradient, ``<row, gradient of
+the bag's pooled row>`` per id (over the bag length for mean pooling), from the rows before the
+update, in training and in eval mode (cached tables: in training only).
+
 Cached tables (``placement: cached``, :mod:`neo.embedding.cache`): the group buffers hold
 only their cache slots; a batch's rows are made resident before its lookup (``prefetch`` /
 ``prefetch_async``, or at the lookup itself) and its ids become slots, so the same kernels
@@ -40,7 +44,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from neo.config.embedding import TableConfig
+from neo.config.embedding import Placement, TableConfig
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
@@ -296,6 +300,13 @@ class TableBatchedEmbedding(nn.Module):
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
         train = torch.is_grad_enabled() and self.training
+        if (self._cache is not None and not train and batch.weights is not None and batch.weights.requires_grad
+                and torch.is_grad_enabled()):
+            cached = ", ".join(t.name for t in self.tables if t.placement is Placement.CACHED)
+            raise EmbeddingInputError(
+                f"per-id weights that require grad, in eval mode, with cached tables ({cached}): their gradient "
+                f"needs the rows as they were looked up, which the cache does not keep outside training; look "
+                f"up in train mode, or detach the weights (or use torch.no_grad()) for evaluation")
         prefetched = None
         if self._cache is not None:
             if self.validate:        # the caches see valid ids only: name a bad one before anything moves
@@ -328,6 +339,9 @@ class TableBatchedEmbedding(nn.Module):
         anchor = None
         if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
+        # per-id weights that require grad (TorchRec's position-weighted features): their gradient
+        # comes from the same node; in eval mode a node that updates nothing
+        weights_grad = psw is not None and psw.requires_grad and torch.is_grad_enabled()
         outputs, f0 = [], 0
         # validate=False: the kernels skip invalid ids; a backend that counts them in its forward
         # (cpu) says whether there are any, the others are counted here (skipped_ids)
@@ -341,16 +355,17 @@ class TableBatchedEmbedding(nn.Module):
             g_off = offsets[f0 * B : (f0 + nf) * B + 1]   # the kernels want offsets from 0
             if lo:
                 g_off = g_off - lo
-            g_psw = None if psw is None else psw[lo:hi]
+            g_psw = None if psw is None else psw if lo == 0 and hi == psw.numel() else psw[lo:hi]
             g_pooled = None
             if pooled is not None:
                 pv, po, pw = pooled
                 plo, phi = int(po[f0 * B]), int(po[(f0 + nf) * B])
                 g_pooled = (pv[plo:phi], po[f0 * B : (f0 + nf) * B + 1] - plo, None if pw is None else pw[plo:phi])
-            if anchor is None:        # no backward will come: no autograd node
+            if anchor is None and not weights_grad:        # no backward will come: no autograd node
                 outputs.append(pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B))
             else:
-                outputs.append(PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled))
+                outputs.append(PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled,
+                                                  train, None if pooled is None else keep[lo:hi]))
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")

@@ -45,8 +45,11 @@ class Case:
     """This rank's first batch one sample short (expects every rank to raise)."""
     missing_feature_rank: Optional[int] = None
     """This rank's first batch without its first feature (expects every rank to raise)."""
+    learnable_weights_rank: Optional[int] = None
+    """This rank's first batch with per-id weights that require grad (weighted cases; expects
+    every rank to raise: the sharded collection would drop their gradient)."""
     bad_step: int = 0
-    """The step whose batch the three above spoil (0: before any batch has been distributed)."""
+    """The step whose batch the four above spoil (0: before any batch has been distributed)."""
     validate: bool = True
     """ShardedEmbeddingCollection(validate=...): ids checked at the source, or counted."""
     use_parallelize: bool = False
@@ -229,6 +232,8 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
             local = local_slice(local, 0, B - 1)                          # a partial batch on this rank only
         if case.missing_feature_rank == rank and step == case.bad_step:
             local = local.permute(local.keys[1:])                         # its first feature left out
+        if case.learnable_weights_rank == rank and step == case.bad_step:
+            local.weights = local.weights.detach().requires_grad_()       # learnable weights on this rank only
         try:
             logits = step_fn(local)
         except ValueError as e:

@@ -238,6 +238,27 @@ def test_bad_input_raises_on_every_rank(shm):
     _check(cases[4], got[0][4])
 
 
+def test_learnable_weights_raise_on_every_rank():
+    """Per-id weights that require grad on rank 1 only (ids checked, or not): the sharded collection
+    sends weights as data, so every rank raises, naming rank 1 and the cause, instead of training
+    with their gradient silently dropped; the group then trains a weighted case as before."""
+    W, ts = 2, tables(6)
+    cases = [Case("learnable weights", ts, _mixed_types(ts), W, 2, weighted=True, learnable_weights_rank=1),
+             Case("learnable weights, ids unchecked", ts, _mixed_types(ts), W, 2, weighted=True,
+                  learnable_weights_rank=1, validate=False),
+             Case("learnable weights at step 1", ts, _mixed_types(ts), W, 2, weighted=True,
+                  learnable_weights_rank=1, bad_step=1),
+             Case("after them the group still trains", ts, _mixed_types(ts), W, 2, weighted=True)]
+    got = run_multiprocess(train_sharded, W, cases, local_world_size=2, collective_timeout_s=20)
+    for rank, res in enumerate(got):
+        for k in range(3):
+            err = res[k]["error"]
+            assert err is not None, f"rank {rank} did not raise in case {k}"
+            assert "bad input on" in err and "rank 1: the batch's per-id weights require grad" in err, (k, err)
+        assert [len(res[k]["losses"]) for k in range(3)] == [0, 0, 1]
+    _check(cases[3], got[0][3])
+
+
 def _skip_case(sharding_type: str, world_size: int = 2) -> Case:
     ts = tables(3, OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=ACC0))
     return Case(f"skips {sharding_type}", ts, {t.name: sharding_type for t in ts}, world_size, 2, steps=2)

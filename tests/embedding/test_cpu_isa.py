@@ -6,7 +6,7 @@ against the reference and against each other.
 - per variant: the pooled forward is bit-identical to the reference (every dtype and row
   length, fp16/bf16 conversion of every 16-bit pattern), the fused backward + optimizer
   matches the reference (test_cpu_backend's tolerances) and is bit-identical across
-  variants;
+  variants; the per-id weights' gradient matches the reference's;
 - the built library is portable: no AVX instruction outside neo::avx2 / neo::avx512, no
   AVX-512 register outside neo::avx512 (objdump).
 
@@ -227,6 +227,32 @@ def test_forward_skips_and_counts_bad_ids_in_long_features(isa, dtype, weighted)
         out = fast(batch)
     assert torch.equal(out, ref(batch)), isa
     assert fast.backend.last_invalid_count == int(((values < 0) | (values >= 500)).sum()) > 0
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_weight_grad_matches_the_reference(isa, dtype):
+    """The gradient of per-id weights that require grad (csrc/kernels/weight_grad.h) against the
+    reference's torch ops, every row length of ``_tables`` (sum and mean pooling), with ids out of
+    range (zero gradient) in long and short features; the tables' update is not part of it (eval)."""
+    tables = _tables(dtype)
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False).eval()
+    fast = TableBatchedEmbedding(tables, backend="cpu", validate=False).eval()
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(13)
+    batch = random_batch(tables, 24, gen, max_len=12, long_bag=70, weighted=True)
+    values = batch.values.clone()
+    bad = torch.rand(values.numel(), generator=gen) < 0.05
+    values[bad] = torch.tensor([-1, 10 ** 6])[torch.randint(0, 2, (int(bad.sum()),), generator=gen)]
+    grad = torch.randn(24, ref.output_dim, generator=gen)
+    grads = []
+    for m in (ref, fast):
+        b = KeyedJaggedBatch(batch.keys, values, batch.lengths, 24, weights=batch.weights.clone().requires_grad_())
+        with use_cpu_isa(isa):
+            m(b).backward(grad)
+        grads.append(b.weights.grad)
+    assert bad.any() and torch.equal(grads[1][bad], torch.zeros(int(bad.sum())))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"{isa}: {m}")
 
 
 @pytest.mark.parametrize("isa", VARIANTS)

@@ -230,6 +230,28 @@ def test_eval_forward_only():
         torch.testing.assert_close(fast(batch.to(DEVICE)).cpu(), ref(batch), rtol=1e-5, atol=1e-6)
 
 
+def test_weight_grad_equals_the_reference():
+    """Per-id weights that require grad get the reference backend's gradient (test_weight_grad.py
+    checks that one against plain PyTorch), in training and in eval mode."""
+    tables = make_tables("sgd")
+    ref = TableBatchedEmbedding(tables, backend="reference")
+    fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(4)
+    for train in (True, False):
+        batch = random_batch(tables, 5, gen, weighted=True)
+        grad = torch.randn(5, ref.output_dim, generator=gen)
+        grads = []
+        for m, dev in ((ref, "cpu"), (fast, DEVICE)):
+            m.train(train)
+            b = batch.to(dev)
+            b.weights = b.weights.detach().clone().requires_grad_()          # a leaf of each module's own
+            m(b).backward(grad.to(dev))
+            grads.append(b.weights.grad.cpu())
+        assert grads[0].abs().sum() > 0
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6, msg=lambda m: f"train={train}: {m}")
+
+
 def test_import_neo_does_not_import_triton():
     code = (
         "import sys, neo, neo.embedding, neo.embedding.backends.triton as tb\n"

@@ -113,6 +113,14 @@ class CpuBackend:
         self.last_invalid_count = invalid
         return out
 
+    def per_sample_weights_grad(self, layout: GroupLayout, weights: torch.Tensor, grad_output: torch.Tensor,
+                                indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """(N,) fp32: what :func:`~neo.embedding.backends.reference.per_sample_weights_grad`
+        computes, in one C++ pass (csrc/kernels/weight_grad.h)."""
+        grad = grad_output if grad_output.dtype == torch.float32 and grad_output.is_contiguous() \
+            else grad_output.to(torch.float32).contiguous()
+        return _C.embedding_weight_grad(weights, _ids(indices), _ids(offsets), grad, *_meta(layout), batch_size)
+
     def backward_update(self, layout: GroupLayout, weights: torch.Tensor, states: List[torch.Tensor],
                         grad_output: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                         per_sample_weights: Optional[torch.Tensor], batch_size: int, lr: float, step: int,

@@ -111,6 +111,8 @@ class FbgemmBackend:
             raise RuntimeError("FbgemmBackend.prepare() must be called before forward")
         if per_sample_weights is not None and int(layout.feature_mean.max()) == 1:
             raise NotImplementedError("the fbgemm backend supports per-id weights with sum pooling only")
+        if per_sample_weights is not None:    # their gradient is the lookup's (PooledLookup), not FBGEMM's graph's
+            per_sample_weights = per_sample_weights.detach()
         with torch.enable_grad():
             out = tbe(indices, offsets, per_sample_weights)                 # (B, total_dim)
         self._graphs[id(layout)] = out

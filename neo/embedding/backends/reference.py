@@ -160,6 +160,38 @@ def _table_view(layout: GroupLayout, flat: torch.Tensor, t: int) -> torch.Tensor
     return flat[off : off + rows * dim].view(rows, dim)                     # (rows, D)
 
 
+_WEIGHT_GRAD_CHUNK = 1 << 16   # ids a (chunk, D) product of per_sample_weights_grad holds at once
+
+
+def per_sample_weights_grad(layout: GroupLayout, weights: torch.Tensor, grad_output: torch.Tensor,
+                            indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(N,) fp32: the gradient of the pooled lookup with respect to its per-id weights.
+
+    Id ``i`` of bag ``b`` of feature ``f`` enters the output as ``w_i * row_i`` (sum pooling) or
+    ``w_i * row_i / len(b)`` (mean), so ``d loss / d w_i = <row_i, grad_output[b, f's columns]>``,
+    divided by ``len(b)`` under mean pooling; 0 for an id outside its table (it pooled nothing).
+    ``row_i`` is read from ``weights`` as they are at the call: the backward calls this before its
+    update, as FBGEMM's TBE does. The oracle of the cpu backend's kernel, and what every other
+    backend uses (torch ops, any device); the tests check it against
+    ``torch.nn.functional.embedding_bag`` and plain autograd.
+    """
+    B = batch_size
+    out = torch.zeros(indices.numel(), dtype=torch.float32, device=weights.device)
+    for f, t, c0, c1, lo, hi, bag_of_id, lengths in _feature_slices(layout, offsets, B):
+        table = _table_view(layout, weights, t)                                 # (rows, D)
+        g_bag = grad_output[:, c0:c1].to(torch.float32)                         # (B, D)
+        if int(layout.feature_mean[f]):
+            g_bag = g_bag / lengths.clamp(min=1).unsqueeze(1)
+        for a in range(lo, hi, _WEIGHT_GRAD_CHUNK):
+            z = min(hi, a + _WEIGHT_GRAD_CHUNK)
+            ids = indices[a:z]
+            valid = (ids >= 0) & (ids < table.shape[0])
+            rows = table[ids.clamp(0, table.shape[0] - 1)].to(torch.float32)  # (n, D)
+            dots = (rows * g_bag[bag_of_id[a - lo : z - lo]]).sum(dim=1)      # (n,)
+            out[a:z] = torch.where(valid, dots, torch.zeros_like(dots))
+    return out
+
+
 class ReferenceBackend:
     name = "reference"
 
