@@ -5,6 +5,7 @@
     python tools/bench_embedding.py --quick --iters 1   # --quick only fills in flags not given explicitly
     python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
     python tools/bench_embedding.py --isa avx2          # every system capped at AVX2 (tools/bench_common.py)
+    python tools/bench_embedding.py --learnable-weights # per-id weights that require grad (below)
 
 Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``: only
 fp32 and fp16 are accepted; bf16 is refused, FBGEMM's CPU TBE would run it in fp32),
@@ -42,6 +43,14 @@ fp16 tables: Neo stores fp16 and rounds its updates stochastically (the default)
 TBE with ``weights_precision=FP16`` (stochastic rounding, its default). Both pool in fp32.
 Every system runs with ``neo.host_memory.retain_freed_memory()`` (freed outputs reused, not
 page-faulted in again), as in the other benchmarks.
+
+``--learnable-weights``: every batch carries per-id weights (uniform in [0.5, 1.5)), and in
+``fwd_bwd`` they require grad (a fresh leaf each call, sharing their storage), as TorchRec's
+position-weighted features do: each system also computes their gradient (Neo's
+``weight_grad`` kernel, FBGEMM's ``grad_indice_weights``, ``nn.EmbeddingBag``'s
+``per_sample_weights`` backward). Before timing, every system's gradient on one batch is compared
+with Neo's (``max_abs_weight_grad_diff_vs_neo``, within ``FORWARD_TOLERANCE`` of Neo's largest);
+the records say ``learnable_weights``. The probe stays the unweighted gather.
 
 Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backward and
 optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
@@ -98,12 +107,28 @@ def make_batches(args, n_batches: int, device: str = "cpu") -> List[KeyedJaggedB
         lengths = torch.randint(1, 2 * args.pooling_factor, (args.tables * args.batch,), generator=gen)
         n = int(lengths.sum())
         ids = torch.randint(0, args.rows, (n,), generator=gen)
-        out.append(KeyedJaggedBatch(keys, ids, lengths, args.batch).to(device))
+        w = torch.rand(n, generator=gen) + 0.5 if args.learnable_weights else None
+        out.append(KeyedJaggedBatch(keys, ids, lengths, args.batch, weights=w).to(device))
     return out
 
 
+def learnable(b: KeyedJaggedBatch) -> Optional[torch.Tensor]:
+    """``--learnable-weights``: give ``b`` a fresh leaf of its weights (the same storage) that
+    requires grad, and return it (None: an unweighted batch)."""
+    if b.weights is None:
+        return None
+    b.weights = b.weights.detach().requires_grad_()
+    return b.weights
+
+
+def upstream_grad(args, device: str = "cpu") -> torch.Tensor:
+    """(B, tables * D): the gradient every system's ``fwd_bwd`` back-propagates (the same in all)."""
+    return torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1)).to(device)
+
+
 class Runner:
-    """One backend: ``fwd(batch)`` and ``fwd_bwd(batch)`` (None: forward only)."""
+    """One backend: ``fwd(batch)`` and ``fwd_bwd(batch)`` (None: forward only; it returns the
+    gradient of the batch's per-id weights, None without them)."""
 
     def __init__(self, name: str, fwd: Callable, fwd_bwd: Optional[Callable]):
         self.name, self.fwd, self.fwd_bwd = name, fwd, fwd_bwd
@@ -143,7 +168,7 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
                           optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
     emb = TableBatchedEmbedding(tables, backend=backend, device=device)
     weights = [emb.table_weight(t.name) for t in tables]
-    grad = torch.randn(args.batch, args.tables * args.dim, device=device)
+    grad = upstream_grad(args, device)
 
     def make(validate: bool, name: str) -> Runner:
         def fwd(b):
@@ -153,7 +178,9 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
 
         def fwd_bwd(b):
             emb.validate = validate
+            w = learnable(b)
             emb(b).backward(grad)
+            return None if w is None else w.grad
 
         return Runner(name, fwd, fwd_bwd)
 
@@ -179,14 +206,16 @@ def fbgemm_runner(args, weights: List[torch.Tensor], notes: Dict[str, str], dtyp
     with torch.no_grad():                 # the same tables as Neo's (same storage dtype): the same work
         for mine, w in zip(tbe.split_embedding_weights(), weights):
             mine.copy_(w)
-    grad = torch.randn(args.batch, args.tables * args.dim)
+    grad = upstream_grad(args)
 
     def fwd(b):
         with torch.no_grad():
-            return tbe(b.values, b.offsets)
+            return tbe(b.values, b.offsets, per_sample_weights=b.weights)
 
     def fwd_bwd(b):
-        tbe(b.values, b.offsets).backward(grad)
+        w = learnable(b)
+        tbe(b.values, b.offsets, per_sample_weights=w).backward(grad)
+        return None if w is None else w.grad
 
     return Runner("fbgemm", fwd, fwd_bwd)
 
@@ -199,25 +228,28 @@ def torch_runner(args, weights: List[torch.Tensor], device: str = "cpu") -> Runn
         for bag, w in zip(bags, weights):
             bag.weight.copy_(w)
     opt = torch.optim.Adagrad(bags.parameters(), lr=LR, eps=EPS)
-    grad = torch.randn(args.batch, args.tables * args.dim, device=device)
+    grad = upstream_grad(args, device)
     B = args.batch
 
     def split(b):
-        # per feature: its ids and the B bag starts, relative to the feature's first id
+        # per feature: its ids, the B bag starts relative to the feature's first id, its weights
         starts = b.offsets[::B].tolist()
-        return [(b.values[starts[f]:starts[f + 1]], b.offsets[f * B:(f + 1) * B] - starts[f]) for f in range(args.tables)]
+        return [(b.values[starts[f]:starts[f + 1]], b.offsets[f * B:(f + 1) * B] - starts[f],
+                 None if b.weights is None else b.weights[starts[f]:starts[f + 1]]) for f in range(args.tables)]
 
     def lookup(b):
-        return torch.cat([bag(ids, offs) for bag, (ids, offs) in zip(bags, split(b))], dim=1)
+        return torch.cat([bag(ids, offs, per_sample_weights=w) for bag, (ids, offs, w) in zip(bags, split(b))], dim=1)
 
     def fwd(b):
         with torch.no_grad():
             return lookup(b)
 
     def fwd_bwd(b):
+        w = learnable(b)
         lookup(b).backward(grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return None if w is None else w.grad
 
     return Runner("torch", fwd, fwd_bwd)
 
@@ -265,10 +297,29 @@ def forward_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo") ->
     return diffs
 
 
+def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo",
+                      same_tables: Tuple[str, ...] = ("neo-noval",)) -> Dict[str, float]:
+    """``--learnable-weights``: max |gradient of the per-id weights - the ``ref`` backend's| of
+    every backend with a backward, on one batch, before timing (each system takes this one step;
+    the gradient is of the rows before it); past FORWARD_TOLERANCE of the largest: an error.
+    ``same_tables``: runners of ``ref``'s own module (its rows already stepped), left out."""
+    checked = [r for r in runners if r.fwd_bwd is not None and r.name not in same_tables]
+    grads = {r.name: r.fwd_bwd(batch).float() for r in checked}
+    expected = grads[ref]
+    limit = FORWARD_TOLERANCE[dtype] * float(expected.abs().max())
+    diffs = {name: float((g - expected).abs().max()) for name, g in grads.items()}
+    for name, d in diffs.items():
+        if d > limit:
+            raise RuntimeError(f"{name} ({dtype}): the per-id weights' gradient differs from {ref}'s by {d:.3g} "
+                               f"(allowed {limit:.3g}): not the same work")
+    print(f"weight gradient check ({dtype}): max |grad - {ref}| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    return diffs
+
+
 def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
                 pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype=dtype,
-                optimizer="rowwise_adagrad", iters=args.iters)
+                optimizer="rowwise_adagrad", iters=args.iters, learnable_weights=args.learnable_weights)
 
 
 def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
@@ -276,6 +327,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     n_ids = statistics.mean(b.values.numel() for b in batches)
     print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
+          f"{'learnable per-id weights, ' if args.learnable_weights else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
     neo, weights = neo_runners(args, dtype=dtype)
     runners, notes = probe_runners(args, dtype, batches) + neo, {}
@@ -290,6 +342,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     for backend, note in notes.items():
         print(f"note: {backend} {note}")
     diffs = forward_diffs(runners, batches[0], dtype)
+    grad_diffs = weight_grad_diffs(runners, batches[0], dtype) if args.learnable_weights else {}
     records = [dict(backend=backend, dtype=dtype, phase=None, ms=None, note=note, device="cpu", machine=machine)
                for backend, note in notes.items()]       # a peer left out says so in the JSON too
     n_notes = len(records)
@@ -312,6 +365,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
                                     max_abs_diff_vs_neo=diffs.get(name),
+                                    max_abs_weight_grad_diff_vs_neo=grad_diffs.get(name),
                                     device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
     del runners
     print_table(records[n_notes:])
@@ -439,6 +493,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="small workload for a smoke test: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
                         + " (flags given explicitly are kept)")
+    p.add_argument("--learnable-weights", action="store_true",
+                   help="per-id weights that require grad: each system also computes their gradient (module doc)")
     p.add_argument("--no-fbgemm", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--cuda-only", action="store_true",

@@ -55,6 +55,36 @@ def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
             assert r.get("note") or r["max_abs_diff_vs_neo"] is not None and r["max_abs_diff_vs_neo"] < tol
 
 
+def test_learnable_weights_are_compared_and_timed_in_every_system(tmp_path):
+    """--learnable-weights: weighted batches whose weights require grad in fwd_bwd; every system's
+    gradient of them is checked against Neo's before timing (max_abs_weight_grad_diff_vs_neo)."""
+    bench = load_tool("bench_embedding.py")
+    if load_tool("bench_common.py").peer_version("fbgemm_gpu") is None:
+        pytest.skip("fbgemm_gpu not importable")
+    out = tmp_path / "emb.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--tables", "2", "--rows", "1000", "--batch", "32", "--threads", "1",
+                           "--iters", "1", "--dtypes", "fp32", "--learnable-weights", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    records = json.loads(out.read_text())
+    timed = {(r["backend"], r["phase"]) for r in records}
+    assert {("neo", "fwd_bwd"), ("fbgemm", "fwd_bwd"), ("torch", "fwd_bwd")} <= timed
+    for r in records:
+        assert r["learnable_weights"] is True
+        if r["backend"] in ("neo", "fbgemm", "torch"):      # neo-noval: neo's module, stepped by then
+            assert r["max_abs_weight_grad_diff_vs_neo"] is not None and r["max_abs_weight_grad_diff_vs_neo"] < 1e-4
+
+
+def test_weight_grad_check_refuses_a_backend_that_does_other_work():
+    bench = load_tool("bench_embedding.py")
+    g = torch.ones(10)
+    runners = [bench.Runner("neo", None, lambda b: g), bench.Runner("other", None, lambda b: g * 1.01)]
+    with pytest.raises(RuntimeError, match="other"):
+        bench.weight_grad_diffs(runners, None, "fp32")
+
+
 def test_forward_check_refuses_a_backend_that_does_other_work():
     bench = load_tool("bench_embedding.py")
     out = torch.ones(4, 8)
@@ -78,7 +108,7 @@ import argparse, json, sys
 sys.path.insert(0, "tools")
 import bench_embedding as be
 args = argparse.Namespace(tables=3, rows=400, dim=8, batch=16, pooling_factor=3, iters=1, warmup=0,
-                          dtypes=["fp32", "fp16"], no_torch=False)
+                          dtypes=["fp32", "fp16"], no_torch=False, learnable_weights=False)
 print(json.dumps(be.run_cuda(args, {"cpu_model": "test"}, device="cpu")))
 """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
