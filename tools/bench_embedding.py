@@ -5,6 +5,7 @@
     python tools/bench_embedding.py --quick --iters 1   # --quick only fills in flags not given explicitly
     python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
     python tools/bench_embedding.py --isa avx2          # every system capped at AVX2 (tools/bench_common.py)
+    python tools/bench_embedding.py --weighted          # per-id weights (below)
     python tools/bench_embedding.py --learnable-weights # per-id weights that require grad (below)
 
 Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``: only
@@ -44,13 +45,14 @@ TBE with ``weights_precision=FP16`` (stochastic rounding, its default). Both poo
 Every system runs with ``neo.host_memory.retain_freed_memory()`` (freed outputs reused, not
 page-faulted in again), as in the other benchmarks.
 
-``--learnable-weights``: every batch carries per-id weights (uniform in [0.5, 1.5)), and in
-``fwd_bwd`` they require grad (a fresh leaf each call, sharing their storage), as TorchRec's
+``--weighted``: every batch carries per-id weights (uniform in [0.5, 1.5)), which every system
+multiplies into its rows and gradients. ``--learnable-weights`` (implies ``--weighted``): in
+``fwd_bwd`` they also require grad (a fresh leaf each call, sharing their storage), as TorchRec's
 position-weighted features do: each system also computes their gradient (Neo's
 ``weight_grad`` kernel, FBGEMM's ``grad_indice_weights``, ``nn.EmbeddingBag``'s
 ``per_sample_weights`` backward). Before timing, every system's gradient on one batch is compared
 with Neo's (``max_abs_weight_grad_diff_vs_neo``, within ``FORWARD_TOLERANCE`` of Neo's largest);
-the records say ``learnable_weights``. The probe stays the unweighted gather.
+the records say ``weighted`` and ``learnable_weights``. The probe stays the unweighted gather.
 
 Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backward and
 optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
@@ -107,15 +109,15 @@ def make_batches(args, n_batches: int, device: str = "cpu") -> List[KeyedJaggedB
         lengths = torch.randint(1, 2 * args.pooling_factor, (args.tables * args.batch,), generator=gen)
         n = int(lengths.sum())
         ids = torch.randint(0, args.rows, (n,), generator=gen)
-        w = torch.rand(n, generator=gen) + 0.5 if args.learnable_weights else None
+        w = torch.rand(n, generator=gen) + 0.5 if args.weighted else None
         out.append(KeyedJaggedBatch(keys, ids, lengths, args.batch, weights=w).to(device))
     return out
 
 
-def learnable(b: KeyedJaggedBatch) -> Optional[torch.Tensor]:
-    """``--learnable-weights``: give ``b`` a fresh leaf of its weights (the same storage) that
-    requires grad, and return it (None: an unweighted batch)."""
-    if b.weights is None:
+def learnable(b: KeyedJaggedBatch, learn: bool) -> Optional[torch.Tensor]:
+    """``learn`` (``--learnable-weights``): give ``b`` a fresh leaf of its weights (the same
+    storage) that requires grad, and return it (None: no weights, or weights not learned)."""
+    if b.weights is None or not learn:
         return None
     b.weights = b.weights.detach().requires_grad_()
     return b.weights
@@ -178,7 +180,7 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
 
         def fwd_bwd(b):
             emb.validate = validate
-            w = learnable(b)
+            w = learnable(b, args.learnable_weights)
             emb(b).backward(grad)
             return None if w is None else w.grad
 
@@ -213,7 +215,7 @@ def fbgemm_runner(args, weights: List[torch.Tensor], notes: Dict[str, str], dtyp
             return tbe(b.values, b.offsets, per_sample_weights=b.weights)
 
     def fwd_bwd(b):
-        w = learnable(b)
+        w = learnable(b, args.learnable_weights)
         tbe(b.values, b.offsets, per_sample_weights=w).backward(grad)
         return None if w is None else w.grad
 
@@ -245,7 +247,7 @@ def torch_runner(args, weights: List[torch.Tensor], device: str = "cpu") -> Runn
             return lookup(b)
 
     def fwd_bwd(b):
-        w = learnable(b)
+        w = learnable(b, args.learnable_weights)
         lookup(b).backward(grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -319,7 +321,8 @@ def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo"
 def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
                 pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype=dtype,
-                optimizer="rowwise_adagrad", iters=args.iters, learnable_weights=args.learnable_weights)
+                optimizer="rowwise_adagrad", iters=args.iters, weighted=args.weighted,
+                learnable_weights=args.learnable_weights)
 
 
 def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
@@ -327,7 +330,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     n_ids = statistics.mean(b.values.numel() for b in batches)
     print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
-          f"{'learnable per-id weights, ' if args.learnable_weights else ''}"
+          f"{'learnable per-id weights, ' if args.learnable_weights else 'per-id weights, ' if args.weighted else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
     neo, weights = neo_runners(args, dtype=dtype)
     runners, notes = probe_runners(args, dtype, batches) + neo, {}
@@ -493,6 +496,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="small workload for a smoke test: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
                         + " (flags given explicitly are kept)")
+    p.add_argument("--weighted", action="store_true", help="per-id weights in every batch (module doc)")
     p.add_argument("--learnable-weights", action="store_true",
                    help="per-id weights that require grad: each system also computes their gradient (module doc)")
     p.add_argument("--no-fbgemm", action="store_true")
@@ -502,6 +506,7 @@ def main(argv=None) -> int:
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path, help="write the records (a JSON list) to FILE")
     args = p.parse_args(argv)
+    args.weighted = args.weighted or args.learnable_weights
     apply_quick(args, DEFAULTS, QUICK)
     if args.cuda_only and not torch.cuda.is_available():
         p.error("--cuda-only: this torch sees no CUDA device")

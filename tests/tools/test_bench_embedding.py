@@ -55,9 +55,11 @@ def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
             assert r.get("note") or r["max_abs_diff_vs_neo"] is not None and r["max_abs_diff_vs_neo"] < tol
 
 
-def test_learnable_weights_are_compared_and_timed_in_every_system(tmp_path):
-    """--learnable-weights: weighted batches whose weights require grad in fwd_bwd; every system's
-    gradient of them is checked against Neo's before timing (max_abs_weight_grad_diff_vs_neo)."""
+@pytest.mark.parametrize("flag", ["--weighted", "--learnable-weights"])
+def test_weighted_and_learnable_weights_in_every_system(tmp_path, flag):
+    """--weighted: weighted batches in every system; --learnable-weights: their weights also
+    require grad in fwd_bwd, and every system's gradient of them is checked against Neo's before
+    timing (max_abs_weight_grad_diff_vs_neo)."""
     bench = load_tool("bench_embedding.py")
     if load_tool("bench_common.py").peer_version("fbgemm_gpu") is None:
         pytest.skip("fbgemm_gpu not importable")
@@ -65,16 +67,19 @@ def test_learnable_weights_are_compared_and_timed_in_every_system(tmp_path):
     threads = torch.get_num_threads()
     try:
         assert bench.main(["--quick", "--tables", "2", "--rows", "1000", "--batch", "32", "--threads", "1",
-                           "--iters", "1", "--dtypes", "fp32", "--learnable-weights", "--json", str(out)]) == 0
+                           "--iters", "1", "--dtypes", "fp32", flag, "--json", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     records = json.loads(out.read_text())
     timed = {(r["backend"], r["phase"]) for r in records}
     assert {("neo", "fwd_bwd"), ("fbgemm", "fwd_bwd"), ("torch", "fwd_bwd")} <= timed
+    learn = flag == "--learnable-weights"
     for r in records:
-        assert r["learnable_weights"] is True
+        assert r["weighted"] is True and r["learnable_weights"] is learn
+        assert r["max_abs_diff_vs_neo"] is None or r["max_abs_diff_vs_neo"] < 1e-4
         if r["backend"] in ("neo", "fbgemm", "torch"):      # neo-noval: neo's module, stepped by then
-            assert r["max_abs_weight_grad_diff_vs_neo"] is not None and r["max_abs_weight_grad_diff_vs_neo"] < 1e-4
+            d = r["max_abs_weight_grad_diff_vs_neo"]
+            assert (d is not None and d < 1e-4) if learn else d is None
 
 
 def test_weight_grad_check_refuses_a_backend_that_does_other_work():
@@ -108,7 +113,8 @@ import argparse, json, sys
 sys.path.insert(0, "tools")
 import bench_embedding as be
 args = argparse.Namespace(tables=3, rows=400, dim=8, batch=16, pooling_factor=3, iters=1, warmup=0,
-                          dtypes=["fp32", "fp16"], no_torch=False, learnable_weights=False)
+                          dtypes=["fp32", "fp16"], no_torch=False, weighted=False,
+                          learnable_weights=False)
 print(json.dumps(be.run_cuda(args, {"cpu_model": "test"}, device="cpu")))
 """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
