@@ -4,7 +4,7 @@
 // 1. Keys (parallel over bags): for every id, its global row key = row_offsets[t] + id
 //    (ids outside [0, rows) get a sentinel key past every row, so they sort last and are
 //    skipped), packed as (key << 32 | ref) with ref = its bag (unweighted) or its position
-//    (weighted: bag via a position -> bag array, weight via per_sample_weights). Per bag:
+//    (weighted: the bag of each position kept aside). Per bag:
 //    the offset of its slice of grad_output and its length for mean pooling (F * B
 //    entries, cache-resident).
 // 2. Grouping: stable parallel LSD radix sort of the packed items by key (radix_sort.h),
@@ -12,7 +12,11 @@
 //    each table's items sort alone by their local row (sort_table_segments). Occurrences of
 //    one row end up adjacent, in order of occurrence.
 // 3. Update (parallel over segments of the sorted items, cut at row boundaries, about
-//    equally many ids each): per row, sum its gradient occurrences in fp32 (same order as
+//    equally many ids each). Weighted ids first get their bag back into ref and their weight
+//    into an array in sorted order (one pass of independent reads, before the update: the
+//    update then reads them in order, as the unweighted one reads its refs; each read through
+//    the position in the update was a random access the row's gradient waited on: the
+//    weighted update took 1.35-1.43x the unweighted one's time, docs/benchmarks.md). Per row, sum its gradient occurrences in fp32 (same order as
 //    the reference), then apply the optimizer to the row in place (optimizers.h): weights
 //    in their storage dtype (stochastic rounding of fp16/bf16 keyed by (seed, step,
 //    element)), state in fp32. fp32 rows of up to kRowRegs vectors (D <= 64 on AVX2, <= 128
@@ -23,12 +27,8 @@
 //    ahead are prefetched into L1 (weights and state with write intent, gradient slices),
 //    and, on batches not too sparse in rows, weight and state rows 128 items ahead into L2
 //    (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase is bound
-//    by memory latency. Weighted ids reach their bag and weight through their position, a
-//    random entry of two N-long arrays: those entries are prefetched into L1 32 items ahead
-//    (2L), so that the gradient slice's prefetch L items ahead, which reads the bag, does not
-//    wait on them (the weighted update took 1.35-1.43x the unweighted one's time without it,
-//    1.08-1.25x with it: 8 tables of 1M rows, D 64, B 4096, docs/benchmarks.md). Common D
-//    (16, 32, 64, 128) get compile-time row lengths (straight-line vector code).
+//    by memory latency. Common D (16, 32, 64, 128) get compile-time row lengths
+//    (straight-line vector code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
 // and updated by one thread, in a fixed order, with the same IEEE operations (no FMA:
@@ -53,6 +53,7 @@ inline double ms_since(Clock::time_point t) { return std::chrono::duration<doubl
 struct Workspace {
   Buffer<uint64_t> a, b;
   Buffer<uint32_t> bag_of;    // weighted only: bag of each position
+  Buffer<float> sorted_w;     // weighted only: weight of each sorted item
   Buffer<int64_t> bag_goff;   // per bag: offset of its slice of grad_output
   Buffer<float> bag_len;      // per bag: its length for mean pooling, 0 for sum
 };
@@ -61,9 +62,8 @@ thread_local Workspace tls_ws;
 // Where a bag's gradient comes from (phase 1's per-bag tables, phase 2's sorted items).
 struct Sources {
   const float* grad;
-  const float* psw;
-  const uint64_t* sorted;
-  const uint32_t* bag_of;
+  const uint64_t* sorted;     // (key << 32 | bag), weighted ones too (see backward_impl)
+  const float* sorted_w;      // weighted: the weight of each sorted item
   const int64_t* bag_goff;
   const float* bag_len;
 };
@@ -79,11 +79,11 @@ inline int64_t sum_row_regs(const Sources& src, int64_t j, int64_t end, uint64_t
   for (int v = 0; v < V; ++v) g[v] = vzero();
   do {
     const uint32_t ref = static_cast<uint32_t>(src.sorted[j]);
-    const uint32_t fb = WEIGHTED ? src.bag_of[ref] : ref;
+    const uint32_t fb = ref;
     const float* go = src.grad + src.bag_goff[fb];
     const float len = src.bag_len[fb];
     if (WEIGHTED) {
-      const vf w = vset1(src.psw[ref]);
+      const vf w = vset1(src.sorted_w[j]);
       if (len != 0.0f) {
         const vf l = vset1(len);
         NEO_UNROLL
@@ -193,11 +193,11 @@ inline int64_t process_row(const UpdateArgs& u, T* W, const Sources& src, int64_
   do {
     const uint64_t it = src.sorted[j];
     const uint32_t ref = static_cast<uint32_t>(it);
-    const uint32_t fb = WEIGHTED ? src.bag_of[ref] : ref;
+    const uint32_t fb = ref;
     const float* go = src.grad + src.bag_goff[fb];
     const float len = src.bag_len[fb];
     if (WEIGHTED) {
-      const float w = src.psw[ref];
+      const float w = src.sorted_w[j];
       if (len != 0.0f) for (int64_t d = 0; d < D; ++d) a[d] += (go[d] / len) * w;
       else for (int64_t d = 0; d < D; ++d) a[d] += go[d] * w;
     } else {
@@ -281,19 +281,10 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
     while (k >= static_cast<uint64_t>(m.roff[tt] + m.rows[tt])) ++tt;
     return m.woff[tt] + (static_cast<int64_t>(k) - m.roff[tt]) * m.dims[tt];
   };
-  auto bag_of_ref = [&](uint64_t item) -> uint32_t {
-    const uint32_t ref = static_cast<uint32_t>(item);
-    return WEIGHTED ? src.bag_of[ref] : ref;
-  };
   while (j < end) {
     const uint64_t key = sorted[j] >> 32;
     const int64_t elem0 = locate(key, t);
     const int64_t D = m.dims[t];
-    if (WEIGHTED && j + 2 * lookahead < n_valid) {   // into L1: the bag and weight of the id 2L items ahead,
-      const uint32_t r2 = static_cast<uint32_t>(sorted[j + 2 * lookahead]);   // which the prefetch L
-      __builtin_prefetch(src.bag_of + r2, 0, 3);                              // items ahead reads
-      __builtin_prefetch(src.psw + r2, 0, 3);
-    }
     if (j + lookahead < n_valid) {  // into L1: the row, its state and gradient slice L items ahead
       const uint64_t it2 = sorted[j + lookahead], k2 = it2 >> 32;
       int64_t t2 = t;
@@ -305,7 +296,7 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
         prefetch_row_w(u.s0 + e2, D2 * 4);
         if (u.s1) prefetch_row_w(u.s1 + e2, D2 * 4);
       }
-      prefetch_row(src.grad + src.bag_goff[bag_of_ref(it2)], D2 * 4);
+      prefetch_row(src.grad + src.bag_goff[static_cast<uint32_t>(it2)], D2 * 4);
     }
     if (far && j + far < n_valid) {  // into L2: weight and element-wise state rows 4L items ahead
       int64_t t3 = t;
@@ -327,8 +318,8 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
 }
 
 // Items are (key << 32 | ref). Unweighted: ref = the id's bag; weighted: ref = its position
-// (bag via bag_of, weight via psw). Either way refs increase with the position, so the
-// stable sort keeps occurrences of a row in order of occurrence.
+// until the sort is done, then its bag (and its weight in sorted_w). Either way refs increase
+// with the position, so the stable sort keeps occurrences of a row in order of occurrence.
 template <typename T, bool WEIGHTED>
 int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArgs& u) {
   const int64_t nbags = m.F * m.B, N = L.off[nbags];
@@ -374,7 +365,20 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.
   const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : kBwdFar;
   const int64_t far = n_valid * 16 >= m.total_rows ? far_items : 0;
-  const Sources src{u.grad, L.psw, sorted, bag_of, bag_goff, bag_len};
+  float* sorted_w = nullptr;
+  if constexpr (WEIGHTED) {   // position -> (bag, weight), in sorted order: independent reads, in parallel
+    sorted_w = ws.sorted_w.get(n_valid);
+    uint64_t* items_sorted = const_cast<uint64_t*>(sorted);   // one of this thread's own buffers
+    at::parallel_for(0, n_valid, 1 << 14, [&](int64_t a, int64_t b) {
+      for (int64_t j = a; j < b; ++j) {
+        const uint64_t it = items_sorted[j];
+        const uint32_t pos = static_cast<uint32_t>(it);
+        sorted_w[j] = L.psw[pos];
+        items_sorted[j] = (it & ~static_cast<uint64_t>(0xffffffffu)) | bag_of[pos];
+      }
+    });
+  }
+  const Sources src{u.grad, sorted, sorted_w, bag_goff, bag_len};
   at::parallel_for(0, seg, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> acc(m.max_dim), wf(m.max_dim);
     for (int64_t c = c0; c < c1; ++c)
