@@ -170,3 +170,34 @@ def test_variable_batch_weight_grad():
     g0, g1 = grad[0] + grad[2], grad[1]                 # samples 0 and 2 share bag 0
     want = torch.stack([before[1] @ g0, before[2] @ g0, before[3] @ g1])
     torch.testing.assert_close(w.grad, want, rtol=1e-5, atol=1e-6)
+
+
+def test_torchrec_position_weights_learn_as_under_torchrec():
+    """TorchRec's PositionWeightedModuleCollection in front of Neo's lookup: its position weights
+    get the gradient they get in front of TorchRec's weighted EmbeddingBagCollection."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([3, 0, 4, 1, 2, 4])                       # features f, g: 3 samples each
+    kjt = KeyedJaggedTensor(keys=["f", "g"], values=torch.randint(0, 10, (14,), generator=gen), lengths=lengths)
+    pw = PositionWeightedModuleCollection(max_feature_lengths={"f": 4, "g": 4})
+    with torch.no_grad():
+        for p in pw.position_weights.values():
+            p.copy_(torch.rand(4, generator=gen) + 0.5)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=8, num_embeddings=10,
+                                                            feature_names=["f", "g"])], is_weighted=True)
+    tbe = TableBatchedEmbedding([TableConfig("t", 10, 8, feature_names=("f", "g"), optimizer=OPT)], backend="cpu")
+    with torch.no_grad():
+        tbe.table_weight("t").copy_(ebc.embedding_bags["t"].weight)
+    grad = torch.randn(3, 16, generator=gen)
+    grads = []
+    for lookup in (lambda k: ebc(k).values(), tbe):
+        pw.zero_grad(set_to_none=True)
+        lookup(pw(kjt)).backward(grad)
+        grads.append({f: p.grad.clone() for f, p in pw.position_weights.items()})
+    for f in ("f", "g"):
+        assert grads[0][f].abs().sum() > 0
+        torch.testing.assert_close(grads[1][f], grads[0][f], rtol=1e-5, atol=1e-6, msg=lambda m: f"{f}: {m}")
