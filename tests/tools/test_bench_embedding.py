@@ -33,9 +33,8 @@ def test_quick_run_reports_each_forward_against_the_probe(tmp_path):
         assert {r["backend"] for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"} == {"neo", "neo-noval"}
 
 
-def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
-    """FBGEMM and PyTorch compute Neo's forward (same tables copied in): max_abs_diff_vs_neo in
-    every record; PyTorch, absent from the fp16 table, is a note record there."""
+def _run_with_peers(tmp_path, *flags: str):
+    """A small run with FBGEMM and PyTorch, one thread, one iteration: (the tool, its records)."""
     bench = load_tool("bench_embedding.py")
     if load_tool("bench_common.py").peer_version("fbgemm_gpu") is None:
         pytest.skip("fbgemm_gpu not importable")
@@ -43,10 +42,16 @@ def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
     threads = torch.get_num_threads()
     try:
         assert bench.main(["--quick", "--tables", "2", "--rows", "1000", "--batch", "32", "--threads", "1",
-                           "--iters", "1", "--json", str(out)]) == 0
+                           "--iters", "1", *flags, "--json", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
-    records = json.loads(out.read_text())
+    return bench, json.loads(out.read_text())
+
+
+def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
+    """FBGEMM and PyTorch compute Neo's forward (same tables copied in): max_abs_diff_vs_neo in
+    every record; PyTorch, absent from the fp16 table, is a note record there."""
+    bench, records = _run_with_peers(tmp_path)
     notes = [r for r in records if r.get("note")]
     assert [(r["backend"], r["dtype"]) for r in notes] == [("torch", "fp16")] and notes[0]["machine"]
     for r in records:
@@ -60,17 +65,7 @@ def test_weighted_and_learnable_weights_in_every_system(tmp_path, flag):
     """--weighted: weighted batches in every system; --learnable-weights: their weights also
     require grad in fwd_bwd, and every system's gradient of them is checked against Neo's before
     timing (max_abs_weight_grad_diff_vs_neo)."""
-    bench = load_tool("bench_embedding.py")
-    if load_tool("bench_common.py").peer_version("fbgemm_gpu") is None:
-        pytest.skip("fbgemm_gpu not importable")
-    out = tmp_path / "emb.json"
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--quick", "--tables", "2", "--rows", "1000", "--batch", "32", "--threads", "1",
-                           "--iters", "1", "--dtypes", "fp32", flag, "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    records = json.loads(out.read_text())
+    _, records = _run_with_peers(tmp_path, "--dtypes", "fp32", flag)
     timed = {(r["backend"], r["phase"]) for r in records}
     assert {("neo", "fwd_bwd"), ("fbgemm", "fwd_bwd"), ("torch", "fwd_bwd")} <= timed
     learn = flag == "--learnable-weights"
