@@ -11,24 +11,24 @@
 //    only as many key bits as the largest key needs; where the features' tables ascend,
 //    each table's items sort alone by their local row (sort_table_segments). Occurrences of
 //    one row end up adjacent, in order of occurrence.
-// 3. Update (parallel over segments of the sorted items, cut at row boundaries, about
-//    equally many ids each). Weighted ids first get their bag back into ref and their weight
-//    into an array in sorted order (one pass of independent reads, before the update: the
-//    update then reads them in order, as the unweighted one reads its refs; each read through
-//    the position in the update was a random access the row's gradient waited on: the
-//    weighted update took 1.35-1.43x the unweighted one's time, docs/benchmarks.md). Per row, sum its gradient occurrences in fp32 (same order as
-//    the reference), then apply the optimizer to the row in place (optimizers.h): weights
-//    in their storage dtype (stochastic rounding of fp16/bf16 keyed by (seed, step,
-//    element)), state in fp32. fp32 rows of up to kRowRegs vectors (D <= 64 on AVX2, <= 128
-//    on AVX-512) are summed in registers, and under SGD, Adagrad or row-wise Adagrad (no
-//    weight decay) updated from there too (update_row_regs); other rows go through a
+// 3. Update (parallel over segments of the sorted items, cut at row boundaries, about equally
+//    many ids each). Weighted ids first get their bag back into ref and their weight into an
+//    array in sorted order (one pass of independent reads, before the update: the update then
+//    reads them in order, as the unweighted one reads its refs; each read through the position
+//    in the update was a random access the row's gradient waited on: the weighted update took
+//    1.35-1.43x the unweighted one's time, docs/benchmarks.md). Per row, sum its gradient
+//    occurrences in fp32 (same order as the reference), then apply the optimizer to the row in
+//    place (optimizers.h): weights in their storage dtype (stochastic rounding of fp16/bf16
+//    keyed by (seed, step, element)), state in fp32. fp32 rows of up to kRowRegs vectors (D <=
+//    64 on AVX2, <= 128 on AVX-512) are summed in registers, and under SGD, Adagrad or row-wise
+//    Adagrad (no weight decay) updated from there too (update_row_regs); other rows go through a
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
-//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items
-//    ahead are prefetched into L1 (weights and state with write intent, gradient slices),
-//    and, on batches not too sparse in rows, weight and state rows 128 items ahead into L2
-//    (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase is bound
-//    by memory latency. Common D (16, 32, 64, 128) get compile-time row lengths
-//    (straight-line vector code).
+//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead
+//    are prefetched into L1 (weights and state with write intent, gradient slices), and, on
+//    batches not too sparse in rows, weight and state rows 128 items ahead into L2 (not fp32
+//    rows on AMD Zen 5): rows are random in a large table, so this phase is bound by memory
+//    latency. Common D (16, 32, 64, 128) get compile-time row lengths (straight-line vector
+//    code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
 // and updated by one thread, in a fixed order, with the same IEEE operations (no FMA:
