@@ -78,8 +78,7 @@ inline int64_t sum_row_regs(const Sources& src, int64_t j, int64_t end, uint64_t
   NEO_UNROLL
   for (int v = 0; v < V; ++v) g[v] = vzero();
   do {
-    const uint32_t ref = static_cast<uint32_t>(src.sorted[j]);
-    const uint32_t fb = ref;
+    const uint32_t fb = static_cast<uint32_t>(src.sorted[j]);   // the item's bag
     const float* go = src.grad + src.bag_goff[fb];
     const float len = src.bag_len[fb];
     if (WEIGHTED) {
@@ -191,9 +190,7 @@ inline int64_t process_row(const UpdateArgs& u, T* W, const Sources& src, int64_
   }
   for (int64_t d = 0; d < D; ++d) a[d] = 0.0f;
   do {
-    const uint64_t it = src.sorted[j];
-    const uint32_t ref = static_cast<uint32_t>(it);
-    const uint32_t fb = ref;
+    const uint32_t fb = static_cast<uint32_t>(src.sorted[j]);   // the item's bag
     const float* go = src.grad + src.bag_goff[fb];
     const float len = src.bag_len[fb];
     if (WEIGHTED) {
