@@ -227,7 +227,12 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
+        # weights sent as data carry no gradient back: refused on every rank (the header's error)
+        learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
         if self.one_rank:
+            if learnable:
+                self._raise_on_bad_input(torch.tensor([[batch.batch_size, 1, _WEIGHTS_NEED_GRAD, 0, 0, 0]]),
+                                         batch.batch_size, True)
             return Awaitable.ready(self._one_rank_batch(batch), "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
@@ -236,7 +241,7 @@ class InputDist:
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
-        if missing_err is None and weights is not None and weights.requires_grad and torch.is_grad_enabled():
+        if missing_err is None and learnable:
             header_err = [_WEIGHTS_NEED_GRAD, 0, 0, 0]                     # raised on every rank, below
         if self.validate and values.numel() and header_err[0] == 0:
             header_err = self._bad_id_error(values, offsets, starts, B) or header_err
@@ -342,8 +347,6 @@ class InputDist:
         error for a bad id (validate) or the same counts (validate=False: the lookup skips them)."""
         B, F = batch.batch_size, len(self.layout.features)
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
-        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
-            self._raise_on_bad_input(torch.tensor([[B, 1, _WEIGHTS_NEED_GRAD, 0, 0, 0]]), B, True)
         starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)     # (F + 1,): each feature's first id
         if batch.values.numel():
             if self.validate:

@@ -119,7 +119,6 @@ class PooledLookup(torch.autograd.Function):
             grad_weights = kernel(runner.layout, runner.weights, grad_output, indices, offsets, ctx.batch_size)
             if pooled_ids is not None:    # the other bags came out as zeros, whatever their weights
                 grad_weights = grad_weights * pooled_ids
-            grad_weights = grad_weights.to(per_sample_weights.dtype)
         if not ctx.update:
             return None, None, None, None, grad_weights, None, None, None, None, None
         step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step

@@ -300,8 +300,10 @@ class TableBatchedEmbedding(nn.Module):
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
         train = torch.is_grad_enabled() and self.training
-        if (self._cache is not None and not train and batch.weights is not None and batch.weights.requires_grad
-                and torch.is_grad_enabled()):
+        # per-id weights that require grad (TorchRec's position-weighted features): their gradient
+        # comes from the lookup's node; in eval mode a node that updates nothing
+        weights_grad = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
+        if weights_grad and not train and self._cache is not None:
             cached = ", ".join(t.name for t in self.tables if t.placement is Placement.CACHED)
             raise EmbeddingInputError(
                 f"per-id weights that require grad, in eval mode, with cached tables ({cached}): their gradient "
@@ -339,9 +341,6 @@ class TableBatchedEmbedding(nn.Module):
         anchor = None
         if train:
             anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
-        # per-id weights that require grad (TorchRec's position-weighted features): their gradient
-        # comes from the same node; in eval mode a node that updates nothing
-        weights_grad = psw is not None and psw.requires_grad and torch.is_grad_enabled()
         outputs, f0 = [], 0
         # validate=False: the kernels skip invalid ids; a backend that counts them in its forward
         # (cpu) says whether there are any, the others are counted here (skipped_ids)

@@ -7,7 +7,10 @@ A backend computes, for one :class:`~neo.embedding.layout.GroupLayout`:
 - ``backward_update``: given the gradient of those pooled embeddings, the fused backward
   and sparse optimizer step: every id's gradient is gathered, duplicates of a row are
   summed exactly (sorted or hashed by global row), and the optimizer is applied to each
-  touched row in place. No dense gradient of the weights is ever formed.
+  touched row in place. No dense gradient of the weights is ever formed;
+- optionally ``per_sample_weights_grad`` (same arguments as the function it replaces): the
+  gradient of the per-id weights, (N,) fp32 (the cpu backend's kernel); without it the
+  module uses :func:`neo.embedding.backends.reference.per_sample_weights_grad`.
 
 Inputs shared by both (F features of the group, B samples, N ids):
 
