@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from neo.cpp import cpu_kernels
+from neo.models.autograd_modes import plain_autograd
 
 
 class _LinearFn(torch.autograd.Function):
@@ -88,11 +89,11 @@ class Linear(nn.Linear):
 
     def _fast(self, x: torch.Tensor) -> bool:
         """Whether the fp32 CPU autograd functions of this module apply to ``x``: not under
-        torch.func's transforms (grad, vmap, jacrev, ...), for which they define no rules, where
-        ``F.linear`` serves."""
+        torch.func's transforms (grad, vmap, jacrev, ...) or forward-mode AD, for which they
+        define no rules, where ``F.linear`` serves."""
         return (not self.split_backward and self.bias is not None and x.device.type == "cpu"
                 and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and not torch._C._are_functorch_transforms_active())
+                and not torch.is_autocast_enabled("cpu") and plain_autograd())
 
     def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
         """``relu(self(x))``, with bias and ReLU fused (:class:`_LinearReLUFn`) where the fp32 CPU

@@ -250,6 +250,65 @@ def test_dot_interaction_runs_under_torch_func_transforms(kernel):
     torch.testing.assert_close(batched, out.detach(), rtol=1e-5, atol=1e-5)
 
 
+def _pair_tangents_f64(dense, pooled, t_dense, t_pooled, F: int, D: int) -> torch.Tensor:
+    """d/de of the pairs v_i . v_j (i < j) at v + e t, in float64: t_i . v_j + v_i . t_j."""
+    B = dense.shape[0]
+    v = torch.cat([dense.unsqueeze(1), pooled.view(B, F, D)], 1).double()
+    t = torch.cat([t_dense.unsqueeze(1), t_pooled.view(B, F, D)], 1).double()
+    T = torch.einsum("bid,bjd->bij", t, v)
+    i, j = torch.triu_indices(F + 1, F + 1, offset=1)
+    return torch.cat([t_dense.double(), (T + T.transpose(1, 2))[:, i, j]], 1)         # (B, D + P)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+def test_dot_interaction_forward_mode_ad(kernel):
+    """Forward-mode AD through the module (either kernel): dual tensors, torch.func.jvp and
+    jacfwd give the tangent of the pair formula in float64, and jacfwd equals jacrev; before,
+    the fused node and _PairwiseDots raised (no jvp). Outside the dual level the fused node runs."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, jacrev, jvp
+
+    torch.manual_seed(7)
+    F, D, B = 4, 8, 5
+    module = DotInteraction(F, D, kernel=kernel)
+    dense, pooled = torch.randn(B, D), torch.randn(B, F * D)
+    t_dense, t_pooled = torch.randn(B, D), torch.randn(B, F * D)
+    want = _pair_tangents_f64(dense, pooled, t_dense, t_pooled, F, D).float()
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(module(fwAD.make_dual(dense, t_dense), fwAD.make_dual(pooled, t_pooled)))
+    torch.testing.assert_close(got.primal, module(dense, pooled), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.tangent, want, rtol=1e-5, atol=1e-5)
+    _, tangent = jvp(module, (dense, pooled), (t_dense, t_pooled))
+    torch.testing.assert_close(tangent, want, rtol=1e-5, atol=1e-5)
+    fwd = jacfwd(module, argnums=(0, 1))(dense[:2], pooled[:2])
+    rev = jacrev(module, argnums=(0, 1))(dense[:2], pooled[:2])
+    for a, b in zip(fwd, rev):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if kernel == "auto":
+        assert "Fused" in module(dense.requires_grad_(), pooled).grad_fn.name()
+
+
+def test_dlrm_head_hessian_by_forward_over_reverse():
+    """torch.func.hessian (forward mode over reverse) of a loss of DLRM's dense path (bottom MLP,
+    fused interaction, top MLP) with respect to the dense features equals the reverse-over-reverse
+    Hessian autograd takes through the fused nodes (create_graph)."""
+    from torch.func import hessian
+
+    torch.manual_seed(8)
+    tables = [TableConfig(f"t{i}", 20, 8) for i in range(3)]
+    model = DLRM(TableBatchedEmbedding(tables, backend="reference"), 3, 8, 4, [16, 8], [16, 1])
+    dense, pooled = torch.randn(3, 4), torch.randn(3, 24)
+
+    def loss(d):
+        return model.head(d, pooled).sigmoid().sum()
+
+    got = hessian(loss)(dense)                                                         # (3, 4, 3, 4)
+    want = torch.autograd.functional.hessian(loss, dense)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    d = dense.clone().requires_grad_()
+    assert "Fused" in model.interaction(model.bottom(d), pooled).grad_fn.name()
+
+
 def test_unpickled_module_finds_the_fused_op_again(monkeypatch):
     """A module unpickled in a process that has not built one (the op not looked up yet there)
     still runs the fused kernel."""

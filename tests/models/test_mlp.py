@@ -160,6 +160,29 @@ def test_mlp_runs_under_torch_func_transforms():
             torch.testing.assert_close(per_sample[name][i], w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("final_activation", [True, False])
+def test_mlp_forward_mode_ad_matches_plain_layers(final_activation):
+    """Forward-mode AD (dual tensors, torch.func.jvp) through the MLP gives the tangent of
+    F.linear + F.relu layers on copies of its parameters, as torch differentiates them; before,
+    the fused layers' Functions raised (no jvp). Outside the dual level the fused node runs again."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jvp
+
+    torch.manual_seed(15)
+    mlp = MLP(13, [32, 16, 8], final_activation=final_activation)
+    params = [p.detach().clone() for p in mlp.parameters()]
+    x, t = torch.randn(10, 13), torch.randn(10, 13)
+    want_out, want_t = jvp(lambda a: _plain(a, params, final_activation), (x,), (t,))
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(mlp(fwAD.make_dual(x, t)))
+    torch.testing.assert_close(got.primal, want_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.tangent, want_t, rtol=1e-5, atol=1e-6)
+    out, tangent = jvp(mlp, (x,), (t,))
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tangent, want_t, rtol=1e-5, atol=1e-6)
+    assert type(mlp(x.requires_grad_()).grad_fn).__name__ in ("_LinearFnBackward", "_LinearReLUFnBackward")
+
+
 def test_mlp_fused_layers_fall_back_where_the_fast_path_does_not_apply():
     """Under autocast and with split_backward the layers run as torch's linear and relu."""
     from neo.models.mlp import splitting_backward
