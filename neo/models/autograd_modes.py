@@ -15,5 +15,6 @@ import torch.autograd.forward_ad as forward_ad
 
 def plain_autograd() -> bool:
     """True outside torch.func's transforms and outside a forward-mode AD dual level."""
-    # forward_ad keeps its one active dual level in a module global (-1: none)
-    return not torch._C._are_functorch_transforms_active() and forward_ad._current_level < 0
+    # forward_ad keeps its one active dual level in a module global (-1: none); a torch without
+    # it fails the forward-mode tests, not training
+    return not torch._C._are_functorch_transforms_active() and getattr(forward_ad, "_current_level", -1) < 0
