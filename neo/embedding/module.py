@@ -285,6 +285,35 @@ class TableBatchedEmbedding(nn.Module):
         ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`), a variable-batch one (VBE)
         included: its distinct bags are pooled once, then each sample's row taken
         (:meth:`_variable_batch`)."""
+        if torch._C._are_functorch_transforms_active():
+            # under torch.func's transforms (grad, jvp, vmap, hessian of a function of the dense
+            # features) the lookup is a constant of the function: its rows, no node, no update;
+            # run as plain ops (functorch would wrap the kernels' outputs, which they write)
+            self._check_functional(batch)
+            with torch._C._DisableFuncTorch():
+                return self._lookup(batch, pooled_bags, functional=True)
+        return self._lookup(batch, pooled_bags, functional=False)
+
+    def _check_functional(self, batch) -> None:
+        """Under a torch.func transform: refuse what the lookup cannot give as a constant, the ids
+        or per-id weights the transform batches (vmap) or differentiates (their derivative would
+        be dropped), naming the tables. ``batch``: a KeyedJaggedBatch or a TorchRec KJT."""
+        from torch._C._functorch import is_batchedtensor
+
+        parts = ((batch.values, batch.lengths, batch.weights) if isinstance(batch, KeyedJaggedBatch)
+                 else (batch.values(), batch.lengths(), batch.weights_or_none()))
+        tables = ", ".join(t.name for t in self.tables)
+        for what, t in zip(("ids", "lengths", "per-id weights"), parts):
+            if t is not None and (is_batchedtensor(t) or t.requires_grad):
+                raise EmbeddingInputError(
+                    f"{what} of the lookup into {tables} are {'batched' if is_batchedtensor(t) else 'differentiated'} "
+                    f"by a torch.func transform: under torch.func (grad, jvp, vmap, hessian) the lookup runs as a "
+                    f"constant of the function (its rows; no gradient to the tables and no optimizer step), so "
+                    f"its inputs must be plain tensors; look up outside the transform and pass the pooled "
+                    f"embeddings in (e.g. DLRM.head(dense, pooled))")
+
+    def _lookup(self, batch, pooled_bags: Optional[torch.Tensor], functional: bool) -> torch.Tensor:
+        """:meth:`forward`; ``functional``: under a torch.func transform (no node, no update)."""
         if is_variable_batch(batch):
             return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
@@ -299,7 +328,7 @@ class TableBatchedEmbedding(nn.Module):
                     f"pooled_bags must be a bool tensor of F * B = {n_bags} flags, one per bag, got "
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
-        train = torch.is_grad_enabled() and self.training
+        train = torch.is_grad_enabled() and self.training and not functional
         # per-id weights that require grad (TorchRec's position-weighted features): their gradient
         # comes from the lookup's node; in eval mode a node that updates nothing
         weights_grad = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
