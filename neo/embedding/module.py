@@ -414,6 +414,13 @@ class TableBatchedEmbedding(nn.Module):
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
         update; see :mod:`neo.embedding.sequence`."""
+        if torch._C._are_functorch_transforms_active():   # a constant of the function, as forward's
+            self._check_functional(batch)
+            with torch._C._DisableFuncTorch(), torch.no_grad():
+                return self._sequence(batch)
+        return self._sequence(batch)
+
+    def _sequence(self, batch) -> Dict[str, "SequenceEmbedding"]:
         from neo.embedding.sequence import sequence_lookup
 
         if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns

@@ -47,9 +47,10 @@ def test_grad_jvp_hessian_of_the_dense_features(backend, weighted):
     def loss(d):
         return model(d, batch).sigmoid().sum()
 
+    got_grad = grad(loss)(dense)             # the module's first lookup: under the transform
     d = dense.clone().requires_grad_()
     (want_grad,) = torch.autograd.grad(loss(d), d)          # the lookup's backward never runs
-    torch.testing.assert_close(grad(loss)(dense), want_grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
     t = torch.randn_like(dense)
     want_out, want_t = torch.autograd.functional.jvp(loss, dense, t)
     out, tangent = jvp(loss, (dense,), (t,))
@@ -82,3 +83,26 @@ def test_transformed_lookup_inputs_are_refused_with_the_tables_named():
 
     with pytest.raises(EmbeddingInputError, match=r"ids of the lookup into t0, t1, t2 are batched"):
         vmap(by_ids)(stacked)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_unpooled_lookup_under_grad_is_a_constant(backend):
+    """``emb.sequence`` under ``torch.func.grad``: its rows as outside, no update; the module's
+    first lookup made under the transform leaves nothing behind that breaks training after it
+    (before, the cpu backend's per-table state made there held functorch's wrapped tensors)."""
+    model, batch, _ = model_and_batch(backend)
+    emb = model.embedding
+    before = tables_of(model)
+    x = torch.randn(D)
+
+    def f(x):
+        seq = emb.sequence(batch)
+        return sum((s.values * x).sum() for s in seq.values())
+
+    got = grad(f)(x)
+    rows = emb.sequence(batch)
+    torch.testing.assert_close(got, sum(s.values.detach().sum(0) for s in rows.values()), rtol=1e-5, atol=1e-6)
+    for a, b in zip(before, tables_of(model)):
+        assert torch.equal(a, b)
+    sum(s.values.sum() for s in emb.sequence(batch).values()).backward()       # trains as before
+    assert any(not torch.equal(a, b) for a, b in zip(before, tables_of(model)))
