@@ -49,6 +49,7 @@ from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.module import own_bags, take_rows
+from neo.embedding.transforms import outside_transforms, plain_for_transform, transforms_active
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
@@ -327,7 +328,13 @@ class ShardedEmbeddingCollection(nn.Module):
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order. A
         variable-batch ``torchrec.KeyedJaggedTensor`` (VBE): its distinct bags are sent and pooled
-        (:meth:`_padded_variable_batch`), then each sample's row taken (``take_rows``)."""
+        (:meth:`_padded_variable_batch`), then each sample's row taken (``take_rows``). Under
+        torch.func's transforms the lookup is a constant of the function, as the unsharded
+        module's (:mod:`neo.embedding.transforms`; collective all the same)."""
+        if transforms_active():
+            batch = plain_for_transform(batch, [t.name for t in self.tables])
+            with outside_transforms():
+                return self.forward(batch)
         if is_variable_batch(batch):
             padded, inverse = self._padded_variable_batch(batch)
             pooled = self(padded)
@@ -353,6 +360,10 @@ class ShardedEmbeddingCollection(nn.Module):
         Collective: every rank calls it with a batch of the same size."""
         from neo.distributed.sequence import sharded_sequence_lookup
 
+        if transforms_active():                    # a constant of the function, as forward's
+            batch = plain_for_transform(batch, [t.name for t in self.tables])
+            with outside_transforms():
+                return self.sequence(batch)
         if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
             padded, _ = self._padded_variable_batch(batch)
             return own_bags(sharded_sequence_lookup(self, padded), batch)

@@ -55,6 +55,7 @@ from neo.embedding.init import TableRegion, fill_rows
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.embedding.table_state import load_tables, save_tables
+from neo.embedding.transforms import outside_transforms, plain_flags, plain_for_transform, transforms_active
 from neo.keyed_embeddings import KeyedEmbeddings
 from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
 
@@ -285,35 +286,11 @@ class TableBatchedEmbedding(nn.Module):
         ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`), a variable-batch one (VBE)
         included: its distinct bags are pooled once, then each sample's row taken
         (:meth:`_variable_batch`)."""
-        if torch._C._are_functorch_transforms_active():
-            # under torch.func's transforms (grad, jvp, vmap, hessian of a function of the dense
-            # features) the lookup is a constant of the function: its rows, no node, no update;
-            # run as plain ops (functorch would wrap the kernels' outputs, which they write)
-            self._check_functional(batch)
-            with torch._C._DisableFuncTorch():
-                return self._lookup(batch, pooled_bags, functional=True)
-        return self._lookup(batch, pooled_bags, functional=False)
-
-    def _check_functional(self, batch) -> None:
-        """Under a torch.func transform: refuse what the lookup cannot give as a constant, the ids
-        or per-id weights the transform batches (vmap) or differentiates (their derivative would
-        be dropped), naming the tables. ``batch``: a KeyedJaggedBatch or a TorchRec KJT."""
-        from torch._C._functorch import is_batchedtensor
-
-        parts = ((batch.values, batch.lengths, batch.weights) if isinstance(batch, KeyedJaggedBatch)
-                 else (batch.values(), batch.lengths(), batch.weights_or_none()))
-        tables = ", ".join(t.name for t in self.tables)
-        for what, t in zip(("ids", "lengths", "per-id weights"), parts):
-            if t is not None and (is_batchedtensor(t) or t.requires_grad):
-                raise EmbeddingInputError(
-                    f"{what} of the lookup into {tables} are {'batched' if is_batchedtensor(t) else 'differentiated'} "
-                    f"by a torch.func transform: under torch.func (grad, jvp, vmap, hessian) the lookup runs as a "
-                    f"constant of the function (its rows; no gradient to the tables and no optimizer step), so "
-                    f"its inputs must be plain tensors; look up outside the transform and pass the pooled "
-                    f"embeddings in (e.g. DLRM.head(dense, pooled))")
-
-    def _lookup(self, batch, pooled_bags: Optional[torch.Tensor], functional: bool) -> torch.Tensor:
-        """:meth:`forward`; ``functional``: under a torch.func transform (no node, no update)."""
+        if transforms_active():    # a constant of the function there (neo.embedding.transforms)
+            names = [t.name for t in self.tables]
+            batch, pooled_bags = plain_for_transform(batch, names), plain_flags(pooled_bags, names)
+            with outside_transforms():
+                return self.forward(batch, pooled_bags)
         if is_variable_batch(batch):
             return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
@@ -328,7 +305,7 @@ class TableBatchedEmbedding(nn.Module):
                     f"pooled_bags must be a bool tensor of F * B = {n_bags} flags, one per bag, got "
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
-        train = torch.is_grad_enabled() and self.training and not functional
+        train = torch.is_grad_enabled() and self.training
         # per-id weights that require grad (TorchRec's position-weighted features): their gradient
         # comes from the lookup's node; in eval mode a node that updates nothing
         weights_grad = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
@@ -414,15 +391,12 @@ class TableBatchedEmbedding(nn.Module):
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
         update; see :mod:`neo.embedding.sequence`."""
-        if torch._C._are_functorch_transforms_active():   # a constant of the function, as forward's
-            self._check_functional(batch)
-            with torch._C._DisableFuncTorch(), torch.no_grad():
-                return self._sequence(batch)
-        return self._sequence(batch)
-
-    def _sequence(self, batch) -> Dict[str, "SequenceEmbedding"]:
         from neo.embedding.sequence import sequence_lookup
 
+        if transforms_active():                    # a constant of the function, as forward's
+            batch = plain_for_transform(batch, [t.name for t in self.tables])
+            with outside_transforms():
+                return self.sequence(batch)
         if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
             padded, _ = padded_variable_batch(batch, validate=self.validate)
             return own_bags(sequence_lookup(self, padded), batch)

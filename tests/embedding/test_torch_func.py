@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import grad, hessian, jvp, vmap
+from torch.func import grad, hessian, jacfwd, jvp, vmap
 
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.embedding import EmbeddingInputError, TableBatchedEmbedding
@@ -106,3 +106,20 @@ def test_unpooled_lookup_under_grad_is_a_constant(backend):
         assert torch.equal(a, b)
     sum(s.values.sum() for s in emb.sequence(batch).values()).backward()       # trains as before
     assert any(not torch.equal(a, b) for a, b in zip(before, tables_of(model)))
+
+
+def test_batch_made_inside_the_function_and_jacfwd():
+    """A batch built inside the transformed function (its tensors then carry functorch's wrappers,
+    constants of the function) is looked up as a plain one; jacfwd (vmap over jvp) through the
+    lookup equals autograd's Jacobian."""
+    model, batch, dense = model_and_batch("cpu")
+
+    def loss(d):
+        b = KeyedJaggedBatch(batch.keys, batch.values + 0, batch.lengths * 1, B)
+        return model(d, b).sigmoid()                                                   # (B,)
+
+    d = dense.clone().requires_grad_()
+    (want,) = torch.autograd.grad(loss(d).sum(), d)
+    torch.testing.assert_close(grad(lambda x: loss(x).sum())(dense), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(jacfwd(loss)(dense), torch.autograd.functional.jacobian(loss, dense),
+                               rtol=1e-5, atol=1e-6)

@@ -1,0 +1,76 @@
+"""Embedding lookups under torch.func's transforms (``grad``, ``jvp``, ``vmap``, ``hessian``).
+
+There a lookup is a constant of the transformed function: the same pooled rows as outside, no
+gradient to the tables, no fused optimizer step (a transform differentiates; it does not train).
+The modules (``TableBatchedEmbedding``, ``ShardedEmbeddingCollection``: pooled and unpooled
+lookups) run it outside the transforms (:func:`outside_transforms`: functorch's interpreter stack
+set aside, grad mode off), where their kernels, autograd Functions and collectives run as in
+evaluation, on the batch with functorch's wrappers of constants taken off
+(:func:`plain_for_transform`). Ids, lengths or per-id weights that the transform batches or
+differentiates are refused, naming the tables: their derivative would be dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from neo.embedding.checks import EmbeddingInputError
+from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch
+
+
+def transforms_active() -> bool:
+    return torch._C._are_functorch_transforms_active()
+
+
+@contextlib.contextmanager
+def outside_transforms() -> Iterator[None]:
+    """The block runs as plain eager code without grad mode: no functorch wrappers on what it
+    makes (the kernels write their outputs), no autograd Function sees a transform."""
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    with temporarily_clear_interpreter_stack(), torch.no_grad():
+        yield
+
+
+def _plain(what: str, t: Optional[torch.Tensor], tables: Sequence[str]) -> Optional[torch.Tensor]:
+    """``t`` without functorch's wrappers where it is a constant of the transform (a tensor made
+    inside the transformed function); EmbeddingInputError where the transform batches or
+    differentiates it."""
+    from torch._C._functorch import get_unwrapped, is_batchedtensor, is_functorch_wrapped_tensor
+
+    while t is not None:
+        if is_batchedtensor(t) or t.requires_grad:
+            raise EmbeddingInputError(
+                f"{what} of the lookup into {', '.join(tables)} are "
+                f"{'batched' if is_batchedtensor(t) else 'differentiated'} by a torch.func transform: under "
+                f"torch.func (grad, jvp, vmap, hessian) the lookup runs as a constant of the function (its rows; "
+                f"no gradient to the tables and no optimizer step), so its inputs must be constants of the "
+                f"function; look up outside the transform and pass the pooled embeddings in "
+                f"(e.g. DLRM.head(dense, pooled))")
+        if not is_functorch_wrapped_tensor(t):
+            return t
+        t = get_unwrapped(t)
+    return t
+
+
+def plain_for_transform(batch, tables: Sequence[str]):
+    """``batch`` (a KeyedJaggedBatch or a TorchRec KJT) for a lookup under a transform: a
+    KeyedJaggedBatch of plain tensors; a variable-batch KJT is checked and passed as it is."""
+    if is_variable_batch(batch):
+        for what, t in (("ids", batch.values()), ("lengths", batch.lengths()),
+                        ("per-id weights", batch.weights_or_none())):
+            _plain(what, t, tables)
+        return batch
+    b = as_batch(batch)
+    return dataclasses.replace(
+        b, values=_plain("ids", b.values, tables), lengths=_plain("lengths", b.lengths, tables),
+        weights=_plain("per-id weights", b.weights, tables), offsets=_plain("offsets", b.offsets, tables))
+
+
+def plain_flags(flags: Optional[torch.Tensor], tables: Sequence[str]) -> Optional[torch.Tensor]:
+    """``pooled_bags`` under a transform, as :func:`plain_for_transform`'s tensors."""
+    return flags if not isinstance(flags, torch.Tensor) else _plain("pooled_bags", flags, tables)
