@@ -19,10 +19,11 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from neo.embedding.checks import EmbeddingInputError
-from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch
+from neo.sparse import as_batch, is_variable_batch
 
 
 def transforms_active() -> bool:
+    """Whether a torch.func transform is running (about 50 ns)."""
     return torch._C._are_functorch_transforms_active()
 
 
