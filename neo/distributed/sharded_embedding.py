@@ -49,7 +49,7 @@ from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.module import own_bags, take_rows
-from neo.embedding.transforms import outside_transforms, plain_for_transform, transforms_active
+from neo.embedding.transforms import constant_under_transforms
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
@@ -325,16 +325,13 @@ class ShardedEmbeddingCollection(nn.Module):
         self._places_cache[key] = places
         return places
 
+    @constant_under_transforms
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order. A
         variable-batch ``torchrec.KeyedJaggedTensor`` (VBE): its distinct bags are sent and pooled
         (:meth:`_padded_variable_batch`), then each sample's row taken (``take_rows``). Under
         torch.func's transforms the lookup is a constant of the function, as the unsharded
         module's (:mod:`neo.embedding.transforms`; collective all the same)."""
-        if transforms_active():
-            batch = plain_for_transform(batch, [t.name for t in self.tables])
-            with outside_transforms():
-                return self.forward(batch)
         if is_variable_batch(batch):
             padded, inverse = self._padded_variable_batch(batch)
             pooled = self(padded)
@@ -353,6 +350,7 @@ class ShardedEmbeddingCollection(nn.Module):
             dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.pg.world)
         return padded_variable_batch(kjt, validate=self._input_dist.validate, pad_to=int(size), parts=parts)
 
+    @constant_under_transforms
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup of this rank's samples: ``{feature: SequenceEmbedding(values (N, D),
         lengths (B,))}``, one row per id, under the same plan and fused updates as the pooled
@@ -360,10 +358,6 @@ class ShardedEmbeddingCollection(nn.Module):
         Collective: every rank calls it with a batch of the same size."""
         from neo.distributed.sequence import sharded_sequence_lookup
 
-        if transforms_active():                    # a constant of the function, as forward's
-            batch = plain_for_transform(batch, [t.name for t in self.tables])
-            with outside_transforms():
-                return self.sequence(batch)
         if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
             padded, _ = self._padded_variable_batch(batch)
             return own_bags(sharded_sequence_lookup(self, padded), batch)

@@ -55,7 +55,7 @@ from neo.embedding.init import TableRegion, fill_rows
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.embedding.table_state import load_tables, save_tables
-from neo.embedding.transforms import outside_transforms, plain_flags, plain_for_transform, transforms_active
+from neo.embedding.transforms import constant_under_transforms
 from neo.keyed_embeddings import KeyedEmbeddings
 from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
 
@@ -276,6 +276,7 @@ class TableBatchedEmbedding(nn.Module):
         return take_rows(pooled, [slices[f] for f in self.feature_names], [inverse[f] for f in self.feature_names])
 
     @needs_tables
+    @constant_under_transforms
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
 
@@ -285,12 +286,8 @@ class TableBatchedEmbedding(nn.Module):
         samples this way, and apply the update of the whole global batch. ``batch`` may also be a
         ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`), a variable-batch one (VBE)
         included: its distinct bags are pooled once, then each sample's row taken
-        (:meth:`_variable_batch`)."""
-        if transforms_active():    # a constant of the function there (neo.embedding.transforms)
-            names = [t.name for t in self.tables]
-            batch, pooled_bags = plain_for_transform(batch, names), plain_flags(pooled_bags, names)
-            with outside_transforms():
-                return self.forward(batch, pooled_bags)
+        (:meth:`_variable_batch`). Under torch.func's transforms the lookup is a constant of the
+        function (:mod:`neo.embedding.transforms`)."""
         if is_variable_batch(batch):
             return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
@@ -387,16 +384,13 @@ class TableBatchedEmbedding(nn.Module):
         return out
 
     @needs_tables
+    @constant_under_transforms
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused
         update; see :mod:`neo.embedding.sequence`."""
         from neo.embedding.sequence import sequence_lookup
 
-        if transforms_active():                    # a constant of the function, as forward's
-            batch = plain_for_transform(batch, [t.name for t in self.tables])
-            with outside_transforms():
-                return self.sequence(batch)
         if is_variable_batch(batch):               # each feature's own B_f bags, as TorchRec's EC returns
             padded, _ = padded_variable_batch(batch, validate=self.validate)
             return own_bags(sequence_lookup(self, padded), batch)
