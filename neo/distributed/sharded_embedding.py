@@ -48,7 +48,7 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
-from neo.embedding.module import own_bags, take_rows
+from neo.embedding.variable_batch import own_bags, take_rows
 from neo.embedding.transforms import constant_under_transforms
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables

@@ -37,7 +37,6 @@ whose tables are sharded later (``neo.distributed.parallelize``); using its tabl
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
@@ -56,6 +55,7 @@ from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.embedding.table_state import load_tables, save_tables
 from neo.embedding.transforms import constant_under_transforms
+from neo.embedding.variable_batch import own_bags, take_rows
 from neo.keyed_embeddings import KeyedEmbeddings
 from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
 
@@ -63,33 +63,6 @@ if TYPE_CHECKING:
     from neo.embedding.sequence import SequenceEmbedding
 
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
-
-
-def own_bags(seq: Dict[str, "SequenceEmbedding"], kjt) -> Dict[str, "SequenceEmbedding"]:
-    """An unpooled lookup of a padded variable batch cut to each feature's ``B_f`` bags (the
-    padding is empty bags at the end: the rows are all the feature's)."""
-    from neo.embedding.sequence import SequenceEmbedding
-
-    strides = dict(zip(kjt.keys(), kjt.stride_per_key()))
-    return {f: SequenceEmbedding(s.values, s.lengths[:strides[f]]) for f, s in seq.items()}
-
-
-def take_rows(pooled: torch.Tensor, cols: List[slice], rows: List[torch.Tensor]) -> torch.Tensor:
-    """(B, sum of D): feature f's columns ``cols[f]`` of sample b from row ``rows[f][b]`` of
-    ``pooled``. One ``index_select`` over chunks of c columns (c: the widths' common divisor),
-    so that autograd's backward is one ``index_add`` (the samples sharing a row summed)."""
-    n, width = pooled.shape
-    B = rows[0].numel() if rows else 0
-    c = 0
-    for sl in cols:
-        c = math.gcd(c, sl.start, sl.stop)
-    c = c or width or 1
-    chunks = width // c
-    row_of_chunk = torch.empty(chunks, B, dtype=torch.int64, device=pooled.device)     # (chunks, B)
-    for sl, r in zip(cols, rows):
-        row_of_chunk[sl.start // c: sl.stop // c] = r
-    index = row_of_chunk.t() * chunks + torch.arange(chunks, device=pooled.device)      # (B, chunks)
-    return pooled.reshape(n * chunks, c).index_select(0, index.reshape(-1)).view(B, width)
 
 
 class TableBatchedEmbedding(nn.Module):
