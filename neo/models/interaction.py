@@ -10,6 +10,7 @@ from torch import nn
 
 from neo.cpp import cpu_kernels
 from neo.models.autograd_modes import plain_autograd
+from neo.models.traced_ops import dot_interaction_fused, fused_applies
 
 
 class _PairwiseDots(torch.autograd.Function):
@@ -137,6 +138,8 @@ class DotInteraction(nn.Module):
     """``forward`` reads :class:`PooledPieces` in place (the fused kernel) or materializes them."""
 
     def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._traced(dense, pooled)
         # found at construction, or again in a process that unpickled this module; not under
         # torch.func's transforms or forward-mode AD, for which the C++ node has no rules
         fused = self._fused and plain_autograd()
@@ -146,7 +149,17 @@ class DotInteraction(nn.Module):
                    if isinstance(pooled, PooledPieces) else op(dense, pooled, self.num_features))
             if out is not None:   # None where the fused kernel does not apply (not CPU fp32, or autocast)
                 return out                                                                  # (B, D + P)
+        return self._torch_path(dense, as_tensor(pooled))
+
+    def _traced(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        """The forward under ``torch.compile`` or ``torch.export``: the fused kernels as the custom op
+        ``neo::dot_interaction_fused`` (neo/models/traced_ops.py), one node of the graph."""
         pooled = as_tensor(pooled)
+        if self._fused and plain_autograd() and fused_applies(dense, pooled):
+            return dot_interaction_fused(dense, pooled, self.num_features)                      # (B, D + P)
+        return self._torch_path(dense, pooled)
+
+    def _torch_path(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         B = dense.shape[0]
         vectors = torch.cat([dense.unsqueeze(1), pooled.view(B, self.num_features, self.dim)], dim=1)  # (B, F+1, D)
         pairs = _PairwiseDots.apply(vectors, self.flat_pairs)                                           # (B, (F+1)F/2)

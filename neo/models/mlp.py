@@ -90,8 +90,10 @@ class Linear(nn.Linear):
     def _fast(self, x: torch.Tensor) -> bool:
         """Whether the fp32 CPU autograd functions of this module apply to ``x``: not under
         torch.func's transforms (grad, vmap, jacrev, ...) or forward-mode AD, for which they
-        define no rules, where ``F.linear`` serves."""
-        return (not self.split_backward and self.bias is not None and x.device.type == "cpu"
+        define no rules, where ``F.linear`` serves; not while ``torch.compile`` or ``torch.export``
+        traces (Dynamo breaks its graph at a pybind kernel; Inductor fuses bias and ReLU itself)."""
+        return (not torch.compiler.is_compiling() and not self.split_backward and self.bias is not None
+                and x.device.type == "cpu"
                 and x.dtype == torch.float32 and self.weight.dtype == torch.float32
                 and not torch.is_autocast_enabled("cpu") and plain_autograd())
 
