@@ -49,7 +49,7 @@ from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.variable_batch import own_bags, take_rows
-from neo.embedding.transforms import constant_under_transforms
+from neo.embedding.transforms import lookup_method
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.models.interaction import PooledPieces
@@ -325,7 +325,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._places_cache[key] = places
         return places
 
-    @constant_under_transforms
+    @lookup_method
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order. A
         variable-batch ``torchrec.KeyedJaggedTensor`` (VBE): its distinct bags are sent and pooled
@@ -350,7 +350,7 @@ class ShardedEmbeddingCollection(nn.Module):
             dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.pg.world)
         return padded_variable_batch(kjt, validate=self._input_dist.validate, pad_to=int(size), parts=parts)
 
-    @constant_under_transforms
+    @lookup_method
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup of this rank's samples: ``{feature: SequenceEmbedding(values (N, D),
         lengths (B,))}``, one row per id, under the same plan and fused updates as the pooled

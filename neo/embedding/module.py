@@ -54,7 +54,7 @@ from neo.embedding.init import TableRegion, fill_rows
 from neo.embedding.layout import GroupLayout, group_tables
 from neo.embedding.placeholder import needs_tables
 from neo.embedding.table_state import load_tables, save_tables
-from neo.embedding.transforms import constant_under_transforms
+from neo.embedding.transforms import lookup_method
 from neo.embedding.variable_batch import own_bags, take_rows
 from neo.keyed_embeddings import KeyedEmbeddings
 from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch
@@ -249,7 +249,7 @@ class TableBatchedEmbedding(nn.Module):
         return take_rows(pooled, [slices[f] for f in self.feature_names], [inverse[f] for f in self.feature_names])
 
     @needs_tables
-    @constant_under_transforms
+    @lookup_method
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
 
@@ -357,7 +357,7 @@ class TableBatchedEmbedding(nn.Module):
         return out
 
     @needs_tables
-    @constant_under_transforms
+    @lookup_method
     def sequence(self, batch: KeyedJaggedBatch) -> Dict[str, "SequenceEmbedding"]:
         """Unpooled lookup: every feature's embeddings, one row per id, jagged by sample
         (``{feature: SequenceEmbedding(values (N, D), lengths (B,))}``), trained by the same fused

@@ -7,8 +7,14 @@ lookups) run it outside the transforms (:func:`outside_transforms`: functorch's 
 set aside, grad mode off), where their kernels, autograd Functions and collectives run as in
 evaluation, on the batch with functorch's wrappers of constants taken off
 (:func:`plain_for_transform`). Ids, lengths or per-id weights that the transform batches or
-differentiates are refused, naming the tables: their derivative would be dropped. The modules'
-lookup methods say so with one decorator, :func:`constant_under_transforms`.
+differentiates are refused, naming the tables: their derivative would be dropped.
+
+Under ``torch.compile`` a lookup is one opaque step of the model: Dynamo runs it eagerly
+(``torch._disable_dynamo``) instead of tracing into the modules' Python, where every batch's
+new id count recompiled three frames and the graphs were cut at the autograd Functions anyway;
+the dense layers around it are compiled (the dot interaction as one custom op,
+neo/models/traced_ops.py). The modules' lookup methods say both with one decorator,
+:func:`lookup_method`.
 """
 
 from __future__ import annotations
@@ -88,5 +94,21 @@ def constant_under_transforms(method: M) -> M:
         kwargs = {k: plain(k, a) for k, a in kwargs.items()}
         with outside_transforms():
             return method(self, plain_for_transform(batch, names), *args, **kwargs)
+
+    return lookup  # type: ignore[return-value]
+
+
+def lookup_method(method: M) -> M:
+    """:func:`constant_under_transforms`, and run eagerly under ``torch.compile``: while Dynamo
+    traces, the call goes through ``torch._disable_dynamo`` (a graph break around it; Dynamo is
+    imported then, never in eager mode, where importing it costs 1.4 s and imports Triton)."""
+    plain = constant_under_transforms(method)
+    eager = torch._disable_dynamo(plain)
+
+    @functools.wraps(method)
+    def lookup(self, batch, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return eager(self, batch, *args, **kwargs)
+        return plain(self, batch, *args, **kwargs)
 
     return lookup  # type: ignore[return-value]
