@@ -7,7 +7,8 @@ Before, Dynamo cut the dense head into 11 graphs (a break at every pybind kernel
 failed (the C++ kernel read a fake tensor's missing data), and Dynamo traced into the lookup,
 recompiling three of its frames for every new id count. The oracles: ``torch.library.opcheck``
 (the fake kernel against the real one, the registered backward against the op's), the torch path
-of the interaction (``kernel="torch"``) and eager training of the same model.
+of the interaction (``kernel="torch"``) and eager training of the same model. Inductor compiles
+the head in tests/tools/test_bench_compile.py (its logits and gradients against eager mode).
 """
 
 from __future__ import annotations
@@ -96,14 +97,6 @@ def test_compiled_head_is_one_graph_and_matches_the_torch_path():
         torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6)
         for a, b in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
-
-
-def test_inductor_compiles_the_head():
-    model, reference = head(), head("torch")
-    dense, pooled = inputs()
-    with torch.no_grad():                      # the inference graph alone: half the compile time
-        out = torch.compile(model, fullgraph=True)(dense, pooled)
-    torch.testing.assert_close(out, reference(dense, pooled), rtol=1e-5, atol=1e-6)
 
 
 def test_exported_head_runs_the_fused_op_at_any_batch_size():
