@@ -42,10 +42,10 @@ class Head(torch.nn.Module):
         return self.model.head(dense, pooled)
 
 
-def head(kernel: str = "auto") -> Head:
+def head(kernel: str = "auto", interaction: str = "dot") -> Head:
     torch.manual_seed(0)
-    model = DLRM(torch.nn.Identity(), F, D, 13, [16, D], [32, 16, 1])
-    if kernel == "torch":
+    model = DLRM(torch.nn.Identity(), F, D, 13, [16, D], [32, 16, 1], interaction=interaction, dcn_rank=8)
+    if kernel == "torch" and interaction == "dot":
         model.interaction = DotInteraction(F, D, kernel="torch")
     return Head(model)
 
@@ -99,15 +99,16 @@ def test_compiled_head_is_one_graph_and_matches_the_torch_path():
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_exported_head_runs_the_fused_op_at_any_batch_size():
-    model = head()
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_exported_head_runs_at_any_batch_size(interaction):
+    model = head(interaction=interaction)
     batch = torch.export.Dim("batch", min=2)
     program = torch.export.export(model, inputs(), dynamic_shapes=({0: batch}, {0: batch}))
     targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
-    assert torch.ops.neo.dot_interaction_fused.default in targets
+    assert (torch.ops.neo.dot_interaction_fused.default in targets) == (interaction == "dot")
     for size in (B, 5, 64):
         dense, pooled = inputs(size, seed=size)
-        want = head("torch")(dense, pooled)
+        want = head("torch", interaction)(dense, pooled)
         torch.testing.assert_close(program.module()(dense, pooled), want, rtol=1e-5, atol=1e-6)
 
 
