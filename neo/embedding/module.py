@@ -48,6 +48,7 @@ from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
+from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.init import TableRegion, fill_rows
@@ -276,6 +277,8 @@ class TableBatchedEmbedding(nn.Module):
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
         train = torch.is_grad_enabled() and self.training
+        if train:
+            refuse_ddp_buffer_sync(self)   # plain DDP would overwrite the updates of ranks > 0
         # per-id weights that require grad (TorchRec's position-weighted features): their gradient
         # comes from the lookup's node; in eval mode a node that updates nothing
         weights_grad = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
