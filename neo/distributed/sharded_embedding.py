@@ -389,6 +389,23 @@ class ShardedEmbeddingCollection(nn.Module):
         Local: no collective (sum it with an AllReduce for the global count)."""
         return self._input_dist.skipped_ids
 
+    @property
+    def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """The ``torch.amp.GradScaler`` that scales the loss, if any: this rank's fused updates
+        divide their gradients by its scale and skip an overflowed step (set on every rank;
+        :mod:`neo.embedding.loss_scale`)."""
+        return None if self.lookup is None else self.lookup.grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler: Optional[torch.amp.GradScaler]) -> None:
+        if self.lookup is not None:
+            self.lookup.grad_scaler = scaler
+
+    @property
+    def skipped_updates(self) -> int:
+        """This rank's fused updates skipped for an overflowed loss scale (local, no collective)."""
+        return 0 if self.lookup is None else self.lookup.skipped_updates
+
     # ------------------------------------------------------------------ weights
     def _local_shards(self, name: str):
         """(shard index, Shard) of table ``name`` on this rank."""

@@ -19,6 +19,7 @@ import torch
 from neo.embedding.backends.reference import per_sample_weights_grad
 from neo.embedding.cache import Prefetched
 from neo.embedding.layout import GroupLayout
+from neo.embedding.loss_scale import unscaled_gradient
 
 if TYPE_CHECKING:
     from neo.embedding.module import TableBatchedEmbedding
@@ -121,16 +122,20 @@ class PooledLookup(torch.autograd.Function):
                 grad_weights = grad_weights * pooled_ids
         if not ctx.update:
             return None, None, None, None, grad_weights, None, None, None, None, None
-        step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
-        with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
-            owner.backend.backward_update(
-                runner.layout, runner.weights, runner.states, grad_output.contiguous().to(torch.float32),
-                indices, offsets, per_sample_weights, ctx.batch_size,
-                owner.learning_rates[runner.index], step, owner.rounding_seed,
-                **({} if ctx.forward_graph is None else {"forward_graph": ctx.forward_graph}),
-            )
+        grad = unscaled_gradient(owner, grad_output)   # None: a loss scaler's overflow, no update
+        if grad is not None:
+            step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
+            with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
+                owner.backend.backward_update(
+                    runner.layout, runner.weights, runner.states, grad,
+                    indices, offsets, per_sample_weights, ctx.batch_size,
+                    owner.learning_rates[runner.index], step, owner.rounding_seed,
+                    **({} if ctx.forward_graph is None else {"forward_graph": ctx.forward_graph}),
+                )
+            runner.step.fill_(step)
+        else:
+            owner.skipped_updates += 1
         ctx.forward_graph = None
-        runner.step.fill_(step)
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
         return None, None, None, None, grad_weights, None, None, None, None, None

@@ -101,6 +101,14 @@ class TableBatchedEmbedding(nn.Module):
     """A placeholder (``device="meta"``, set per instance): the table configs alone, no storage;
     see :mod:`neo.embedding.placeholder`. (A class default: a module pickled before it existed loads.)"""
 
+    grad_scaler: Optional[torch.amp.GradScaler] = None
+    """The ``torch.amp.GradScaler`` that scales the loss, if any (set it: ``emb.grad_scaler = scaler``):
+    the fused updates divide their gradients by its scale and skip an overflowed step
+    (:mod:`neo.embedding.loss_scale`)."""
+
+    skipped_updates = 0
+    """Fused updates skipped because the loss scaler's gradient overflowed (inf or NaN)."""
+
     def __init__(
         self,
         tables: Sequence[TableConfig],

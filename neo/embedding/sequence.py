@@ -43,6 +43,7 @@ import torch
 from neo.embedding.cache import Prefetched
 from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
+from neo.embedding.loss_scale import unscaled_gradient
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
@@ -109,15 +110,19 @@ class _SequenceLookup(torch.autograd.Function):
         for lk in ctx.lookups:
             if lk.runner.index not in steps:              # one read (a device sync on a GPU) per group
                 steps[lk.runner.index] = int(lk.runner.step) + 1
+        grads = [unscaled_gradient(owner, g) for g in grads]   # None: a loss scaler's overflow
+        if any(g is None for g in grads):
+            owner.skipped_updates += 1                      # one skip for the whole lookup
+            grads = []
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             for lk, ids, grad in zip(ctx.lookups, saved, grads):
                 owner.backend.backward_update(
-                    lk.runner.layout, lk.runner.weights, lk.runner.states, grad.contiguous().to(torch.float32),
+                    lk.runner.layout, lk.runner.weights, lk.runner.states, grad,
                     ids, _bags_of_one(ids), None, ids.numel(), owner.learning_rates[lk.runner.index],
                     steps[lk.runner.index],
                     owner.rounding_seed,
                 )
-        for lk in ctx.lookups:
+        for lk in ctx.lookups[:len(grads)]:
             lk.runner.step.fill_(steps[lk.runner.index])
         if ctx.prefetched is not None:
             owner._cache.complete(ctx.prefetched)
