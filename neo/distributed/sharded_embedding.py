@@ -401,6 +401,13 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.lookup is not None:
             self.lookup.grad_scaler = scaler
 
+    def requires_grad_(self, requires_grad: bool = True) -> "ShardedEmbeddingCollection":
+        """Freeze (False) or unfreeze this rank's shards (``TableBatchedEmbedding.requires_grad_``):
+        lookups as in evaluation. Call it on every rank alike."""
+        if self.lookup is not None:
+            self.lookup.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
+
     @property
     def skipped_updates(self) -> int:
         """This rank's fused updates skipped for an overflowed loss scale (local, no collective)."""

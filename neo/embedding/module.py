@@ -109,6 +109,10 @@ class TableBatchedEmbedding(nn.Module):
     skipped_updates = 0
     """Fused updates skipped because the loss scaler's gradient overflowed (inf or NaN)."""
 
+    frozen = False
+    """Tables the backward leaves as they are (``requires_grad_(False)``, as for ``nn.EmbeddingBag``):
+    lookups run as in evaluation, per-id weights that require grad still get their gradient."""
+
     def __init__(
         self,
         tables: Sequence[TableConfig],
@@ -284,7 +288,7 @@ class TableBatchedEmbedding(nn.Module):
                     f"pooled_bags must be a bool tensor of F * B = {n_bags} flags, one per bag, got "
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
-        train = torch.is_grad_enabled() and self.training
+        train = torch.is_grad_enabled() and self.training and not self.frozen
         if train:
             refuse_ddp_buffer_sync(self)   # plain DDP would overwrite the updates of ranks > 0
         # per-id weights that require grad (TorchRec's position-weighted features): their gradient
@@ -465,6 +469,14 @@ class TableBatchedEmbedding(nn.Module):
 
     def _count_skipped(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
         self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "TableBatchedEmbedding":
+        """Freeze (False) or unfreeze the tables: :attr:`frozen`. The tables are buffers updated
+        inside the backward, which ``nn.Module.requires_grad_`` alone would not reach. Called on a
+        parent module it does not reach this one (nn.Module sets its parameters only): call it on
+        this module, or use ``eval()``."""
+        self.frozen = not requires_grad
+        return super().requires_grad_(requires_grad)
 
     @property
     @needs_tables

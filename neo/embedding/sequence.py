@@ -206,7 +206,7 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     seen_invalid: List[bool] = []
     if count and kernel_counts:
         on_invalid = lambda: seen_invalid.append(True)  # noqa: E731
-    train = torch.is_grad_enabled() and emb.training
+    train = torch.is_grad_enabled() and emb.training and not emb.frozen
     if train:
         refuse_ddp_buffer_sync(emb)   # plain DDP would overwrite the updates of ranks > 0
     # cached tables: this batch's rows made resident (or taken from a prefetch); ids become slots
