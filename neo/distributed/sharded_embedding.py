@@ -48,10 +48,10 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
-from neo.embedding.variable_batch import own_bags, take_rows
-from neo.embedding.transforms import lookup_method
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
+from neo.embedding.transforms import lookup_method
+from neo.embedding.variable_batch import own_bags, take_rows
 from neo.models.interaction import PooledPieces
 from neo.keyed_embeddings import KeyedEmbeddings
 from neo.sparse import KeyedJaggedBatch, as_batch, is_variable_batch, padded_variable_batch, variable_batch_parts

@@ -39,13 +39,13 @@ def refuse_ddp_buffer_sync(module: "TableBatchedEmbedding") -> None:
     if active is None:
         return
     syncs = getattr(active, "forward_sync_buffers", getattr(active, "broadcast_buffers", True))
-    if not syncs or torch.distributed.get_world_size(active.process_group) < 2:
+    world = torch.distributed.get_world_size(active.process_group)
+    if not syncs or world < 2:
         return
     ours = {id(g.weights) for g in module.groups}
     if not any(id(b) in ours for b in getattr(active, "modules_buffers", ())):
         return
     names = ", ".join(f"'{t.name}'" for t in module.tables)
-    world = torch.distributed.get_world_size(active.process_group)
     raise ReplicatedTablesError(
         f"tables {names} are trained inside torch.nn.parallel.DistributedDataParallel's forward, which "
         f"broadcasts rank 0's buffers (these tables among them) to all {world} ranks before every forward: "

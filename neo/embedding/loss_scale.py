@@ -15,19 +15,22 @@ update (one group of tables in a pooled lookup, one ``sequence`` lookup).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from neo.embedding.module import TableBatchedEmbedding
 
 __all__ = ["unscaled_gradient"]
 
 
-def unscaled_gradient(owner: Any, grad: torch.Tensor) -> Optional[torch.Tensor]:
+def unscaled_gradient(owner: "TableBatchedEmbedding", grad: torch.Tensor) -> Optional[torch.Tensor]:
     """``grad`` as the fused update takes it (contiguous fp32), divided by the loss scale of
     ``owner.grad_scaler`` where one is set and enabled; None where that leaves a non-finite value
     (the update is to be skipped, and counted in ``owner.skipped_updates`` by the caller)."""
     g = grad.contiguous().to(torch.float32)
-    scaler = getattr(owner, "grad_scaler", None)
+    scaler = owner.grad_scaler
     if scaler is None or not scaler.is_enabled():
         return g
     g = g * (1.0 / scaler.get_scale())

@@ -288,9 +288,7 @@ class TableBatchedEmbedding(nn.Module):
                     f"pooled_bags must be a bool tensor of F * B = {n_bags} flags, one per bag, got "
                     f"{getattr(pooled_bags, 'dtype', type(pooled_bags).__name__)} of shape "
                     f"{tuple(getattr(pooled_bags, 'shape', ()))}")
-        train = torch.is_grad_enabled() and self.training and not self.frozen
-        if train:
-            refuse_ddp_buffer_sync(self)   # plain DDP would overwrite the updates of ranks > 0
+        train = self._trains()
         # per-id weights that require grad (TorchRec's position-weighted features): their gradient
         # comes from the lookup's node; in eval mode a node that updates nothing
         weights_grad = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
@@ -469,6 +467,15 @@ class TableBatchedEmbedding(nn.Module):
 
     def _count_skipped(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
         self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
+
+    def _trains(self) -> bool:
+        """Whether a lookup now trains the tables (grad mode, train mode, not :attr:`frozen`), pooled
+        or :meth:`sequence`; if so, it refuses a plain DDP forward that would overwrite the other
+        ranks' updates (:mod:`neo.embedding.ddp_guard`)."""
+        train = torch.is_grad_enabled() and self.training and not self.frozen
+        if train:
+            refuse_ddp_buffer_sync(self)
+        return train
 
     def requires_grad_(self, requires_grad: bool = True) -> "TableBatchedEmbedding":
         """Freeze (False) or unfreeze the tables: :attr:`frozen`. The tables are buffers updated

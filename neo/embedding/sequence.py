@@ -42,7 +42,6 @@ import torch
 
 from neo.embedding.cache import Prefetched
 from neo.embedding.checks import EmbeddingInputError, check_features
-from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
 from neo.embedding.loss_scale import unscaled_gradient
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
@@ -206,9 +205,7 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     seen_invalid: List[bool] = []
     if count and kernel_counts:
         on_invalid = lambda: seen_invalid.append(True)  # noqa: E731
-    train = torch.is_grad_enabled() and emb.training and not emb.frozen
-    if train:
-        refuse_ddp_buffer_sync(emb)   # plain DDP would overwrite the updates of ranks > 0
+    train = emb._trains()
     # cached tables: this batch's rows made resident (or taken from a prefetch); ids become slots
     prefetched = emb._cache.take(batch, train) if emb.has_cache else None
     by_feature: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
