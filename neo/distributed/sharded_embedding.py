@@ -48,6 +48,7 @@ from neo.distributed.sharding.table_wise import AllToAllOutputDist
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
+from neo.embedding.anchor import ANCHOR, new_anchor, share_anchor
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.embedding.transforms import lookup_method
@@ -139,6 +140,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.layout = SlotLayout(self.tables, self.plan)
         self.grad_scale = 1.0 / pg.world_size if average_gradients else 1.0
         shard_tables = self.layout.shard_tables_on[pg.rank]
+        self.autograd_anchor = new_anchor(device)
+        """The collection's one parameter, shared with its local module (``TableBatchedEmbedding.autograd_anchor``):
+        one flag, :attr:`frozen`, on every rank, whatever shards it holds. Not in the state dict."""
         self.lookup: Optional[TableBatchedEmbedding] = None
         if shard_tables:
             # every id was checked (validate) or counted (validate=False) at its source rank, by
@@ -147,6 +151,7 @@ class ShardedEmbeddingCollection(nn.Module):
             self.lookup = TableBatchedEmbedding(shard_tables, backend=backend, device=device, validate=False,
                                                 seed=seed, store_dir=store_dir, count_skipped=False,
                                                 regions=self.layout.regions_on[pg.rank], rounding_seed=seed + pg.rank)
+            share_anchor(self.lookup, self.autograd_anchor)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
@@ -211,8 +216,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
         Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
         which their output distribution drops); their fused update still covers all W * B."""
-        if self.lookup is None:
-            return torch.zeros(batch.local.batch_size, 0, device=batch.local.values.device)
+        if self.lookup is None:     # (W * B, 0), on the anchor where it trains: a gradient as on the other ranks
+            return self.autograd_anchor.view(1, 0).expand(batch.local.batch_size, 0).to(batch.local.values.device)
         return self.lookup(batch.local, pooled_bags=self._dp_bags(batch))
 
     def _dp_bags(self, batch: DistributedBatch) -> Optional[torch.Tensor]:
@@ -401,12 +406,15 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.lookup is not None:
             self.lookup.grad_scaler = scaler
 
-    def requires_grad_(self, requires_grad: bool = True) -> "ShardedEmbeddingCollection":
-        """Freeze (False) or unfreeze this rank's shards (``TableBatchedEmbedding.requires_grad_``):
-        lookups as in evaluation. Call it on every rank alike."""
-        if self.lookup is not None:
-            self.lookup.requires_grad_(requires_grad)
-        return super().requires_grad_(requires_grad)
+    @property
+    def frozen(self) -> bool:
+        """The tables frozen (``requires_grad_(False)`` on this collection or a parent; see
+        ``TableBatchedEmbedding.frozen``): lookups as in evaluation. Set it on every rank alike."""
+        return not self.autograd_anchor.requires_grad
+
+    @frozen.setter
+    def frozen(self, value: bool) -> None:
+        self.autograd_anchor.requires_grad_(not value)
 
     @property
     def skipped_updates(self) -> int:
@@ -490,6 +498,7 @@ class ShardedEmbeddingCollection(nn.Module):
         :mod:`neo.distributed.state_dict`); the local module's own keys are dropped
         (``_drop_local_entries``)."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + ANCHOR, None)
         save_tables(self, destination, prefix)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -499,6 +508,8 @@ class ShardedEmbeddingCollection(nn.Module):
         the earlier rank-local keys (``lookup.<table>#<k>.*``) is left to the local module."""
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if prefix + ANCHOR in missing_keys:     # never saved (_save_to_state_dict)
+            missing_keys.remove(prefix + ANCHOR)
         self._loading = load_tables(self, state_dict, prefix, missing_keys, error_msgs)
         unexpected_keys[:] = [k for k in unexpected_keys if k not in self._loading.taken]
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
+from neo.embedding.anchor import anchor_grad
 from neo.embedding.backends.reference import per_sample_weights_grad
 from neo.embedding.cache import Prefetched
 from neo.embedding.layout import GroupLayout
@@ -121,7 +122,7 @@ class PooledLookup(torch.autograd.Function):
             if pooled_ids is not None:    # the other bags came out as zeros, whatever their weights
                 grad_weights = grad_weights * pooled_ids
         if not ctx.update:
-            return None, None, None, None, grad_weights, None, None, None, None, None
+            return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None
         grad = unscaled_gradient(owner, grad_output)   # None: a loss scaler's overflow, no update
         if grad is not None:
             step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
@@ -138,4 +139,4 @@ class PooledLookup(torch.autograd.Function):
         ctx.forward_graph = None
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
-        return None, None, None, None, grad_weights, None, None, None, None, None
+        return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from neo.config.embedding import Placement, TableConfig
+from neo.embedding.anchor import ANCHOR, new_anchor, restore_anchor
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
@@ -98,8 +99,7 @@ class TableBatchedEmbedding(nn.Module):
     """
 
     is_meta = False
-    """A placeholder (``device="meta"``, set per instance): the table configs alone, no storage;
-    see :mod:`neo.embedding.placeholder`. (A class default: a module pickled before it existed loads.)"""
+    """A placeholder (``device="meta"``): configs alone (:mod:`.placeholder`; a class default for older pickles)."""
 
     grad_scaler: Optional[torch.amp.GradScaler] = None
     """The ``torch.amp.GradScaler`` that scales the loss, if any (set it: ``emb.grad_scaler = scaler``):
@@ -108,10 +108,6 @@ class TableBatchedEmbedding(nn.Module):
 
     skipped_updates = 0
     """Fused updates skipped because the loss scaler's gradient overflowed (inf or NaN)."""
-
-    frozen = False
-    """Tables the backward leaves as they are (``requires_grad_(False)``, as for ``nn.EmbeddingBag``):
-    lookups run as in evaluation, per-id weights that require grad still get their gradient."""
 
     def __init__(
         self,
@@ -154,6 +150,8 @@ class TableBatchedEmbedding(nn.Module):
                                  f"'{r.table}' is {r.rows} x {r.cols}")
         self.timers = None
         """Optional ``timers(name)`` context manager factory: the fused backward is timed as ``embedding_bwd``."""
+        self.autograd_anchor = new_anchor(device)
+        """(0,): autograd's way into the fused backward, and :attr:`frozen` (:mod:`neo.embedding.anchor`)."""
         self.backend_name = resolve_backend_name(backend, device)
         self.is_meta = device.type == "meta"
         self.groups: List[GroupRunner] = []
@@ -266,14 +264,11 @@ class TableBatchedEmbedding(nn.Module):
     def forward(self, batch: KeyedJaggedBatch, pooled_bags: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pooled embeddings ``(B, sum of D)``, features in table order.
 
-        ``pooled_bags``: (F * B,) bool in ``batch``'s key order, the bags to pool; the others
-        come out as zeros, but the fused backward still updates from every bag (its gradient
-        rows must then be given for all B samples). Data-parallel replicas pool only their own
-        samples this way, and apply the update of the whole global batch. ``batch`` may also be a
-        ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`), a variable-batch one (VBE)
-        included: its distinct bags are pooled once, then each sample's row taken
-        (:meth:`_variable_batch`). Under torch.func's transforms the lookup is a constant of the
-        function (:mod:`neo.embedding.transforms`)."""
+        ``pooled_bags``: (F * B,) bool in ``batch``'s key order, the bags to pool, the others zeros;
+        the fused backward still updates from every bag (data-parallel replicas pool their own
+        samples, and apply the whole global batch's update). ``batch`` may be a ``torchrec.KeyedJaggedTensor``
+        (:func:`neo.sparse.as_batch`), variable-batch (VBE) included (:meth:`_variable_batch`). Under
+        torch.func's transforms the lookup is a constant of the function (:mod:`neo.embedding.transforms`)."""
         if is_variable_batch(batch):
             return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
@@ -327,9 +322,7 @@ class TableBatchedEmbedding(nn.Module):
                                      self._feature_num_rows, self._feature_table_names)
         if self.validate and not counted and prefetched is None:
             id_check()
-        anchor = None
-        if train:
-            anchor = torch.empty(0, requires_grad=True)  # makes autograd call the fused backward
+        anchor = self.autograd_anchor if train else None   # makes autograd call the fused backward
         outputs, f0 = [], 0
         # validate=False: the kernels skip invalid ids; a backend that counts them in its forward
         # (cpu) says whether there are any, the others are counted here (skipped_ids)
@@ -469,21 +462,22 @@ class TableBatchedEmbedding(nn.Module):
         self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
 
     def _trains(self) -> bool:
-        """Whether a lookup now trains the tables (grad mode, train mode, not :attr:`frozen`), pooled
-        or :meth:`sequence`; if so, it refuses a plain DDP forward that would overwrite the other
-        ranks' updates (:mod:`neo.embedding.ddp_guard`)."""
+        """Whether a lookup (pooled or :meth:`sequence`) trains the tables: grad mode, train mode, not :attr:`frozen`;
+        then a plain DDP forward that would overwrite the other ranks' updates is refused (:mod:`.ddp_guard`)."""
         train = torch.is_grad_enabled() and self.training and not self.frozen
         if train:
             refuse_ddp_buffer_sync(self)
         return train
 
-    def requires_grad_(self, requires_grad: bool = True) -> "TableBatchedEmbedding":
-        """Freeze (False) or unfreeze the tables: :attr:`frozen`. The tables are buffers updated
-        inside the backward, which ``nn.Module.requires_grad_`` alone would not reach. Called on a
-        parent module it does not reach this one (nn.Module sets its parameters only): call it on
-        this module, or use ``eval()``."""
-        self.frozen = not requires_grad
-        return super().requires_grad_(requires_grad)
+    @property
+    def frozen(self) -> bool:
+        """Tables left as they are (``requires_grad_(False)`` here or on a parent, as for ``nn.EmbeddingBag``;
+        :mod:`neo.embedding.anchor`): lookups as in evaluation, per-id weights still get their gradient."""
+        return not self.autograd_anchor.requires_grad
+
+    @frozen.setter
+    def frozen(self, value: bool) -> None:
+        self.autograd_anchor.requires_grad_(not value)
 
     @property
     @needs_tables
@@ -519,6 +513,7 @@ class TableBatchedEmbedding(nn.Module):
     def __setstate__(self, state: dict) -> None:
         """Unpickling: the caches' slots are views of this module's group buffers again."""
         super().__setstate__(state)
+        restore_anchor(self, self.groups[0].weights.device if self.__dict__.get("groups") else torch.device("cpu"))
         cache = self.__dict__.get("_cache")
         if cache is not None:
             slots = {}
@@ -534,6 +529,7 @@ class TableBatchedEmbedding(nn.Module):
         ``TABLE.step`` for every table, like TorchRec's ``embedding_bags.TABLE.weight``: the keys
         and shapes name the tables, so loading into other tables fails naming them."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + ANCHOR, None)
         save_tables(self, destination, prefix, keep_vars)
 
     @needs_tables
@@ -541,6 +537,8 @@ class TableBatchedEmbedding(nn.Module):
                               error_msgs):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if prefix + ANCHOR in missing_keys:     # never saved (_save_to_state_dict)
+            missing_keys.remove(prefix + ANCHOR)
         load_tables(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
 
     @needs_tables

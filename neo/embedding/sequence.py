@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 import torch
 
 from neo.embedding.cache import Prefetched
+from neo.embedding.anchor import anchor_grad
 from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.embedding.loss_scale import unscaled_gradient
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
@@ -125,7 +126,7 @@ class _SequenceLookup(torch.autograd.Function):
             lk.runner.step.fill_(steps[lk.runner.index])
         if ctx.prefetched is not None:
             owner._cache.complete(ctx.prefetched)
-        return (None, None, None, None) + (None,) * len(saved)
+        return (anchor_grad(ctx, owner), None, None, None) + (None,) * len(saved)
 
 
 @dataclass
@@ -226,8 +227,7 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
             table_ids.append(ids)
             features.append(feats)
     if train:
-        anchor = torch.empty(0, requires_grad=True)     # makes autograd call the fused update
-        rows = _SequenceLookup.apply(anchor, lookups, prefetched, on_invalid, *table_ids)
+        rows = _SequenceLookup.apply(emb.autograd_anchor, lookups, prefetched, on_invalid, *table_ids)
     else:
         rows = [_lookup(lk.runner, ids, on_invalid) for lk, ids in zip(lookups, table_ids)]
         if prefetched is not None:

@@ -57,8 +57,9 @@ class _SequenceSum(torch.nn.Module):
         return sum((s.values * self.scale).sum() for s in self.emb.sequence(batch).values())
 
 
-def _train_step(module, dense, batch) -> None:
-    module(dense, batch).sum().backward()
+def _train_step(module, dense, batch, steps: int = 1) -> None:
+    for _ in range(steps):     # DDP checks at each forward that every used parameter got its gradient
+        module(dense, batch).sum().backward()
 
 
 def _run(rank: int, world_size: int):
@@ -81,12 +82,12 @@ def _run(rank: int, world_size: int):
         ddp.eval()
         out["eval"] = ddp(dense, batch)
     reference = _model()                            # the oracle: unwrapped, the rank's own batch
-    _train_step(reference, dense, batch)
+    _train_step(reference, dense, batch, steps=3)
     quiet, ignoring = _model(), _model()
-    _train_step(_wrap(quiet, broadcast_buffers=False), dense, batch)
+    _train_step(_wrap(quiet, broadcast_buffers=False), dense, batch, steps=3)
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         ignoring, [f"embedding.{n}" for n, _ in ignoring.embedding.named_buffers()])
-    _train_step(_wrap(ignoring), dense, batch)
+    _train_step(_wrap(ignoring), dense, batch, steps=3)   # the module's autograd_anchor left to DDP
     out["allowed"] = [torch.equal(m.embedding.table_weight(t), reference.embedding.table_weight(t))
                       for m in (quiet, ignoring) for t in ("t0", "t1")]
     # a collection under plain DDP: refused too. Column shards have the same shape on every rank,

@@ -131,8 +131,8 @@ def _nested_worker(rank: int, world_size: int, root: str) -> dict:
            "dense": [p.detach().clone() for p in model.over.parameters()],
            "replaced": model.sparse_arch.embedding_bag_collection is sec,
            "ignored": sorted(model._ddp_params_and_buffers_to_ignore),
-           "sec_buffers": sorted(f"{PATH}.{n}" for n, _ in sec.named_buffers()),
-           "ddp_params": sorted(n for n, _ in ddp.module.named_parameters()),
+           "sec_buffers": sorted(f"{PATH}.{n}" for n, _ in [*sec.named_buffers(), *sec.named_parameters()]),
+           "ddp_params": sorted(n for n, _ in ddp.module.named_parameters() if n not in ddp.parameters_to_ignore),
            "state_keys": sorted(model.state_dict()), "prefixes": embedding_prefixes(model),
            "dense_keys": sorted(dense_state(model, opt)["model"])}
     # the checkpoint of the nested model reloads into another nested model under another plan
