@@ -74,3 +74,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
         module = getattr(item, "module", None)
         if module is not None and getattr(module, "run_multiprocess", None) is run_multiprocess:
             item.add_marker(pytest.mark.multiprocess)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test starts with the suite's thread count: an in-process ``neo.cli.main`` (the
+    trainer's ``train.threads``) sets torch's, which would change the MKL GEMMs' sums, and so
+    the last bits, of every later test's dense layers."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+

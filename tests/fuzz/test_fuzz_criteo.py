@@ -22,7 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from data_pipeline.criteo import CriteoOptions, preprocess_criteo
+from data_pipeline.criteo import CorruptInputError, CriteoOptions, preprocess_criteo
 from data_pipeline.criteo_parse import COLUMN_NAMES, REASONS, MalformedLineError, parse_block
 from data_pipeline.writer import WriterOptions
 
@@ -190,6 +190,8 @@ def test_error_policy_names_the_first_bad_line_and_field(block):
 @settings(max_examples=max(8, settings.default.max_examples // 4))
 @given(st.lists(blocks(max_lines=8), min_size=1, max_size=3), st.integers(40, 700), st.booleans(),
        st.sampled_from(["skip", "error"]))
+@example(files=[(b"\x1f\x8b\n", 1)], block_bytes=40, gz=False, policy="skip")   # plain, but starts as gzip
+@example(files=[(GOOD[:-1] + b"g\n", 1), (b"\x1f\x8b\n", 1)], block_bytes=40, gz=False, policy="error")
 def test_preprocess_reconciles_over_files_and_blocks(tmp_path_factory, files, block_bytes, gz, policy):
     """``preprocess_criteo`` (what ``neo-data criteo-preprocess`` runs) over files cut into blocks."""
     tmp = tmp_path_factory.mktemp("criteo")
@@ -204,6 +206,13 @@ def test_preprocess_reconciles_over_files_and_blocks(tmp_path_factory, files, bl
         expect_good += good
     opts = CriteoOptions(inputs=inputs, output=str(tmp / "out"), policy=policy, workers=1, block_bytes=block_bytes,
                          writer=WriterOptions(rows_per_file=1000, row_group_rows=1000))
+    # a file is read as gzip by its first bytes, whatever its name: one that starts as gzip and is not
+    # stops the run naming it (unless a bad line of an earlier file stopped it first)
+    sniffed = [p for (data, _), p in zip(files, inputs) if not gz and data.startswith(b"\x1f\x8b")]
+    if sniffed and not (policy == "error" and expect_bad and inputs.index(expect_bad[0][0]) < inputs.index(sniffed[0])):
+        with pytest.raises(CorruptInputError, match=re.escape(sniffed[0])):
+            preprocess_criteo(opts, log=lambda m: None)
+        return
     if policy == "error" and expect_bad:
         with pytest.raises(MalformedLineError) as info:
             preprocess_criteo(opts, log=lambda m: None)
