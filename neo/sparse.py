@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.utils._pytree
 
 __all__ = ["KeyedJaggedBatch", "JaggedValidationError", "KeyedEmbeddings", "as_batch", "concat_features",
            "expand_variable_batch", "is_variable_batch", "offsets_from_lengths", "padded_variable_batch", "regroup",
@@ -475,6 +476,37 @@ def concat_features(batches: Iterable[KeyedJaggedBatch]) -> KeyedJaggedBatch:
         torch.cat([b.lengths for b in batches]),
         B, weights=weights,
     )
+
+
+def _flatten(batch: KeyedJaggedBatch):
+    # lengths as (F, B): B is then a dimension of an input, not a quotient (torch.export can let it be
+    # 1). A copy, not a view (export would trace a view from its base, of static shape), made once per
+    # batch: export finds an input's dynamic dimensions by the tensor's identity across flattenings
+    cached = batch.__dict__.get("_lengths_fb")
+    if cached is None or cached[0] is not batch.lengths:
+        cached = (batch.lengths, batch.lengths.view(len(batch.keys), batch.batch_size).clone())
+        batch.__dict__["_lengths_fb"] = cached
+    return [batch.values, cached[1], batch.offsets, batch.weights], list(batch.keys)
+
+
+def _unflatten(children, keys) -> KeyedJaggedBatch:
+    values, lengths, offsets, weights = children
+    return KeyedJaggedBatch(tuple(keys), values, lengths.reshape(-1), lengths.shape[1], weights=weights,
+                            offsets=offsets, validate=False)
+
+
+def _flatten_with_keys(batch: KeyedJaggedBatch):
+    children, keys = _flatten(batch)
+    names = ("values", "lengths", "offsets", "weights")
+    return [(torch.utils._pytree.GetAttrKey(n), c) for n, c in zip(names, children)], keys
+
+
+# A pytree node, as TorchRec's KeyedJaggedTensor: torch.export takes a batch as an input (its
+# tensors the program's inputs, the keys its structure), and a saved
+# program's example batch loads with torch.load's weights_only (neo/export.py).
+torch.utils._pytree.register_pytree_node(KeyedJaggedBatch, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys,
+                                         serialized_type_name="neo.sparse.KeyedJaggedBatch")
+torch.serialization.add_safe_globals([KeyedJaggedBatch])
 
 
 # The pooled output keyed by feature (TorchRec's KeyedTensor) lives in neo.keyed_embeddings; its

@@ -337,6 +337,11 @@ class ShardedEmbeddingCollection(nn.Module):
         (:meth:`_padded_variable_batch`), then each sample's row taken (``take_rows``). Under
         torch.func's transforms the lookup is a constant of the function, as the unsharded
         module's (:mod:`neo.embedding.transforms`; collective all the same)."""
+        if torch.compiler.is_exporting():
+            raise NotImplementedError(
+                "torch.export of a ShardedEmbeddingCollection: an exported program runs in one process; copy the "
+                "tables (full_weights()) into an unsharded TableBatchedEmbedding (table_weight(name).copy_(w)) "
+                "and export the model with that (neo.export)")
         if is_variable_batch(batch):
             padded, inverse = self._padded_variable_batch(batch)
             pooled = self(padded)

@@ -50,6 +50,7 @@ from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
 from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
+from neo.embedding.exported import exported_lookup
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.init import TableRegion, fill_rows
@@ -272,6 +273,8 @@ class TableBatchedEmbedding(nn.Module):
         if is_variable_batch(batch):
             return self._variable_batch(batch, pooled_bags)
         batch = as_batch(batch)
+        if torch.compiler.is_exporting():            # one custom op, for inference (neo/embedding/exported.py)
+            return exported_lookup(self, batch, pooled_bags)
         if self.validate:
             batch.ensure_checked()        # the layout, where the batch was built with validate=False
             check_features(batch, self.feature_names, self.feature_table)

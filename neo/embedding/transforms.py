@@ -107,7 +107,7 @@ def lookup_method(method: M) -> M:
 
     @functools.wraps(method)
     def lookup(self, batch, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():   # export: traced (one op)
             return eager(self, batch, *args, **kwargs)
         return plain(self, batch, *args, **kwargs)
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from neo.cpp import cpu_kernels
+from neo.models import traced_ops
 from neo.models.autograd_modes import plain_autograd
 
 
@@ -92,16 +93,22 @@ class Linear(nn.Linear):
         torch.func's transforms (grad, vmap, jacrev, ...) or forward-mode AD, for which they
         define no rules, where ``F.linear`` serves; not while ``torch.compile`` or ``torch.export``
         traces (Dynamo breaks its graph at a pybind kernel; Inductor fuses bias and ReLU itself)."""
-        return (not torch.compiler.is_compiling() and not self.split_backward and self.bias is not None
-                and x.device.type == "cpu"
+        return not torch.compiler.is_compiling() and self._fp32_cpu(x)
+
+    def _fp32_cpu(self, x: torch.Tensor) -> bool:
+        return (not self.split_backward and self.bias is not None and x.device.type == "cpu"
                 and x.dtype == torch.float32 and self.weight.dtype == torch.float32
                 and not torch.is_autocast_enabled("cpu") and plain_autograd())
 
     def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
         """``relu(self(x))``, with bias and ReLU fused (:class:`_LinearReLUFn`) where the fp32 CPU
-        path applies and ``neo._C`` has the kernels."""
-        if self._fast(x) and cpu_kernels("bias_relu_") is not None:
-            return _LinearReLUFn.apply(x, self.weight, self.bias)
+        path applies and ``neo._C`` has the kernels; while a tracer runs, the same kernels as the op
+        ``neo::linear_relu`` (:mod:`neo.models.traced_ops`): compiled and exported programs give eager
+        mode's numbers (``addmm`` would add the bias inside the GEMM and round otherwise)."""
+        if cpu_kernels("bias_relu_") is not None and self._fp32_cpu(x):
+            if not torch.compiler.is_compiling():
+                return _LinearReLUFn.apply(x, self.weight, self.bias)
+            return traced_ops.linear_relu(x, self.weight, self.bias)             # (B, out)
         return torch.relu(self(x))
 
 

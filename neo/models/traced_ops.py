@@ -1,4 +1,5 @@
-"""The fused dot interaction as torch.library custom ops, for ``torch.compile`` and ``torch.export``.
+"""The fused dot interaction and an MLP's linear + ReLU as torch.library custom ops, for ``torch.compile``
+and ``torch.export``.
 
 In eager mode :class:`~neo.models.interaction.DotInteraction` calls ``neo._C`` directly (a pybind
 function making a C++ autograd node: no dispatcher on the way, tens of microseconds a call). A
@@ -11,6 +12,8 @@ mode and gives the same numbers.
 
     neo::dot_interaction_fused(dense (B, D), pooled (B, F * D), F) -> (B, D + F (F + 1) / 2)
     neo::dot_interaction_fused_backward(grad (B, D + P), dense, pooled, F) -> (grad_dense, grad_pooled)
+    neo::linear_relu(x (B, in), weight (out, in), bias (out,)) -> (B, out)      an MLP's hidden layer
+    neo::relu_bias_backward(grad (B, out), out) -> (masked grad, grad_bias)
 
 A double backward through them is not defined (``create_graph=True`` under ``torch.compile``);
 eager mode has one (csrc/interaction.cpp).
@@ -85,6 +88,44 @@ def _backward(ctx, grad: torch.Tensor):
 
 
 dot_interaction_fused.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("neo::linear_relu", mutates_args=())
+def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``relu(x W^T + b)`` (B, out) as eager mode's ``_LinearReLUFn``: ``mm``, then bias and ReLU in
+    one pass in place (csrc/kernels/bias_relu.h): the same numbers, and one pass where the traced
+    ``mm``, ``+`` and ``relu`` would make three over the activation."""
+    return _kernels().bias_relu_(torch.mm(x, weight.t()), bias)
+
+
+@linear_relu.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("neo::relu_bias_backward", mutates_args=())
+def relu_bias_backward(grad: torch.Tensor, out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gradient masked where ``out`` (the ReLU's output) is 0, and its column sums (the bias's)."""
+    return _kernels().relu_bias_backward(grad.contiguous(), out)
+
+
+@relu_bias_backward.register_fake
+def _(grad: torch.Tensor, out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(out, memory_format=torch.contiguous_format), out.new_empty(out.shape[1])
+
+
+def _linear_relu_context(ctx, inputs, output) -> None:
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output)
+
+
+def _linear_relu_backward(ctx, grad: torch.Tensor):
+    x, weight, out = ctx.saved_tensors
+    masked, grad_bias = relu_bias_backward(grad, out)                             # (B, out), (out,)
+    return masked @ weight, masked.t() @ x, grad_bias
+
+
+linear_relu.register_autograd(_linear_relu_backward, setup_context=_linear_relu_context)
 
 
 def fused_applies(dense: torch.Tensor, pooled: torch.Tensor) -> bool:

@@ -23,7 +23,7 @@ from neo.cpp import cpu_kernels
 from neo.embedding import TableBatchedEmbedding
 from neo.models import DLRM
 from neo.models.interaction import DotInteraction
-from neo.models.traced_ops import dot_interaction_fused
+from neo.models.traced_ops import dot_interaction_fused, linear_relu
 from neo.sparse import KeyedJaggedBatch
 
 pytestmark = pytest.mark.skipif(cpu_kernels("dot_interaction_forward") is None, reason="neo._C not built")
@@ -60,6 +60,22 @@ def test_opcheck_dot_interaction_fused():
         dense = torch.randn(batch, dim, requires_grad=True)
         pooled = torch.randn(batch, num_features * dim, requires_grad=True)
         torch.library.opcheck(dot_interaction_fused, (dense, pooled, num_features))
+
+
+def test_opcheck_linear_relu_and_its_gradients_against_torch():
+    gen = torch.Generator().manual_seed(2)
+    for batch, n_in, n_out in ((B, 13, 16), (1, 3, 5), (7, 64, 33)):
+        x = torch.randn(batch, n_in, generator=gen, requires_grad=True)
+        w = torch.randn(n_out, n_in, generator=gen, requires_grad=True)
+        b = torch.randn(n_out, generator=gen, requires_grad=True)
+        torch.library.opcheck(linear_relu, (x, w, b))
+        out = linear_relu(x, w, b)
+        assert torch.equal(out, torch.relu(torch.mm(x, w.t()) + b))      # eager mode's arithmetic
+        g = torch.randn_like(out)
+        got = torch.autograd.grad(out, (x, w, b), g)
+        want = torch.autograd.grad(torch.relu(x @ w.t() + b), (x, w, b), g)
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
 def test_the_op_matches_the_torch_path_forward_and_backward():
