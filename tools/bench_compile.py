@@ -43,15 +43,24 @@ TOLERANCE = 1e-4
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(p, features_help="F pooled features")
+    return parse_model_args(p, argv, DEFAULTS, QUICK)
+
+
+def add_model_args(p: argparse.ArgumentParser, features_help: str) -> None:
+    """The DLRM's shape and the timing flags (shared with tools/bench_export.py)."""
     p.add_argument("--batch", type=positive_int, default=None)
-    p.add_argument("--features", type=positive_int, default=None, help="F pooled features")
+    p.add_argument("--features", type=positive_int, default=None, help=features_help)
     p.add_argument("--dim", type=positive_int, default=None, help="D; the bottom MLP's last size")
     p.add_argument("--bottom", type=positive_int_list, default=None, help="bottom MLP sizes, ending in D")
     p.add_argument("--top", type=positive_int_list, default=None, help="top MLP sizes, ending in 1")
     p.add_argument("--quick", action="store_true", help="small shapes and few iterations")
     add_timing_args(p, iters=20, warmup=3)
+
+
+def parse_model_args(p: argparse.ArgumentParser, argv, defaults: dict, quick: dict) -> argparse.Namespace:
     args = p.parse_args(argv)
-    apply_quick(args, DEFAULTS, QUICK)
+    apply_quick(args, defaults, quick)
     if args.bottom[-1] != args.dim or args.top[-1] != 1:
         p.error(f"--bottom must end in --dim ({args.dim}) and --top in 1, got {args.bottom} and {args.top}")
     return args

@@ -31,8 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from bench_common import (add_timing_args, apply_quick, positive_int, positive_int_list,  # noqa: E402
-                          start_one_process, time_interleaved, write_json)
+from bench_common import positive_int, start_one_process, time_interleaved, write_json  # noqa: E402
 
 DEFAULTS = dict(batch=2048, features=26, rows=100_000, dim=128, pooling=1, bottom=[512, 256, 128],
                 top=[1024, 1024, 512, 256, 1])
@@ -42,21 +41,13 @@ BATCHES = 8
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from bench_compile import add_model_args, parse_model_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=positive_int, default=None)
-    p.add_argument("--features", type=positive_int, default=None, help="F tables, one feature each")
+    add_model_args(p, features_help="F tables, one feature each")
     p.add_argument("--rows", type=positive_int, default=None, help="rows of each table")
-    p.add_argument("--dim", type=positive_int, default=None, help="D; the bottom MLP's last size")
     p.add_argument("--pooling", type=positive_int, default=None, help="ids per bag")
-    p.add_argument("--bottom", type=positive_int_list, default=None, help="bottom MLP sizes, ending in D")
-    p.add_argument("--top", type=positive_int_list, default=None, help="top MLP sizes, ending in 1")
-    p.add_argument("--quick", action="store_true", help="small shapes and few iterations")
-    add_timing_args(p, iters=20, warmup=3)
-    args = p.parse_args(argv)
-    apply_quick(args, DEFAULTS, QUICK)
-    if args.bottom[-1] != args.dim or args.top[-1] != 1:
-        p.error(f"--bottom must end in --dim ({args.dim}) and --top in 1, got {args.bottom} and {args.top}")
-    return args
+    return parse_model_args(p, argv, DEFAULTS, QUICK)
 
 
 def plain_model(model, args):
