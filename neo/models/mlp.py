@@ -105,18 +105,12 @@ class Linear(nn.Linear):
         path applies and ``neo._C`` has the kernels; while a tracer runs, the same kernels as the op
         ``neo::linear_relu`` (:mod:`neo.models.traced_ops`): compiled and exported programs give eager
         mode's numbers (``addmm`` would add the bias inside the GEMM and round otherwise)."""
-        if _have_bias_relu() and self._fp32_cpu(x):
-            if not torch.compiler.is_compiling():
+        if self._fp32_cpu(x):
+            if torch.compiler.is_compiling():
+                return traced_ops.linear_relu(x, self.weight, self.bias)         # (B, out)
+            if cpu_kernels("bias_relu_") is not None:
                 return _LinearReLUFn.apply(x, self.weight, self.bias)
-            return traced_ops.linear_relu(x, self.weight, self.bias)             # (B, out)
         return torch.relu(self(x))
-
-
-@torch.compiler.assume_constant_result
-def _have_bias_relu() -> bool:
-    """Whether ``neo._C`` has the bias+ReLU kernels: a constant to a tracer (which would warn on
-    tracing the cached lookup behind it)."""
-    return cpu_kernels("bias_relu_") is not None
 
 
 def linear_activation(linear: nn.Module, activation: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:

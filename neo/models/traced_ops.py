@@ -95,7 +95,9 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     """``relu(x W^T + b)`` (B, out) as eager mode's ``_LinearReLUFn``: ``mm``, then bias and ReLU in
     one pass in place (csrc/kernels/bias_relu.h): the same numbers, and one pass where the traced
     ``mm``, ``+`` and ``relu`` would make three over the activation."""
-    return _kernels().bias_relu_(torch.mm(x, weight.t()), bias)
+    y = torch.mm(x, weight.t())                                                  # (B, out)
+    _C = cpu_kernels("bias_relu_")
+    return torch.relu_(y.add_(bias)) if _C is None else _C.bias_relu_(y, bias)
 
 
 @linear_relu.register_fake
@@ -106,7 +108,11 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
 @torch.library.custom_op("neo::relu_bias_backward", mutates_args=())
 def relu_bias_backward(grad: torch.Tensor, out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gradient masked where ``out`` (the ReLU's output) is 0, and its column sums (the bias's)."""
-    return _kernels().relu_bias_backward(grad.contiguous(), out)
+    _C = cpu_kernels("bias_relu_")
+    if _C is None:
+        masked = torch.ops.aten.threshold_backward(grad, out, 0.0)
+        return masked, masked.sum(0)
+    return _C.relu_bias_backward(grad.contiguous(), out)
 
 
 @relu_bias_backward.register_fake

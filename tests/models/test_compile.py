@@ -1,8 +1,8 @@
 """DLRM under ``torch.compile`` and ``torch.export``.
 
 While a tracer runs, the dot interaction is the custom op ``neo::dot_interaction_fused`` (one node,
-a fake kernel, a registered backward: neo/models/traced_ops.py), the MLPs are plain ``F.linear``
-and ReLU, and the embedding lookup runs eagerly (``torch._disable_dynamo`` while Dynamo traces).
+a fake kernel, a registered backward: neo/models/traced_ops.py), the MLPs' hidden layers the op
+``neo::linear_relu`` (eager mode's kernels), and the embedding lookup runs eagerly (``torch._disable_dynamo`` while Dynamo traces).
 Before, Dynamo cut the dense head into 11 graphs (a break at every pybind kernel), ``torch.export`` of the head
 failed (the C++ kernel read a fake tensor's missing data), and Dynamo traced into the lookup,
 recompiling three of its frames for every new id count. The oracles: ``torch.library.opcheck``
@@ -76,6 +76,22 @@ def test_opcheck_linear_relu_and_its_gradients_against_torch():
         want = torch.autograd.grad(torch.relu(x @ w.t() + b), (x, w, b), g)
         for a, e in zip(got, want):
             torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_relu_without_the_kernels_is_torch_arithmetic(monkeypatch):
+    """Where neo._C lacks the bias+ReLU kernels, the ops compute with torch's and agree with the kernels."""
+    import neo.models.traced_ops as traced_ops
+
+    gen = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*shape, generator=gen, requires_grad=True) for shape in ((7, 12), (9, 12), (9,)))
+    g = torch.randn(7, 9, generator=gen)
+    with_kernels = linear_relu(x, w, b)
+    grads = torch.autograd.grad(with_kernels, (x, w, b), g)
+    monkeypatch.setattr(traced_ops, "cpu_kernels", lambda op: None)
+    without = linear_relu(x, w, b)
+    assert torch.equal(without, with_kernels)
+    for a, e in zip(torch.autograd.grad(without, (x, w, b), g), grads):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
 
 
 def test_the_op_matches_the_torch_path_forward_and_backward():
