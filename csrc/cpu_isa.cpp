@@ -220,9 +220,9 @@ std::string interaction_tiles() { return kTileNames[tiles()]; }
 InteractionTiles interaction_tiles_at(int64_t D) {
   const std::string isa = kernels().isa;
   const int t = tiles();
-  if (isa == "avx2") {   // "auto": tall on Zen 3 (AMD family 19h without AVX-512) and Zen 5 (family 1Ah),
-                         // where it was measured faster
-    const bool tall_cpu = (amd_family_19h() && !features().avx512f) || amd_family_1ah();
+  if (isa == "avx2") {   // "auto": tall on AMD Zen 3, Zen 4 (family 19h) and Zen 5 (family 1Ah), where it
+                         // was measured faster
+    const bool tall_cpu = amd_family_19h() || amd_family_1ah();
     return t == code_of(InteractionTiles::kTall) || (t == 0 && tall_cpu) ? InteractionTiles::kTall
                                                                          : InteractionTiles::kNarrow;
   }

@@ -126,13 +126,16 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              either way at D 64). They differ in rounding only (summation order). The AVX2
 //              forward's tiles: "narrow" (2 x 4 pairs) or "tall" (3 x 4: 35 tiles a sample at
 //              n 27 instead of 49, fewer of them narrow at the triangle's edge; each column
-//              operand loaded once and used three times, 16 registers). "auto": tall on Zen 3
-//              (AMD family 19h without AVX-512; forward 7-10% faster at D 64 and 128, one thread,
-//              AMD EPYC 25/1/1, 2026-11-30) and on Zen 5 (family 1Ah; forward 1-14% faster than
-//              narrow at D 64 and 128, one and two threads, in three runs of
-//              tools/bench_interaction.py --isa avx2 --all-variants, AMD EPYC 26/2/1, 2026-12-03),
-//              narrow elsewhere (on the Zen 4 of 2026-11-24 a 3 x 4 AVX2 tile was 5-15% slower; on
-//              Intel within noise). Same sums, same order: bit-identical results.
+//              operand loaded once and used three times, 16 registers). "auto": tall on AMD: Zen 3
+//              (family 19h without AVX-512; forward 7-10% faster at D 64 and 128, one thread,
+//              AMD EPYC 25/1/1, 2026-11-30), Zen 5 (family 1Ah; forward 1-14% faster than narrow
+//              at D 64 and 128, one and two threads, in three runs of
+//              tools/bench_interaction.py --isa avx2 --all-variants, AMD EPYC 26/2/1, 2026-12-03)
+//              and Zen 4 (family 19h with AVX-512, AMD EPYC 25/17/1, 2026-12-04, two runs: forward
+//              7-14% faster at D 128 and 1-3% at D 64 at one thread, -12% to +1% at two; forward +
+//              backward paired 4.55-4.99x torch's against narrow's 4.43-4.71x in 6 of 8 pairs; the
+//              3 x 4 tile of 2026-11-24 had been 5-15% slower there), narrow on Intel (within
+//              noise). Same sums, same order: bit-identical results.
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
 //              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%

@@ -35,7 +35,7 @@
 // Forward: pair dots in tiles of kFwdR rows x kFwdC columns of the upper triangle (2 x 4 on
 // AVX2 and the baseline, 4 x 4 on AVX-512: the sums plus one 8-float vector of each operand
 // row fit the register file). The AVX2 variant also has tiles of kTallR = 3 rows x 4 where
-// InteractionArgs::tiles is kTall (on Zen 3 and 5, cpu_isa.h): 12 sums, the 3 row operands, and the
+// InteractionArgs::tiles is kTall (on AMD Zen 3, 4 and 5, cpu_isa.h): 12 sums, the 3 row operands, and the
 // column operands loaded one at a time (tile_sums); 35 tiles a sample at n 27 instead of 49,
 // and fewer short ones at the triangle's edge (whose few sums leave the FMA pipes idle
 // waiting on their latency). On AVX-512 the tiles take 16-float vectors instead where

@@ -95,8 +95,7 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
     the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall
-    tiles only in the AVX2 kernels, and only on Zen 3 (AMD family 19h without AVX-512) and Zen 5
-    (family 1Ah)."""
+    tiles only in the AVX2 kernels, and only on AMD (Zen 3 to 5)."""
     before = C.interaction_tiles()
     with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
         C._set_interaction_tiles("broad")
@@ -106,7 +105,6 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     assert C.interaction_tiles() == before
     features = dict(C.cpu_features())
     amd = features["amd_family_19h"] or features["amd_family_1ah"]   # Zen 3 / 4, Zen 5
-    tall_cpu = (features["amd_family_19h"] and not features["avx512f"]) or features["amd_family_1ah"]
     for isa in ISA_VARIANTS:
         with use_cpu_isa(isa), use_interaction_tiles("auto"):
             assert not C.interaction_wide(64)
@@ -114,7 +112,7 @@ def test_interaction_tiles_setting_is_checked_and_restored():
             full_rate = isa == "avx512" and not amd
             assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
                 ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
-                else ["tall"] * 6 if isa == "avx2" and tall_cpu else ["narrow"] * 6)
+                else ["tall"] * 6 if isa == "avx2" and amd else ["narrow"] * 6)
 
 
 def _fused_against_float64(F, D, B=37):
