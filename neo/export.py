@@ -42,7 +42,8 @@ def dynamic_shapes(args: Sequence[Any], batch: Optional[torch.export.Dim] = None
             return {0: batch} if a.dim() else None
         if isinstance(a, KeyedJaggedBatch):
             F = len(a.keys)
-            return [{0: ids}, {1: batch}, {0: F * batch + 1}, None if a.weights is None else {0: ids}]   # lengths (F, B)
+            weights = None if a.weights is None else {0: ids}
+            return [{0: ids}, {1: batch}, {0: F * batch + 1}, weights]   # values, lengths (F, B), offsets, weights
         return None
 
     return tuple(spec(a) for a in args)

@@ -504,7 +504,8 @@ def _flatten_with_keys(batch: KeyedJaggedBatch):
 # A pytree node, as TorchRec's KeyedJaggedTensor: torch.export takes a batch as an input (its
 # tensors the program's inputs, the keys its structure), and a saved
 # program's example batch loads with torch.load's weights_only (neo/export.py).
-torch.utils._pytree.register_pytree_node(KeyedJaggedBatch, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys,
+torch.utils._pytree.register_pytree_node(KeyedJaggedBatch, _flatten, _unflatten,
+                                         flatten_with_keys_fn=_flatten_with_keys,
                                          serialized_type_name="neo.sparse.KeyedJaggedBatch")
 torch.serialization.add_safe_globals([KeyedJaggedBatch])
 

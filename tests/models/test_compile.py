@@ -2,7 +2,8 @@
 
 While a tracer runs, the dot interaction is the custom op ``neo::dot_interaction_fused`` (one node,
 a fake kernel, a registered backward: neo/models/traced_ops.py), the MLPs' hidden layers the op
-``neo::linear_relu`` (eager mode's kernels), and the embedding lookup runs eagerly (``torch._disable_dynamo`` while Dynamo traces).
+``neo::linear_relu`` (eager mode's kernels), and the embedding lookup runs eagerly
+(``torch._disable_dynamo`` while Dynamo traces).
 Before, Dynamo cut the dense head into 11 graphs (a break at every pybind kernel), ``torch.export`` of the head
 failed (the C++ kernel read a fake tensor's missing data), and Dynamo traced into the lookup,
 recompiling three of its frames for every new id count. The oracles: ``torch.library.opcheck``
