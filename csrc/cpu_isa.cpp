@@ -227,6 +227,9 @@ InteractionTiles interaction_tiles_at(int64_t D) {
                                                                          : InteractionTiles::kNarrow;
   }
   if (isa != "avx512") return InteractionTiles::kNarrow;
+  // "auto": the 5-row tall tiles on Zen 4 (family 19h with AVX-512), where 512-bit operations
+  // run at half rate and the 8-float tiles win (cpu_isa.h)
+  if (t == code_of(InteractionTiles::kTall) || (t == 0 && amd_family_19h())) return InteractionTiles::kTall;
   const bool full_rate = t == 0 && !amd_family_19h() && !amd_family_1ah();   // "auto": Intel's AVX-512 cores
   if ((t == code_of(InteractionTiles::kWide) || full_rate) && D >= kWideMinDim) return InteractionTiles::kWide;
   if ((t == code_of(InteractionTiles::kGrouped) || full_rate) && D >= kGroupedMinDim) return InteractionTiles::kGrouped;

@@ -135,7 +135,13 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              7-14% faster at D 128 and 1-3% at D 64 at one thread, -12% to +1% at two; forward +
 //              backward paired 4.55-4.99x torch's against narrow's 4.43-4.71x in 6 of 8 pairs; the
 //              3 x 4 tile of 2026-11-24 had been 5-15% slower there), narrow on Intel (within
-//              noise). Same sums, same order: bit-identical results.
+//              noise). Same sums, same order: bit-identical results. The AVX-512 kernels'
+//              "tall" tiles: 5 x 4 pairs of 8-float vectors (23 tiles a sample at n 27 instead
+//              of narrow's 28; 20 sums and 9 operands of the 32 registers); "auto": on Zen 4
+//              (family 19h with AVX-512, AMD EPYC 25/17/1, 2026-12-04, B 2048, n 27, one
+//              thread, alternating with narrow in one process: forward 3-5% faster at D 64 and
+//              128 with the batch out of cache, four runs; 5% at D 64 and within 1% at D 128
+//              with the data in L2), narrow elsewhere (Zen 5 not measured; Intel: wide/grouped).
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
 //              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%

@@ -15,8 +15,9 @@ equally often: ``bench_common.balanced_orders``) so load from other jobs hits bo
 medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
 the fused kernel's lower ISA variants (those the --isa cap allows) and, in the AVX-512
-kernels, the forward's other tilings at that D (``-narrow``: 8-float tiles, ``-wide``:
-16-float tiles, ``-grouped``: rows interleaved in groups of four), and in the AVX2 kernels the
+kernels, the forward's other tilings at that D (``-narrow``: 8-float tiles of 4 x 4 pairs,
+``-tall``: of 5 x 4, ``-wide``: 16-float tiles, ``-grouped``: rows interleaved in groups of
+four), and in the AVX2 kernels the
 other of ``-narrow`` (tiles of 2 x 4 pairs) and ``-tall`` (3 x 4). Each record says which
 forward tiles ran (``forward_tiles``; ``NEO_INTERACTION_TILES``, csrc/cpu_isa.h).
 

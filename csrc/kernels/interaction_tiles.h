@@ -171,7 +171,8 @@ void pair_tile_wide(const float* const* ri, const float* const* cj, int64_t Dv, 
 constexpr bool kHaveWideForward = false;
 #endif
 
-// The tall tiles (InteractionTiles::kTall): the variants whose kTallR (simd.h) differs from kFwdR, AVX2.
+// The tall tiles (InteractionTiles::kTall): the variants whose kTallR (simd.h) differs from kFwdR, AVX2
+// (3 rows) and AVX-512 (5 rows).
 constexpr bool kHaveTallForward = kTallR != kFwdR;
 
 // Vector width of the forward's tiles: 16 floats (WIDE, AVX-512 only) or kPW.

@@ -62,7 +62,8 @@ inline vi viadd(vi a, vi b) { return _mm512_add_epi32(a, b); }
 constexpr int kVecRegs = 32;
 constexpr int kPoolMaxNV = 16;   // forward: a bag's sum held in up to 16 vectors (D <= 256)
 constexpr int kFwdR = 4, kFwdC = 4;   // interaction forward: 4 x 4 pair dots (16 sums + 8 operands, 8 floats each)
-constexpr int kTallR = kFwdR;         // no tall tiles here (kTallR == kFwdR: interaction_tiles.h)
+constexpr int kTallR = 5;             // "tall" tiles, 5 x kFwdC: 20 sums + 5 + 4 operands (29 registers);
+                                      // kTallR <= kFwdC + 1, so that the diagonal tile reaches every row's first pair
 constexpr int kBwdR = 6, kBwdC = 4;   // interaction backward: 6 rows x 4 vectors (24 sums + 4 + 1)
 #elif defined(__AVX2__)
 // ------------------------------------------------------------------------------ AVX2

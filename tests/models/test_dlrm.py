@@ -15,16 +15,17 @@ from neo.sparse import KeyedJaggedBatch
 
 ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
 # (ISA, forward tiles): the AVX-512 variant's forward in 8- and 16-float tiles and in interleaved
-# row groups, the AVX2 variant's in tiles of 2 and of 3 rows (csrc/cpu_isa.h)
+# row groups, the AVX2 variant's in tiles of 2 and of 3 rows, the AVX-512 one's also in tiles of
+# 5 rows (csrc/cpu_isa.h)
 ISA_TILES = ([(isa, "narrow") for isa in ISA_VARIANTS]
              + [(isa, t) for isa in ISA_VARIANTS if isa == "avx512" for t in ("wide", "grouped")]
-             + [(isa, "tall") for isa in ISA_VARIANTS if isa == "avx2"])
+             + [(isa, "tall") for isa in ISA_VARIANTS if isa in ("avx2", "avx512")])
 
 
 def expected_forward_tiles(isa: str, tiles: str, D: int) -> str:
     """What the forward runs at D under a forced tile setting (csrc/cpu_isa.h)."""
     if tiles == "tall":
-        return "tall" if isa == "avx2" else "narrow"
+        return "tall" if isa in ("avx2", "avx512") else "narrow"
     if isa != "avx512" or tiles == "narrow":
         return "narrow"
     if tiles == "wide":
@@ -95,7 +96,8 @@ def test_interaction_tiles_setting_is_checked_and_restored():
     """An unknown tile setting is refused with the valid ones; the context manager restores
     the setting; "auto" takes wide tiles (from D 96 on) and grouped ones (D 16 to 95) only in
     the AVX-512 kernels, and only on Intel (not AMD families 19h and 1Ah, Zen 3 to 5); tall
-    tiles only in the AVX2 kernels, and only on AMD (Zen 3 to 5)."""
+    tiles in the AVX2 kernels on AMD (Zen 3 to 5), and in the AVX-512 kernels on Zen 4 (AMD
+    family 19h: its only CPUs with AVX-512)."""
     before = C.interaction_tiles()
     with pytest.raises(RuntimeError, match="valid: auto, narrow, wide, grouped, tall"):
         C._set_interaction_tiles("broad")
@@ -112,7 +114,8 @@ def test_interaction_tiles_setting_is_checked_and_restored():
             full_rate = isa == "avx512" and not amd
             assert [C.interaction_forward_tiles(D) for D in (8, 16, 64, 95, 96, 128)] == (
                 ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
-                else ["tall"] * 6 if isa == "avx2" and amd else ["narrow"] * 6)
+                else ["tall"] * 6 if (isa == "avx2" and amd) or (isa == "avx512" and features["amd_family_19h"])
+                else ["narrow"] * 6)
 
 
 def _fused_against_float64(F, D, B=37):
@@ -578,11 +581,11 @@ def test_split_backward_linear_computes_one_gradient_per_pass():
 
 
 @pytest.mark.parametrize("F,D", [(26, 64), (26, 128), (3, 8), (7, 36), (40, 48)])
-@pytest.mark.parametrize("isa", [isa for isa in ISA_VARIANTS if isa == "avx2"])
-def test_avx2_tall_and_narrow_forward_tiles_agree_bit_for_bit(isa, F, D):
-    """The AVX2 forward's 3-row and 2-row tiles sum each pair's products in the same lanes in
-    the same order and reduce them by the same tree: identical outputs, not just close ones
-    (the backward does not depend on the forward's tiles)."""
+@pytest.mark.parametrize("isa", [isa for isa in ISA_VARIANTS if isa in ("avx2", "avx512")])
+def test_tall_and_narrow_forward_tiles_agree_bit_for_bit(isa, F, D):
+    """The tall tiles (AVX2: 3 rows, AVX-512: 5 rows) and the narrow ones (2 and 4 rows) sum
+    each pair's products in the same lanes in the same order and reduce them by the same tree:
+    identical outputs, not just close ones (the backward does not depend on the forward's tiles)."""
     torch.manual_seed(F + D)
     dense, pooled = torch.randn(19, D), torch.randn(19, F * D)
     with use_cpu_isa(isa):
