@@ -56,7 +56,16 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // within the noise (one and two threads, D 64 and 128, alternating in one process, 2026-12-03
 // 11:20-11:40 UTC, docs/benchmarks.md; two to five samples ahead into L2 as well made the
 // backward 5-8% slower): its hardware prefetchers carry these sequential streams. Kept for the
-// other machines above.
+// other machines above. On Zen 4 (AMD EPYC 25/17/1, 2026-12-04, B 2048, n 27, one thread, after
+// a torch-path pass, variants alternating in one process) they matter: the forward without them
+// 24% (D 64) to 88% (D 128) slower, with every other line only (the rest left to the adjacent-line
+// prefetcher) 62% slower at D 128, and the backward without them 26-55% slower; within the noise
+// there: two samples ahead, the backward's next sample into L1, the backward's blocks in
+// column-block order, no L1 burst; the forward's next sample into L1 made the forward faster in
+// 8 of 8 pairs but the backward after it slower at D 128 (no gain end to end, four runs);
+// slower: the next sample's output prefetched for writing
+// (prefetchw, forward 8-9%). With the data in L2 the forward's prefetch instructions cost 7-11%
+// of its time (fewer tests and branches per tile, a fixed count of lines a tile, saved nothing).
 class NextSample {
  public:
   struct Plan {
