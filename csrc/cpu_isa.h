@@ -138,10 +138,11 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              noise). Same sums, same order: bit-identical results. The AVX-512 kernels'
 //              "tall" tiles: 5 x 4 pairs of 8-float vectors (23 tiles a sample at n 27 instead
 //              of narrow's 28; 20 sums and 9 operands of the 32 registers); "auto": on Zen 4
-//              (family 19h with AVX-512, AMD EPYC 25/17/1, 2026-12-04, B 2048, n 27, one
-//              thread, alternating with narrow in one process: forward 3-5% faster at D 64 and
-//              128 with the batch out of cache, four runs; 5% at D 64 and within 1% at D 128
-//              with the data in L2), narrow elsewhere (Zen 5 not measured; Intel: wide/grouped).
+//              (family 19h with AVX-512, AMD EPYC 25/17/1, 2026-12-04, B 2048, n 27: beside
+//              narrow in four runs of tools/bench_interaction.py --all-variants, 1 and 2 threads,
+//              the forward faster in 10 of 16 cells, every D 64 one-thread one, slower in 3;
+//              with the data in L2 5% faster at D 64, within 1% at D 128), narrow elsewhere
+//              (Zen 5 not measured; Intel: wide/grouped).
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
 //   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
 //              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%

@@ -39,7 +39,8 @@
 // column operands loaded one at a time (tile_sums); 35 tiles a sample at n 27 instead of 49,
 // and fewer short ones at the triangle's edge (whose few sums leave the FMA pipes idle
 // waiting on their latency). The AVX-512 variant's tall tiles are 5 x 4 of 8-float vectors
-// (on Zen 4: 20 sums and all 9 operands in 32 registers; 23 tiles a sample instead of 28). On AVX-512 the tiles take 16-float vectors instead where
+// (on Zen 4: 20 sums and all 9 operands in 32 registers; 23 tiles a sample instead of 28).
+// On AVX-512 the tiles take 16-float vectors instead where
 // InteractionArgs::tiles is kWide (D >= 96 on CPUs with two 512-bit FMA pipes, cpu_isa.h):
 // half the multiply-adds, and one 16-way reduction tree (hsum16) per tile (Intel Xeon,
 // B 2048, D 128: forward 10% faster with the batch in DRAM, 20% in cache; no faster at D 64,

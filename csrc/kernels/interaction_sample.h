@@ -63,9 +63,9 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // there: two samples ahead, the backward's next sample into L1, the backward's blocks in
 // column-block order, no L1 burst; the forward's next sample into L1 made the forward faster in
 // 8 of 8 pairs but the backward after it slower at D 128 (no gain end to end, four runs);
-// slower: the next sample's output prefetched for writing
-// (prefetchw, forward 8-9%). With the data in L2 the forward's prefetch instructions cost 7-11%
-// of its time (fewer tests and branches per tile, a fixed count of lines a tile, saved nothing).
+// slower: the next sample's output prefetched for writing (prefetchw, forward 8-9%). With the
+// data in L2 the forward's prefetch instructions cost 7-11% of its time (fewer tests and
+// branches per tile, a fixed count of lines a tile, saved nothing).
 class NextSample {
  public:
   struct Plan {

@@ -14,18 +14,19 @@ from neo.models import DLRM, DotInteraction, LowRankCrossNet
 from neo.sparse import KeyedJaggedBatch
 
 ISA_VARIANTS = C.cpu_isa_supported()   # every ISA variant of the fused kernel this machine runs
+TALL_ISAS = ("avx2", "avx512")         # the variants with tall forward tiles (3 and 5 rows)
 # (ISA, forward tiles): the AVX-512 variant's forward in 8- and 16-float tiles and in interleaved
 # row groups, the AVX2 variant's in tiles of 2 and of 3 rows, the AVX-512 one's also in tiles of
 # 5 rows (csrc/cpu_isa.h)
 ISA_TILES = ([(isa, "narrow") for isa in ISA_VARIANTS]
              + [(isa, t) for isa in ISA_VARIANTS if isa == "avx512" for t in ("wide", "grouped")]
-             + [(isa, "tall") for isa in ISA_VARIANTS if isa in ("avx2", "avx512")])
+             + [(isa, "tall") for isa in ISA_VARIANTS if isa in TALL_ISAS])
 
 
 def expected_forward_tiles(isa: str, tiles: str, D: int) -> str:
     """What the forward runs at D under a forced tile setting (csrc/cpu_isa.h)."""
     if tiles == "tall":
-        return "tall" if isa in ("avx2", "avx512") else "narrow"
+        return "tall" if isa in TALL_ISAS else "narrow"
     if isa != "avx512" or tiles == "narrow":
         return "narrow"
     if tiles == "wide":
@@ -581,7 +582,7 @@ def test_split_backward_linear_computes_one_gradient_per_pass():
 
 
 @pytest.mark.parametrize("F,D", [(26, 64), (26, 128), (3, 8), (7, 36), (40, 48)])
-@pytest.mark.parametrize("isa", [isa for isa in ISA_VARIANTS if isa in ("avx2", "avx512")])
+@pytest.mark.parametrize("isa", [isa for isa in ISA_VARIANTS if isa in TALL_ISAS])
 def test_tall_and_narrow_forward_tiles_agree_bit_for_bit(isa, F, D):
     """The tall tiles (AVX2: 3 rows, AVX-512: 5 rows) and the narrow ones (2 and 4 rows) sum
     each pair's products in the same lanes in the same order and reduce them by the same tree:
