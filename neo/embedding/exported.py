@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 
 from neo.cpp import cpu_kernels
-from neo.embedding.backends.cpu import _meta
 from neo.embedding.checks import check_features, check_ids
 from neo.sparse import KeyedJaggedBatch
 
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["exported_lookup", "pooled_lookup"]
 
-_META = 7       # tensors of a group's layout the kernel takes (backends/cpu.py _meta)
+_META = 7       # tensors of a group's layout the kernel takes (GroupLayout.kernel_tensors)
 _SEP = "\n"     # joins names into one string argument (a feature name has no newline: configs refuse one)
 
 
@@ -97,7 +96,7 @@ def exported_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch,
     by_name = {t.name: t for t in emb.tables}
     tables = [emb.feature_table[f] for f in emb._group_order]
     out = pooled_lookup(
-        [g.weights for g in emb.groups], [m for g in emb.groups for m in _meta(g.layout)],
+        [g.weights for g in emb.groups], [m for g in emb.groups for m in g.layout.kernel_tensors()],
         batch.values, batch.lengths, batch.offsets, batch.weights, _SEP.join(batch.keys),
         [pos[f] for f in emb._group_order], [len(g.layout.features) for g in emb.groups],
         [by_name[t].num_rows for t in tables], _SEP.join(tables), sum(by_name[t].dim for t in tables))

@@ -25,7 +25,7 @@ per-row state (rowwise_adagrad) has one value per global row.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -67,6 +67,11 @@ class GroupLayout:
 
     def table_index(self, name: str) -> int:
         return [t.name for t in self.tables].index(name)
+
+    def kernel_tensors(self) -> Tuple[torch.Tensor, ...]:
+        """The seven layout tensors the CPU kernels take, in their argument order."""
+        return (self.table_rows, self.table_dims, self.weight_offsets, self.row_offsets,
+                self.feature_table, self.output_offsets, self.feature_mean)
 
     @classmethod
     def build(cls, tables: Sequence[TableConfig], device: torch.device | str = "cpu") -> "GroupLayout":

@@ -51,11 +51,6 @@ _OPT_KIND = {
 }
 
 
-def _meta(layout: GroupLayout):
-    return (layout.table_rows, layout.table_dims, layout.weight_offsets, layout.row_offsets,
-            layout.feature_table, layout.output_offsets, layout.feature_mean)
-
-
 def _ids(indices: torch.Tensor) -> torch.Tensor:
     return indices if indices.dtype == torch.int64 and indices.is_contiguous() else indices.to(torch.int64).contiguous()
 
@@ -108,7 +103,7 @@ class CpuBackend:
                 per_sample_weights: Optional[torch.Tensor], batch_size: int) -> torch.Tensor:
         self._advise_hugepages((weights,))
         out, invalid = _C.embedding_forward(
-            weights, _ids(indices), _ids(offsets), _psw(per_sample_weights), *_meta(layout), batch_size
+            weights, _ids(indices), _ids(offsets), _psw(per_sample_weights), *layout.kernel_tensors(), batch_size
         )
         self.last_invalid_count = invalid
         return out
@@ -119,7 +114,7 @@ class CpuBackend:
         computes, in one C++ pass (csrc/kernels/weight_grad.h)."""
         grad = grad_output if grad_output.dtype == torch.float32 and grad_output.is_contiguous() \
             else grad_output.to(torch.float32).contiguous()
-        return _C.embedding_weight_grad(weights, _ids(indices), _ids(offsets), grad, *_meta(layout), batch_size)
+        return _C.embedding_weight_grad(weights, _ids(indices), _ids(offsets), grad, *layout.kernel_tensors(), batch_size)
 
     def backward_update(self, layout: GroupLayout, weights: torch.Tensor, states: List[torch.Tensor],
                         grad_output: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -131,6 +126,6 @@ class CpuBackend:
             else grad_output.to(torch.float32).contiguous()
         self.last_invalid_count = _C.embedding_backward_update(
             weights, list(states), grad, _ids(indices), _ids(offsets), _psw(per_sample_weights),
-            *_meta(layout), batch_size, _OPT_KIND[opt.type], float(lr), float(opt.eps), float(opt.weight_decay),
+            *layout.kernel_tensors(), batch_size, _OPT_KIND[opt.type], float(lr), float(opt.eps), float(opt.weight_decay),
             float(opt.beta1), float(opt.beta2), int(step), int(seed), bool(layout.stochastic_rounding),
         )
