@@ -1,5 +1,6 @@
 """Neo without its C++ extension: a machine where ``neo._C`` is not built (a GPU box that never ran
-``tools/setup.sh``, a failed build) still imports every package and trains, on the plain-torch paths.
+``tools/setup.sh``, a failed build) still imports every package and trains, on the plain-torch paths;
+and without the optional packages (the peers FBGEMM and TorchRec, Triton, TensorBoard, mlperf-logging).
 
 On 2026-12-04 an H200 without the extension could not ``import neo.embedding``: the export op's
 module took a helper from the ``cpu`` backend, which raises ImportError without ``neo._C``. Each
@@ -15,35 +16,44 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import neo._C  # noqa: F401  (the comparison run needs the extension: part of setup)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "train_tiny.yaml")
 
-_WITHOUT_C = """
+def _refusing(names: str) -> str:
+    """Python code that makes every later import of the modules ``names`` (comma-separated; a
+    top-level name refuses its submodules too) raise ImportError, as if they were not installed."""
+    return f"""
 import importlib.abc, sys
 
-class _NoExtension(importlib.abc.MetaPathFinder):
+class _Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "neo._C":
-            raise ImportError("neo._C refused by the test")
+        if name in {names.split(",")!r} or name.split(".")[0] in {names.split(",")!r}:
+            raise ImportError(name + " refused by the test")
         return None
 
-sys.meta_path.insert(0, _NoExtension())
+sys.meta_path.insert(0, _Refuse())
 """
 
-_IMPORTS = _WITHOUT_C + """
-import neo, neo.embedding, neo.distributed, neo.models, neo.export, neo.commands.train, neo.planner
+
+_IMPORTS = """
+import neo, neo.cli, neo.commands.train, neo.distributed, neo.embedding, neo.export, neo.mlperf, neo.models
+import neo.pipeline, neo.planner
 from neo.embedding.backends import cpu_backend_available
-assert not cpu_backend_available()
-assert "neo._C" not in sys.modules
+refused = set(sys.argv[1].split(","))
+assert cpu_backend_available() == ("neo._C" not in refused)
+loaded = sorted(m for m in sys.modules if m in refused or m.split(".")[0] in refused)
+assert not loaded, loaded
 print("imported")
 """
 
+OPTIONAL = "torchrec,fbgemm_gpu,triton,tensorboard,mlperf_logging"
+"""The packages ``import neo`` must not need (the peers, and what only some commands use)."""
+
 _TRAIN = """
-import sys
-if sys.argv[1] == "without":
-""" + "\n".join("    " + line for line in _WITHOUT_C.splitlines()) + """
 from neo.cli import main
 status = main(sys.argv[2:])
 assert ("neo._C" in sys.modules) == (sys.argv[1] == "with"), sorted(m for m in sys.modules if m.startswith("neo._"))
@@ -57,8 +67,9 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
-def test_every_package_imports_without_the_extension():
-    p = _run(_IMPORTS)
+@pytest.mark.parametrize("refused", ["neo._C", OPTIONAL, "neo._C," + OPTIONAL])
+def test_every_package_imports_without_the_extension_or_optional_packages(refused):
+    p = _run(_refusing(refused) + _IMPORTS, refused)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().endswith("imported")
 
@@ -66,7 +77,8 @@ def test_every_package_imports_without_the_extension():
 def test_training_without_the_extension_matches_training_with_it(tmp_data):
     finals = {}
     for mode in ("with", "without"):
-        p = _run(_TRAIN, mode, "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
+        code = (_refusing("neo._C") if mode == "without" else "import sys\n") + _TRAIN
+        p = _run(code, mode, "train", TINY, f"data.synthetic.cache_dir={tmp_data}/cache",
                  f"train.run_dir={tmp_data}/{mode}_c", "train.steps=12", "train.eval_batches=4",
                  "train.progress=false")
         assert p.returncode == 0, f"{mode} neo._C:\n{p.stderr[-3000:]}"
