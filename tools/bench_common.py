@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -110,6 +111,26 @@ def interleaved(n: int, warmup: int, iters: int) -> Iterator[Tuple[bool, int]]:
     for i in range(warmup + iters):
         for j in orders[i % len(orders)]:
             yield i >= warmup, j
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> Tuple[float, float]:
+    """A distribution-free confidence interval of the median of ``values``: the order statistics
+    x_(k) and x_(n + 1 - k) with k the largest rank for which a Binomial(n, 1/2) count falls
+    below k with probability at most (1 - level) / 2 (the interval covers the true median with
+    probability at least ``level`` when the values are independent draws of one distribution; no
+    normality assumed). Fewer than 6 values cannot reach 95%: then the whole range."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_ci of no values")
+    tail, k = 0.0, 0
+    while k < n // 2:
+        nxt = tail + math.comb(n, k) / 2.0 ** n     # P(count <= k)
+        if nxt > (1.0 - level) / 2:
+            break
+        tail, k = nxt, k + 1
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
 
 
 # argparse ``type=`` helpers: bad command-line input gives argparse's one-line error (exit status 2,

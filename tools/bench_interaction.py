@@ -59,8 +59,14 @@ Output: a table, torch / Neo and torchrec / Neo time ratios, and with ``--json``
 (``speedup_vs_torch``, ``speedup_vs_torchrec``: the peer's median time over Neo's, per phase;
 ``speedup_vs_torch_paired``, ``speedup_vs_torchrec_paired``: per phase, the median over the
 timed iterations of each iteration's ratio, the two systems having run one right after the
-other: steadier on a shared machine, where a slow minute lands on both times of a pair) with
-the machine (CPU model, ISA flags, the --isa cap, the kernels' and ATen's ISA).
+other: steadier on a shared machine, where a slow minute lands on both times of a pair;
+``speedup_vs_torch_paired_ci95`` and ``speedup_vs_torchrec_paired_ci95``: per phase, a 95%
+confidence interval of that median, distribution-free, from the order statistics of the
+iterations' ratios, ``bench_common.median_ci``) with the machine (CPU model, ISA flags, the
+--isa cap, the kernels' and ATen's ISA). ``--target`` (default 5, issue 15's) judges each Neo
+record's paired forward + backward ratio over torch's path by that interval (``target_vs_torch``,
+``target_verdict``): ``met`` where the whole interval is at or above the target, ``not met``
+where it is below, ``undecided`` where it spans it (then more ``--iters`` narrow it).
 """
 
 from __future__ import annotations
@@ -75,8 +81,8 @@ from typing import Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, describe_machine, interleaved, json_path,  # noqa: E402
-                          machine_info, multiple_of_list, nonneg_int, peer_version, positive_int, positive_int_list,
-                          quiet_peer_logs, start_rank, write_json)
+                          machine_info, median_ci, multiple_of_list, nonneg_int, peer_version, positive_float,
+                          positive_int, positive_int_list, quiet_peer_logs, start_rank, write_json)
 
 import torch  # noqa: E402
 
@@ -246,7 +252,24 @@ def add_paired(records: List[dict], systems: List[System]) -> None:
         for peer in PEERS:
             if peer in by_name:
                 t = phase_times(by_name[peer])
-                r[f"speedup_vs_{peer}_paired"] = {p: statistics.median(a / b for a, b in zip(t[p], neo[p])) for p in neo}
+                ratios = {p: [a / b for a, b in zip(t[p], neo[p])] for p in neo}
+                r[f"speedup_vs_{peer}_paired"] = {p: statistics.median(x) for p, x in ratios.items()}
+                r[f"speedup_vs_{peer}_paired_ci95"] = {p: list(median_ci(x)) for p, x in ratios.items()}
+
+
+def target_verdict(ci: List[float], target: float) -> str:
+    """``met`` where the whole 95% interval of the paired ratio is at or above ``target``, ``not met``
+    where it is below, ``undecided`` where it spans the target (more --iters, or a quieter minute)."""
+    return "met" if ci[0] >= target else "not met" if ci[1] < target else "undecided"
+
+
+def add_verdicts(records: List[dict], target: float) -> None:
+    """Each Neo record's ``target_vs_torch`` and ``target_verdict`` (forward + backward, paired), in place."""
+    for r in records:
+        ci = r.get("speedup_vs_torch_paired_ci95")
+        if ci is not None:
+            r["target_vs_torch"] = target
+            r["target_verdict"] = target_verdict(ci["fwd_bwd_ms"], target)
 
 
 def add_bounds(records: List[dict], isa: str) -> None:
@@ -361,9 +384,14 @@ def print_records(records: List[dict]) -> None:
             t = next(x for x in records if x["system"] == peer and x["dim"] == r["dim"] and x["threads"] == r["threads"])
             sp = r[f"speedup_vs_{peer}"] = {p: t[p] / r[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
             paired = r.get(f"speedup_vs_{peer}_paired")
+            ci = r.get(f"speedup_vs_{peer}_paired_ci95", {}).get("fwd_bwd_ms")
+            verdict = r.get("target_verdict") if peer == "torch" else None
             print(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: fwd {sp['fwd_ms']:5.2f}x  "
                   f"bwd {sp['bwd_ms']:5.2f}x  fwd+bwd {sp['fwd_bwd_ms']:5.2f}x"
-                  + (f"  (paired: median of the iterations' ratios {paired['fwd_bwd_ms']:5.2f}x)" if paired else ""))
+                  + (f"  (paired: median of the iterations' ratios {paired['fwd_bwd_ms']:5.2f}x" if paired else "")
+                  + (f", 95% CI {ci[0]:.2f}-{ci[1]:.2f}" if paired and ci else "")
+                  + (")" if paired else "")
+                  + (f"  {r['target_vs_torch']:g}x: {verdict}" if verdict else ""))
 
 
 def main(argv=None) -> int:
@@ -380,6 +408,9 @@ def main(argv=None) -> int:
     p.add_argument("--bounds", action="store_true", help="also measure this machine's arithmetic and memory floors")
     p.add_argument("--no-torchrec", dest="torchrec", action="store_false",
                    help="leave out TorchRec's InteractionArch (it is left out with a note where not importable)")
+    p.add_argument("--target", type=positive_float, default=5.0,
+                   help="the paired forward + backward ratio over torch's path to judge (issue 15: 5x): met, "
+                        "not met or undecided by its 95%% interval")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path)
     args = p.parse_args(argv)
@@ -394,6 +425,7 @@ def main(argv=None) -> int:
     for threads in args.threads:
         for D in args.dims:
             records += run_shape(args, D, threads, machine)
+    add_verdicts(records, args.target)
     print_records(records)
     if args.bounds and machine["neo_cpu_isa"] not in ("avx2", "avx512"):
         # the FMA probe (bench_fma_peak) times vector FMAs: the baseline kernels have no such floor

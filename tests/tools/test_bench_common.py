@@ -4,6 +4,8 @@ interleaved benchmark."""
 from __future__ import annotations
 
 import collections
+import math
+import random
 
 import pytest
 
@@ -53,3 +55,34 @@ def test_time_interleaved_runs_every_call_once_per_iteration_in_a_rotating_order
     seq2 = []                                                         # the order: from the index alone
     bench_common.time_interleaved({k: (lambda k=k: seq2.append(k)) for k in KEYS}, 2, 6)
     assert seq2 == seq
+
+
+def _binomial_tail(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) <= k), from the exact counts."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+
+
+@pytest.mark.parametrize("n", range(1, 61))
+def test_median_ci_takes_the_innermost_ranks_with_95_percent_coverage(n):
+    values = [float(v) for v in range(100, 100 + n)]
+    lo, hi = bench_common.median_ci(values[::-1])          # order of the input does not matter
+    k = int(lo) - 100 + 1                                   # the lower end's rank (1-based)
+    assert hi == values[n - k]                              # symmetric ranks
+    if n < 6:
+        assert (lo, hi) == (values[0], values[-1])          # 95% is out of reach: the range
+        return
+    assert 1 - 2 * _binomial_tail(n, k - 1) >= 0.95         # covers the median at least 95% ...
+    assert 1 - 2 * _binomial_tail(n, k) < 0.95              # ... and the next ranks inward would not
+
+
+def test_median_ci_matches_the_tables_and_covers_a_known_median():
+    assert bench_common.median_ci(list(range(1, 31))) == (10, 21)    # the textbook ranks at n 30 and 100
+    assert bench_common.median_ci(list(range(1, 101))) == (40, 61)
+    rng = random.Random(0)
+    trials, covered = 2000, 0
+    for _ in range(trials):                                  # exponential draws: the median is ln 2
+        lo, hi = bench_common.median_ci([rng.expovariate(1.0) for _ in range(30)])
+        covered += lo <= math.log(2) <= hi
+    assert 0.94 <= covered / trials <= 0.99                  # at n 30 the exact coverage is 95.7%
+    with pytest.raises(ValueError):
+        bench_common.median_ci([])

@@ -40,8 +40,11 @@ def test_torchrecs_interaction_arch_is_timed_beside_neo_and_torch_with_both_rati
         assert neo[key] == {p: ref[p] / neo[p] for p in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
     assert set(neo["speedup_vs_torch_paired"]) == set(neo["speedup_vs_torchrec_paired"]) == {"fwd_ms", "bwd_ms",
                                                                                              "fwd_bwd_ms"}
+    bench.add_verdicts(records, 5.0)
+    bench.print_records(records)
     out = capsys.readouterr().out
-    assert "torchrec / neo" in out and "paired" in out
+    assert "torchrec / neo" in out and "paired" in out and "95% CI" in out
+    assert f"5x: {neo['target_verdict']}" in out
 
 
 def test_paired_ratios_are_the_median_of_each_iterations_ratio():
@@ -54,6 +57,18 @@ def test_paired_ratios_are_the_median_of_each_iterations_ratio():
     # would be 5 / 2 forward: another figure)
     assert records[0]["speedup_vs_torch_paired"] == {"fwd_ms": 4.0, "bwd_ms": 3.0, "fwd_bwd_ms": 3.5}
     assert "speedup_vs_torch_paired" not in records[1]
+    # three ratios reach no 95% interval: the whole range of each phase's ratios
+    assert records[0]["speedup_vs_torch_paired_ci95"] == {"fwd_ms": [2.0, 5.0], "bwd_ms": [2.0, 5.0],
+                                                          "fwd_bwd_ms": [3.0, 11.0 / 3.0]}
+
+
+@pytest.mark.parametrize("ci, verdict", [([5.0, 5.4], "met"), ([5.2, 5.9], "met"), ([4.6, 4.99], "not met"),
+                                         ([4.9, 5.1], "undecided"), ([4.0, 5.0], "undecided")])
+def test_the_target_is_judged_by_the_whole_interval(ci, verdict):
+    records = [dict(system="neo-avx2", speedup_vs_torch_paired_ci95={"fwd_bwd_ms": ci}), dict(system="torch")]
+    bench.add_verdicts(records, 5.0)
+    assert records[0]["target_verdict"] == verdict and records[0]["target_vs_torch"] == 5.0
+    assert "target_verdict" not in records[1]
 
 
 def test_torchrecs_output_is_checked_against_the_torch_path_before_timing(monkeypatch):
