@@ -99,3 +99,49 @@ def test_one_rank_input_refuses_weights_that_require_grad():
         assert "rank 0: the batch's per-id weights require grad" in fast and "would be lost" in fast, fast
         a, b = got[("learnable, no_grad", validate, True)], got[("learnable, no_grad", validate, False)]
         assert a is not None and not a.requires_grad and torch.equal(a, b)
+
+
+def _first_bad_id(values, lengths, rows, B):
+    """The oracle: [1, feature, id, sample] of the first id outside its table, scanning features in
+    order, then samples, then each bag's ids; None where every id is in range."""
+    pos = 0
+    for f, r in enumerate(rows):
+        for b in range(B):
+            for _ in range(int(lengths[f * B + b])):
+                v = int(values[pos])
+                if v < 0 or v >= r:
+                    return [1, f, v, b]
+                pos += 1
+    return None
+
+
+def _bad_id_cases(rank: int, world_size: int):
+    pg = ProcessGroups.build(timeout=datetime.timedelta(seconds=60))
+    sec = ShardedEmbeddingCollection(TABLES, even_plan(TABLES, TYPES, 1, 1), pg, seed=1)
+    dist = sec._input_dist
+    gen = torch.Generator().manual_seed(11)
+    found = []
+    for case in range(60):
+        F = len(dist.rows)
+        lengths = torch.randint(0, 4, (F * B,), generator=gen)
+        values = torch.randint(0, 9, (int(lengths.sum()),), generator=gen)
+        for _ in range(case % 4):                          # 0 to 3 bad ids anywhere: negative or too large
+            if values.numel():
+                i = int(torch.randint(0, values.numel(), (1,), generator=gen))
+                values[i] = -int(torch.randint(1, 5, (1,), generator=gen)) if case % 2 else 9 + case
+        if case % 3 == 0:
+            values = values.to(torch.int32)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(values.dtype)
+        starts = offsets[::B].tolist()
+        found.append((dist._bad_id_error(values, offsets, starts, B), _first_bad_id(values, lengths, dist.rows, B)))
+    return found
+
+
+def test_the_first_bad_id_is_found_by_one_pass_as_by_a_scan():
+    """InputDist._bad_id_error (one pass over the ids, one read of the per-feature counts) reports
+    the same feature, id and sample as a scan of the batch in order: 60 batches with 0 to 3 bad
+    ids each (negative or past the table), int32 and int64 ids, empty bags and features."""
+    (found,) = run_multiprocess(_bad_id_cases, 1)
+    assert any(want is None for _, want in found) and sum(want is not None for _, want in found) >= 30
+    for got, want in found:
+        assert got == want
