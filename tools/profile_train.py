@@ -110,7 +110,8 @@ def report(events, c: Dict[str, object], wall_s: float, device: bool) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="a neo train config (configs/*.yaml)")
     p.add_argument("overrides", nargs="*", help="neo train's dotted overrides, e.g. train.steps=300 train.device=cuda")
     p.add_argument("--out", metavar="FILE", help="also write the report here")

@@ -114,7 +114,8 @@ class CpuBackend:
         computes, in one C++ pass (csrc/kernels/weight_grad.h)."""
         grad = grad_output if grad_output.dtype == torch.float32 and grad_output.is_contiguous() \
             else grad_output.to(torch.float32).contiguous()
-        return _C.embedding_weight_grad(weights, _ids(indices), _ids(offsets), grad, *layout.kernel_tensors(), batch_size)
+        return _C.embedding_weight_grad(weights, _ids(indices), _ids(offsets), grad, *layout.kernel_tensors(),
+                                        batch_size)
 
     def backward_update(self, layout: GroupLayout, weights: torch.Tensor, states: List[torch.Tensor],
                         grad_output: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -126,6 +127,7 @@ class CpuBackend:
             else grad_output.to(torch.float32).contiguous()
         self.last_invalid_count = _C.embedding_backward_update(
             weights, list(states), grad, _ids(indices), _ids(offsets), _psw(per_sample_weights),
-            *layout.kernel_tensors(), batch_size, _OPT_KIND[opt.type], float(lr), float(opt.eps), float(opt.weight_decay),
-            float(opt.beta1), float(opt.beta2), int(step), int(seed), bool(layout.stochastic_rounding),
+            *layout.kernel_tensors(), batch_size, _OPT_KIND[opt.type], float(lr), float(opt.eps),
+            float(opt.weight_decay), float(opt.beta1), float(opt.beta2), int(step), int(seed),
+            bool(layout.stochastic_rounding),
         )
