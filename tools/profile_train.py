@@ -36,11 +36,16 @@ from bench_common import json_path, machine_info, write_json  # noqa: E402
 
 import torch  # noqa: E402
 
+import neo  # noqa: E402
+
+NEO_DIR = os.path.dirname(os.path.abspath(neo.__file__)) + os.sep
+"""The neo package's folder: a read's site is the innermost frame in a file under it (not any path
+with a folder named neo: a checkout is often called that)."""
+
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy")
 """The ``torch.Tensor`` methods that hand a tensor's values to Python (on a GPU: after a wait)."""
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-_NEO = os.sep + "neo" + os.sep
 
 
 class HostReads:
@@ -56,8 +61,8 @@ class HostReads:
 
         def counted(tensor, *args, **kwargs):
             for frame in reversed(traceback.extract_stack(limit=8)[:-1]):
-                if _NEO in frame.filename:
-                    site = f"{frame.filename.split(_NEO)[-1]}:{frame.lineno} {frame.name}"
+                if os.path.abspath(frame.filename).startswith(NEO_DIR):
+                    site = f"{os.path.abspath(frame.filename)[len(NEO_DIR):]}:{frame.lineno} {frame.name}"
                     break
             else:
                 site = "(outside neo/)"
