@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Neo's GPU checks in one command, for a CUDA machine (H100 / H200): every stage runs even when one
 # before it failed, each under its own time limit, and a table of stages, exit statuses and times
-# is printed last.
+# is printed last; the script's exit status is 1 where any stage failed.
 #
 #   bash tools/gpu_check.sh                   # logs and JSON under $OUT (default bench_out/gpu)
 #   STAGES="tests triton" bash tools/gpu_check.sh     # only some stages
@@ -20,20 +20,24 @@
 #             backend, the same global batch (2048) as the two CPU ranks; its final JSON line in $OUT
 #   cached    configs/cached_tables.yaml on one GPU: the software-managed cache on the device, the
 #             tables in pinned host memory
+#   profile   tools/profile_train.py on the main job's config on one GPU, 300 steps: device
+#             synchronisations, kernel launches and host reads a step (the step is host-bound there)
 #
 # Files in $OUT: gpu_check.log (everything), bench_embedding_gpu_b4096.json,
-# bench_embedding_gpu_b32768.json, train_gpu.json, cached_gpu.json.
+# bench_embedding_gpu_b32768.json, train_gpu.json, cached_gpu.json, profile_train.txt,
+# profile_train.json.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 OUT="${OUT:-$ROOT/bench_out/gpu}"
-STAGES="${STAGES:-env tests triton bench train cached}"
+STAGES="${STAGES:-env tests triton bench train cached profile}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 SUMMARY=()
+FAILED=0
 RUNS=$(mktemp -d -t neo-gpu-XXXXXX)
 
 stage() {   # stage NAME LIMIT_S COMMAND...
@@ -46,6 +50,7 @@ stage() {   # stage NAME LIMIT_S COMMAND...
     t0=$(date +%s)
     timeout --kill-after 10 "$limit" bash -c '"$@"' _ "$@"     # bash -c: a stage may be a function
     rc=$?
+    [ "$rc" -eq 0 ] || FAILED=1
     echo "=== $name: exit status $rc, $(( $(date +%s) - t0 )) s"
     SUMMARY+=("$(printf '%-8s exit %3d  %4d s' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
 }
@@ -91,8 +96,11 @@ stage bench 75 bash -c "'$PY' tools/bench_embedding.py --cuda-only --iters 50 --
     '$PY' tools/bench_embedding.py --cuda-only --iters 50 --batch 32768 --json '$OUT/bench_embedding_gpu_b32768.json'"
 stage train 70 train_on_gpu configs/main_job.yaml "$OUT/train_gpu.json" train.batch_size=2048
 stage cached 50 train_on_gpu configs/cached_tables.yaml "$OUT/cached_gpu.json"
+stage profile 90 "$PY" tools/profile_train.py configs/main_job.yaml train.device=cuda train.embedding_backend=triton \
+    train.batch_size=2048 train.steps=300 --out "$OUT/profile_train.txt" --json "$OUT/profile_train.json"
 
 rm -rf "$RUNS"
 echo
 echo "== gpu_check summary ($(date -u '+%H:%M UTC'))"
 printf '%s\n' "${SUMMARY[@]}"
+exit "$FAILED"
