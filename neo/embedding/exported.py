@@ -25,6 +25,7 @@ import torch
 
 from neo.cpp import cpu_kernels
 from neo.embedding.checks import check_features, check_ids
+from neo.embedding.layout import GroupLayout
 from neo.sparse import KeyedJaggedBatch
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["exported_lookup", "pooled_lookup"]
 
-_META = 7       # tensors of a group's layout the kernel takes (GroupLayout.kernel_tensors)
+_META = len(GroupLayout.KERNEL_FIELDS)   # tensors of a group's layout the kernel takes
 _SEP = "\n"     # joins names into one string argument (a feature name has no newline: configs refuse one)
 
 

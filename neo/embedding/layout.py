@@ -68,10 +68,13 @@ class GroupLayout:
     def table_index(self, name: str) -> int:
         return [t.name for t in self.tables].index(name)
 
+    # The layout tensors the CPU kernels take, in their argument order (kernel_tensors).
+    KERNEL_FIELDS = ("table_rows", "table_dims", "weight_offsets", "row_offsets", "feature_table",
+                     "output_offsets", "feature_mean")
+
     def kernel_tensors(self) -> Tuple[torch.Tensor, ...]:
-        """The seven layout tensors the CPU kernels take, in their argument order."""
-        return (self.table_rows, self.table_dims, self.weight_offsets, self.row_offsets,
-                self.feature_table, self.output_offsets, self.feature_mean)
+        """The layout tensors the CPU kernels take (KERNEL_FIELDS), in their argument order."""
+        return tuple(getattr(self, f) for f in self.KERNEL_FIELDS)
 
     @classmethod
     def build(cls, tables: Sequence[TableConfig], device: torch.device | str = "cpu") -> "GroupLayout":
