@@ -29,9 +29,11 @@ def _refusing(names: str) -> str:
     return f"""
 import importlib.abc, sys
 
+_REFUSED = {set(names.split(","))!r}
+
 class _Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name in {names.split(",")!r} or name.split(".")[0] in {names.split(",")!r}:
+        if name in _REFUSED or name.split(".")[0] in _REFUSED:
             raise ImportError(name + " refused by the test")
         return None
 
