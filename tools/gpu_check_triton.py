@@ -330,20 +330,44 @@ def profile_module(num_tables=8, rows=1_000_000, dim=64, bag=20) -> None:
               for i in range(num_tables)]
     m = TableBatchedEmbedding(tables, backend="triton", device="cuda")
     gen = torch.Generator().manual_seed(0)
+    cases = {}                                  # batch -> (number of ids, fwd, fwd_bwd)
     for batch in (4096, 32768):
         lengths = torch.randint(1, 2 * bag, (num_tables * batch,), generator=gen)
         ids = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
         kjt = KeyedJaggedBatch(tuple(f"t{i}" for i in range(num_tables)), ids, lengths, batch).to("cuda")
         grad = torch.randn(batch, num_tables * dim, device="cuda")
 
-        def fwd():
+        def fwd(kjt=kjt):
             with torch.no_grad():
                 m(kjt)
 
-        def fwd_bwd():
+        def fwd_bwd(kjt=kjt, grad=grad):
             m(kjt).backward(grad)
 
-        print(f"\nmodule, batch {batch}, {ids.numel()} ids:")
+        cases[batch] = (ids.numel(), fwd, fwd_bwd)
+
+    def time_all(when: str) -> None:
+        # the settings alternating, twice, so that a drift (clocks, a profiler's leftovers) shows as
+        # a difference between rounds and not between settings. 2026-11-30 and 2026-12-04: the
+        # forward without validation was slower at batch 4096, before any profiler too (17:03 UTC):
+        # with count_skipped the module counts the skipped ids in torch operations on CUDA
+        # (docs/benchmarks.md, the third lease); "noval-nocount" is the kernels' path alone
+        settings = {"val": (True, True), "noval": (False, True), "noval-nocount": (False, False)}
+        for batch, (n_ids, fwd, fwd_bwd) in cases.items():
+            for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
+                rounds = {k: [] for k in settings}
+                for _ in range(2):
+                    for k, (validate, count) in settings.items():
+                        m.validate, m.count_skipped = validate, count
+                        rounds[k].append(_cuda_time(fn, iters=20) * 1e6)
+                print(f"  {when}: batch {batch:5d} {name:17s} "
+                      + "  ".join(f"{k} {r[0]:7.1f} / {r[1]:7.1f} us" for k, r in rounds.items()))
+        m.validate, m.count_skipped = True, True
+
+    print("\nmodule time a call (CUDA events, two rounds), before any profiler session:")
+    time_all("before profiler")
+    for batch, (n_ids, fwd, fwd_bwd) in cases.items():
+        print(f"\nmodule, batch {batch}, {n_ids} ids:")
         for validate in (True, False):
             m.validate = validate
             for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
@@ -365,9 +389,11 @@ def profile_module(num_tables=8, rows=1_000_000, dim=64, bag=20) -> None:
                         print(ev.table(sort_by=key, row_limit=n, max_name_column_width=60))
                     except Exception as e:  # noqa: BLE001 - a profiler without that column
                         print(f"  (no table by {key}: {e})")
+    print("\nmodule time a call (CUDA events, two rounds), after the profiler sessions:")
+    time_all("after profiler")
     m.validate = True
     # the grouping's pieces, at the larger batch (N ids)
-    N = ids.numel()
+    N = cases[32768][0]
     keys = torch.randint(0, num_tables * rows, (N,), device="cuda", dtype=torch.int32)
     ks, perm = torch.sort(keys, stable=True)
     is_start = torch.ones(N, dtype=torch.bool, device="cuda")
