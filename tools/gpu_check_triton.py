@@ -462,8 +462,8 @@ def compile_only() -> int:
     fwd_sig = lambda wk: dict(  # noqa: E731
         weights_ptr=wt[wk], indices_ptr="*i64", offsets_ptr="*i64", psw_ptr="*fp32", out_ptr="*fp32",
         feature_table_ptr="*i64", table_rows_ptr="*i64", table_dims_ptr="*i64", weight_offsets_ptr="*i64",
-        output_offsets_ptr="*i64", feature_mean_ptr="*i64", B="i32", total_dim="i32",
-        HAS_PSW="constexpr", WKIND="constexpr", BLOCK_L="constexpr", BLOCK_D="constexpr")
+        output_offsets_ptr="*i64", feature_mean_ptr="*i64", invalid_ptr="*i32", B="i32", total_dim="i32",
+        HAS_PSW="constexpr", WKIND="constexpr", BLOCK_L="constexpr", BLOCK_D="constexpr", COUNT="constexpr")
     upd_sig = lambda wk: dict(  # noqa: E731
         weights_ptr=wt[wk], state0_ptr="*fp32", state1_ptr="*fp32", grad_ptr="*fp32",
         seg_start_ptr="*i64", num_segs_ptr="*i64", key_ptr="*i32", bag_ptr="*i32", psw_ptr="*fp32",
@@ -478,10 +478,13 @@ def compile_only() -> int:
         bl, nw = forward_launch(block_d, 8)
         for wk in (0, 1, 2):
             vec = "ld.global.v4" if wk == 0 else "ld.global.v2"
-            report(f"forward  D {block_d:3d} wkind={wk} ({bl} ids x {nw} warps)", k.pooled_forward_kernel, fwd_sig(wk),
-                   dict(HAS_PSW=True, WKIND=wk, BLOCK_L=bl, BLOCK_D=block_d),
-                   dict(num_warps=nw, enable_fp_fusion=False),
-                   lambda ptx, vec=vec: exact(ptx) + [(f"vector row loads ({vec})", vec in ptx)])
+            for count in ((False, True) if block_d == 64 else (False,)):   # counting invalid ids: at D 64
+                report(f"forward  D {block_d:3d} wkind={wk} count={int(count)} ({bl} ids x {nw} warps)",
+                       k.pooled_forward_kernel, fwd_sig(wk),
+                       dict(HAS_PSW=True, WKIND=wk, BLOCK_L=bl, BLOCK_D=block_d, COUNT=count),
+                       dict(num_warps=nw, enable_fp_fusion=False),
+                       lambda ptx, vec=vec, count=count: exact(ptx) + [(f"vector row loads ({vec})", vec in ptx)]
+                       + ([("an atomic add of the count", "atom.global" in ptx or "red.global" in ptx)] if count else []))
     sig = dict(indices_ptr="*i64", offsets_ptr="*i64", key_ptr="*i32", bag_ptr="*i32", feature_table_ptr="*i64",
                table_rows_ptr="*i64", row_offsets_ptr="*i64", B="i32", total_rows="i32", BLOCK_L="constexpr")
     report("row_keys", k.row_keys_kernel, sig, dict(BLOCK_L=32), dict(num_warps=1), lambda ptx: [])

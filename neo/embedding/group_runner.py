@@ -61,15 +61,19 @@ class GroupRunner:
         return [s[off : off + rows * dim].view(rows, dim) for s in self.states]
 
 
-def pool(runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int, with_graph: bool = False):
+def pool(runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int, with_graph: bool = False,
+         invalid_counts: Optional[torch.Tensor] = None):
     """The group's pooled lookup (B, sum of D), through its backend; with ``with_graph``, also
     what the backend's update needs from this forward (``take_forward_graph``: fbgemm's output
-    graph; None for the others), for the caller to keep with the lookup (never left in the backend)."""
+    graph; None for the others), for the caller to keep with the lookup (never left in the backend).
+    ``invalid_counts``: (F,) int32 that a backend with ``counts_invalid_per_feature`` adds each
+    feature's invalid ids into."""
     backend = runner.owner.backend
     prepare = getattr(backend, "prepare", None)   # backends that wrap storage (fbgemm)
     if prepare is not None:
         prepare(runner.layout, runner.weights, runner.states)
-    out = backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size)
+    counting = {} if invalid_counts is None else {"invalid_counts": invalid_counts}
+    out = backend.forward(runner.layout, runner.weights, indices, offsets, per_sample_weights, batch_size, **counting)
     take = getattr(backend, "take_forward_graph", None)
     graph = take(runner.layout) if take is not None else None
     return (out, graph) if with_graph else out
@@ -95,15 +99,16 @@ class PooledLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, runner: GroupRunner, indices, offsets, per_sample_weights, batch_size: int,
                 prefetched: Optional[Prefetched] = None, pooled=None, update: bool = True,
-                pooled_ids: Optional[torch.Tensor] = None):
+                pooled_ids: Optional[torch.Tensor] = None, invalid_counts: Optional[torch.Tensor] = None):
         """``pooled``: (indices, offsets, weights) the forward pools when only some bags are
         pooled (see ``TableBatchedEmbedding.forward``), ``pooled_ids`` (N,) bool the ids of those
         bags; the backward always updates from all. ``update``: False where only the gradient of
-        ``per_sample_weights`` is wanted (a lookup in eval mode): the backward then updates nothing."""
+        ``per_sample_weights`` is wanted (a lookup in eval mode): the backward then updates nothing.
+        ``invalid_counts``: as for :func:`pool` (not with ``pooled``)."""
         ctx.runner, ctx.batch_size, ctx.prefetched, ctx.update = runner, batch_size, prefetched, update
         ctx.save_for_backward(indices, offsets, per_sample_weights, pooled_ids)
         out, graph = pool(runner, *(pooled if pooled is not None else (indices, offsets, per_sample_weights)),
-                          batch_size, with_graph=True)
+                          batch_size, with_graph=True, invalid_counts=invalid_counts)
         if graph is not None and pooled is not None:
             # the update is from every bag: the graph of the whole lookup (the output stays the pooled one)
             _, graph = pool(runner, indices, offsets, per_sample_weights, batch_size, with_graph=True)
@@ -122,7 +127,7 @@ class PooledLookup(torch.autograd.Function):
             if pooled_ids is not None:    # the other bags came out as zeros, whatever their weights
                 grad_weights = grad_weights * pooled_ids
         if not ctx.update:
-            return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None
+            return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None, None
         grad = unscaled_gradient(owner, grad_output)   # None: a loss scaler's overflow, no update
         if grad is not None:
             step = int(runner.step) + 1      # counted once the update is done: a failed one is not a step
@@ -139,4 +144,4 @@ class PooledLookup(torch.autograd.Function):
         ctx.forward_graph = None
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])
-        return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None
+        return anchor_grad(ctx, owner), None, None, None, grad_weights, None, None, None, None, None, None

@@ -321,9 +321,16 @@ class TableBatchedEmbedding(nn.Module):
         # check unnecessary on good input: it runs only to name the culprit once one is seen.
         # Not with pooled_bags: the forward never sees the ids of the other bags, the update does.
         counted = self.validate and getattr(self.backend, "counts_invalid_ids", False) and pooled is None
+        # Backends that count them per feature on the device (triton): the check reads the counts
+        # once after the lookup, and validate=False adds them to the skip count, with no pass of
+        # torch operations over the ids (on an H200 those took longer than the lookup at batch 4096)
+        per_feature = None
+        if getattr(self.backend, "counts_invalid_per_feature", False) and pooled is None and prefetched is None \
+                and (self.validate or self.count_skipped):
+            per_feature = torch.zeros(len(self._group_order), dtype=torch.int32, device=ids.device)   # (F,)
         id_check = lambda: check_ids(ids, offsets, B, self._group_order,  # noqa: E731
                                      self._feature_num_rows, self._feature_table_names)
-        if self.validate and not counted and prefetched is None:
+        if self.validate and not counted and per_feature is None and prefetched is None:
             id_check()
         anchor = self.autograd_anchor if train else None   # makes autograd call the fused backward
         outputs, f0 = [], 0
@@ -345,18 +352,26 @@ class TableBatchedEmbedding(nn.Module):
                 pv, po, pw = pooled
                 plo, phi = int(po[f0 * B]), int(po[(f0 + nf) * B])
                 g_pooled = (pv[plo:phi], po[f0 * B : (f0 + nf) * B + 1] - plo, None if pw is None else pw[plo:phi])
+            g_counts = None if per_feature is None else per_feature[f0 : f0 + nf]
             if anchor is None and not weights_grad:        # no backward will come: no autograd node
-                outputs.append(pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B))
+                outputs.append(pool(g, *(g_pooled or (values[lo:hi], g_off, g_psw)), B, invalid_counts=g_counts))
             else:
                 outputs.append(PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled,
-                                                  train, None if pooled is None else keep[lo:hi]))
+                                                  train, None if pooled is None else keep[lo:hi], g_counts))
             if counted and self.backend.last_invalid_count:
                 id_check()          # raises, naming feature, table and id
                 raise AssertionError("the kernel counted invalid ids that the id check did not find")
             if not self.validate and kernel_counts:
                 seen_invalid += self.backend.last_invalid_count
             f0 += nf
-        if not self.validate and self.count_skipped and (seen_invalid or not kernel_counts):
+        if per_feature is not None:
+            if self.validate:
+                if bool(per_feature.any()):    # one host read, as the id check's own
+                    id_check()                 # raises, naming feature, table and id
+                    raise AssertionError("the kernel counted invalid ids that the id check did not find")
+            else:
+                self._skipped += per_feature
+        elif not self.validate and self.count_skipped and (seen_invalid or not kernel_counts):
             self._count_skipped(ids, offsets, B)
         if prefetched is not None and anchor is None:
             self._cache.complete(prefetched)          # no backward will come

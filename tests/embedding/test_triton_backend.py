@@ -35,6 +35,7 @@ import triton  # noqa: E402,F401  (a core dependency: missing must fail, not ski
 
 from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType  # noqa: E402
 from neo.embedding import TableBatchedEmbedding  # noqa: E402
+from neo.embedding.checks import EmbeddingInputError  # noqa: E402
 from neo.sparse import KeyedJaggedBatch  # noqa: E402
 from tests.embedding.harness import clone_weights, random_batch, run_steps  # noqa: E402
 from tests.multiprocess import ROOT, child_env  # noqa: E402
@@ -291,3 +292,82 @@ def test_sequence_lookup_equals_the_reference(opt):
             for k, v in ref.table_optimizer_state(t.name).items():
                 torch.testing.assert_close(fast.table_optimizer_state(t.name)[k].cpu(), v, rtol=1e-5, atol=1e-7,
                                            msg=lambda m: f"step {step} table {t.name} state {k}: {m}")
+
+
+def _mixed_group_tables():
+    """Two groups (fp32 and fp16 weights), one table read by two features."""
+    o = OptimizerConfig("adagrad", lr=0.05)
+    return [TableConfig("a", num_rows=10, dim=4, optimizer=o),
+            TableConfig("h", num_rows=6, dim=8, optimizer=o, dtype="fp16", feature_names=("h1", "h2")),
+            TableConfig("c", num_rows=7, dim=12, optimizer=o)]
+
+
+def _batch_with_bad_ids(gen, rows, batch_size=5, max_len=12):
+    """Bags of 0 .. max_len ids drawn from [-3, rows + 3): some out of range, some bags longer than a tile."""
+    lists = {f: [torch.randint(-3, n + 3, (int(k),), generator=gen).tolist()
+                 for k in torch.randint(0, max_len + 1, (batch_size,), generator=gen)] for f, n in rows.items()}
+    return lists
+
+
+def test_validate_off_counts_skipped_ids_in_the_kernel(monkeypatch):
+    """validate=False: the forward kernel counts each feature's invalid ids (no pass of torch
+    operations over the ids: count_bad_ids is never called), the counts per table equal a count of
+    the lists, and the output equals the reference backend's, in training and under no_grad."""
+    import neo.embedding.module as module_mod
+
+    def no_torch_pass(*args, **kwargs):
+        raise AssertionError("count_bad_ids called: the triton forward should have counted")
+
+    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
+    tables = _mixed_group_tables()
+    rows = {"a": 10, "h1": 6, "h2": 6, "c": 7}
+    table_of = {"a": "a", "h1": "h", "h2": "h", "c": "c"}
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False, count_skipped=False)
+    fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE, validate=False)
+    assert len(fast.groups) == 2
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(5)
+    want = {"a": 0, "h": 0, "c": 0}
+    for step in range(3):
+        lists = _batch_with_bad_ids(gen, rows)
+        for f, bags in lists.items():
+            want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+        batch = KeyedJaggedBatch.from_lists(lists)
+        if step == 1:
+            with torch.no_grad():
+                torch.testing.assert_close(fast(batch.to(DEVICE)).cpu(), ref(batch), rtol=1e-5, atol=1e-6)
+        else:
+            out_ref, out_fast = ref(batch), fast(batch.to(DEVICE))
+            torch.testing.assert_close(out_fast.cpu(), out_ref, rtol=1e-5, atol=1e-6)
+            grad = torch.randn(out_ref.shape, generator=gen)
+            out_ref.backward(grad)
+            out_fast.backward(grad.to(DEVICE))
+        assert fast.skipped_ids == want, f"step {step}"
+    assert all(v > 0 for v in want.values())
+
+
+def test_validated_lookup_checks_the_kernels_counts(monkeypatch):
+    """validate=True: a good batch costs no id check of its own (the kernel's counts are read once);
+    an id out of range raises naming its feature, table and sample, whichever group it is in."""
+    import neo.embedding.module as module_mod
+
+    calls = []
+    real_check = module_mod.check_ids
+
+    def counting_check(*args, **kwargs):
+        calls.append(1)
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    fast = TableBatchedEmbedding(_mixed_group_tables(), backend="triton", device=DEVICE)
+    good = {"a": [[1, 9], [0]], "h1": [[5], []], "h2": [[0, 1, 2, 3, 4, 5, 0, 1, 2, 3]], "c": [[6], [0, 6]]}
+    good = {f: bags + [[]] * (2 - len(bags)) for f, bags in good.items()}
+    fast(KeyedJaggedBatch.from_lists(good).to(DEVICE)).sum().backward()
+    assert calls == []
+    for feature, table, bad_id in (("h2", "h", 6), ("c", "c", -1), ("a", "a", 10)):
+        lists = {f: [list(b) for b in bags] for f, bags in good.items()}
+        lists[feature][1] = lists[feature][1] + [bad_id]
+        with pytest.raises(EmbeddingInputError, match=rf"feature '{feature}' \(table '{table}'\): id {bad_id} "
+                                                       r"at sample 1 is out of range"):
+            fast(KeyedJaggedBatch.from_lists(lists).to(DEVICE))
+    assert len(calls) == 3          # once per bad batch, to name the id

@@ -5,7 +5,9 @@ the same kernels run on CPU tensors, which is how the tests exercise it without 
 triton is imported lazily, on first use, so ``import neo`` works where it is missing.
 
 Forward (:func:`~neo.embedding.backends.triton_kernels.pooled_forward_kernel`): a program
-per (feature, bag) gathers the bag's rows a tile of ids at a time and pools them in fp32.
+per (feature, bag) gathers the bag's rows a tile of ids at a time and pools them in fp32;
+asked to (``invalid_counts``), it also adds the bag's invalid ids to its feature's count, one
+atomic add per bag that has any.
 
 Backward + update, with no dense gradient (:meth:`TritonBackend.group_ids`, then
 :meth:`TritonBackend.update`):
@@ -99,6 +101,9 @@ class TritonBackend:
     sweeps them."""
 
     name = "triton"
+    # forward(..., invalid_counts=) adds each feature's invalid ids into a device tensor: what the
+    # module's id check and skip count read, instead of a pass of torch operations over the ids
+    counts_invalid_per_feature = True
 
     def __init__(self):
         self._static = {}
@@ -136,7 +141,12 @@ class TritonBackend:
         return weights.view(torch.int16) if layout.dtype is WeightDType.BF16 else weights
 
     # ------------------------------------------------------------------ forward
-    def forward(self, layout, weights, indices, offsets, per_sample_weights, batch_size):
+    def forward(self, layout, weights, indices, offsets, per_sample_weights, batch_size,
+                invalid_counts: Optional[torch.Tensor] = None):
+        """(B, sum of D) pooled rows; invalid ids contribute zero. ``invalid_counts``: an (F,)
+        int32 tensor on the device, one entry per feature of the group, that the kernel adds each
+        feature's invalid ids into (no host synchronisation; the module's id check and skip
+        count read it, :attr:`counts_invalid_per_feature`)."""
         k = _get_kernels()
         self._check_device(weights)
         st = self._facts(layout)
@@ -156,9 +166,11 @@ class TritonBackend:
             self._weights_arg(layout, weights), indices, offsets, psw, out,
             layout.feature_table, layout.table_rows, layout.table_dims, layout.weight_offsets,
             layout.output_offsets, layout.feature_mean,
+            out if invalid_counts is None else invalid_counts,                  # a dummy pointer when not counting
             B, st.total_dim,
             HAS_PSW=has_psw, WKIND=_WKIND[layout.dtype],
-            BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, num_warps=num_warps, enable_fp_fusion=False,
+            BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, COUNT=invalid_counts is not None,
+            num_warps=num_warps, enable_fp_fusion=False,
         )
         return out
 

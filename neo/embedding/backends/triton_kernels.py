@@ -132,11 +132,13 @@ def pooled_forward_kernel(
     out_ptr,              # (B, total_dim) fp32
     feature_table_ptr, table_rows_ptr, table_dims_ptr, weight_offsets_ptr,
     output_offsets_ptr, feature_mean_ptr,
+    invalid_ptr,          # (F,) int32: each feature's invalid ids added in, or a dummy when COUNT is False
     B, total_dim,
     HAS_PSW: tl.constexpr,
     WKIND: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    COUNT: tl.constexpr,
 ):
     pid = tl.program_id(0)                      # bag f * B + b
     f = pid // B
@@ -155,11 +157,14 @@ def pooled_forward_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < D
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    n_invalid = tl.zeros([BLOCK_L], dtype=tl.int32)                # per lane of the id tile
     for i0 in range(start, end, BLOCK_L):
         pos = i0 + tl.arange(0, BLOCK_L)
         l_mask = pos < end
         ids = tl.load(indices_ptr + pos, mask=l_mask, other=-1)
         valid = l_mask & (ids >= 0) & (ids < rows)
+        if COUNT:
+            n_invalid += (l_mask & ~valid).to(tl.int32)
         ids = tl.where(valid, ids, 0)                              # never form a wild address
         row = tl.multiple_of(w_off + ids * D, 4)                   # int64 element offsets
         raw = tl.load(weights_ptr + row[:, None] + d[None, :],
@@ -172,6 +177,9 @@ def pooled_forward_kernel(
     n = tl.maximum(end - start, 1).to(tl.float32)
     acc = tl.where(is_mean != 0, tl.div_rn(acc, tl.zeros_like(acc) + n), acc)  # div_rn: no implicit broadcast
     tl.store(out_ptr + b.to(tl.int64) * total_dim + col0 + d, acc, mask=d_mask)
+    if COUNT:   # one atomic add per bag that has invalid ids (integers: the total is exact in any order)
+        bad = tl.sum(n_invalid, axis=0)
+        tl.atomic_add(invalid_ptr + f, bad, mask=bad > 0)
 
 
 # ----------------------------------------------------------------------------------------
