@@ -166,7 +166,7 @@ class TritonBackend:
             self._weights_arg(layout, weights), indices, offsets, psw, out,
             layout.feature_table, layout.table_rows, layout.table_dims, layout.weight_offsets,
             layout.output_offsets, layout.feature_mean,
-            out if invalid_counts is None else invalid_counts,                  # a dummy pointer when not counting
+            out if invalid_counts is None else invalid_counts,   # a dummy pointer when not counting
             B, st.total_dim,
             HAS_PSW=has_psw, WKIND=_WKIND[layout.dtype],
             BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, COUNT=invalid_counts is not None,
