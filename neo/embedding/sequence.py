@@ -98,7 +98,7 @@ class _SequenceLookup(torch.autograd.Function):
                 on_invalid: Optional[Callable[[], None]], *ids: torch.Tensor):
         ctx.lookups, ctx.prefetched = lookups, prefetched
         ctx.save_for_backward(*ids)
-        return tuple(_lookup(lk.runner, i, on_invalid) for lk, i in zip(lookups, ids))
+        return tuple(_lookup(lk.runner, i, on_invalid, lk.invalid_counts) for lk, i in zip(lookups, ids))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -132,6 +132,7 @@ class _SequenceLookup(torch.autograd.Function):
 @dataclass
 class _Lookup:
     runner: "GroupRunner"      # one table of a group, as one feature (see _table_runner)
+    invalid_counts: Optional[torch.Tensor] = None   # (1,) int32: the table's invalid ids, counted by the kernel
 
 
 def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
@@ -139,12 +140,14 @@ def _bags_of_one(ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
 
 
-def _lookup(runner: "GroupRunner", ids: torch.Tensor,
-            on_invalid: Optional[Callable[[], None]] = None) -> torch.Tensor:
+def _lookup(runner: "GroupRunner", ids: torch.Tensor, on_invalid: Optional[Callable[[], None]] = None,
+            invalid_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(N, D): ``ids`` as bags of one. ``on_invalid``: called when the backend counted invalid
-    ids (to raise, naming the id; with ``validate=False``, to have them counted)."""
+    ids (to raise, naming the id; with ``validate=False``, to have them counted). ``invalid_counts``:
+    (1,) int32 the backend adds the invalid ids into (``counts_invalid_per_feature``: triton)."""
     backend = runner.owner.backend
-    rows = backend.forward(runner.layout, runner.weights, ids, _bags_of_one(ids), None, ids.numel())
+    counting = {} if invalid_counts is None else {"invalid_counts": invalid_counts}
+    rows = backend.forward(runner.layout, runner.weights, ids, _bags_of_one(ids), None, ids.numel(), **counting)
     if on_invalid is not None and backend.last_invalid_count:
         on_invalid()
     return rows
@@ -196,7 +199,11 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     # Backends that count invalid ids as they look up (cpu) make the separate pass over the ids
     # unnecessary on good input: it runs only to name the culprit once one is seen (as pooled)
     counted = emb.validate and getattr(emb.backend, "counts_invalid_ids", False) and not emb.has_cache
-    _check(emb, batch, counted)
+    # Backends that count them per table on the device (triton): read once after the lookups
+    # (validation) or added to skipped_ids there (validate=False), as the pooled lookup does
+    per_table = getattr(emb.backend, "counts_invalid_per_feature", False) and not emb.has_cache \
+        and (emb.validate or emb.count_skipped)
+    _check(emb, batch, counted or per_table)
     on_invalid = _raiser(emb, batch) if counted else None
     # validate=False: the kernels skip invalid ids and the module counts them (skipped_ids), as
     # pooled; a backend that counts them as it looks up (cpu; cached tables' invalid ids are slot
@@ -219,20 +226,31 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     lookups: List[_Lookup] = []
     table_ids: List[torch.Tensor] = []             # per table: all its features' ids, concatenated
     features: List[List[str]] = []
+    n_tables = sum(len(g.layout.tables) for g in emb.groups)
+    counts = torch.zeros(n_tables, dtype=torch.int32, device=emb._skipped.device) if per_table else None
+    count_at: List[int] = []                       # per table: where in skipped (group order) its count goes
     for g in emb.groups:
         for t, cfg in enumerate(g.layout.tables):
             feats = [f for f in cfg.feature_names if f in by_feature]
             ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
-            lookups.append(_Lookup(_table_runner(emb, g, t)))
+            i = len(lookups)
+            lookups.append(_Lookup(_table_runner(emb, g, t), None if counts is None else counts[i : i + 1]))
             table_ids.append(ids)
             features.append(feats)
+            count_at.append(emb._group_order.index(cfg.feature_names[0]))
     if train:
         rows = _SequenceLookup.apply(emb.autograd_anchor, lookups, prefetched, on_invalid, *table_ids)
     else:
-        rows = [_lookup(lk.runner, ids, on_invalid) for lk, ids in zip(lookups, table_ids)]
+        rows = [_lookup(lk.runner, ids, on_invalid, lk.invalid_counts) for lk, ids in zip(lookups, table_ids)]
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
-    if count and (seen_invalid or not kernel_counts):        # its own ids (not cache slots), in group order
+    if counts is not None:
+        if emb.validate:
+            if bool(counts.any()):               # one host read
+                _raiser(emb, batch)()            # raises, naming feature, table and id
+        else:                                    # skipped_ids sums a table's features: its count at one of them
+            emb._skipped.index_add_(0, torch.tensor(count_at, device=counts.device), counts.to(torch.int64))
+    elif count and (seen_invalid or not kernel_counts):        # its own ids (not cache slots), in group order
         p = batch.permute(emb._group_order)
         emb._count_skipped(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
     out: Dict[str, SequenceEmbedding] = {}

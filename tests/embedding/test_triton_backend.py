@@ -20,6 +20,7 @@ differences do not compound.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -371,3 +372,68 @@ def test_validated_lookup_checks_the_kernels_counts(monkeypatch):
                                                        r"at sample 1 is out of range"):
             fast(KeyedJaggedBatch.from_lists(lists).to(DEVICE))
     assert len(calls) == 3          # once per bad batch, to name the id
+
+
+def test_sequence_lookup_counts_skipped_ids_in_the_kernel(monkeypatch):
+    """Unpooled lookups with validate=False: each table's invalid ids counted by the kernel (no
+    count_bad_ids pass), per table equal to a count of the lists, pooled and unpooled counts
+    adding up; the rows equal the reference backend's (zeros for the invalid ids), with and
+    without autograd."""
+    import neo.embedding.module as module_mod
+
+    def no_torch_pass(*args, **kwargs):
+        raise AssertionError("count_bad_ids called: the triton forward should have counted")
+
+    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
+    tables = _mixed_group_tables()
+    rows = {"a": 10, "h1": 6, "h2": 6, "c": 7}
+    table_of = {"a": "a", "h1": "h", "h2": "h", "c": "c"}
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False, count_skipped=False)
+    fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE, validate=False)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(8)
+    want = {"a": 0, "h": 0, "c": 0}
+    for step in range(3):
+        lists = _batch_with_bad_ids(gen, rows, max_len=6)
+        for f, bags in lists.items():
+            want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+        batch = KeyedJaggedBatch.from_lists(lists)
+        with torch.no_grad() if step == 1 else contextlib.nullcontext():
+            seq_ref, seq_fast = ref.sequence(batch), fast.sequence(batch.to(DEVICE))
+            for f in lists:
+                torch.testing.assert_close(seq_fast[f].values.cpu(), seq_ref[f].values, rtol=1e-5, atol=1e-6)
+        if step != 1:
+            sum(s.values.sum() for s in seq_ref.values()).backward()
+            sum(s.values.sum() for s in seq_fast.values()).backward()
+        assert fast.skipped_ids == want, f"step {step}"
+    fast(KeyedJaggedBatch.from_lists(lists).to(DEVICE))             # the pooled lookup adds its own
+    for f, bags in lists.items():
+        want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+    assert fast.skipped_ids == want and all(v > 0 for v in want.values())
+
+
+def test_validated_sequence_lookup_checks_the_kernels_counts(monkeypatch):
+    """Unpooled lookups with validation: no id check of their own on a good batch; a bad id
+    raises naming feature, table and sample, and no table changes."""
+    import neo.embedding.module as module_mod
+
+    calls = []
+    real_check = module_mod.check_ids
+
+    def counting_check(*args, **kwargs):
+        calls.append(1)
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    fast = TableBatchedEmbedding(_mixed_group_tables(), backend="triton", device=DEVICE)
+    before = {t: fast.table_weight(t).clone() for t in ("a", "h", "c")}
+    good = {"a": [[1, 9], [0]], "h1": [[5], []], "h2": [[0, 1], [2, 3, 4, 5]], "c": [[6], [0, 6]]}
+    with torch.no_grad():
+        fast.sequence(KeyedJaggedBatch.from_lists(good).to(DEVICE))
+    assert calls == []
+    bad = dict(good, h2=[[0, 1], [2, 6]])
+    with pytest.raises(EmbeddingInputError, match=r"feature 'h2' \(table 'h'\): id 6 at sample 1 is out of range"):
+        fast.sequence(KeyedJaggedBatch.from_lists(bad).to(DEVICE))
+    assert len(calls) == 1
+    for t, w in before.items():
+        assert torch.equal(fast.table_weight(t), w), t
