@@ -295,6 +295,33 @@ def test_sequence_lookup_equals_the_reference(opt):
                                            msg=lambda m: f"step {step} table {t.name} state {k}: {m}")
 
 
+@pytest.fixture
+def no_torch_count(monkeypatch):
+    """The module's pass of torch operations over the ids (count_bad_ids) made to fail: what is
+    counted, the triton kernel counted."""
+    import neo.embedding.module as module_mod
+
+    def no_torch_pass(*args, **kwargs):
+        raise AssertionError("count_bad_ids called: the triton forward should have counted")
+
+    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
+
+
+@pytest.fixture
+def id_check_calls(monkeypatch):
+    """The module's id check (check_ids), each call recorded in the returned list."""
+    import neo.embedding.module as module_mod
+
+    calls, real_check = [], module_mod.check_ids
+
+    def counting_check(*args, **kwargs):
+        calls.append(1)
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    return calls
+
+
 def _mixed_group_tables():
     """Two groups (fp32 and fp16 weights), one table read by two features."""
     o = OptimizerConfig("adagrad", lr=0.05)
@@ -305,24 +332,25 @@ def _mixed_group_tables():
 
 def _batch_with_bad_ids(gen, rows, batch_size=5, max_len=12):
     """Bags of 0 .. max_len ids drawn from [-3, rows + 3): some out of range, some bags longer than a tile."""
-    lists = {f: [torch.randint(-3, n + 3, (int(k),), generator=gen).tolist()
-                 for k in torch.randint(0, max_len + 1, (batch_size,), generator=gen)] for f, n in rows.items()}
-    return lists
+    return {f: [torch.randint(-3, n + 3, (int(k),), generator=gen).tolist()
+                for k in torch.randint(0, max_len + 1, (batch_size,), generator=gen)] for f, n in rows.items()}
 
 
-def test_validate_off_counts_skipped_ids_in_the_kernel(monkeypatch):
+MIXED_ROWS = {"a": 10, "h1": 6, "h2": 6, "c": 7}
+MIXED_TABLE_OF = {"a": "a", "h1": "h", "h2": "h", "c": "c"}
+
+
+def _add_invalid(want, lists):
+    """Add each table's ids outside [0, rows) in ``lists`` to ``want`` (the oracle of skipped_ids)."""
+    for f, bags in lists.items():
+        want[MIXED_TABLE_OF[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < MIXED_ROWS[f])
+
+
+def test_validate_off_counts_skipped_ids_in_the_kernel(no_torch_count):
     """validate=False: the forward kernel counts each feature's invalid ids (no pass of torch
     operations over the ids: count_bad_ids is never called), the counts per table equal a count of
     the lists, and the output equals the reference backend's, in training and under no_grad."""
-    import neo.embedding.module as module_mod
-
-    def no_torch_pass(*args, **kwargs):
-        raise AssertionError("count_bad_ids called: the triton forward should have counted")
-
-    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
     tables = _mixed_group_tables()
-    rows = {"a": 10, "h1": 6, "h2": 6, "c": 7}
-    table_of = {"a": "a", "h1": "h", "h2": "h", "c": "c"}
     ref = TableBatchedEmbedding(tables, backend="reference", validate=False, count_skipped=False)
     fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE, validate=False)
     assert len(fast.groups) == 2
@@ -330,9 +358,8 @@ def test_validate_off_counts_skipped_ids_in_the_kernel(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     want = {"a": 0, "h": 0, "c": 0}
     for step in range(3):
-        lists = _batch_with_bad_ids(gen, rows)
-        for f, bags in lists.items():
-            want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+        lists = _batch_with_bad_ids(gen, MIXED_ROWS)
+        _add_invalid(want, lists)
         batch = KeyedJaggedBatch.from_lists(lists)
         if step == 1:
             with torch.no_grad():
@@ -347,19 +374,10 @@ def test_validate_off_counts_skipped_ids_in_the_kernel(monkeypatch):
     assert all(v > 0 for v in want.values())
 
 
-def test_validated_lookup_checks_the_kernels_counts(monkeypatch):
+def test_validated_lookup_checks_the_kernels_counts(id_check_calls):
     """validate=True: a good batch costs no id check of its own (the kernel's counts are read once);
     an id out of range raises naming its feature, table and sample, whichever group it is in."""
-    import neo.embedding.module as module_mod
-
-    calls = []
-    real_check = module_mod.check_ids
-
-    def counting_check(*args, **kwargs):
-        calls.append(1)
-        return real_check(*args, **kwargs)
-
-    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    calls = id_check_calls
     fast = TableBatchedEmbedding(_mixed_group_tables(), backend="triton", device=DEVICE)
     good = {"a": [[1, 9], [0]], "h1": [[5], []], "h2": [[0, 1, 2, 3, 4, 5, 0, 1, 2, 3]], "c": [[6], [0, 6]]}
     good = {f: bags + [[]] * (2 - len(bags)) for f, bags in good.items()}
@@ -374,29 +392,20 @@ def test_validated_lookup_checks_the_kernels_counts(monkeypatch):
     assert len(calls) == 3          # once per bad batch, to name the id
 
 
-def test_sequence_lookup_counts_skipped_ids_in_the_kernel(monkeypatch):
+def test_sequence_lookup_counts_skipped_ids_in_the_kernel(no_torch_count):
     """Unpooled lookups with validate=False: each table's invalid ids counted by the kernel (no
     count_bad_ids pass), per table equal to a count of the lists, pooled and unpooled counts
     adding up; the rows equal the reference backend's (zeros for the invalid ids), with and
     without autograd."""
-    import neo.embedding.module as module_mod
-
-    def no_torch_pass(*args, **kwargs):
-        raise AssertionError("count_bad_ids called: the triton forward should have counted")
-
-    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
     tables = _mixed_group_tables()
-    rows = {"a": 10, "h1": 6, "h2": 6, "c": 7}
-    table_of = {"a": "a", "h1": "h", "h2": "h", "c": "c"}
     ref = TableBatchedEmbedding(tables, backend="reference", validate=False, count_skipped=False)
     fast = TableBatchedEmbedding(tables, backend="triton", device=DEVICE, validate=False)
     clone_weights(ref, fast)
     gen = torch.Generator().manual_seed(8)
     want = {"a": 0, "h": 0, "c": 0}
     for step in range(3):
-        lists = _batch_with_bad_ids(gen, rows, max_len=6)
-        for f, bags in lists.items():
-            want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+        lists = _batch_with_bad_ids(gen, MIXED_ROWS, max_len=6)
+        _add_invalid(want, lists)
         batch = KeyedJaggedBatch.from_lists(lists)
         with torch.no_grad() if step == 1 else contextlib.nullcontext():
             seq_ref, seq_fast = ref.sequence(batch), fast.sequence(batch.to(DEVICE))
@@ -407,24 +416,14 @@ def test_sequence_lookup_counts_skipped_ids_in_the_kernel(monkeypatch):
             sum(s.values.sum() for s in seq_fast.values()).backward()
         assert fast.skipped_ids == want, f"step {step}"
     fast(KeyedJaggedBatch.from_lists(lists).to(DEVICE))             # the pooled lookup adds its own
-    for f, bags in lists.items():
-        want[table_of[f]] += sum(1 for bag in bags for i in bag if not 0 <= i < rows[f])
+    _add_invalid(want, lists)
     assert fast.skipped_ids == want and all(v > 0 for v in want.values())
 
 
-def test_validated_sequence_lookup_checks_the_kernels_counts(monkeypatch):
+def test_validated_sequence_lookup_checks_the_kernels_counts(id_check_calls):
     """Unpooled lookups with validation: no id check of their own on a good batch; a bad id
     raises naming feature, table and sample, and no table changes."""
-    import neo.embedding.module as module_mod
-
-    calls = []
-    real_check = module_mod.check_ids
-
-    def counting_check(*args, **kwargs):
-        calls.append(1)
-        return real_check(*args, **kwargs)
-
-    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    calls = id_check_calls
     fast = TableBatchedEmbedding(_mixed_group_tables(), backend="triton", device=DEVICE)
     before = {t: fast.table_weight(t).clone() for t in ("a", "h", "c")}
     good = {"a": [[1, 9], [0]], "h1": [[5], []], "h2": [[0, 1], [2, 3, 4, 5]], "c": [[6], [0, 6]]}
