@@ -59,6 +59,7 @@ from neo.distributed.comms import Awaitable, all_to_all
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.slots import Slot, SlotLayout
 from neo.embedding.checks import EmbeddingInputError, count_bad_ids, count_bad_ids_to_int32
+from neo.embedding.invalid_ids import InvalidIds
 from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
@@ -148,8 +149,8 @@ class InputDist:
         self.mean_row_split = [f for f in self.row_bounds if layout.feature_table[f].pooling.value == "mean"]
         # validate=False: invalid ids of this rank's batches, per feature (global feature order),
         # added up where the ids are (no wait for the device per batch; read only by skipped_ids)
-        self._rows = torch.tensor(self.rows, dtype=torch.int64)                          # (F,)
-        self._skipped = torch.zeros(len(layout.features), dtype=torch.int64)             # (F,)
+        self._invalid = InvalidIds(layout.features, [layout.feature_table[f].name for f in layout.features],
+                                   self.rows)
         slots = layout.slots_on[0] if self.W == 1 else []
         self.one_rank = self.W == 1 and all(s.full_rows for s in slots)
         """World size 1, every slot holding all of its table's rows: each slot's ids are its feature's
@@ -166,27 +167,19 @@ class InputDist:
         layout, by its name): what ``validate=False`` lets the lookups skip, each counted once
         however many shards the table has. Per rank: their sum over the ranks is the number of
         invalid ids in the global batches. All zero with ``validate=True`` (bad input raises)."""
-        out = {t.name: 0 for t in self.layout.tables}
-        for f, n in zip(self.layout.features, self._skipped.tolist()):
-            out[self.layout.feature_table[f].name] += n
-        return out
+        return self._invalid.per_table(t.name for t in self.layout.tables)
 
     def _count_skipped(self, values: torch.Tensor, offsets: torch.Tensor, B: int,
                        narrow: bool = False) -> Optional[torch.Tensor]:
         """Add the invalid ids of a batch (``values`` (N,) int64 in global feature order,
         ``offsets`` (F * B + 1,)) to the per-feature counts, on the ids' device. ``narrow``: also
         return the ids as int32, clamped to ``[-1, 2^31 - 1]`` (the same pass on the CPU)."""
-        rows = self._rows_on(values.device)
-        counts, narrowed = (count_bad_ids_to_int32(values, offsets, B, rows) if narrow
-                            else (count_bad_ids(values, offsets, B, rows), None))
-        self._skipped += counts
+        if not narrow:
+            self._invalid.count(values, offsets, B)
+            return None
+        counts, narrowed = count_bad_ids_to_int32(values, offsets, B, self._invalid.on(values.device))
+        self._invalid.add(counts)
         return narrowed
-
-    def _rows_on(self, device: torch.device) -> torch.Tensor:
-        """(F,) int64: each feature's table rows, on ``device`` (the skipped counts move with them)."""
-        if self._rows.device != device:
-            self._rows, self._skipped = self._rows.to(device), self._skipped.to(device)
-        return self._rows
 
     # ---------------------------------------------------------------- source side
     def _bad_id_error(self, values: torch.Tensor, offsets: torch.Tensor, starts: List[int],
@@ -199,7 +192,7 @@ class InputDist:
         features, 8k to 532k ids, one thread, 2026-12-04) and, on a GPU, were 16 of the main job's
         22 device synchronisations a step (an H200, 2026-12-04). The position of the bad id is
         searched only where there is one."""
-        counts = count_bad_ids(values, offsets, B, self._rows_on(values.device)).tolist()
+        counts = count_bad_ids(values, offsets, B, self._invalid.on(values.device)).tolist()
         f = next((f for f, n in enumerate(counts) if n), None)
         if f is None:
             return None

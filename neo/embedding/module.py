@@ -48,7 +48,8 @@ from neo.embedding.anchor import ANCHOR, new_anchor, restore_anchor
 from neo.embedding.backends import get_backend, resolve_backend_name
 from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
-from neo.embedding.checks import EmbeddingInputError, check_features, check_ids, count_bad_ids
+from neo.embedding.checks import EmbeddingInputError, check_features
+from neo.embedding.invalid_ids import InvalidIds
 from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
 from neo.embedding.exported import exported_lookup
 from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
@@ -214,14 +215,11 @@ class TableBatchedEmbedding(nn.Module):
                 acc += dims[f]
             self._out_perm = torch.cat([torch.arange(starts[f], starts[f] + dims[f]) for f in self.feature_names]).to(device)
         self._sequence_runners: Dict[tuple, GroupRunner] = {}   # one-feature views for sequence()
-        self._feature_table_names = [self.feature_table[f] for f in self._group_order]
-        # per feature (group order): its table's rows (the id checks), and the ids skipped, added
-        # up where the tables are (no wait for the device per batch; read only by skipped_ids).
-        # Not buffers (those are the tables' state): _apply moves them.
+        # per feature (group order): its table's rows (the id checks) and the ids skipped, on the
+        # tables' device. Not buffers (those are the tables' state): _apply moves them.
         num_rows = {t.name: t.num_rows for t in tables}
-        self._feature_num_rows = torch.tensor([num_rows[n] for n in self._feature_table_names], dtype=torch.int64,
-                                              device=device)
-        self._skipped = torch.zeros(len(self._group_order), dtype=torch.int64, device=device)
+        table_of = [self.feature_table[f] for f in self._group_order]
+        self._invalid = InvalidIds(self._group_order, table_of, [num_rows[t] for t in table_of], device)
 
     # ------------------------------------------------------------------ forward
     @property
@@ -327,9 +325,8 @@ class TableBatchedEmbedding(nn.Module):
         per_feature = None
         if getattr(self.backend, "counts_invalid_per_feature", False) and pooled is None and prefetched is None \
                 and (self.validate or self.count_skipped):
-            per_feature = torch.zeros(len(self._group_order), dtype=torch.int32, device=ids.device)   # (F,)
-        id_check = lambda: check_ids(ids, offsets, B, self._group_order,  # noqa: E731
-                                     self._feature_num_rows, self._feature_table_names)
+            per_feature = self._invalid.kernel_counts()                                     # (F,)
+        id_check = lambda: self._invalid.check(ids, offsets, B)  # noqa: E731
         if self.validate and not counted and per_feature is None and prefetched is None:
             id_check()
         anchor = self.autograd_anchor if train else None   # makes autograd call the fused backward
@@ -365,14 +362,9 @@ class TableBatchedEmbedding(nn.Module):
                 seen_invalid += self.backend.last_invalid_count
             f0 += nf
         if per_feature is not None:
-            if self.validate:
-                if bool(per_feature.any()):    # one host read, as the id check's own
-                    id_check()                 # raises, naming feature, table and id
-                    raise AssertionError("the kernel counted invalid ids that the id check did not find")
-            else:
-                self._skipped += per_feature
+            self._invalid.settle(per_feature, self.validate, id_check)
         elif not self.validate and self.count_skipped and (seen_invalid or not kernel_counts):
-            self._count_skipped(ids, offsets, B)
+            self._invalid.count(ids, offsets, B)
         if prefetched is not None and anchor is None:
             self._cache.complete(prefetched)          # no backward will come
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)   # (B, sum D) group order
@@ -395,8 +387,7 @@ class TableBatchedEmbedding(nn.Module):
 
     def _check_batch_ids(self, batch: KeyedJaggedBatch) -> None:
         p = batch.permute(self._group_order)
-        check_ids(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size, self._group_order,
-                  self._feature_num_rows, self._feature_table_names)
+        self._invalid.check(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
 
     # ------------------------------------------------------------------ the cache
     @property
@@ -476,9 +467,6 @@ class TableBatchedEmbedding(nn.Module):
         views = self._store_view(cfg).states if cfg.cached else g.table_state_slots(t)
         return dict(zip(cfg.optimizer.type.state_names(), views))
 
-    def _count_skipped(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
-        self._skipped += count_bad_ids(ids, offsets, B, self._feature_num_rows)
-
     def _trains(self) -> bool:
         """Whether a lookup (pooled or :meth:`sequence`) trains the tables: grad mode, train mode, not :attr:`frozen`;
         then a plain DDP forward that would overwrite the other ranks' updates is refused (:mod:`.ddp_guard`)."""
@@ -508,10 +496,7 @@ class TableBatchedEmbedding(nn.Module):
             raise RuntimeError("skipped ids are not counted: this module was built with count_skipped=False "
                                "(its ids are checked or counted before they reach it; a sharded collection "
                                "counts them at the source: ShardedEmbeddingCollection.skipped_ids)")
-        out = {t.name: 0 for t in self.tables}
-        for table, n in zip(self._feature_table_names, self._skipped.tolist()):
-            out[table] += n
-        return out
+        return self._invalid.per_table(t.name for t in self.tables)
 
     @needs_tables
     def _apply(self, fn, recurse=True):
@@ -525,7 +510,7 @@ class TableBatchedEmbedding(nn.Module):
                                 "the storage type of its TableConfig.dtype and the optimizer state stays fp32; "
                                 "set TableConfig.dtype (fp32, fp16, bf16) instead of converting the module")
         out = super()._apply(fn, recurse)
-        self._feature_num_rows, self._skipped = fn(self._feature_num_rows), fn(self._skipped)   # int64: device only
+        self._invalid.apply(fn)
         return out
 
     def __setstate__(self, state: dict) -> None:

@@ -199,11 +199,14 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     # Backends that count invalid ids as they look up (cpu) make the separate pass over the ids
     # unnecessary on good input: it runs only to name the culprit once one is seen (as pooled)
     counted = emb.validate and getattr(emb.backend, "counts_invalid_ids", False) and not emb.has_cache
-    # Backends that count them per table on the device (triton): read once after the lookups
-    # (validation) or added to skipped_ids there (validate=False), as the pooled lookup does
-    per_table = getattr(emb.backend, "counts_invalid_per_feature", False) and not emb.has_cache \
+    # Backends that count them on the device (triton): read once after the lookups (validation)
+    # or added to skipped_ids there (validate=False), as the pooled lookup does; a table's
+    # features go through one launch, so its count goes to the first of them (skipped_ids sums
+    # a table's features)
+    kernel_counted = getattr(emb.backend, "counts_invalid_per_feature", False) and not emb.has_cache \
         and (emb.validate or emb.count_skipped)
-    _check(emb, batch, counted or per_table)
+    counts = emb._invalid.kernel_counts() if kernel_counted else None                 # (F,) group order
+    _check(emb, batch, counted or kernel_counted)
     on_invalid = _raiser(emb, batch) if counted else None
     # validate=False: the kernels skip invalid ids and the module counts them (skipped_ids), as
     # pooled; a backend that counts them as it looks up (cpu; cached tables' invalid ids are slot
@@ -226,18 +229,14 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
     lookups: List[_Lookup] = []
     table_ids: List[torch.Tensor] = []             # per table: all its features' ids, concatenated
     features: List[List[str]] = []
-    n_tables = sum(len(g.layout.tables) for g in emb.groups)
-    counts = torch.zeros(n_tables, dtype=torch.int32, device=emb._skipped.device) if per_table else None
-    count_at: List[int] = []                       # per table: where in skipped (group order) its count goes
     for g in emb.groups:
         for t, cfg in enumerate(g.layout.tables):
             feats = [f for f in cfg.feature_names if f in by_feature]
             ids = torch.cat([by_feature[f][0] for f in feats]) if feats else torch.zeros(0, dtype=torch.int64)
-            i = len(lookups)
-            lookups.append(_Lookup(_table_runner(emb, g, t), None if counts is None else counts[i : i + 1]))
+            at = emb._group_order.index(cfg.feature_names[0])
+            lookups.append(_Lookup(_table_runner(emb, g, t), None if counts is None else counts[at : at + 1]))
             table_ids.append(ids)
             features.append(feats)
-            count_at.append(emb._group_order.index(cfg.feature_names[0]))
     if train:
         rows = _SequenceLookup.apply(emb.autograd_anchor, lookups, prefetched, on_invalid, *table_ids)
     else:
@@ -245,14 +244,10 @@ def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Di
         if prefetched is not None:
             emb._cache.complete(prefetched)              # no backward will come
     if counts is not None:
-        if emb.validate:
-            if bool(counts.any()):               # one host read
-                _raiser(emb, batch)()            # raises, naming feature, table and id
-        else:                                    # skipped_ids sums a table's features: its count at one of them
-            emb._skipped.index_add_(0, torch.tensor(count_at, device=counts.device), counts.to(torch.int64))
+        emb._invalid.settle(counts, emb.validate, lambda: emb._check_batch_ids(batch))
     elif count and (seen_invalid or not kernel_counts):        # its own ids (not cache slots), in group order
         p = batch.permute(emb._group_order)
-        emb._count_skipped(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
+        emb._invalid.count(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
     out: Dict[str, SequenceEmbedding] = {}
     for feats, r in zip(features, rows):                                                 # r: (N_t, D_t)
         for f, part in zip(feats, torch.split(r, [by_feature[f][0].numel() for f in feats])):

@@ -371,7 +371,7 @@ def test_skipped_counts_move_with_the_module():
     emb = TableBatchedEmbedding([TableConfig("a", 10, 4)], backend="reference", validate=False)
     emb(KeyedJaggedBatch.from_lists({"a": [[11], [2]]}))
     emb = emb.to("cpu")
-    assert emb._skipped.device.type == "cpu" and emb._skipped.dtype == torch.int64
+    assert emb._invalid.counts.device.type == "cpu" and emb._invalid.counts.dtype == torch.int64
     assert emb.skipped_ids == {"a": 1}
     with pytest.raises(TypeError):
         emb.half()

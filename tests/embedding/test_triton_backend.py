@@ -299,26 +299,26 @@ def test_sequence_lookup_equals_the_reference(opt):
 def no_torch_count(monkeypatch):
     """The module's pass of torch operations over the ids (count_bad_ids) made to fail: what is
     counted, the triton kernel counted."""
-    import neo.embedding.module as module_mod
+    import neo.embedding.invalid_ids as invalid_ids
 
     def no_torch_pass(*args, **kwargs):
         raise AssertionError("count_bad_ids called: the triton forward should have counted")
 
-    monkeypatch.setattr(module_mod, "count_bad_ids", no_torch_pass)
+    monkeypatch.setattr(invalid_ids, "count_bad_ids", no_torch_pass)
 
 
 @pytest.fixture
 def id_check_calls(monkeypatch):
     """The module's id check (check_ids), each call recorded in the returned list."""
-    import neo.embedding.module as module_mod
+    import neo.embedding.invalid_ids as invalid_ids
 
-    calls, real_check = [], module_mod.check_ids
+    calls, real_check = [], invalid_ids.check_ids
 
     def counting_check(*args, **kwargs):
         calls.append(1)
         return real_check(*args, **kwargs)
 
-    monkeypatch.setattr(module_mod, "check_ids", counting_check)
+    monkeypatch.setattr(invalid_ids, "check_ids", counting_check)
     return calls
 
 
