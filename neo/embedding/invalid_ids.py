@@ -64,8 +64,14 @@ class InvalidIds:
         if not check:
             self.add(counts)
         elif bool(counts.any()):
-            name_bad_id()
-            raise AssertionError("the kernel counted invalid ids that the id check did not find")
+            self.name_counted(name_bad_id)
+
+    @staticmethod
+    def name_counted(name_bad_id: Callable[[], None]) -> None:
+        """A kernel counted an invalid id: ``name_bad_id()`` raises, naming it; if it finds none,
+        the count and the check disagree, which is a bug."""
+        name_bad_id()
+        raise AssertionError("the kernel counted invalid ids that the id check did not find")
 
     def per_table(self, tables: Iterable[str]) -> Dict[str, int]:
         """The counts summed per table (every name in ``tables``, zero where none); one host read."""

@@ -356,8 +356,7 @@ class TableBatchedEmbedding(nn.Module):
                 outputs.append(PooledLookup.apply(anchor, g, values[lo:hi], g_off, g_psw, B, prefetched, g_pooled,
                                                   train, None if pooled is None else keep[lo:hi], g_counts))
             if counted and self.backend.last_invalid_count:
-                id_check()          # raises, naming feature, table and id
-                raise AssertionError("the kernel counted invalid ids that the id check did not find")
+                self._invalid.name_counted(id_check)          # raises, naming feature, table and id
             if not self.validate and kernel_counts:
                 seen_invalid += self.backend.last_invalid_count
             f0 += nf

@@ -185,10 +185,7 @@ def _check(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch, counted: bool)
 
 
 def _raiser(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Callable[[], None]:
-    def on_invalid() -> None:
-        emb._check_batch_ids(batch)     # raises, naming feature, table and id
-        raise AssertionError("the kernel counted invalid ids that the id check did not find")
-    return on_invalid
+    return lambda: emb._invalid.name_counted(lambda: emb._check_batch_ids(batch))   # raises, naming the id
 
 
 def sequence_lookup(emb: "TableBatchedEmbedding", batch: KeyedJaggedBatch) -> Dict[str, SequenceEmbedding]:
