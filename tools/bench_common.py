@@ -407,3 +407,35 @@ def copy_into_torchrec(model, weights: Dict[str, Any]) -> None:
     with torch.no_grad():
         for blk, mine in torchrec_table_blocks(model, weights):
             blk.copy_(mine)
+
+
+def shard_torchrec(module, sharder_cls, sharding_type: str, min_partition: int, pg, weights: Dict[str, Any]):
+    """TorchRec's ``DistributedModelParallel`` over ``module`` (an unsharded ``EmbeddingCollection``
+    or ``EmbeddingBagCollection``, built on the meta device), on CPU, started from Neo's tables.
+
+    Every table of ``module`` is forced to ``sharding_type`` by ``ParameterConstraints``
+    (column_wise: shards of ``min_partition`` columns); ``sharder_cls`` (the module's sharder class:
+    ``EmbeddingCollectionSharder``, ``EmbeddingBagCollectionSharder``) is built with fused
+    ``EXACT_SGD`` at lr 0.01; the plan is ``EmbeddingShardingPlanner``'s collective plan over Neo's
+    ``ProcessGroups`` ``pg`` (one host of ``pg.world_size`` CPU ranks), and the sharded model holds
+    ``weights`` (Neo's full tables by name, :func:`copy_into_torchrec`). Collective: every rank
+    calls it alike."""
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+
+    W = pg.world_size
+    names = [key.split(".")[-2] for key in module.state_dict() if key.endswith(".weight")]
+    constraints = {name: ParameterConstraints(sharding_types=[sharding_type],
+                                              min_partition=min_partition if sharding_type == "column_wise" else None)
+                   for name in names}
+    sharder = sharder_cls(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
+                                       constraints=constraints)
+    plan = planner.collective_plan(module, [sharder], pg.world)
+    model = DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg.world), plan=plan,
+                                     sharders=[sharder], device=torch.device("cpu"))
+    copy_into_torchrec(model, weights)
+    return model

@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_common import (add_isa_arg, apply_isa, copy_into_torchrec, machine_info, quiet_peer_logs,  # noqa: E402
-                          run_world_sizes, start_rank, torchrec_table_blocks, write_json)
+from bench_common import (add_isa_arg, apply_isa, machine_info, quiet_peer_logs, run_world_sizes,  # noqa: E402
+                          shard_torchrec, start_rank, torchrec_table_blocks, write_json)
 from bench_common import add_sharded_workload_args, apply_quick, json_path, positive_int  # noqa: E402
 
 NEO_TYPES = ("table_wise", "column_wise", "data_parallel", "row_wise")
@@ -92,27 +92,13 @@ def _neo(args, st: str, pg):
 
 def _torchrec(args, st: str, pg, weights: Dict[str, torch.Tensor]):
     quiet_peer_logs()
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingCollection, EmbeddingConfig
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingEnv
 
-    W = pg.world_size
     ec = EmbeddingCollection(tables=[EmbeddingConfig(name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows,
                                                      feature_names=[f"f{t}"]) for t in range(args.tables)],
                              device=torch.device("meta"))
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[st],
-                                                 min_partition=args.cw_dim if st == "column_wise" else None)
-                   for t in range(args.tables)}
-    sharder = EmbeddingCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
-                                       constraints=constraints)
-    plan = planner.collective_plan(ec, [sharder], pg.world)
-    model = DistributedModelParallel(ec, env=ShardingEnv.from_process_group(pg.world), plan=plan,
-                                     sharders=[sharder], device=torch.device("cpu"))
-    copy_into_torchrec(model, weights)
+    model = shard_torchrec(ec, EmbeddingCollectionSharder, st, args.cw_dim, pg, weights)
     kjts = [b.to_torchrec() for b in _batches(args, pg.rank)]
     grads = _grads(args, pg.rank)
 

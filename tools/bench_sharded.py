@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, copy_into_torchrec,  # noqa: E402
-                          machine_info, run_world_sizes, start_rank, write_json)
+from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, machine_info,  # noqa: E402
+                          run_world_sizes, shard_torchrec, start_rank, write_json)
 from bench_common import add_sharded_workload_args, apply_quick, json_path, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -130,27 +130,13 @@ def _neo_runner(args, st: str, pg) -> Tuple[_Runner, Any]:
 
 def _torchrec_runner(args, st: str, pg, weights: Dict[str, torch.Tensor]) -> _Runner:
     """TorchRec's DMP, starting from Neo's tables ``weights`` (full, by name)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingEnv
 
-    W = pg.world_size
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim,
                                                             num_embeddings=args.rows, feature_names=[f"f{t}"])
                                          for t in range(args.tables)], device=torch.device("meta"))
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[st],
-                                                 min_partition=args.cw_dim if st == "column_wise" else None)
-                   for t in range(args.tables)}
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
-                                       constraints=constraints)
-    plan = planner.collective_plan(ebc, [sharder], pg.world)
-    model = DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg.world), plan=plan,
-                                     sharders=[sharder], device=torch.device("cpu"))
-    copy_into_torchrec(model, weights)
+    model = shard_torchrec(ebc, EmbeddingBagCollectionSharder, st, args.cw_dim, pg, weights)
     kjts = [b.to_torchrec() for b in _batches(args, pg.rank)]
     grad = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(7))
 
