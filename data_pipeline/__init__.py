@@ -1,7 +1,8 @@
 """Neo data pipeline: Criteo and synthetic data to Parquet, and a streaming loader of jagged batches.
 
 Modules: :mod:`.criteo` (raw TSV to Parquet), :mod:`.criteo_parse` (vectorized parsing),
-:mod:`.vocab`, :mod:`.multihot` (MLPerf DLRM-DCNv2 multi-hot), :mod:`.synthetic`, :mod:`.locality`
+:mod:`.vocab`, :mod:`.multihot` (MLPerf DLRM-DCNv2 multi-hot), :mod:`.synthetic` (its options shared with
+``neo train``'s config in :mod:`.synth_knobs`), :mod:`.locality`
 (production reuse statistics), :mod:`.loader`, :mod:`.schema`, :mod:`.writer`, :mod:`.stats`
 (``inspect``), :mod:`.reader`, :mod:`.parallel`, :mod:`.cli` (the ``neo-data`` command).
 See ``docs/data_pipeline.md``.

@@ -27,42 +27,25 @@ import numpy as np
 from .locality import fit_mixture, reuse_histogram, target_histogram, total_variation, zipf_ranks
 from .parallel import ordered_map
 from .schema import MLPERF_TABLE_SIZES, DatasetMeta, sparse_names
+from .synth_knobs import SynthKnobs
 from .writer import Columns, ShardWriter, WriterOptions, check_output_dir, write_json_replacing
 
-__all__ = ["GEN_BLOCK", "SynthOptions", "generate_block", "generate", "auc", "apply_preset", "PRESETS"]
+__all__ = ["GEN_BLOCK", "SynthKnobs", "SynthOptions", "generate_block", "generate", "auc", "apply_preset", "PRESETS"]
 
 GEN_BLOCK = 65536
 PRESETS = ("criteo", "production-2021", "production-2022")
 
 
-@dataclass
-class SynthOptions:
-    """Options of ``neo-data synth``."""
+@dataclass(kw_only=True)
+class SynthOptions(SynthKnobs):
+    """Options of ``neo-data synth`` (keyword arguments only)."""
 
     num_samples: int
     """Samples to generate."""
     output: str = ""
     """Output directory: ``<output>/train/part-*.parquet`` and ``<output>/summary.json``."""
-    num_dense: int = 13
-    """Dense features per sample."""
     table_rows: List[int] = field(default_factory=lambda: [100000] * 26)
     """Rows of each embedding table (ids are in [0, rows)); one entry per sparse feature."""
-    ids_per_bag: List[int] = field(default_factory=lambda: [1])
-    """Ids per bag, one value for all tables or one per table."""
-    variable_bags: bool = False
-    """Bag sizes uniform in [0, 2k] (mean k, empty bags included) instead of exactly k."""
-    distribution: str = "zipf"
-    """``uniform`` or ``zipf`` (P(rank r) ~ (r+1)^-skew, ranks spread by a seeded permutation)."""
-    skew: List[float] = field(default_factory=lambda: [1.05])
-    """Zipf skew, one value for all tables or one per table (0 = uniform)."""
-    seed: int = 0
-    """Seed of everything (teacher, ids, labels)."""
-    base_ctr: float = 0.25
-    """Approximate positive rate (sets the teacher's bias)."""
-    dense_strength: float = 1.0
-    """Standard deviation of the dense part of the teacher's score."""
-    sparse_strength: float = 1.0
-    """Standard deviation of the sparse part of the teacher's score (about)."""
     auc_samples: int = 1_000_000
     """The best AUC is computed exactly on the first this many samples."""
     workers: int = 2

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from data_pipeline.synth_knobs import SynthKnobs
 from neo.config.embedding import ConfigError, choice
 
 __all__ = ["DataSource", "MlperfLayout", "SyntheticDataConfig", "MlperfDataConfig", "DataConfig"]
@@ -45,32 +46,17 @@ class MlperfLayout(str, enum.Enum):
     """``day_<N>_sparse.npy``: (n, F), one id per feature (TorchRec's Criteo 1TB binary)."""
 
 
-@dataclass
-class SyntheticDataConfig:
-    """Options of the generated data set (see docs/data_pipeline.md, "Synthetic data")."""
+@dataclass(kw_only=True)
+class SyntheticDataConfig(SynthKnobs):
+    """Options of the generated data set (see docs/data_pipeline.md, "Synthetic data"): the
+    generator's own (:class:`data_pipeline.synth_knobs.SynthKnobs`: num_dense, ids_per_bag,
+    variable_bags, distribution, skew, seed, base_ctr, dense_strength, sparse_strength; per table
+    means per feature of the ``tables`` section) and the ones below."""
 
     num_samples: int = 100_000
     """Training samples; a multiple of ``val_samples`` (the generator writes files of ``val_samples`` rows)."""
     val_samples: int = 20_000
     """Validation samples (generated after the training ones, by the same teacher)."""
-    num_dense: int = 13
-    """Dense features per sample."""
-    ids_per_bag: List[int] = field(default_factory=lambda: [1])
-    """Ids per bag: one value for every table or one per table."""
-    variable_bags: bool = False
-    """Bag sizes uniform in [0, 2k] instead of exactly k."""
-    distribution: str = "zipf"
-    """Id distribution: uniform or zipf."""
-    skew: List[float] = field(default_factory=lambda: [1.05])
-    """Zipf exponent, one value or one per table (0 = uniform)."""
-    seed: int = 0
-    """Seed of the teacher, ids and labels."""
-    base_ctr: float = 0.25
-    """Approximate positive rate."""
-    dense_strength: float = 1.0
-    """Standard deviation of the teacher's dense score."""
-    sparse_strength: float = 1.0
-    """Standard deviation of the teacher's sparse score."""
     cache_dir: str = ".cache/neo-synthetic"
     """Parent directory of generated data sets (one sub-directory per option set)."""
     cache_max_gb: float = 16.0

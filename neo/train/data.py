@@ -57,6 +57,7 @@ class MlperfData:
 
 
 def _synth_options(cfg, tables: Sequence[TableConfig]):
+    from data_pipeline.synth_knobs import SynthKnobs
     from data_pipeline.synthetic import SynthOptions
     from data_pipeline.writer import WriterOptions
 
@@ -68,10 +69,9 @@ def _synth_options(cfg, tables: Sequence[TableConfig]):
             raise ConfigError(f"data.synthetic.{name}: give 1 or {len(rows)} values (one per feature), got {len(values)}")
         return list(values)
 
-    return SynthOptions(num_samples=s.num_samples + s.val_samples, num_dense=s.num_dense, table_rows=rows,
-                        ids_per_bag=per(s.ids_per_bag, "ids_per_bag"), variable_bags=s.variable_bags,
-                        distribution=s.distribution, skew=[float(x) for x in per(s.skew, "skew")], seed=s.seed,
-                        base_ctr=s.base_ctr, dense_strength=s.dense_strength, sparse_strength=s.sparse_strength,
+    knobs = {f.name: getattr(s, f.name) for f in dataclasses.fields(SynthKnobs)}
+    knobs.update(ids_per_bag=per(s.ids_per_bag, "ids_per_bag"), skew=[float(x) for x in per(s.skew, "skew")])
+    return SynthOptions(**knobs, num_samples=s.num_samples + s.val_samples, table_rows=rows,
                         auc_samples=min(1_000_000, s.num_samples + s.val_samples), workers=2,
                         writer=WriterOptions(rows_per_file=s.val_samples,
                                              row_group_rows=min(128 * 1024, s.val_samples)))
