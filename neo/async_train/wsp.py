@@ -45,7 +45,6 @@ at a version, every rank resumes from it (:mod:`neo.async_train.checkpoint`).
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import random
 import sys
@@ -65,6 +64,7 @@ from neo.distributed.process_groups import on_rank0
 from neo.train.build import build_job, validate_training_config
 from neo.train.checkpoint.digest import replica_sha256
 from neo.train.data import rename_features
+from neo.train.epochs import epoch_batches, seek
 from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog, start_run_log
 from neo.train.checkpoint import CheckpointError, CheckpointLease
@@ -246,24 +246,12 @@ class WSPTrainer:
 
     # ------------------------------------------------------------------ data
     def _batches(self, start: int) -> Iterator[Any]:
-        """This rank's batches from step ``start`` on (a resumed run: where that step left its loader)."""
-        loader, produced = self.train_loader, start
-        if produced:
-            state = loader.state_dict()
-            state.update(epoch=produced // self.steps_per_epoch, position=(produced % self.steps_per_epoch) * self.B)
-            loader.load_state_dict(state)
-        while produced < self.total_steps:
-            if loader.position // self.B >= self.steps_per_epoch:
-                loader.set_epoch(loader.epoch + 1)
-            it = iter(loader)
-            try:
-                for batch in it:
-                    produced += 1
-                    yield rename_features(batch, self.mapping)
-                    if produced >= self.total_steps or loader.position // self.B >= self.steps_per_epoch:
-                        break
-            finally:
-                it.close()
+        """This rank's batches from step ``start`` on (a resumed run: where that step left its
+        loader), ``steps_per_epoch`` per epoch (neo/train/epochs.py)."""
+        loader = self.train_loader
+        if start:
+            seek(loader, start, self.steps_per_epoch, self.B)
+        yield from epoch_batches(loader, start, self.total_steps, self.steps_per_epoch, self.B, self.mapping)
 
     # ------------------------------------------------------------------ versions
     def _set_lr(self, step: int) -> None:
@@ -537,9 +525,7 @@ class WSPTrainer:
 
 def run(cfg, pg=None) -> int:
     """``neo train`` for ``async_train.mode: wsp``: train, print the final JSON line (rank 0)."""
-    from data_pipeline.writer import json_ready
-    from neo.commands.train import input_errors, report_error, setup_errors
-    from neo.distributed import end_process_groups
+    from neo.commands.train import input_errors, report_error, report_final, setup_errors
 
     try:
         trainer = WSPTrainer(cfg, pg=pg)
@@ -555,16 +541,12 @@ def run(cfg, pg=None) -> int:
         return report_error(e, pg, 1)
     del trainer                      # its process groups are freed by end_process_groups, not at exit
     status = final.get("exit_status", 0)           # 128 + N: a signal of train.stop_signals stopped it
-    if rank == 0:
-        if final.get("stopped"):
-            where = f"checkpoint {final['checkpoint']}: the same command resumes there (train.resume)" \
-                if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
-            print(f"neo wsp: stopped by {final['stopped']} at version {final['version']}; {where}",
-                  file=sys.stderr, flush=True)
-        print(json.dumps(json_ready(final), allow_nan=False), flush=True)
-    if pg is None:
-        end_process_groups()
-    return status
+    if rank == 0 and final.get("stopped"):
+        where = f"checkpoint {final['checkpoint']}: the same command resumes there (train.resume)" \
+            if final["checkpoint"] else "nothing saved (no train.checkpoint_dir)"
+        print(f"neo wsp: stopped by {final['stopped']} at version {final['version']}; {where}",
+              file=sys.stderr, flush=True)
+    return report_final(final, rank, pg, status)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

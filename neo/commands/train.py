@@ -23,11 +23,11 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from neo.config import ConfigError, load_config
 
-__all__ = ["main", "run", "setup_errors", "input_errors", "report_error"]
+__all__ = ["main", "run", "setup_errors", "input_errors", "report_error", "report_final"]
 
 
 def setup_errors() -> tuple:
@@ -73,6 +73,19 @@ def report_error(e: BaseException, pg, status: int) -> int:
     return status
 
 
+def report_final(final: Dict[str, Any], rank: int, pg, status: int) -> int:
+    """``status`` after the final line of JSON, ``final``, on stdout (rank 0; NaN metrics, as of no
+    samples, as null); the process groups this command made (``pg`` None) are ended first."""
+    from data_pipeline.writer import json_ready
+    from neo.distributed import end_process_groups
+
+    if rank == 0:
+        print(json.dumps(json_ready(final), allow_nan=False), flush=True)
+    if pg is None:
+        end_process_groups()
+    return status
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neo train", description="Train DLRM / DCNv2 from a config file.")
     p.add_argument("config", help="Neo YAML config (sections tables, topology, model, data, optim, sharding, train; optional mlperf, "
@@ -83,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(cfg, pg=None) -> int:
     """Train ``cfg``; print the final JSON line (rank 0); return the exit status."""
-    from neo.distributed import end_process_groups
     from neo.train.trainer import Trainer
 
     if cfg.async_train.mode == "wsp":                    # bounded staleness: a trainer of its own
@@ -137,12 +149,7 @@ def run(cfg, pg=None) -> int:
             print("neo train: warning: the validation data held no samples: auc, logloss, ne, calibration and "
                   "accuracy are null",
                   file=sys.stderr, flush=True)
-        from data_pipeline.writer import json_ready       # NaN metrics (no samples) as null
-
-        print(json.dumps(json_ready(final), allow_nan=False), flush=True)
-    if pg is None:
-        end_process_groups()
-    return status
+    return report_final(final, rank, pg, status)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

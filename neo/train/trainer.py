@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import closing
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -33,7 +34,6 @@ import torch.nn.functional as F
 
 from neo.config.embedding import CachePolicy, ConfigError
 from neo.train.build import build_job, probe_directory, restart_attempt, validate_training_config
-from neo.train.data import rename_features
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
@@ -41,6 +41,7 @@ from neo.distributed.process_groups import on_rank0
 from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer, find_resumable, job_state,
                                   load_checkpoint, state_sha256)
 from neo.train.checkpoint.layout import step_of
+from neo.train.epochs import epoch_batches
 from neo.train.evaluation import Evaluator
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
 from neo.train.run_log import RunLog, start_run_log
@@ -348,20 +349,14 @@ class Trainer:
         return loss.detach()
 
     def _batches(self) -> Iterator[StepBatch]:
-        """Exactly ``total_steps - step`` batches, ``steps_per_epoch`` per epoch on every rank."""
-        loader, produced = self.train_loader, self.step
-        while produced < self.total_steps:
-            if loader.position // self.B >= self.steps_per_epoch:
-                loader.set_epoch(loader.epoch + 1)
-            it = iter(loader)
-            try:
-                for batch in it:
-                    produced += 1
-                    yield StepBatch(rename_features(batch, self.mapping), loader.state_dict())
-                    if produced >= self.total_steps or loader.position // self.B >= self.steps_per_epoch:
-                        break
-            finally:
-                it.close()
+        """Exactly ``total_steps - step`` batches, ``steps_per_epoch`` per epoch on every rank
+        (neo/train/epochs.py), each with its loader's state after it (what a checkpoint of its
+        step saves)."""
+        loader = self.train_loader
+        with closing(epoch_batches(loader, self.step, self.total_steps, self.steps_per_epoch, self.B,
+                                   self.mapping)) as batches:
+            for batch in batches:
+                yield StepBatch(batch, loader.state_dict())
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> Dict[str, Any]:
