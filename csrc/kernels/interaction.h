@@ -89,6 +89,11 @@
 // reference cycles, the 32-bit transposes the B operand needs 520, together more than this
 // whole forward (about 1,170), and the splits ran slower still beside the tile loads.
 //
+// Not done either: AVX-512's grouped forward ported to AVX2 (two rows interleaved by 4-float
+// chunks in each 8-float vector, 4-way reductions): in a C++ harness on Zen 4 (docs/benchmarks.md,
+// 2026-12-04 19:01 UTC section) at most 2% faster than the tall tiles at D 64 with the rows in
+// L2, 14-18% slower at D 128.
+//
 // FMA is used (vfmadd); the result differs from torch's bmm path by summation order and
 // rounding only (tested against the formula in float64). D not a multiple of kW: the last
 // D % kW columns are summed in scalar code.
