@@ -145,10 +145,10 @@ def _lookup(runner: "GroupRunner", ids: torch.Tensor, on_invalid: Optional[Calla
     """(N, D): ``ids`` as bags of one. ``on_invalid``: called when the backend counted invalid
     ids (to raise, naming the id; with ``validate=False``, to have them counted). ``invalid_counts``:
     (1,) int32 the backend adds the invalid ids into (``counts_invalid_per_feature``: triton)."""
-    backend = runner.owner.backend
-    counting = {} if invalid_counts is None else {"invalid_counts": invalid_counts}
-    rows = backend.forward(runner.layout, runner.weights, ids, _bags_of_one(ids), None, ids.numel(), **counting)
-    if on_invalid is not None and backend.last_invalid_count:
+    from neo.embedding.group_runner import pool
+
+    rows = pool(runner, ids, _bags_of_one(ids), None, ids.numel(), invalid_counts=invalid_counts)
+    if on_invalid is not None and runner.owner.backend.last_invalid_count:
         on_invalid()
     return rows
 

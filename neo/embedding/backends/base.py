@@ -11,6 +11,12 @@ A backend computes, for one :class:`~neo.embedding.layout.GroupLayout`:
 - optionally ``per_sample_weights_grad`` (same arguments as the function it replaces): the
   gradient of the per-id weights, (N,) fp32 (the cpu backend's kernel); without it the
   module uses :func:`neo.embedding.backends.reference.per_sample_weights_grad`.
+- optionally, counting the invalid ids it skips, one of: ``counts_invalid_ids = True`` and
+  ``last_invalid_count``, the number the last ``forward`` met (cpu); or
+  ``counts_invalid_per_feature = True`` and a ``forward(..., invalid_counts=)`` keyword, an
+  (F,) int32 device tensor it adds each feature's count into, read by the module without a
+  host synchronisation per call (triton; :class:`neo.embedding.invalid_ids.InvalidIds`). The
+  module then skips its own pass of torch operations over the ids on good input.
 
 Inputs shared by both (F features of the group, B samples, N ids):
 
