@@ -200,8 +200,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The dot interaction forward's tile setting: 'auto', 'narrow', 'wide' or 'grouped' (NEO_INTERACTION_TILES)");
   m.def("interaction_forward_tiles", &neo::interaction_forward_tiles, py::arg("dim"),
         "The tiles the active kernels' dot interaction forward runs at this D: 'narrow', 'wide' or 'grouped'");
-  m.def("interaction_l1_burst", &neo::interaction_l1_burst,
-        "Whether the dot interaction prefetches each sample's rows into L1 as it starts (Zen 4 only, cpu_isa.h)");
   m.def("interaction_l1_next", &neo::interaction_l1_next,
         "Whether the dot interaction prefetches the next sample's rows into L1, not L2 (Zen 5 only, cpu_isa.h)");
   m.def("interaction_wide", &neo::interaction_wide, py::arg("dim"),

@@ -179,7 +179,6 @@ std::string cpu_isa() { return kernels().isa; }
 
 bool amd_family_19h() { return features().amd_family_19h; }
 bool amd_family_1ah() { return features().amd_family_1ah; }
-bool interaction_l1_burst() { return features().amd_family_19h && features().avx512f; }
 bool interaction_l1_next() { return features().amd_family_1ah; }
 
 namespace {

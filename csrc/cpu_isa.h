@@ -144,10 +144,6 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              with the data in L2 5% faster at D 64, within 1% at D 128), narrow elsewhere
 //              (Zen 5 not measured; Intel: wide/grouped).
 //              NEO_INTERACTION_TILES=auto|narrow|wide|grouped|tall sets it at import.
-//   L1 burst   the current sample's rows prefetched into L1 as it starts (D 64): on Zen 4 only
-//              (AMD family 19h with AVX-512: 5-8% faster there; 5-8% slower on Intel, and 7-9%
-//              slower on Zen 3, family 19h without AVX-512: AMD EPYC 25/1/1, 2026-11-30). No
-//              effect on results.
 //   L1 next    the next sample's rows prefetched into L1 (prefetcht0) instead of L2 while the
 //              current one computes, where two samples' rows fit L1: on Zen 5 only (AMD family
 //              1Ah, 48 KB L1: the AVX-512 backward up to 20% faster, AMD EPYC 26/2/1, 2026-12-03;
@@ -157,7 +153,6 @@ constexpr int64_t kWideMinDim = 96;
 constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-column block to interleave
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
 bool amd_family_1ah();                               // this CPU is AMD family 1Ah (Zen 5)
-bool interaction_l1_burst();                         // the L1 burst is on: this CPU is Zen 4 (above)
 bool interaction_l1_next();                          // the next sample into L1: this CPU is Zen 5 (above)
 void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped", "tall"; throws otherwise
 std::string interaction_tiles();                     // the setting

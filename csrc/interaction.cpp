@@ -137,7 +137,6 @@ InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64
   a.off = L.off.data();
   a.stride = L.stride.data();
   a.tiles = interaction_tiles_at(a.D);
-  a.l1_burst = interaction_l1_burst();
   a.l1_next = interaction_l1_next();
   return a;
 }

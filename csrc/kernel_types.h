@@ -67,7 +67,6 @@ struct InteractionArgs {
   const int64_t* off = nullptr;        // (F,)
   const int64_t* stride = nullptr;     // (F,)
   InteractionTiles tiles = InteractionTiles::kNarrow;   // the forward's (cpu_isa.h)
-  bool l1_burst = false;               // each sample's rows prefetched into L1 as it starts (cpu_isa.h)
   bool l1_next = false;                // the next sample's rows prefetched into L1, not L2 (cpu_isa.h)
 };
 

@@ -124,18 +124,16 @@ def cpu_isa_info() -> Dict[str, Any]:
     """What the CPU kernels run on: ``{"neo_cpu_isa", "interaction_tiles", "built", "supported",
     "forced", "cpu_model", "cpu_id", "cpu_caches", "cpu_flags", "machine"}`` (``neo_cpu_isa`` is None where ``neo._C`` is
     not built; ``interaction_tiles``: the setting, and at D 128 whether the forward runs wide,
-    the tiles it runs at D 64 and 128, whether each sample's rows are prefetched into L1 as it
-    starts and whether the next sample's rows are prefetched into L1 rather than L2)."""
+    the tiles it runs at D 64 and 128, and whether the next sample's rows are prefetched into L1
+    rather than L2)."""
     _C = cpu_kernels("cpu_isa")
     tiles = cpu_kernels("interaction_tiles")
-    burst = cpu_kernels("interaction_l1_burst")
     l1_next = cpu_kernels("interaction_l1_next")
     return {
         "neo_cpu_isa": _C.cpu_isa() if _C else None,
         "interaction_tiles": ({"setting": tiles.interaction_tiles(), "wide_at_d128": tiles.interaction_wide(128),
                                "forward_at_d64": tiles.interaction_forward_tiles(64),
                                "forward_at_d128": tiles.interaction_forward_tiles(128),
-                               "l1_burst": burst.interaction_l1_burst() if burst else None,
                                "l1_next": l1_next.interaction_l1_next() if l1_next else None}
                               if tiles else None),
         "built": _C.cpu_isa_variants() if _C else [],

@@ -119,6 +119,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const int64_t steps = wide ? pair_dot_steps<kHaveWideForward>(n, D)
                         : tall ? pair_dot_steps<false, kTallR>(n, D) : pair_dot_steps<false>(n, D);
   const uint32_t spread = LineSpread::increment(n * ((D * 4 + 63) / 64), steps);
+  const bool contiguous = pooled_rows_contiguous(a);
   at::parallel_for(0, a.B, 64, [&](int64_t b0, int64_t b1) {
     const float* v[256];
     // The grouped forward's interleaved rows: 8 Dv floats, 64-byte aligned.
@@ -126,14 +127,13 @@ void interaction_forward(const InteractionArgs& a, float* out) {
     float* T = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(T_owner.get()) + 63) & ~uintptr_t(63));
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
-      rows_into_l1(a, v, n, D);
       float* o = out + b * (D + P);
       std::memcpy(o, v[0], D * sizeof(float));
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
       if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
-      else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread));
-      else if (tall) pair_dots_d<kTallR>(v, n, D, o + D, LineSpread(next, spread));
-      else pair_dots_d<kFwdR>(v, n, D, o + D, LineSpread(next, spread));
+      else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread, contiguous));
+      else if (tall) pair_dots_d<kTallR>(v, n, D, o + D, LineSpread(next, spread, contiguous));
+      else pair_dots_d<kFwdR>(v, n, D, o + D, LineSpread(next, spread, contiguous));
     }
   });
 }

@@ -200,7 +200,6 @@ void interaction_backward(const InteractionArgs& a, const float* grad_out, float
     std::vector<float> S(D % kW ? n * n : 0);
     for (int64_t b = b0; b < b1; ++b) {
       sample_rows(a, b, v);
-      rows_into_l1(a, v, n, D);
       const float* g = grad_out + b * (D + P);
       outs[0] = grad_dense + b * D;
       for (int64_t k = 0; k < a.F; ++k) outs[k + 1] = grad_pooled + a.off[k] + b * a.stride[k];

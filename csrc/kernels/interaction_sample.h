@@ -13,6 +13,14 @@ inline void sample_rows(const InteractionArgs& a, int64_t b, const float** v) {
   for (int64_t k = 0; k < a.F; ++k) v[k + 1] = a.pooled + a.off[k] + b * a.stride[k];
 }
 
+// Whether every sample's pooled rows lie one after another (row k + 1 right after row k, as
+// in a (B, F D) tensor): the same stride for every feature, offsets D apart.
+inline bool pooled_rows_contiguous(const InteractionArgs& a) {
+  for (int64_t k = 1; k < a.F; ++k)
+    if (a.stride[k] != a.stride[0] || a.off[k] != a.off[k - 1] + a.D) return false;
+  return true;
+}
+
 // Index of pair (i, j), i < j, in row-major upper-triangle order, minus j: the pair
 // gradient of (i, j) is g[pair_base(i, n) + j].
 inline int64_t pair_base(int64_t i, int64_t n) { return i * (n - 1) - i * (i - 1) / 2 - i - 1; }
@@ -65,7 +73,13 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // 8 of 8 pairs but the backward after it slower at D 128 (no gain end to end, four runs);
 // slower: the next sample's output prefetched for writing (prefetchw, forward 8-9%). With the
 // data in L2 the forward's prefetch instructions cost 7-11% of its time (fewer tests and
-// branches per tile, a fixed count of lines a tile, saved nothing).
+// branches per tile, a fixed count of lines a tile, saved nothing; a list of the next sample's
+// line addresses built per sample cost what it saved; the contiguous range, LineSpread, saves
+// 2-4%). Removed on 2026-12-04: the current sample's rows into L1 as it starts (the "L1 burst",
+// then on Zen 4 only, measured 5-8% faster there with the AVX2 narrow tiles of 2026-11-30):
+// with the tall tiles and the contiguous range it made the AVX-512 backward at D 64 2-4% slower
+// in three runs of the module after a torch-path pass (2.16 -> 2.21, 2.25 -> 2.30, 2.24 ->
+// 2.34 ms) and the forward 1-4%; AVX2 within 2% either way; 3-4% slower in the C++ harness.
 class NextSample {
  public:
   struct Plan {
@@ -155,27 +169,51 @@ class LineSpread {
     return static_cast<uint32_t>(lines * 16 * int64_t(kOne) / (steps * kSpreadEnd));
   }
 
-  LineSpread(const NextSample& next, uint32_t inc)
-      : rows_(next.row_), n_(next.n_), row_bytes_(next.row_bytes_), inc_(inc), l1_(next.l1_) {}
+  // Where the pooled rows 1 .. n - 1 lie one after another (`contiguous`, pooled_rows_contiguous:
+  // the usual (B, F D) pooled tensor), row 0's lines are issued row-wise and the rest as one
+  // byte range, each line by its address alone (no row pointer, offset or end of row per
+  // line): AMD EPYC 25/17/1 (Zen 4), B 2048, n 27, one thread, AVX-512, a C++ harness over
+  // these headers, 2026-12-04: the forward 3-5% faster with the rows in L2, 5-8% with them in
+  // DRAM (D 64 and 128); in the module after a torch-path pass 3-5%.
+  LineSpread(const NextSample& next, uint32_t inc, bool contiguous)
+      : rows_(next.row_), n_(next.n_), row_bytes_(next.row_bytes_), inc_(inc), l1_(next.l1_) {
+    if (!contiguous || n_ < 3) return;   // n_ = 0: no next sample
+    const auto first = reinterpret_cast<uintptr_t>(rows_[1]);
+    cur_ = reinterpret_cast<const char*>(first & ~uintptr_t(63));   // its first line
+    end_ = reinterpret_cast<const char*>(first) + (n_ - 1) * row_bytes_;
+    n_ = 1;
+  }
 
   // One tile step: a prefetch where the count has reached a whole line (the baseline variant).
   __attribute__((always_inline)) inline void step() {   // inlined: a call would spill the tile's sums
     acc_ += inc_;
     if (acc_ < kOne) return;
     acc_ -= kOne;
-    if (r_ == n_) return;
-    issue_line();
+    if (r_ < n_) {
+      issue_line();
+    } else if (cur_ < end_) {
+      prefetch_next(cur_, 64, l1_);
+      cur_ += 64;
+    }
   }
   // A tile of k steps starts: the lines its steps' share has reached, one prefetch each.
   __attribute__((always_inline)) inline void tile(int64_t k) {
     uint64_t count = acc_ + static_cast<uint64_t>(inc_) * static_cast<uint64_t>(k);
     for (; count >= kOne && r_ < n_; count -= kOne) issue_line();
-    acc_ = static_cast<uint32_t>(std::min<uint64_t>(count, kOne));   // at most kOne: every row issued
+    if (count >= kOne && cur_ < end_) {
+      const int64_t lines = std::min<int64_t>(static_cast<int64_t>(count >> 16), (end_ - cur_ + 63) / 64);
+      if (l1_) block_lines<3>(lines);
+      else block_lines<1>(lines);
+      count -= static_cast<uint64_t>(lines) << 16;
+    }
+    acc_ = static_cast<uint32_t>(std::min<uint64_t>(count, kOne));   // at most kOne: every line issued
   }
   // The lines the steps left (more lines than steps; D below the vector width).
   void rest() {
     for (; r_ < n_; ++r_, off_ = 0)
       prefetch_next(reinterpret_cast<const char*>(rows_[r_]) + off_, row_bytes_ - off_, l1_);
+    if (cur_ < end_) prefetch_next(cur_, end_ - cur_, l1_);
+    cur_ = end_;
   }
 
  private:
@@ -188,26 +226,19 @@ class LineSpread {
       ++r_;
     }
   }
+  // The next `lines` lines of the byte range [cur_, end_), into L1 (3) or L2 (1).
+  template <int Locality>
+  __attribute__((always_inline)) inline void block_lines(int64_t lines) {
+    const char* c = cur_;
+    for (int64_t q = 0; q < lines; ++q) prefetch_lines_kept<Locality>(c + 64 * q, 64);
+    cur_ = c + 64 * lines;
+  }
 
   const float* const* rows_;
-  int64_t n_, row_bytes_, r_ = 0, off_ = 0;
+  int64_t n_, row_bytes_, r_ = 0, off_ = 0;   // rows [r_, n_) row by row
+  const char *cur_ = nullptr, *end_ = nullptr;  // then the byte range [cur_, end_), cur_ on a line
   uint32_t inc_, acc_ = 0;
   bool l1_;
 };
-
-// The current sample's rows from L2 (where NextSample put them) into L1 at once, as it
-// starts (InteractionArgs::l1_burst, Zen 4 only): its first row block reads every
-// row, and there one miss after another to L2 costs more than a burst of prefetches that hit
-// L2 (B 2048, D 64, AVX2 on Zen 4: forward and backward each about 5 to 8% faster). On an
-// Intel Xeon (Emerald Rapids) the burst made both 5 to 8% slower at D 64 (the C++ probe of
-// this header, alternating builds), and on Zen 3 (AMD EPYC 25/1/1, AVX2) forward + backward
-// 7 to 9% slower at 1 and 2 threads (the burst switched per call in one process, 2026-11-30).
-// Only for samples of at most kL1Burst bytes (6.9 KB at n 27, D 64): at D 128 (13.8 KB) the
-// burst is no faster, or slower.
-constexpr int64_t kL1Burst = 8 << 10;
-inline void rows_into_l1(const InteractionArgs& a, const float* const* v, int64_t n, int64_t D) {
-  if (!a.l1_burst || n * D * 4 > kL1Burst) return;
-  for (int64_t r = 0; r < n; ++r) prefetch_lines_l1_kept(v[r], D * 4);
-}
 
 NEO_KERNELS_END

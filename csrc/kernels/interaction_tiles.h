@@ -105,14 +105,22 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
 }
 
 // How the 8-float tiles are compiled into their row blocks (pair_row_block): inlined, with no
-// call per tile, in the AVX2 variant; called in the AVX-512 one and the baseline. AMD EPYC
-// 26/2/1, B 2048, n 27, one thread, the rows in L1, builds alternating (2026-12-03, three
-// runs): the AVX2 forward inlined 513 -> 469 ns a sample at D 64, 893 -> 830 at D 128;
-// AVX-512's narrow tiles inlined 5-10% slower (533 -> 563 at D 64, 929 -> 965 at D 128).
+// call per tile, in the AVX2 variant and for AVX-512's tall tiles; called for AVX-512's narrow
+// ones and in the baseline. AMD EPYC 26/2/1, B 2048, n 27, one thread, the rows in L1, builds
+// alternating (2026-12-03, three runs): the AVX2 forward inlined 513 -> 469 ns a sample at D 64,
+// 893 -> 830 at D 128; AVX-512's narrow tiles inlined 5-10% slower (533 -> 563 at D 64, 929 ->
+// 965 at D 128). AVX-512's tall tiles inlined on AMD EPYC 25/17/1 (Zen 4; a C++ harness over
+// these headers, 2026-12-04, two runs): 2-4% faster with the rows in L2 (D 64 and 128), 1-2%
+// with them in DRAM.
 #if defined(__AVX2__) && !defined(__AVX512F__)
 #define NEO_NARROW_TILE __attribute__((always_inline)) inline
 #else
 #define NEO_NARROW_TILE inline
+#endif
+#if defined(__AVX2__)
+#define NEO_TALL_TILE __attribute__((always_inline)) inline
+#else
+#define NEO_TALL_TILE inline
 #endif
 
 // The R x C pair tile at rows i0 .. i0 + R - 1, columns j0 .. j0 + C - 1 of the upper
@@ -121,8 +129,8 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
 // (j0 = i0 + 1), where only c >= r are pairs; the others are neither computed nor stored.
 // `row[r] + j` is where pair (i0 + r, j) goes.
 template <int R, int C, bool DIAG, int DV = 0>
-NEO_NARROW_TILE void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
-                               int64_t j0, LineSpread& next) {
+NEO_TALL_TILE void pair_tile_body(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+                                  int64_t j0, LineSpread& next) {
   constexpr int K = (R * C + 7) / 8 * 8;   // sums reduced eight at a time; the padding stays zero
   pv acc[K];
   tile_sums<NarrowVec, R, C, C, DIAG, K, DV>(ri, cj, Dv, acc, next);
@@ -138,6 +146,11 @@ NEO_NARROW_TILE void pair_tile(const float* const* ri, const float* const* cj, i
       std::memcpy(row[r] + j0, res + r * C, C * sizeof(float));
     }
   }
+}
+template <int R, int C, bool DIAG, int DV = 0>
+NEO_NARROW_TILE void pair_tile(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+                               int64_t j0, LineSpread& next) {
+  pair_tile_body<R, C, DIAG, DV>(ri, cj, Dv, row, j0, next);
 }
 
 #if defined(__AVX512F__)
@@ -180,15 +193,16 @@ template <bool WIDE>
 constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
 
 template <int R, int C, bool DIAG, bool WIDE, int DV>
-NEO_NARROW_TILE void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+NEO_TALL_TILE void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
                                    int64_t j0, LineSpread& next) {
   if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0, next);
+  else if constexpr (kHaveTallForward && R == kTallR) pair_tile_body<R, C, DIAG, DV>(ri, cj, Dv, row, j0, next);
   else pair_tile<R, C, DIAG, DV>(ri, cj, Dv, row, j0, next);
 }
 
 // pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
 template <int R, bool DIAG, bool WIDE, int DV, int C = kFwdC>
-NEO_NARROW_TILE void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
+NEO_TALL_TILE void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
                                   int64_t j0, int64_t nc, LineSpread& next) {
   if constexpr (C > 1) {
     if (nc < C) return pair_tile_nc<R, DIAG, WIDE, DV, C - 1>(ri, cj, Dv, row, j0, nc, next);

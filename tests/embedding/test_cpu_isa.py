@@ -77,15 +77,6 @@ def _amd_family():
     return int(fields["cpu family"]) if fields.get("vendor_id") == "AuthenticAMD" and "cpu family" in fields else None
 
 
-def test_interaction_l1_burst_only_on_zen4():
-    """The interaction's L1 burst (csrc/cpu_isa.h) is on exactly on AMD family 19h with AVX-512
-    (Zen 4), read here from /proc/cpuinfo: Zen 3 (family 19h, AVX2 only) and Intel run faster
-    without it. Every record of the benchmarks says which way it ran."""
-    zen4 = _amd_family() == 25 and "avx512f" in _cpuinfo_flags()
-    assert C.interaction_l1_burst() == zen4
-    assert cpu_isa_info()["interaction_tiles"]["l1_burst"] == zen4
-
-
 def test_interaction_l1_next_only_on_zen5():
     """The interaction's prefetches of the next sample go into L1 (csrc/cpu_isa.h) exactly on
     AMD family 1Ah (Zen 5), read here from /proc/cpuinfo; elsewhere into L2."""
