@@ -117,6 +117,8 @@ inline void tile_sums(const float* const* ri, const float* const* cj, int64_t Dv
 #else
 #define NEO_NARROW_TILE inline
 #endif
+// NEO_TALL_TILE: the tall tiles' body and the dispatch around every tile (pair_tile_any,
+// pair_tile_nc), inlined in both vector variants.
 #if defined(__AVX2__)
 #define NEO_TALL_TILE __attribute__((always_inline)) inline
 #else
@@ -194,7 +196,7 @@ constexpr int64_t fwd_width() { return WIDE ? 16 : NarrowVec::kLanes; }
 
 template <int R, int C, bool DIAG, bool WIDE, int DV>
 NEO_TALL_TILE void pair_tile_any(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
-                                   int64_t j0, LineSpread& next) {
+                                 int64_t j0, LineSpread& next) {
   if constexpr (WIDE) pair_tile_wide<R, C, DIAG>(ri, cj, Dv, row, j0, next);
   else if constexpr (kHaveTallForward && R == kTallR) pair_tile_body<R, C, DIAG, DV>(ri, cj, Dv, row, j0, next);
   else pair_tile<R, C, DIAG, DV>(ri, cj, Dv, row, j0, next);
@@ -203,7 +205,7 @@ NEO_TALL_TILE void pair_tile_any(const float* const* ri, const float* const* cj,
 // pair_tile with a compile-time column count C <= kFwdC chosen at run time (nc).
 template <int R, bool DIAG, bool WIDE, int DV, int C = kFwdC>
 NEO_TALL_TILE void pair_tile_nc(const float* const* ri, const float* const* cj, int64_t Dv, float* const* row,
-                                  int64_t j0, int64_t nc, LineSpread& next) {
+                                int64_t j0, int64_t nc, LineSpread& next) {
   if constexpr (C > 1) {
     if (nc < C) return pair_tile_nc<R, DIAG, WIDE, DV, C - 1>(ri, cj, Dv, row, j0, nc, next);
   }
