@@ -12,12 +12,12 @@
 #include "column_runs.h"
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
+#include "hugepages.h"
 #include "id_check.h"
 #include "interaction.h"
 #include "jagged_take.h"
 #include "unique_rows.h"
 
-namespace neo { bool advise_hugepages(const at::Tensor& t); }
 
 namespace {
 

@@ -5,7 +5,10 @@
 // marking the buffer MADV_HUGEPAGE makes new faults use 2 MiB pages, and MADV_COLLAPSE
 // (Linux >= 6.1) converts the already populated pages now. Best effort: on failure
 // nothing changes but speed. Only the 2 MiB-aligned interior of the buffer is advised.
-#include <ATen/ATen.h>
+#include "hugepages.h"
+
+#include <fstream>
+#include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -29,6 +32,19 @@ bool advise_hugepages(const at::Tensor& t) {
   return madvise(reinterpret_cast<void*>(a), b - a, MADV_COLLAPSE) == 0;
 #else
   (void)t;
+  return false;
+#endif
+}
+
+bool transparent_hugepages_available() {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  static const bool available = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    return static_cast<bool>(std::getline(f, mode)) && mode.find("[never]") == std::string::npos;
+  }();
+  return available;
+#else
   return false;
 #endif
 }

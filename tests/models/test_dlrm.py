@@ -10,6 +10,7 @@ import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.cpp import use_cpu_isa, use_interaction_tiles
 from neo.embedding import TableBatchedEmbedding
+from neo.host_memory import transparent_hugepage_mode
 from neo.models import DLRM, DotInteraction, LowRankCrossNet
 from neo.sparse import KeyedJaggedBatch
 
@@ -422,6 +423,44 @@ def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
                 assert call(D, 100 + seed)[:2] == first[D][:2]
 
     with ThreadPoolExecutor(max_workers=1) as pool:   # result() raises here what the thread raised
+        pool.submit(rounds).result()
+
+
+def test_fused_dot_interaction_puts_large_buffers_on_2mib_boundaries():
+    """Output buffers of 2 MiB or more (csrc/interaction.cpp, new_buffer) start on a 2 MiB
+    boundary inside a padded storage where transparent huge pages are available, so that
+    every page they touch can be a huge one; the results stay those of the torch path, the
+    buffer is handed out again once dropped (at its offset), and a call of another size that
+    fits the same padded storage takes it too. Where THP is unavailable, plain buffers."""
+    F, D = 26, 64
+    m, ref = DotInteraction(F, D), DotInteraction(F, D, kernel="torch")
+    huge = transparent_hugepage_mode() in ("always", "madvise")
+
+    def call(B, seed):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.randn(B, D, generator=g, requires_grad=True)
+        pooled = torch.randn(B, F * D, generator=g, requires_grad=True)
+        grad = torch.randn(B, m.out_features, generator=g)
+        out = m(dense, pooled)
+        out.backward(grad)
+        d, p = dense.detach().requires_grad_(), pooled.detach().requires_grad_()
+        r = ref(d, p)
+        r.backward(grad)
+        torch.testing.assert_close(out, r, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(dense.grad, d.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pooled.grad, p.grad, rtol=1e-5, atol=1e-5)
+        return pooled.grad.data_ptr(), pooled.grad.storage_offset(), pooled.grad.untyped_storage().nbytes()
+
+    def rounds():
+        ptr, offset, nbytes = call(512, 1)                 # a 3.25 MiB pooled gradient
+        if huge:
+            assert ptr % (2 << 20) == 0 and nbytes >= 512 * F * D * 4 + (2 << 20)
+        else:
+            assert offset == 0 and nbytes == 512 * F * D * 4
+        assert call(512, 2)[0] == ptr                      # dropped, handed out again
+        assert call(500, 3)[0] == ptr or not huge          # 3.17 MiB: the same 4 MiB of pages
+
+    with ThreadPoolExecutor(max_workers=1) as pool:        # its own thread: its own slots
         pool.submit(rounds).result()
 
 
