@@ -79,7 +79,7 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
 // step's backward, a loop variable until reassigned). A new storage takes an empty slot
 // first, then one nobody else holds (its storage, of another size, freed), else slot 1: two
 // shapes called in turn (two modules, or training and evaluation batches) keep a slot each,
-// where a unique slot 0 taken first gave each call a fresh buffer (tests/models/test_dlrm.py).
+// where a unique slot 0 taken first gave each call a fresh buffer (tests/models/test_interaction_buffers.py).
 struct Slots {
   c10::Storage s[2];
 };
@@ -124,7 +124,8 @@ bool held_by_slot_alone(const c10::Storage& s) {
 // from DRAM, 2026-12-04: the backward 16-18% slower with its pooled gradient on 4 KiB pages
 // (D 64 and 128), the forward 2% with its output on them.
 constexpr size_t kHugeBytes = size_t(2) << 20;
-size_t huge_storage_bytes(size_t nbytes) { return (nbytes + kHugeBytes - 1) / kHugeBytes * kHugeBytes + kHugeBytes; }
+size_t huge_pages_bytes(size_t n) { return (n + kHugeBytes - 1) / kHugeBytes * kHugeBytes; }   // n up to whole 2 MiB
+size_t huge_storage_bytes(size_t nbytes) { return huge_pages_bytes(nbytes) + kHugeBytes; }   // room to align
 bool huge_buffer(size_t nbytes) { return nbytes >= kHugeBytes && transparent_hugepages_available(); }
 size_t storage_bytes(size_t nbytes) { return huge_buffer(nbytes) ? huge_storage_bytes(nbytes) : nbytes; }
 
@@ -132,7 +133,7 @@ size_t storage_bytes(size_t nbytes) { return huge_buffer(nbytes) ? huge_storage_
 int64_t buffer_offset(const c10::Storage& s, size_t nbytes) {
   if (!huge_buffer(nbytes)) return 0;
   const auto p = reinterpret_cast<uintptr_t>(s.data());
-  return static_cast<int64_t>(((p + kHugeBytes - 1) / kHugeBytes * kHugeBytes - p) / sizeof(float));
+  return static_cast<int64_t>((huge_pages_bytes(p) - p) / sizeof(float));
 }
 
 // A new storage for nbytes of floats and the (contiguous) tensor on it.
@@ -141,7 +142,7 @@ at::Tensor new_buffer(at::IntArrayRef sizes, size_t nbytes, const at::TensorOpti
   const size_t total = huge_storage_bytes(nbytes);
   const c10::Storage s = at::empty({static_cast<int64_t>(total / sizeof(float))}, options).storage();
   const int64_t offset = buffer_offset(s, nbytes);
-  const int64_t pages = static_cast<int64_t>((nbytes + kHugeBytes - 1) / kHugeBytes * kHugeBytes / sizeof(float));
+  const int64_t pages = static_cast<int64_t>(huge_pages_bytes(nbytes) / sizeof(float));
   advise_hugepages(at::empty({0}, options).set_(s, offset, {pages}));   // every 2 MiB page the buffer touches
   return at::empty({0}, options).set_(s, offset, sizes);
 }
