@@ -94,6 +94,12 @@
 // 2026-12-04 19:01 UTC section) at most 2% faster than the tall tiles at D 64 with the rows in
 // L2, 14-18% slower at D 128.
 //
+// Not done either: n at compile time (every j of the backward's blocks unrolled, the weights'
+// offsets constants; the forward's row blocks and end tiles fixed), for DLRM's n 27. On Zen 4
+// (docs/benchmarks.md, the 2026-12-04 23:25 UTC section) the AVX2 backward 3-5% faster in the C++
+// harness, but no faster in the module after a torch-path pass (within 1%, two A/Bs); AVX-512's
+// within 1.5%; the forward 3-14% slower.
+//
 // FMA is used (vfmadd); the result differs from torch's bmm path by summation order and
 // rounding only (tested against the formula in float64). D not a multiple of kW: the last
 // D % kW columns are summed in scalar code.
