@@ -7,7 +7,7 @@ Each rank sends ``size`` bytes of fp32 to every peer (AlltoAll) or contributes `
 bytes (AllGather; AllReduce: a sum in place, as DDP's gradient buckets are reduced, the
 shared-memory side by ``neo.distributed.ddp_hook.all_reduce_sum_``, the comm hook's reduction).
 Per size: ``--warmup`` then ``--iters`` iterations, each running every (collective, transport)
-once, interleaved in a new order per iteration (bench_common.balanced_orders, picked by the
+once, interleaved in a new order per iteration (bench_common.call_orders, picked by the
 iteration index alone, so every rank runs the same sequence), a barrier before each call;
 reported: the median wall time of the slowest rank and the CPU time per call (this process: the
 calling thread plus gloo's I/O threads). Then ``--chain`` calls of each back to back with no

@@ -16,8 +16,8 @@
 
 Wall time and CPU time are recorded; "per core" rates divide by the cores used (1 or 2), "per CPU-s"
 rates divide by the CPU seconds used (the honest per-core figure on a machine shared with other jobs).
-The two gathers of 3. are timed interleaved (each repetition runs both, in an order that alternates:
-bench_common.balanced_orders), so that load from other jobs hits them alike; the preprocessing runs,
+The two gathers of 3. are timed interleaved (each repetition runs both, neither right after itself:
+bench_common.call_orders), so that load from other jobs hits them alike; the preprocessing runs,
 the synthesis and the loader modes are one timed pass each (after the loader's warm-up pass), run one
 after the other.
 """
@@ -196,7 +196,7 @@ def bench_multi_hot_take(batch: int, reps: int = 30, part_rows: int = 65536) -> 
     features (bags of 0-38 ids, 19 on average), as the loader does it: the numpy baseline and Neo's C++
     copy, side by side in one process, one thread; both must give the same batch. Timed interleaved:
     each of 3 warm-up and ``reps`` timed repetitions runs both gathers (a new shuffled batch per call),
-    in the order of ``balanced_orders`` for the repetition index."""
+    in the order of ``call_orders`` for the repetition index (neither right after itself)."""
     import numpy as np
 
     from data_pipeline.reader import take_from_parts

@@ -58,7 +58,7 @@ Phases: ``fwd`` (inference forward, no autograd) and ``fwd_bwd`` (forward, backw
 optimizer update). Each at every thread count (``torch.set_num_threads``): warm-up, then
 ``--iters`` timed iterations with the backends interleaved (iteration i of every backend
 runs before iteration i + 1 of any, in an order that changes every iteration so that each
-backend runs right after each other one equally often: ``bench_common.balanced_orders``), so
+backend runs right after each other one equally often: ``bench_common.call_orders``), so
 load on a shared machine hits all alike; the median is reported. Every call reads the next of
 ``BATCHES`` pre-generated batches (8 on the CPU: about 670 MB of fp16 rows read between two
 reads of one batch), so no call finds its rows left in the last-level cache by the call

@@ -11,7 +11,8 @@ and a gather of its upper triangle; the backward one ``bmm`` with the symmetrise
 gradients). Shapes: F = 26 pooled features plus the dense vector (n = 27 vectors of D
 floats per sample), B samples. Per iteration, each system runs forward (autograd on) and
 backward with a fixed upstream gradient; systems alternate (each right after each other one
-equally often: ``bench_common.balanced_orders``) so load from other jobs hits both alike;
+equally often, never right after itself: ``bench_common.call_orders``) so load from other jobs
+hits both alike;
 medians over ``--iters``. Before timing, the two outputs
 and input gradients are checked to agree (fp32 tolerance). ``--all-variants`` also times
 the fused kernel's lower ISA variants (those the --isa cap allows) and, in the AVX-512
@@ -67,6 +68,11 @@ iterations' ratios, ``bench_common.median_ci``) with the machine (CPU model, ISA
 record's paired forward + backward ratio over torch's path by that interval (``target_vs_torch``,
 ``target_verdict``): ``met`` where the whole interval is at or above the target, ``not met``
 where it is below, ``undecided`` where it spans it (then more ``--iters`` narrow it).
+``fwd_bwd_ms_by_predecessor``: each system's median forward + backward time grouped by the
+system that ran just before it (printed where they differ by more than 5%): what a call finds
+in the caches and the memory map depends on it (on the Zen 4 VM of 2026-12-05, in the order used
+before ``call_orders``, Neo's D 128 forward + backward took 6.6 ms right after itself and 7.5-7.6
+after torch's path or TorchRec's, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, describe_machine, interleaved, json_path,  # noqa: E402
@@ -99,6 +105,7 @@ class System:
     def __init__(self, name: str, module, isa=None, tiles=None):
         self.name, self.module, self.isa, self.tiles = name, module, isa, tiles
         self.times: Dict[str, List[float]] = {"fwd": [], "bwd": []}
+        self.after: List[str] = []   # per timed iteration: the system that ran just before ("none": nothing)
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:
@@ -219,14 +226,19 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
     grad = torch.randn(B, D + n * (n - 1) // 2, generator=gen)
     systems = systems_for(F, D, args.all_variants, args.torchrec, args.bounds)
     check_agree(systems, dense, pooled, grad)
-    # each system right after each other one equally often
+    # each system right after each other one equally often, never right after itself
+    previous: Optional[str] = None
     for timed, j in interleaved(len(systems), args.warmup, args.iters):
         systems[j].step(dense, pooled, grad, record=timed)
+        if timed:
+            systems[j].after.append(previous or "none")
+        previous = systems[j].name
         dense.grad = pooled.grad = None
     records = []
     for s in systems:
         ms = {p: 1e3 * statistics.median(t) for p, t in phase_times(s).items()}
         records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, **ms,
+                            fwd_bwd_ms_by_predecessor=by_predecessor(s),
                             forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
     add_paired(records, systems)
     return records
@@ -237,6 +249,15 @@ def phase_times(s: System) -> Dict[str, List[float]]:
     their sum, iteration by iteration."""
     return dict(fwd_ms=s.times["fwd"], bwd_ms=s.times["bwd"],
                 fwd_bwd_ms=[a + b for a, b in zip(s.times["fwd"], s.times["bwd"])])
+
+
+def by_predecessor(s: System) -> Dict[str, float]:
+    """A system's median forward + backward ms over its timed iterations, grouped by the system
+    that ran just before each (``System.after``)."""
+    groups: Dict[str, List[float]] = {}
+    for before, t in zip(s.after, phase_times(s)["fwd_bwd_ms"]):
+        groups.setdefault(before, []).append(t)
+    return {before: 1e3 * statistics.median(t) for before, t in sorted(groups.items())}
 
 
 def add_paired(records: List[dict], systems: List[System]) -> None:
@@ -374,6 +395,7 @@ def print_records(records: List[dict]) -> None:
         tiles = r["forward_tiles"] or "-"
         print(f"{r['system']:<19} {r['n']:>3} {r['dim']:>4} {r['batch']:>5} {r['threads']:>7} {tiles:>6} "
               f"{r['fwd_ms']:>8.2f} {r['bwd_ms']:>8.2f} {r['fwd_bwd_ms']:>8.2f}")
+    print_by_predecessor(records)
     for peer in PEERS:
         if not any(r["system"] == peer for r in records):
             continue
@@ -393,6 +415,20 @@ def print_records(records: List[dict]) -> None:
             if peer == "torch" and "target_verdict" in r:
                 line += f"  {r['target_vs_torch']:g}x: {r['target_verdict']}"
             print(line)
+
+
+def print_by_predecessor(records: List[dict], spread: float = 1.05) -> None:
+    """The records whose forward + backward medians by predecessor differ by more than ``spread``."""
+    lines = []
+    for r in records:
+        by = r.get("fwd_bwd_ms_by_predecessor") or {}
+        if len(by) > 1 and max(by.values()) > spread * min(by.values()):
+            lines.append(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: "
+                         + ", ".join(f"after {k} {v:.2f}" for k, v in by.items()))
+    if lines:
+        print("\nfwd+bwd ms by the system run just before (where they differ by more than "
+              f"{spread - 1:.0%})")
+        print("\n".join(lines))
 
 
 def main(argv=None) -> int:

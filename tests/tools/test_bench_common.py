@@ -27,10 +27,27 @@ def test_each_system_runs_right_after_each_other_one_equally_often(n):
     assert firsts == {a: times for a in range(n)}                          # and goes first as often
 
 
+@pytest.mark.parametrize("n", range(1, 10))
+def test_no_system_runs_right_after_itself_in_the_call_orders(n):
+    orders = bench_common.call_orders(n)
+    assert len(orders) == len(balanced_orders(n))
+    assert all(sorted(row) == list(range(n)) for row in orders)           # every system once per order
+    calls = [j for row in orders for j in row]
+    after = collections.Counter((calls[i], calls[(i + 1) % len(calls)]) for i in range(len(calls)))  # the cycle
+    if n == 1:
+        return
+    assert all(a != b for a, b in after)                                   # never right after itself
+    assert set(after) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    if n <= 3:                                                             # the rotated ones: exactly balanced
+        assert len(set(after.values())) == 1
+    else:                                                                  # unchanged from the Williams rows
+        assert orders == balanced_orders(n)
+
+
 @pytest.mark.parametrize("n, warmup, iters", [(1, 0, 3), (2, 2, 5), (3, 1, 7), (4, 3, 4)])
 def test_interleaved_calls_every_system_once_an_iteration_in_the_balanced_order(n, warmup, iters):
     calls = list(bench_common.interleaved(n, warmup, iters))
-    orders = balanced_orders(n)
+    orders = bench_common.call_orders(n)
     assert [j for _, j in calls] == [j for i in range(warmup + iters) for j in orders[i % len(orders)]]
     assert [timed for timed, _ in calls] == [False] * (warmup * n) + [True] * (iters * n)
     timed = collections.Counter(j for t, j in calls if t)

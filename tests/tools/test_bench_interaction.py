@@ -169,3 +169,27 @@ def test_bounds_of_the_baseline_kernels_are_a_note_and_the_records_are_written(t
     assert p.returncode == 0 and "--bounds left out" in p.stdout, p.stderr[-2000:]
     records = json.loads(out.read_text())
     assert records and all(r["bounds_note"] == "no FMA floor for the baseline kernels" for r in records)
+
+
+def test_times_are_grouped_by_the_system_that_ran_just_before():
+    s = bench.System("neo-avx2", None)
+    s.times = {"fwd": [1.0, 2.0, 3.0, 10.0], "bwd": [1.0, 1.0, 1.0, 10.0]}
+    s.after = ["torch", "torchrec", "torch", "torchrec"]
+    # fwd + bwd: after torch 2 and 4 s (median 3), after torchrec 3 and 20 (median 11.5); in ms
+    assert bench.by_predecessor(s) == {"torch": 3000.0, "torchrec": 11500.0}
+
+
+def test_every_record_has_its_times_by_predecessor_and_the_differences_are_printed(capsys):
+    records = bench.run_shape(small_args(torchrec=True), 8, 1, machine={})
+    names = {r["system"] for r in records}
+    for r in records:
+        by = r["fwd_bwd_ms_by_predecessor"]
+        # each timed iteration follows another system of the run, never the same one
+        # (bench_common.call_orders); the warm-up iteration came first, so none follows nothing
+        assert by and set(by) <= names - {r["system"]} and all(v > 0 for v in by.values())
+    fake = [dict(system="neo-avx2", dim=8, threads=1, fwd_bwd_ms_by_predecessor={"torch": 1.0, "torchrec": 1.2}),
+            dict(system="torch", dim=8, threads=1, fwd_bwd_ms_by_predecessor={"neo-avx2": 5.0, "torchrec": 5.1})]
+    bench.print_by_predecessor(fake)
+    out = capsys.readouterr().out
+    assert "neo-avx2            D=8    threads=1: after torch 1.00, after torchrec 1.20" in out
+    assert "after neo-avx2" not in out   # torch's two medians within 5% of each other: not printed
