@@ -1,5 +1,5 @@
 """tools/bench_collectives.py times shared memory and gloo interleaved: every iteration runs each
-(collective, transport) once, in the order bench_common.balanced_orders gives the iteration index,
+(collective, transport) once, in the order bench_common.call_orders gives the iteration index,
 the same on every rank (a back-to-back loop, all of one transport's calls then the other's, lets
 load from other jobs on a shared machine favour one of them)."""
 
