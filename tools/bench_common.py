@@ -116,7 +116,7 @@ def call_orders(n: int) -> List[List[int]]:
     unchanged."""
     rows: List[List[int]] = []
     for row in balanced_orders(n):
-        if rows and n > 1 and row[0] == rows[-1][-1]:
+        if rows and row[0] == rows[-1][-1]:   # (one system: rotating its row changes nothing)
             row = row[1:] + row[:1]
         rows.append(row)
     return rows
