@@ -21,8 +21,13 @@ fp32, on huge pages), reading exactly the rows each batch reads (table t's ids o
 t x rows), in the same order. It is timed with the backends, in the same interleaved loop,
 with six prefetch settings (none; 8 or 16 ids ahead into L1 alone; 16 ids ahead into L1 and
 128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of 2026-11-30 an L1-only one was
-the fastest, on the Intel Xeons a far one); the best is the limit, and every backend's forward lookups/s is also reported as a fraction
-of it.
+the fastest, on the Intel Xeons a far one); the best is the limit, and every backend's forward
+lookups/s is also reported as a fraction of it (``fraction_of_probe``): the gather as the systems
+meet it in the rotation, after other gathers over other tables. The best setting is then also
+timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
+``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds without the others'
+in between (on the AMD EPYC Zen 5 VM of 2026-12-05, 15-16% faster at one thread, fp32:
+docs/benchmarks.md).
 
 Backends, same tables, ids and offsets:
 
@@ -351,19 +356,26 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     n_notes = len(records)
     for threads in args.threads:
         torch.set_num_threads(threads)
-        limit = None
+        limit = alone = None
         for phase in ("fwd", "fwd_bwd"):
             res = time_phase(runners, phase, batches, args.warmup, args.iters)
             probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}
             if probes:   # the machine's limit: the best prefetch setting of the probe
                 best = min(probes, key=probes.get)
                 limit = n_ids / (probes[best] / 1e3)
+                if phase == "fwd":   # the same setting alone: no other system's gather between its calls
+                    alone_ms = time_phase([r for r in runners if r.name == best], "fwd", batches, args.warmup,
+                                          args.iters)[best]
+                    alone = n_ids / (alone_ms / 1e3)
                 res = {"probe": probes[best], **{k: v for k, v in res.items() if k not in probes}}
             for name, ms in res.items():
                 lps = n_ids / (ms / 1e3)
+                fwd = phase == "fwd"
                 records.append(dict(backend=name, threads=threads, phase=phase, ms=ms, lookups_per_s=lps,
                                     probe_lookups_per_s=limit,
-                                    fraction_of_probe=lps / limit if limit and phase == "fwd" else None,
+                                    fraction_of_probe=lps / limit if limit and fwd else None,
+                                    probe_alone_lookups_per_s=alone if fwd else None,
+                                    fraction_of_probe_alone=lps / alone if alone and fwd else None,
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
@@ -377,9 +389,10 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
 
 def print_table(records: List[dict]) -> None:
     print(f"\n{'backend':<11} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
-          f"{'of probe':>9}")
+          f"{'of probe':>9} {'of alone':>9}")
     for r in records:
-        frac = f"{100 * r['fraction_of_probe']:8.0f}%" if r.get("fraction_of_probe") else f"{'-':>9}"
+        frac = " ".join(f"{100 * r[k]:8.0f}%" if r.get(k) else f"{'-':>9}"
+                       for k in ("fraction_of_probe", "fraction_of_probe_alone"))
         print(f"{r['backend']:<11} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
               f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac}")
     by = {(r["backend"], r["dtype"], r["threads"], r["phase"]): r["ms"] for r in records}

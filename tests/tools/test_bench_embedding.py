@@ -1,6 +1,7 @@
 """tools/bench_embedding.py end to end on its --quick workload: the gather probe reads the
 batches' own rows (its table holds every table's rows: 4 x 20k rows of 256 B is not a whole
-number of huge pages) beside Neo, and every forward is reported as a fraction of it."""
+number of huge pages) beside Neo, and every forward is reported as a fraction of it and of the
+same probe timed alone."""
 
 from __future__ import annotations
 
@@ -26,11 +27,17 @@ def test_quick_run_reports_each_forward_against_the_probe(tmp_path):
         assert set(fwd) == {"probe", "neo", "neo-noval"}
         limit = fwd["probe"]["lookups_per_s"]
         assert fwd["probe"]["fraction_of_probe"] == 1.0 and fwd["probe"]["probe_prefetch"]
+        alone = fwd["probe"]["probe_alone_lookups_per_s"]   # the best setting again, its calls back to back
+        assert alone > 0 and fwd["probe"]["fraction_of_probe_alone"] == limit / alone
         for name in ("neo", "neo-noval"):
             r = fwd[name]
             assert r["probe_lookups_per_s"] == limit and r["fraction_of_probe"] == r["lookups_per_s"] / limit
+            assert r["probe_alone_lookups_per_s"] == alone
+            assert r["fraction_of_probe_alone"] == r["lookups_per_s"] / alone
             assert r["row_bytes"] == row_bytes
-        assert {r["backend"] for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"} == {"neo", "neo-noval"}
+        fwd_bwd = [r for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"]
+        assert {r["backend"] for r in fwd_bwd} == {"neo", "neo-noval"}
+        assert all(r["fraction_of_probe_alone"] is None for r in fwd_bwd)   # forward lookups only
 
 
 def _run_with_peers(tmp_path, *flags: str):
