@@ -226,10 +226,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("dtype"), py::arg("stochastic_rounding"), py::arg("seed"), py::arg("step"), py::arg("elem0"));
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream, int64_t sort_prefetch,
                           int64_t bwd_far) {
-        neo::tuning() = neo::Tuning{fwd_prefetch, bwd_lookahead, fwd_stream, sort_prefetch,
-                                    bwd_far < 0 ? neo::default_tuning().bwd_far : bwd_far};
-      }, py::arg("fwd_prefetch"), py::arg("bwd_lookahead"), py::arg("fwd_stream") = 1, py::arg("sort_prefetch") = 1,
-      py::arg("bwd_far") = -1,
+        const neo::Tuning d = neo::default_tuning();
+        const auto pick = [](int64_t v, int64_t fallback) { return v < 0 ? fallback : v; };
+        neo::tuning() = neo::Tuning{pick(fwd_prefetch, d.fwd_prefetch), pick(bwd_lookahead, d.bwd_lookahead),
+                                    pick(fwd_stream, d.fwd_stream), pick(sort_prefetch, d.sort_prefetch),
+                                    pick(bwd_far, d.bwd_far)};
+      }, py::arg("fwd_prefetch") = -1, py::arg("bwd_lookahead") = -1, py::arg("fwd_stream") = -1,
+      py::arg("sort_prefetch") = -1, py::arg("bwd_far") = -1,
       "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead), the forward's streaming "
-      "stores and the backward sort's write prefetches; bwd_far < 0: this CPU's default");
+      "stores and the backward sort's write prefetches; a negative value (the default) sets this CPU's default, "
+      "so _set_tuning() restores them all");
+  m.def("_tuning", [] {
+        const neo::Tuning& t = neo::tuning();
+        return py::dict(py::arg("fwd_prefetch") = t.fwd_prefetch, py::arg("bwd_lookahead") = t.bwd_lookahead,
+                        py::arg("fwd_stream") = t.fwd_stream, py::arg("sort_prefetch") = t.sort_prefetch,
+                        py::arg("bwd_far") = t.bwd_far);
+      }, "Benchmarking only: the kernels' prefetch distances and store policy now in force (_set_tuning)");
 }

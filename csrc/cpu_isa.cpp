@@ -16,7 +16,10 @@ namespace neo {
 
 Tuning default_tuning() {
   Tuning t;
-  if (amd_family_1ah()) t.bwd_far = 0;   // the backward's L2 prefetch of fp32 rows cost 2-8% there (backward.h)
+  if (amd_family_1ah()) {   // AMD Zen 5 (backward.h)
+    t.bwd_far = 0;          // the backward's L2 prefetch of fp32 rows cost 2-8% there
+    t.bwd_lookahead = 24;   // without it, the L1 prefetch further ahead: 3-4% faster with fp32 rows
+  }
   return t;
 }
 

@@ -24,10 +24,10 @@
 //    Adagrad (no weight decay) updated from there too (update_row_regs); other rows go through a
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
 //    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead
-//    are prefetched into L1 (weights and state with write intent, gradient slices), and, on
-//    batches not too sparse in rows, weight and state rows 128 items ahead into L2 (not fp32
-//    rows on AMD Zen 5): rows are random in a large table, so this phase is bound by memory
-//    latency. Common D (16, 32, 64, 128) get compile-time row lengths (straight-line vector
+//    (24 on AMD Zen 5) are prefetched into L1 (weights and state with write intent, gradient
+//    slices), and, on batches not too sparse in rows, weight and state rows 128 items ahead into
+//    L2 (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase is bound by
+//    memory latency. Common D (16, 32, 64, 128) get compile-time row lengths (straight-line vector
 //    code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
@@ -360,6 +360,12 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // bwd_far 0 against 128 in one process, alternating, FBGEMM's time as the yardstick
   // (2026-12-02): fp32 tables 2-8% faster at 1 thread (six runs), 1-5% at 2 (three); fp16
   // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.
+  // Without it the L1 prefetch goes further ahead there (bwd_lookahead 24, default_tuning): the
+  // same workload, fp32, forward + backward at one thread, 16 against 24 items ahead, runs in
+  // call_orders' order beside FBGEMM (2026-12-05): 28.16 -> 27.05, 28.99 -> 27.87, 28.78 -> 27.79
+  // ms at 20 ids a bag; 2% faster at 5 ids a bag; within the noise at one id a bag (4% either way
+  // in four runs), at two threads and with fp16 tables (which keep the far prefetch); 32 and 48
+  // items ahead no better than 24.
   const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : kBwdFar;
   const int64_t far = n_valid * 16 >= m.total_rows ? far_items : 0;
   float* sorted_w = nullptr;

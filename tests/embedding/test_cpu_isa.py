@@ -85,6 +85,26 @@ def test_interaction_l1_next_only_on_zen5():
     assert cpu_isa_info()["interaction_tiles"]["l1_next"] == zen5
 
 
+def test_tuning_defaults_per_cpu_and_set_tuning_restores_them():
+    """The backward's prefetch distances by CPU (csrc/cpu_isa.cpp default_tuning): on AMD family
+    1Ah (Zen 5) no far prefetch of fp32 rows and the L1 prefetch 24 sorted items ahead, elsewhere
+    128 and 16. _set_tuning sets the fields it is given, and a field left out (or negative) gets
+    this CPU's default back, so _set_tuning() undoes a benchmark's or a test's settings."""
+    zen5 = _amd_family() == 26
+    C._set_tuning()
+    defaults = C._tuning()
+    assert (defaults["bwd_far"], defaults["bwd_lookahead"]) == ((0, 24) if zen5 else (128, 16))
+    assert (defaults["fwd_prefetch"], defaults["fwd_stream"], defaults["sort_prefetch"]) == (32, 1, 1)
+    try:
+        C._set_tuning(fwd_prefetch=8, bwd_far=64)
+        assert C._tuning() == {**defaults, "fwd_prefetch": 8, "bwd_far": 64}
+        C._set_tuning(5, -1, 0)
+        assert C._tuning() == {**defaults, "fwd_prefetch": 5, "fwd_stream": 0}
+    finally:
+        C._set_tuning()
+    assert C._tuning() == defaults
+
+
 def test_cpu_id_and_caches_name_the_machine(tmp_path):
     info = Path("/proc/cpuinfo")
     text = info.read_text().split("\n\n")[0] if info.exists() else ""
@@ -266,14 +286,14 @@ def test_forward_streaming_stores_match_plain_stores_and_the_reference(isa, dtyp
             torch.set_num_threads(threads)
             outs = []
             for stream in (1, 0):
-                C._set_tuning(32, 16, stream)
+                C._set_tuning(fwd_stream=stream)
                 with use_cpu_isa(isa):
                     outs.append(fast(batch))
             assert outs[0].data_ptr() % 64 == 0                  # the streaming stores' precondition
             for out in outs:
                 assert torch.equal(out, expected), f"{isa}, {threads} threads: max diff {(out - expected).abs().max()}"
     finally:
-        C._set_tuning(32, 16, 1)
+        C._set_tuning()   # this CPU's defaults
         torch.set_num_threads(prev)
 
 
