@@ -16,9 +16,10 @@ namespace neo {
 
 Tuning default_tuning() {
   Tuning t;
-  if (amd_family_1ah()) {   // AMD Zen 5 (backward.h)
+  if (amd_family_1ah()) {   // AMD Zen 5 (backward.h, radix_sort.h)
     t.bwd_far = 0;          // the backward's L2 prefetch of fp32 rows cost 2-8% there
     t.bwd_lookahead = 24;   // without it, the L1 prefetch further ahead: 3-4% faster with fp32 rows
+    t.sort_prefetch = 0;    // the radix sort's write prefetches made it 1.7x slower there
   }
   return t;
 }

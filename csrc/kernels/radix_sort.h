@@ -22,8 +22,12 @@
 // prefetches, with write intent, the line after the next one. A sort of 409,600 items
 // of 17-bit keys (2 passes of 512 buckets), caches flushed before each sort, Intel Xeon,
 // AVX2: 10.5-11.0 -> 5.7-5.8 ms; at 655k items over 1M rows 13.1 -> 7.8 ms; a segment
-// in cache (28k items) unchanged (scratch program, 2026-12-02). tuning().sort_prefetch = 0
-// (neo._C._set_tuning) turns it off, for benchmarks.
+// in cache (28k items) unchanged (scratch program, 2026-12-02). Not on AMD Zen 5 (family 1Ah:
+// tuning().sort_prefetch 0 there, default_tuning), where the same prefetches made the sort
+// slower: 655k items of 23-bit keys (2 passes of 4096 buckets) in the fused backward, one
+// thread, with and without them alternating (NEO_PROFILE, 2026-12-05), 3.05-3.10 against
+// 1.73-1.75 ms; forward + backward 4-5% faster without them with 20 ids a bag, 2-3% with one id
+// or fp16 rows, 2% at two threads. neo._C._set_tuning(sort_prefetch=...) sets it, for benchmarks.
 #pragma once
 
 #include "util.h"

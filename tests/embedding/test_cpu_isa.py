@@ -86,15 +86,17 @@ def test_interaction_l1_next_only_on_zen5():
 
 
 def test_tuning_defaults_per_cpu_and_set_tuning_restores_them():
-    """The backward's prefetch distances by CPU (csrc/cpu_isa.cpp default_tuning): on AMD family
-    1Ah (Zen 5) no far prefetch of fp32 rows and the L1 prefetch 24 sorted items ahead, elsewhere
-    128 and 16. _set_tuning sets the fields it is given, and a field left out (or negative) gets
-    this CPU's default back, so _set_tuning() undoes a benchmark's or a test's settings."""
+    """The backward's prefetches by CPU (csrc/cpu_isa.cpp default_tuning): on AMD family 1Ah
+    (Zen 5) no far prefetch of fp32 rows, the L1 prefetch 24 sorted items ahead and no write
+    prefetches in the radix sort; elsewhere 128, 16 and the sort's prefetches. _set_tuning sets
+    the fields it is given, and a field left out (or negative) gets this CPU's default back, so
+    _set_tuning() undoes a benchmark's or a test's settings."""
     zen5 = _amd_family() == 26
     C._set_tuning()
     defaults = C._tuning()
-    assert (defaults["bwd_far"], defaults["bwd_lookahead"]) == ((0, 24) if zen5 else (128, 16))
-    assert (defaults["fwd_prefetch"], defaults["fwd_stream"], defaults["sort_prefetch"]) == (32, 1, 1)
+    assert (defaults["bwd_far"], defaults["bwd_lookahead"], defaults["sort_prefetch"]) == \
+        ((0, 24, 0) if zen5 else (128, 16, 1))
+    assert (defaults["fwd_prefetch"], defaults["fwd_stream"]) == (32, 1)
     try:
         C._set_tuning(fwd_prefetch=8, bwd_far=64)
         assert C._tuning() == {**defaults, "fwd_prefetch": 8, "bwd_far": 64}
