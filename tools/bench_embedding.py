@@ -26,7 +26,7 @@ lookups/s is also reported as a fraction of it (``fraction_of_probe``): the gath
 meet it in the rotation, after other gathers over other tables. The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds without the others'
-in between (on the AMD EPYC Zen 5 VM of 2026-12-05, 15-16% faster at one thread, fp32:
+in between (on the AMD EPYC Zen 5 VM of 2026-12-05, 14-16% faster at one thread, fp32:
 docs/benchmarks.md).
 
 Backends, same tables, ids and offsets:
