@@ -7,6 +7,7 @@
     python tools/bench_embedding.py --isa avx2          # every system capped at AVX2 (tools/bench_common.py)
     python tools/bench_embedding.py --weighted          # per-id weights (below)
     python tools/bench_embedding.py --learnable-weights # per-id weights that require grad (below)
+    python tools/bench_embedding.py --dtypes fp32 --neo-tuning bwd_lookahead=16 --neo-tuning sort_prefetch=1
 
 Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``: only
 fp32 and fp16 are accepted; bf16 is refused, FBGEMM's CPU TBE would run it in fp32),
@@ -36,6 +37,10 @@ Backends, same tables, ids and offsets:
   validate=False (one copy of the tables serves both).
 - ``fbgemm``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST/CPU,
   EXACT_ROWWISE_ADAGRAD), skipped with a note where fbgemm_gpu is not importable.
+- ``neo@NAME=K,...`` (``--neo-tuning NAME=K[,NAME=K]``, repeatable): the same module, validate on,
+  under other kernel settings (``neo._C._set_tuning``: prefetch distances, streaming stores; this
+  CPU's defaults, ``neo._C._tuning()``, restored after each call), timed in the same rotation: how
+  a setting compares with this CPU's default on this machine.
 - ``torch``: 8 x ``nn.EmbeddingBag(mode="sum", sparse=True)`` + ``torch.optim.Adagrad``
   (per-element Adagrad: the closest stock PyTorch has; it does more work per row); fp32 only.
 
@@ -167,10 +172,13 @@ def probe_runners(args, dtype: str, batches) -> List[Runner]:
     return [make(n, f) for n, f in PROBE_DISTANCES]
 
 
-def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu",
-                dtype: str = "fp32") -> Tuple[List[Runner], List[torch.Tensor]]:
+def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: str = "cpu", dtype: str = "fp32",
+                tunings: Tuple[Dict[str, int], ...] = ()) -> Tuple[List[Runner], List[torch.Tensor]]:
     """One module (memory: one copy of the tables) timed twice: validate on, then off; and its
-    initial tables (views, in their storage dtype), for the peers to start from."""
+    initial tables (views, in their storage dtype), for the peers to start from. Each of
+    ``tunings`` (``--neo-tuning``) adds the module once more, validate on, under those kernel
+    settings (``neo._C._set_tuning``, this CPU's defaults restored after each call): a runner
+    named ``neo@`` and the settings."""
     tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",), dtype=dtype,
                           optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
     emb = TableBatchedEmbedding(tables, backend=backend, device=device)
@@ -191,7 +199,25 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
 
         return Runner(name, fwd, fwd_bwd)
 
-    return [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else []), weights
+    def tuned(settings: Dict[str, int]) -> Runner:
+        from neo import _C
+
+        base = make(True, names[0])
+
+        def under(fn):
+            def run(b):
+                _C._set_tuning(**settings)
+                try:
+                    return fn(b)
+                finally:
+                    _C._set_tuning()
+            return run
+
+        label = ",".join(f"{k}={v}" for k, v in settings.items())
+        return Runner(f"{names[0]}@{label}", under(base.fwd), under(base.fwd_bwd))
+
+    runners = [make(True, names[0])] + ([make(False, names[1])] if len(names) > 1 else [])
+    return runners + [tuned(t) for t in tunings], weights
 
 
 def fbgemm_runner(args, weights: List[torch.Tensor], notes: Dict[str, str], dtype: str = "fp32") -> Optional[Runner]:
@@ -337,7 +363,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
           f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
           f"{'learnable per-id weights, ' if args.learnable_weights else 'per-id weights, ' if args.weighted else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
-    neo, weights = neo_runners(args, dtype=dtype)
+    neo, weights = neo_runners(args, dtype=dtype, tunings=tuple(args.neo_tuning))
     runners, notes = probe_runners(args, dtype, batches) + neo, {}
     fb = None if args.no_fbgemm else fbgemm_runner(args, weights, notes, dtype)
     if fb is not None:
@@ -388,17 +414,19 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
 
 
 def print_table(records: List[dict]) -> None:
-    print(f"\n{'backend':<11} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
+    w = max([11] + [len(r["backend"]) for r in records])   # --neo-tuning's runners have long names
+    print(f"\n{'backend':<{w}} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
           f"{'of probe':>9} {'of alone':>9}")
     for r in records:
         frac = " ".join(f"{100 * r[k]:8.0f}%" if r.get(k) else f"{'-':>9}"
                        for k in ("fraction_of_probe", "fraction_of_probe_alone"))
-        print(f"{r['backend']:<11} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
+        print(f"{r['backend']:<{w}} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
               f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac}")
     by = {(r["backend"], r["dtype"], r["threads"], r["phase"]): r["ms"] for r in records}
     keys = sorted({(r["dtype"], r["threads"]) for r in records})
+    tuned = sorted({r["backend"] for r in records if r["backend"].startswith("neo@")})
     print("\nspeed-up of neo (validate on) = other ms / neo ms   [neo-noval in brackets]")
-    for other in ("fbgemm", "torch"):
+    for other in ("fbgemm", "torch", *tuned):
         for dtype, t in keys:
             for phase in ("fwd", "fwd_bwd"):
                 if (other, dtype, t, phase) in by and ("neo", dtype, t, phase) in by:
@@ -481,6 +509,22 @@ DEFAULTS = {"tables": 8, "rows": 1_000_000, "batch": 4096, "iters": 10, "warmup"
 QUICK = {"tables": 4, "rows": 20_000, "batch": 256, "iters": 3, "warmup": 1}
 
 
+def tuning_settings(s: str) -> Dict[str, int]:
+    """--neo-tuning: ``name=value`` pairs, comma-separated, names those of ``neo._C._tuning()``
+    (csrc/kernel_types.h ``Tuning``), values >= 0."""
+    from neo import _C
+
+    fields = _C._tuning()
+    out: Dict[str, int] = {}
+    for item in s.split(","):
+        name, eq, value = item.strip().partition("=")
+        if not eq or name not in fields or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not name=value with a name from "
+                                             f"{', '.join(fields)} and a value >= 0")
+        out[name] = int(value)
+    return out
+
+
 def dtype_list(s: str) -> List[str]:
     """--dtypes: a comma-separated list of DTYPES."""
     out = [x.strip() for x in s.split(",")]
@@ -514,6 +558,9 @@ def main(argv=None) -> int:
                    help="per-id weights that require grad: each system also computes their gradient (module doc)")
     p.add_argument("--no-fbgemm", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--neo-tuning", type=tuning_settings, action="append", default=[], metavar="NAME=K[,NAME=K]",
+                   help="CPU: also time Neo under these kernel settings (neo._C._set_tuning; repeatable), e.g. "
+                        "bwd_lookahead=16,sort_prefetch=1: a runner 'neo@...' beside Neo at this CPU's defaults")
     p.add_argument("--cuda-only", action="store_true",
                    help="only the CUDA section (the triton backend against PyTorch on the GPU); an error without CUDA")
     add_isa_arg(p)

@@ -140,3 +140,27 @@ def test_cuda_only_without_cuda_is_a_usage_error(capsys):
         load_tool("bench_embedding.py").main(["--cuda-only"])
     assert e.value.code == 2
     assert "--cuda-only: this torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_neo_tuning_times_neo_under_other_settings_and_restores_the_defaults(tmp_path):
+    """--neo-tuning adds Neo's module under other kernel settings (neo._C._set_tuning) to the
+    rotation: its forward checked against Neo's, both phases timed; this CPU's defaults are in
+    force again after the run. A setting that neo._C does not have is refused."""
+    from neo import _C
+
+    bench = load_tool("bench_embedding.py")
+    defaults = _C._tuning()
+    out = tmp_path / "emb.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--no-torch", "--no-fbgemm", "--dtypes", "fp32", "--threads", "1",
+                           "--iters", "1", "--neo-tuning", "bwd_lookahead=3,sort_prefetch=1", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert _C._tuning() == defaults
+    tuned = [r for r in json.loads(out.read_text()) if r["backend"] == "neo@bwd_lookahead=3,sort_prefetch=1"]
+    assert sorted(r["phase"] for r in tuned) == ["fwd", "fwd_bwd"]
+    assert all(r["max_abs_diff_vs_neo"] == 0.0 for r in tuned)   # the same module's forward: the same bits
+    for bad in ("bogus=1", "bwd_lookahead", "bwd_lookahead=-2"):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", "--neo-tuning", bad])
