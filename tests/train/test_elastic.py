@@ -83,6 +83,10 @@ def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data, 
         assert victim in pids, f"worker of rank {victim} not found {why}"
         os.kill(pids[victim], signal.SIGKILL)
         killed = time.monotonic()
+        # the step logged when the kill landed: the poll, pgrep and /proc take tens of ms, and on a
+        # busy machine the tiny steps run on past kill_at meanwhile (24 seen at kill_at 20)
+        seen = _last_step(metrics)
+        why = f"(seed {seed}: rank {victim} killed at step {seen}, aimed at {kill_at})"
         rc = agent.wait(timeout=max(10, deadline - time.monotonic()))
         after_kill = time.monotonic() - killed
     finally:
@@ -97,7 +101,7 @@ def test_a_killed_rank_restarts_from_the_checkpoint_with_nothing_lost(tmp_data, 
     restarts = [r for r in records if r["kind"] == "restart"]
     assert len(restarts) == 1 and restarts[0]["attempt"] == 1, (restarts, why)
     from_step = restarts[0]["from_step"]
-    assert from_step % EVERY == 0 and from_step <= kill_at + 2, (from_step, why)    # the last checkpoint
+    assert from_step % EVERY == 0 and from_step <= seen + 2, (from_step, why)    # the last checkpoint
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == list(range(1, STEPS + 1)), f"each step logged once, in order {why}"
     final = [r for r in records if r["kind"] == "final"]
