@@ -66,12 +66,12 @@ struct KernelTable {
   void (*id_check_i32)(const IdCheckArgs<int32_t>&);
   void (*id_check_i64)(const IdCheckArgs<int64_t>&);
 
-  // Memory probe: sums rows ids[0..n) of `row_bytes` bytes each of table (as integers),
-  // prefetching `prefetch` ids ahead into L1 and `far` ids ahead with locality hint
+  // Memory probe: sums rows ids[0..n) of `row_bytes` bytes each of table (`rows` rows; as
+  // integers), prefetching `prefetch` ids ahead into L1 and `far` ids ahead with locality hint
   // `far_hint` (every `far_every`-th line; 0 ids: none), on the torch threads; returns a
-  // checksum.
-  uint64_t (*gather_probe)(const uint8_t* table, int64_t row_bytes, const int64_t* ids, int64_t n,
-                           int64_t prefetch, int64_t far, int64_t far_hint, int64_t far_every);
+  // checksum, and in *invalid the ids outside [0, rows) (not read).
+  uint64_t (*gather_probe)(const uint8_t* table, int64_t row_bytes, int64_t rows, const int64_t* ids, int64_t n,
+                           int64_t prefetch, int64_t far, int64_t far_hint, int64_t far_every, int64_t* invalid);
   // Memory probe: the dot interaction's reads and writes alone (interaction_forward's and
   // interaction_backward's, same arguments), no arithmetic; the outputs hold no meaning.
   void (*interaction_traffic_forward)(const InteractionArgs&, float* out);

@@ -67,14 +67,12 @@ int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tenso
   TORCH_CHECK(far_hint >= 0 && far_hint <= 2, "neo._C.gather_probe: far_hint must be 0, 1 or 2, got ", far_hint);
   TORCH_CHECK(far_every >= 1, "neo._C.gather_probe: far_every must be >= 1, got ", far_every);
   const int64_t rows = table.numel() * table.element_size() / row_bytes;
-  if (ids.numel() > 0) {
-    const auto [lo, hi] = at::aminmax(ids);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < rows, "neo._C.gather_probe: ids must lie in [0, ",
-                rows, ")");
-  }
-  const uint64_t sum = kernels().gather_probe(static_cast<const uint8_t*>(table.data_ptr()), row_bytes,
+  int64_t invalid = 0;   // counted in the gather's loop (no pass of its own); those rows are not read
+  const uint64_t sum = kernels().gather_probe(static_cast<const uint8_t*>(table.data_ptr()), row_bytes, rows,
                                               ids.data_ptr<int64_t>(), ids.numel(), near, far, far_hint,
-                                              far_every);
+                                              far_every, &invalid);
+  TORCH_CHECK(invalid == 0, "neo._C.gather_probe: ids must lie in [0, ", rows, "): ", invalid, " of ", ids.numel(),
+              " do not");
   return static_cast<int64_t>(sum & 0x7fffffffffffffffULL);
 }
 

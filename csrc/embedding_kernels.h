@@ -38,7 +38,8 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
 // `row_bytes` bytes of a flat buffer, prefetching `near` ids ahead into L1 and `far` ids
 // ahead (0: off) with locality hint `far_hint` (1: L2, 2: prefetcht2, 0: non-temporal), every
 // `far_every`-th line of a row, on the torch threads, with the active variant; returns a
-// checksum.
+// checksum. Raises where an id lies outside the table (counted in the gather's loop, its row
+// not read).
 int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,
                      int64_t far_hint, int64_t far_every);
 

@@ -130,6 +130,11 @@ def test_gather_probe_reads_the_rows_it_is_given(isa):
         torch.set_num_threads(prev)
     with pytest.raises(RuntimeError, match="ids must lie in"):
         C.gather_probe(table, 256, torch.tensor([500]), 0, 0)
+    bad = ids.clone()
+    bad[[7, 1500, 2999]] = torch.tensor([-1, 500, 2 ** 40])   # counted in the gather's loop, their rows not read
+    for near, far in ((0, 0), (16, 128)):
+        with pytest.raises(RuntimeError, match=r"ids must lie in \[0, 500\): 3 of 3000 do not"):
+            C.gather_probe(table, 256, bad, near, far)
     with pytest.raises(RuntimeError, match="far_hint must be 0, 1 or 2"):
         C.gather_probe(table, 256, ids, 16, 128, 3, 1)
     with pytest.raises(RuntimeError, match="far_every must be >= 1"):
