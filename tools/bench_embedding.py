@@ -17,9 +17,9 @@ batch 4096, one feature per table; bag lengths uniform in 1 .. 2 * pooling_facto
 
 The machine's limit is measured in the same run: ``probe`` is the gather probe of
 ``tools/bench_gather_probe.py`` (the plainest random-row gather: no bags, no output, the
-ids' range checked in its loop, summed in registers) over a table as large as the workload's (8 x 1M rows: 2 GiB
-fp32, on huge pages), reading exactly the rows each batch reads (table t's ids offset by
-t x rows), in the same order. It is timed with the backends, in the same interleaved loop,
+ids' range checked in its loop, summed in registers) over a table as large as the
+workload's (8 x 1M rows: 2 GiB fp32, on huge pages), reading exactly the rows each batch
+reads (table t's ids offset by t x rows), in the same order. It is timed with the backends, in the same interleaved loop,
 with six prefetch settings (none; 8 or 16 ids ahead into L1 alone; 16 ids ahead into L1 and
 128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of 2026-11-30 an L1-only one was
 the fastest, on the Intel Xeons a far one); the best is the limit, and every backend's forward

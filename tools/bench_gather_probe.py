@@ -9,9 +9,8 @@ positions of a table much larger than the last-level cache (2 GiB by default, ``
 keep it several times the last-level cache, which is 504 MiB on some of the Intel Xeon VMs
 here) and sums them into registers: no bags, no output, ids split evenly over the threads, each
 id's range checked in the gather's loop (a compare and a branch, as in Neo's forward; no pass
-over the ids of its own), the prefetches running to the end of a thread's ids. It runs with
-several software-prefetch distances (into L1 ``near`` ids ahead, into L2 ``far`` ids ahead) and
-the best is the limit. The table is backed by
+over the ids of its own). It runs with several software-prefetch distances (into L1 ``near``
+ids ahead, into L2 ``far`` ids ahead) and the best is the limit. The table is backed by
 transparent huge pages where the kernel allows (as Neo's backend backs its tables), so the
 limit is the memory system's, not the TLB's. Reported: lookups/s and GB/s (row bytes
 read per second), per row size and thread count; ``tools/bench_embedding.py`` reports every

@@ -11,11 +11,9 @@
 // rest); the benchmark takes the best of several such schedules. No bags, no output. An id
 // outside [0, rows) is counted and its row not read (a compare and a branch per id, as in the
 // forward's loop; the caller raises on a count above zero): no pass over the ids before the
-// gather. The prefetches run ahead to the end of the thread's range, across the chunks the
-// checksum is kept in. Both changed on 2026-12-05 (AMD EPYC 26/2/1, one thread, 8 x 1M rows):
-// the earlier probe checked the ids in a pass of their own (at::aminmax, 0.18 ms of a
-// 655k-id batch: 4% of the fp32 probe, 8% of the fp16 one) and let its prefetch stream
-// run dry at every 4,096-id chunk, so a forward that did neither read faster than it.
+// gather. Until 2026-12-05 the probe checked the ids in a pass of their own (at::aminmax:
+// 0.18 ms of a 655k-id batch, 4% of the fp32 probe and 8% of the fp16 one on AMD EPYC
+// 26/2/1 at one thread), so a forward, which does not, could read faster than it.
 #pragma once
 
 #include "interaction_backward.h"   // large_pooled_gradient
@@ -26,19 +24,19 @@ NEO_KERNELS_BEGIN
 // Rows ids[s, e) of BYTES bytes (0: row_bytes, known only at run time) summed into acc; the
 // far prefetches with locality hint HINT, every EVERY-th line (0: `every`, known only at run
 // time; the default, every line, is compiled straight-line like the near prefetches).
-// Prefetch targets reach up to pend (the thread's range end, past e); an id out of range
-// counts in bad and adds nothing (its prefetches never fault: the address is only computed).
+// An id out of range counts in bad and adds nothing (its prefetches never fault: the
+// address is only computed).
 template <int64_t BYTES, int HINT, int EVERY>
 inline vi probe_range(const uint8_t* table, int64_t row_bytes, uint64_t rows, const int64_t* ids, int64_t s,
-                      int64_t e, int64_t pend, int64_t near, int64_t far, int64_t every, vi acc, int64_t& bad) {
+                      int64_t e, int64_t near, int64_t far, int64_t every, vi acc, int64_t& bad) {
   const int64_t rb = BYTES ? BYTES : row_bytes, step = 64 * (EVERY ? EVERY : every);
   const auto row = [&](int64_t id) { return table + static_cast<uint64_t>(id) * static_cast<uint64_t>(rb); };
   for (int64_t i = s; i < e; ++i) {
-    if (near && i + near < pend) {
+    if (near && i + near < e) {
       const uint8_t* p = row(ids[i + near]);
       for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(p + o, 0, 3);
     }
-    if (far && i + far < pend) {
+    if (far && i + far < e) {
       const uint8_t* p = row(ids[i + far]);
       for (int64_t o = 0; o < rb; o += step) __builtin_prefetch(p + o, 0, HINT);
     }
@@ -50,20 +48,20 @@ inline vi probe_range(const uint8_t* table, int64_t row_bytes, uint64_t rows, co
   return acc;
 }
 
-// probe_range with the common row sizes unrolled, as the forward's are.
-// The arguments of probe_range that stay fixed over a thread's chunks.
+// The arguments of probe_range that stay fixed over a call.
 struct ProbeRange {
   const uint8_t* table;
   int64_t row_bytes;
   uint64_t rows;
   const int64_t* ids;
-  int64_t pend, near, far, every;
+  int64_t near, far, every;
 };
 
+// probe_range with the common row sizes unrolled, as the forward's are.
 template <int HINT, int EVERY>
 inline vi probe_rows(const ProbeRange& p, int64_t s, int64_t e, vi acc, int64_t& bad) {
 #define NEO_PROBE_RANGE(BYTES) \
-  probe_range<BYTES, HINT, EVERY>(p.table, p.row_bytes, p.rows, p.ids, s, e, p.pend, p.near, p.far, p.every, acc, bad)
+  probe_range<BYTES, HINT, EVERY>(p.table, p.row_bytes, p.rows, p.ids, s, e, p.near, p.far, p.every, acc, bad)
   switch (p.row_bytes) {
     case 128: return NEO_PROBE_RANGE(128);
     case 256: return NEO_PROBE_RANGE(256);
@@ -83,8 +81,8 @@ uint64_t gather_probe(const uint8_t* table, int64_t row_bytes, int64_t rows, con
   const int64_t chunks = num_chunks(n, 4096);
   std::vector<uint64_t> sums(chunks, 0);
   std::vector<int64_t> bad(chunks, 0);
+  const ProbeRange p{table, row_bytes, static_cast<uint64_t>(rows), ids, near, far, far_every};
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    const ProbeRange p{table, row_bytes, static_cast<uint64_t>(rows), ids, n * c1 / chunks, near, far, far_every};
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t s = n * c / chunks, e = n * (c + 1) / chunks;
       vi acc = vizero();
