@@ -16,19 +16,21 @@ batch 4096, one feature per table; bag lengths uniform in 1 .. 2 * pooling_facto
 0.01, eps 1e-8).
 
 The machine's limit is measured in the same run: ``probe`` is the gather probe of
-``tools/bench_gather_probe.py`` (the plainest random-row gather: no bags, no output, the
-ids' range checked in its loop, summed in registers) over a table as large as the
-workload's (8 x 1M rows: 2 GiB fp32, on huge pages), reading exactly the rows each batch
-reads (table t's ids offset by t x rows), in the same order. It is timed with the backends, in the same interleaved loop,
-with six prefetch settings (none; 8 or 16 ids ahead into L1 alone; 16 ids ahead into L1 and
-128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of 2026-11-30 an L1-only one was
+``tools/bench_gather_probe.py`` (the plainest random-row gather: no bags, no output, the ids'
+range checked in its loop, summed in registers) over a table as large as the workload's (8 x 1M
+rows: 2 GiB fp32, on huge pages), reading exactly the rows each batch reads (table t's ids
+offset by t x rows), in the same order. It is timed with the backends, in the same interleaved
+loop, with six prefetch settings (none; 8 or 16 ids ahead into L1 alone; 16 ids ahead into L1
+and 128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of 2026-11-30 an L1-only one was
 the fastest, on the Intel Xeons a far one); the best is the limit, and every backend's forward
-lookups/s is also reported as a fraction of it (``fraction_of_probe``): the gather as the systems
-meet it in the rotation, after other gathers over other tables. The best setting is then also
+lookups/s is also reported as a fraction of it (``fraction_of_probe``): the gather in the
+rotation. Its six settings share one table, so most of a setting's calls follow another probe
+call and find that table partly warm, where Neo's and FBGEMM's follow gathers over other tables:
+the fraction understates theirs (on the AMD EPYC Zen 5 VM of 2026-12-05 a gather right after one
+over the same tables ran 1.2-1.3x faster; docs/benchmarks.md). The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
-``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds without the others'
-in between (on the AMD EPYC Zen 5 VM of 2026-12-05, 14-16% faster at one thread, fp32:
-docs/benchmarks.md).
+``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
+warm.
 
 Backends, same tables, ids and offsets:
 
