@@ -1,8 +1,10 @@
 // Pooled forward lookup of a group: checks, then the active ISA variant's kernel
 // (csrc/kernels/forward.h: the bag sums in registers, prefetching rows ahead; bit-identical
-// to the reference in every variant); and the gradient of its per-id weights (weight_grad.h).
+// to the reference in every variant) into an output buffer reused across calls
+// (reused_buffers.h); and the gradient of its per-id weights (weight_grad.h).
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
+#include "reused_buffers.h"
 
 namespace neo {
 
@@ -15,7 +17,11 @@ std::tuple<at::Tensor, int64_t> embedding_forward(
   const GroupMeta m = make_meta(table_rows, table_dims, weight_offsets, row_offsets, feature_table,
                                 output_offsets, feature_mean, batch_size);
   check_inputs(m, weights, indices, offsets, per_sample_weights);
-  at::Tensor out = at::empty({m.B, m.total_dim}, weights.options().dtype(at::kFloat));
+  // reused from an earlier call once nothing holds it (reused_buffers.h): a fresh output of
+  // megabytes a call was faulted in page by page, a fifth of the forward's time. Four slots: a
+  // rank's table groups, each called once a step, keep one each.
+  thread_local Slots slots(4);
+  at::Tensor out = reused_or_empty(slots, {m.B, m.total_dim}, weights.options().dtype(at::kFloat));
   if (m.B == 0 || m.F == 0) return {out, 0};
   const Lookup L{indices.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(),
                  per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr};

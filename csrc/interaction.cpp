@@ -1,7 +1,7 @@
 // DLRM's dot interaction, fused (the math and its register blocking per ISA:
 // csrc/kernels/interaction.h): checks and the pooled layout here, then the active
-// variant's kernel; output buffers reused across calls (reused_or_empty); and the op with
-// its backward as one C++ autograd node, torch.ops.neo.dot_interaction, which
+// variant's kernel; output buffers reused across calls (reused_or_empty, reused_buffers.h);
+// and the op with its backward as one C++ autograd node, torch.ops.neo.dot_interaction, which
 // neo.models.DotInteraction calls without the dispatcher (dot_interaction_eager).
 //
 // Pooled layout: either a contiguous (B, F * D) tensor, or any flat buffer in which feature
@@ -10,7 +10,6 @@
 // multiplied by grad_scale (the sharded collection's 1 / W), into a buffer like `pooled`.
 #include "interaction.h"
 
-#include <Python.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -18,7 +17,7 @@
 #include <vector>
 
 #include "cpu_isa.h"
-#include "hugepages.h"
+#include "reused_buffers.h"
 
 namespace neo {
 namespace {
@@ -65,102 +64,6 @@ Layout layout_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F,
   return L;
 }
 
-// Output buffers reused from one call to the next on a thread, when nothing holds them any
-// more (the caller dropped the gradients, or the activation, since). A fresh 4 to 27 MB
-// buffer per call lands on new heap pages whenever the allocator's free chunks shift
-// between calls (they do when other tensors of other sizes come and go in between, as in
-// tools/bench_interaction.py), and each first touch of a 4 KiB page is a page fault:
-// backward at B 2048, D 128 then takes 8 to 23 ms instead of 5, faulting in 4 to 27 MB.
-// A slot keeps the storage, not a tensor: the returned tensor is the only one, so autograd
-// still takes it as .grad without copying (AccumulateGrad steals a gradient only when
-// nothing else holds the tensor). A storage is reused only when its slot alone holds it
-// (held_by_slot_alone) and it has the size wanted. Two slots per output: the previous
-// call's output is often still held when the next call starts (an activation until the
-// step's backward, a loop variable until reassigned). A new storage takes an empty slot
-// first, then one nobody else holds (its storage, of another size, freed), else slot 1: two
-// shapes called in turn (two modules, or training and evaluation batches) keep a slot each,
-// where a unique slot 0 taken first gave each call a fresh buffer (tests/models/test_interaction_buffers.py).
-struct Slots {
-  c10::Storage s[2];
-};
-
-// Whether Python object o has weak references (weakref.ref, a WeakValueDictionary's entry):
-// the list head CPython keeps at its type's tp_weaklistoffset (negative where the type
-// manages its weak references, Python 3.12 on; the same address arithmetic).
-bool has_python_weakrefs(PyObject* o) {
-  const Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
-  return off != 0 && *reinterpret_cast<PyObject* const*>(reinterpret_cast<const char*>(o) + off) != nullptr;
-}
-
-// Whether nothing but its slot holds storage s: no other strong or weak reference, or else
-// only its Python object (`tensor.untyped_storage()`, made by torch.save, saved-tensor hooks
-// and the like), which PyTorch keeps alive while C++ holds the storage (PyObject
-// preservation: the object holds one strong reference) and which nothing in Python refers to
-// any more, strongly (the test PyTorch's AccumulateGrad makes before it steals a gradient,
-// torch::autograd::impl::is_tensor_stealable) or weakly (a weakref.ref to the object would
-// still reach the bytes: PyTorch's test does not look). With unique() alone such a storage
-// stayed in its slot for good, never handed out again: with both slots so pinned, every
-// call allocated afresh. C++ weak references (StorageWeakRef's) count too. Refcounts are
-// read without the GIL, as PyTorch's own test reads them: an object nothing refers to
-// cannot gain a reference meanwhile.
-bool held_by_slot_alone(const c10::Storage& s) {
-  const size_t strong = s.use_count();
-  if (strong == 2) {
-    const c10::impl::PyObjectSlot* py = s.unsafeGetStorageImpl()->pyobj_slot();
-    if (!py->has_unique_reference() || has_python_weakrefs(py->load_pyobj())) return false;
-  } else if (strong != 1) {
-    return false;
-  }
-  return s.getWeakStorageImpl().weak_use_count() == 2;   // this temporary one and the strong references' one
-}
-
-// Buffers of kHugeBytes or more start on a 2 MiB boundary inside a storage padded for it
-// (huge_storage_bytes), and every 2 MiB page they touch is advised and collapsed into a huge
-// page (advise_hugepages), where transparent huge pages are available: no page of theirs left
-// on 4 KiB pages at either end (c10 aligns its allocations to 64 bytes, so each large tensor's
-// first and last partial 2 MiB stayed on 4 KiB pages, 11-30% of these buffers in
-// tools/bench_interaction.py, and heap pages reused keep the size they were first faulted
-// with). AMD EPYC 25/17/1 (Zen 4), a C++ harness over csrc/kernels, B 2048, n 27, one thread,
-// from DRAM, 2026-12-04: the backward 16-18% slower with its pooled gradient on 4 KiB pages
-// (D 64 and 128), the forward 2% with its output on them.
-constexpr size_t kHugeBytes = size_t(2) << 20;
-size_t huge_pages_bytes(size_t n) { return (n + kHugeBytes - 1) / kHugeBytes * kHugeBytes; }   // n up to whole 2 MiB
-size_t huge_storage_bytes(size_t nbytes) { return huge_pages_bytes(nbytes) + kHugeBytes; }   // room to align
-bool huge_buffer(size_t nbytes) { return nbytes >= kHugeBytes && transparent_hugepages_available(); }
-size_t storage_bytes(size_t nbytes) { return huge_buffer(nbytes) ? huge_storage_bytes(nbytes) : nbytes; }
-
-// Floats from storage s's start to its first 2 MiB boundary (0 for a buffer of plain size).
-int64_t buffer_offset(const c10::Storage& s, size_t nbytes) {
-  if (!huge_buffer(nbytes)) return 0;
-  const auto p = reinterpret_cast<uintptr_t>(s.data());
-  return static_cast<int64_t>((huge_pages_bytes(p) - p) / sizeof(float));
-}
-
-// A new storage for nbytes of floats and the (contiguous) tensor on it.
-at::Tensor new_buffer(at::IntArrayRef sizes, size_t nbytes, const at::TensorOptions& options) {
-  if (!huge_buffer(nbytes)) return at::empty(sizes, options);
-  const size_t total = huge_storage_bytes(nbytes);
-  const c10::Storage s = at::empty({static_cast<int64_t>(total / sizeof(float))}, options).storage();
-  const int64_t offset = buffer_offset(s, nbytes);
-  const int64_t pages = static_cast<int64_t>(huge_pages_bytes(nbytes) / sizeof(float));
-  advise_hugepages(at::empty({0}, options).set_(s, offset, {pages}));   // every 2 MiB page the buffer touches
-  return at::empty({0}, options).set_(s, offset, sizes);
-}
-
-at::Tensor reused_or_empty(Slots& slots, at::IntArrayRef sizes, const at::TensorOptions& options) {
-  int64_t numel = 1;
-  for (int64_t n : sizes) numel *= n;
-  const size_t nbytes = static_cast<size_t>(numel) * sizeof(float);
-  for (c10::Storage& s : slots.s)
-    if (s && s.nbytes() == storage_bytes(nbytes) && held_by_slot_alone(s))
-      return at::empty({0}, options).set_(s, buffer_offset(s, nbytes), sizes);   // contiguous
-  at::Tensor t = new_buffer(sizes, nbytes, options);
-  c10::Storage& free_slot = !slots.s[0] ? slots.s[0]   // an empty slot, then one nobody else holds, else slot 1
-                            : !slots.s[1] || !held_by_slot_alone(slots.s[0]) ? slots.s[1] : slots.s[0];
-  free_slot = t.storage();
-  return t;
-}
-
 InteractionArgs args_of(const at::Tensor& dense, const at::Tensor& pooled, int64_t F, const Layout& L) {
   InteractionArgs a;
   a.B = dense.size(0);
@@ -183,7 +86,7 @@ at::Tensor run_forward(ForwardKernel kernel, const at::Tensor& dense, const at::
                        const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& strides) {
   const Layout L = layout_of(dense, pooled, F, offsets, strides);
   const int64_t B = dense.size(0), D = dense.size(1), n = F + 1, P = n * (n - 1) / 2;
-  thread_local Slots slots;
+  thread_local Slots slots(2);
   at::Tensor out = reused_or_empty(slots, {B, D + P}, dense.options());
   kernel(args_of(dense, pooled, F, L), out.data_ptr<float>());
   return out;
@@ -198,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> run_backward(BackwardKernel kernel, const at:
   TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == B && grad_out.size(1) == D + P,
               "neo._C: dot interaction: grad_out must be a contiguous (B, D + P) fp32 CPU tensor");
-  thread_local Slots dense_slots, pooled_slots;
+  thread_local Slots dense_slots(2), pooled_slots(2);
   at::Tensor gd = reused_or_empty(dense_slots, {B, D}, dense.options());
   at::Tensor gp = reused_or_empty(pooled_slots, pooled.sizes(), pooled.options());   // like pooled (contiguous);
                                                                                     // every element is written

@@ -1,6 +1,7 @@
-"""The fused dot interaction's output and gradient buffers (csrc/interaction.cpp: per-thread
-slots, reused_or_empty, new_buffer): handed out again only once nobody holds them, one per shape
-called in turn, large ones on 2 MiB boundaries; every result checked against the torch path."""
+"""The fused dot interaction's output and gradient buffers (csrc/interaction.cpp through
+csrc/reused_buffers.cpp: per-thread slots, reused_or_empty, new_buffer): handed out again only
+once nobody holds them, one per shape called in turn, large ones on 2 MiB boundaries; every
+result checked against the torch path."""
 
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from neo.models import DotInteraction
 
 def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
     """The fused kernel hands out the same output and gradient storage again once the caller
-    has dropped it (csrc/interaction.cpp, reused_or_empty), never while a tensor or a view of
+    has dropped it (csrc/reused_buffers.cpp, reused_or_empty), never while a tensor or a view of
     it is alive; and the reused gradient still becomes ``.grad`` as is (no copy)."""
     torch.manual_seed(4)
     F, D, B = 26, 16, 8
@@ -53,7 +54,7 @@ def test_fused_dot_interaction_reuses_only_the_buffers_nobody_holds():
 
 def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
     """Two shapes called in turn (two modules, or training and evaluation batches) keep a slot
-    each (csrc/interaction.cpp, reused_or_empty): from the second round on, every call gets its
+    each (csrc/reused_buffers.cpp, reused_or_empty): from the second round on, every call gets its
     shape's output and gradient storage of the first round again, though the allocator's chunks
     freed in between are taken (the filler tensors), and the results stay right. In a thread of
     its own: the slots are per thread, so it starts with none, whatever ran before."""
@@ -89,7 +90,7 @@ def test_fused_dot_interaction_keeps_a_buffer_per_shape_called_in_turn():
 
 
 def test_fused_dot_interaction_puts_large_buffers_on_2mib_boundaries():
-    """Output buffers of 2 MiB or more (csrc/interaction.cpp, new_buffer) start on a 2 MiB
+    """Output buffers of 2 MiB or more (csrc/reused_buffers.cpp, new_buffer) start on a 2 MiB
     boundary inside a padded storage where transparent huge pages are available, so that
     every page they touch can be a huge one; the results stay those of the torch path, the
     buffer is handed out again once dropped (at its offset), and a call of another size that
@@ -128,7 +129,7 @@ def test_fused_dot_interaction_puts_large_buffers_on_2mib_boundaries():
 
 def test_fused_dot_interaction_reuses_a_buffer_python_saw_but_not_one_it_still_refers_to():
     """A storage whose Python object was made (``untyped_storage()``: torch.save, saved-tensor
-    hooks) and then dropped is handed out again (csrc/interaction.cpp, held_by_slot_alone:
+    hooks) and then dropped is handed out again (csrc/reused_buffers.cpp, held_by_slot_alone:
     before, it stayed in its slot for good); one the caller still holds through that object,
     or through a weak reference (``StorageWeakRef``, as torch.multiprocessing keeps, or Python's
     ``weakref.ref`` to that object), is not,
