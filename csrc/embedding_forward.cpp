@@ -18,8 +18,9 @@ std::tuple<at::Tensor, int64_t> embedding_forward(
                                 output_offsets, feature_mean, batch_size);
   check_inputs(m, weights, indices, offsets, per_sample_weights);
   // reused from an earlier call once nothing holds it (reused_buffers.h): a fresh output of
-  // megabytes a call was faulted in page by page, a fifth of the forward's time. Four slots: a
-  // rank's table groups, each called once a step, keep one each.
+  // megabytes a call was faulted in page by page, a third of the forward's time where glibc
+  // gives freed memory back. Four slots: a rank's table groups, each called once a step, keep
+  // one each.
   thread_local Slots slots(4);
   at::Tensor out = reused_or_empty(slots, {m.B, m.total_dim}, weights.options().dtype(at::kFloat));
   if (m.B == 0 || m.F == 0) return {out, 0};

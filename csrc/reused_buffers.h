@@ -6,9 +6,11 @@
 // whenever the allocator hands back memory it returned to the system or its free chunks shift
 // between calls; each first touch of a page is a page fault, and the kernel zeroes the page.
 // Measured on AMD EPYC Zen 5 (26/2/1), one thread, 2026-12-05 (docs/benchmarks.md): the
-// pooled lookup's (4096, 512) fp32 output, 8 MB, took 516 page faults and 1.1-1.5 ms of system
-// time every call, a fifth of the forward over 8 tables of 1M rows; the interaction's backward
-// at B 2048, D 128 took 8 to 23 ms instead of 5 (4 to 27 MB faulted in).
+// pooled lookup's (4096, 512) fp32 output, 8 MB, took 516 page faults and 0.7-1.2 ms of system
+// time every call under glibc's default settings (neo.host_memory.retain_freed_memory() hides
+// most of it), and the forward over 8 tables of 1M rows a third longer than from a reused
+// buffer; the interaction's backward at B 2048, D 128 took 8 to 23 ms instead of 5 (4 to 27 MB
+// faulted in).
 //
 // A slot keeps a storage, not a tensor: the returned tensor is the only one, so autograd still
 // takes it as .grad without copying (AccumulateGrad steals a gradient only when nothing else
