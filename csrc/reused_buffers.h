@@ -8,9 +8,8 @@
 // Measured on AMD EPYC Zen 5 (26/2/1), one thread, 2026-12-05 (docs/benchmarks.md): the
 // pooled lookup's (4096, 512) fp32 output, 8 MB, took 516 page faults and 0.7-1.2 ms of system
 // time every call under glibc's default settings (neo.host_memory.retain_freed_memory() hides
-// most of it), and the forward over 8 tables of 1M rows a third longer than from a reused
-// buffer; the interaction's backward at B 2048, D 128 took 8 to 23 ms instead of 5 (4 to 27 MB
-// faulted in).
+// most of it), a third of the forward's time over 8 tables of 1M rows; the interaction's
+// backward at B 2048, D 128 took 8 to 23 ms instead of 5 (4 to 27 MB faulted in).
 //
 // A slot keeps a storage, not a tensor: the returned tensor is the only one, so autograd still
 // takes it as .grad without copying (AccumulateGrad steals a gradient only when nothing else
@@ -20,8 +19,8 @@
 // the step's backward, a loop variable until reassigned), and shapes called in turn (two
 // modules, training and evaluation batches, a rank's table groups) keep a slot each. A new
 // storage takes an empty slot first, then one nobody else holds (its storage, of another size,
-// freed), else the last slot. What the slots keep is memory the caller's last calls held at
-// once anyway; it stays allocated until the thread ends.
+// freed), else the last slot. What the slots keep stays allocated until the thread ends: at
+// most one buffer a slot, of the sizes last called.
 #pragma once
 
 #include <ATen/ATen.h>
