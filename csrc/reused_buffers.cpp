@@ -26,7 +26,7 @@ bool has_python_weakrefs(PyObject* o) {
 // any more, strongly (the test PyTorch's AccumulateGrad makes before it steals a gradient,
 // torch::autograd::impl::is_tensor_stealable) or weakly (a weakref.ref to the object would
 // still reach the bytes: PyTorch's test does not look). With unique() alone such a storage
-// stayed in its slot for good, never handed out again: with both slots so pinned, every
+// stayed in its slot for good, never handed out again: with every slot so pinned, each
 // call allocated afresh. C++ weak references (StorageWeakRef's) count too. Refcounts are
 // read without the GIL, as PyTorch's own test reads them: an object nothing refers to
 // cannot gain a reference meanwhile.
