@@ -30,7 +30,11 @@ the fraction understates theirs (on the AMD EPYC Zen 5 VM of 2026-12-05 a gather
 over the same tables ran 1.2-1.3x faster; docs/benchmarks.md). The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
-warm.
+warm. Last, Neo's forward and the best setting are timed in one state (``time_after_peer``):
+each call right after a forward of a peer on tables of its own (FBGEMM, else PyTorch), the two
+in turn, so that each finds its table as the other finds its own. Neo's forward record then
+holds both speeds (``same_state_lookups_per_s``, ``probe_same_state_lookups_per_s``) and their
+ratio (``fraction_of_probe_same_state``: the "same st." column); without a peer, None.
 
 Backends, same tables, ids and offsets:
 
@@ -309,6 +313,25 @@ def time_phase(runners: List[Runner], phase: str, batches, warmup: int, iters: i
     return {name: statistics.median(t.wall) * 1e3 for name, t in times.items()}
 
 
+def time_after_peer(peer: Runner, runners: List[Runner], batches, warmup: int, iters: int) -> Dict[str, float]:
+    """Median ms of each runner's forward, every call right after one forward of ``peer`` (a
+    system on tables of its own), the runners in turn: peer, runners[0], peer, runners[1], ...
+    Between two calls of one runner come as many gathers of the peer and of the other runners,
+    whichever runner it is: all of them find their own tables in one state (caches, the host's
+    translations), as the probe in the rotation does not (the module doc). A batch per call."""
+    picks = itertools.count()
+    times: Dict[str, List[float]] = {r.name: [] for r in runners}
+    for round_ in range(warmup + iters):
+        for r in runners:
+            peer.fwd(batches[next(picks) % len(batches)])
+            b = batches[next(picks) % len(batches)]
+            t0 = time.perf_counter()
+            r.fwd(b)
+            if round_ >= warmup:
+                times[r.name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 # Largest |output - Neo's| allowed in the forward check, relative to Neo's largest |output|: the same
 # rows summed in another order (fp32: ~1e-7 a term); fp16 tables are read as the same fp16 values and
 # pooled in fp32 too, but a peer may widen or round them its own way (fp16 keeps ~3 digits).
@@ -382,9 +405,12 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     records = [dict(backend=backend, dtype=dtype, phase=None, ms=None, note=note, device="cpu", machine=machine)
                for backend, note in notes.items()]       # a peer left out says so in the JSON too
     n_notes = len(records)
+    peer = next((r for r in runners if r.name in ("fbgemm", "torch")), None)   # for the same-state pass
+    if peer is None:
+        print("note: no peer (FBGEMM, PyTorch) to run between Neo's forward and the probe: no same-state fraction")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        limit = alone = None
+        limit = alone = same = None
         for phase in ("fwd", "fwd_bwd"):
             res = time_phase(runners, phase, batches, args.warmup, args.iters)
             probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}
@@ -395,6 +421,9 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                     alone_ms = time_phase([r for r in runners if r.name == best], "fwd", batches, args.warmup,
                                           args.iters)[best]
                     alone = n_ids / (alone_ms / 1e3)
+                    if peer is not None:   # Neo's forward and the probe, each right after the peer's
+                        pair = [r for r in runners if r.name in (best, "neo")]
+                        same = time_after_peer(peer, pair, batches, args.warmup, args.iters)
                 res = {"probe": probes[best], **{k: v for k, v in res.items() if k not in probes}}
             for name, ms in res.items():
                 lps = n_ids / (ms / 1e3)
@@ -404,6 +433,12 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     fraction_of_probe=lps / limit if limit and fwd else None,
                                     probe_alone_lookups_per_s=alone if fwd else None,
                                     fraction_of_probe_alone=lps / alone if alone and fwd else None,
+                                    same_state_lookups_per_s=(n_ids / (same["neo"] / 1e3)
+                                                              if same and fwd and name == "neo" else None),
+                                    probe_same_state_lookups_per_s=(n_ids / (same[best] / 1e3)
+                                                                    if same and fwd and name == "neo" else None),
+                                    fraction_of_probe_same_state=(same[best] / same["neo"]
+                                                                  if same and fwd and name == "neo" else None),
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
@@ -418,10 +453,10 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
 def print_table(records: List[dict]) -> None:
     w = max([11] + [len(r["backend"]) for r in records])   # --neo-tuning's runners have long names
     print(f"\n{'backend':<{w}} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
-          f"{'of probe':>9} {'of alone':>9}")
+          f"{'of probe':>9} {'of alone':>9} {'same st.':>9}")
     for r in records:
         frac = " ".join(f"{100 * r[k]:8.0f}%" if r.get(k) else f"{'-':>9}"
-                       for k in ("fraction_of_probe", "fraction_of_probe_alone"))
+                       for k in ("fraction_of_probe", "fraction_of_probe_alone", "fraction_of_probe_same_state"))
         print(f"{r['backend']:<{w}} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
               f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac}")
     by = {(r["backend"], r["dtype"], r["threads"], r["phase"]): r["ms"] for r in records}

@@ -35,6 +35,7 @@ def test_quick_run_reports_each_forward_against_the_probe(tmp_path):
             assert r["probe_alone_lookups_per_s"] == alone
             assert r["fraction_of_probe_alone"] == r["lookups_per_s"] / alone
             assert r["row_bytes"] == row_bytes
+            assert r["fraction_of_probe_same_state"] is None   # no peer to run between them
         fwd_bwd = [r for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"]
         assert {r["backend"] for r in fwd_bwd} == {"neo", "neo-noval"}
         assert all(r["fraction_of_probe_alone"] is None for r in fwd_bwd)   # forward lookups only
@@ -53,6 +54,35 @@ def _run_with_peers(tmp_path, *flags: str):
     finally:
         torch.set_num_threads(threads)
     return bench, json.loads(out.read_text())
+
+
+def test_time_after_peer_puts_the_peer_before_every_call():
+    """The same-state pass: peer, r0, peer, r1, ... every round, a fresh batch per call, only the
+    runners' calls timed (warm-up rounds untimed)."""
+    bench = load_tool("bench_embedding.py")
+    calls = []
+
+    def runner(name):
+        return bench.Runner(name, lambda b: calls.append((name, b)), None)
+
+    res = bench.time_after_peer(runner("peer"), [runner("probe@32,256"), runner("neo")], list(range(5)),
+                                warmup=1, iters=2)
+    assert set(res) == {"probe@32,256", "neo"} and all(ms >= 0 for ms in res.values())
+    assert [n for n, _ in calls] == ["peer", "probe@32,256", "peer", "neo"] * 3
+    assert [b for _, b in calls] == [i % 5 for i in range(12)]
+
+
+def test_same_state_fraction_with_a_peer(tmp_path):
+    """With FBGEMM present, Neo's forward and the probe are also timed each right after FBGEMM's
+    forward: Neo's records say both speeds and their ratio."""
+    _, records = _run_with_peers(tmp_path, "--no-torch")
+    for dtype in ("fp32", "fp16"):
+        fwd = {r["backend"]: r for r in records if r["dtype"] == dtype and r["phase"] == "fwd"}
+        neo = fwd["neo"]
+        assert neo["same_state_lookups_per_s"] > 0 and neo["probe_same_state_lookups_per_s"] > 0
+        assert neo["fraction_of_probe_same_state"] == pytest.approx(
+            neo["same_state_lookups_per_s"] / neo["probe_same_state_lookups_per_s"])
+        assert all(fwd[k]["fraction_of_probe_same_state"] is None for k in ("probe", "neo-noval", "fbgemm"))
 
 
 def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
