@@ -32,9 +32,10 @@ timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each for
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
 warm. Last, Neo's forward and the best setting are timed in one state (``time_after_peer``):
 each call right after a forward of a peer on tables of its own (FBGEMM, else PyTorch), the two
-in turn, so that each finds its table as the other finds its own. Neo's forward record then
-holds both speeds (``same_state_lookups_per_s``, ``probe_same_state_lookups_per_s``) and their
-ratio (``fraction_of_probe_same_state``: the "same st." column); without a peer, None.
+in turn, so that each finds its table as the other finds its own; FBGEMM's forward likewise,
+with Neo's forward as the peer. Such a record then holds both speeds
+(``same_state_lookups_per_s``, ``probe_same_state_lookups_per_s``) and their ratio
+(``fraction_of_probe_same_state``: the "same st." column); without a peer, None.
 
 Backends, same tables, ids and offsets:
 
@@ -332,6 +333,17 @@ def time_after_peer(peer: Runner, runners: List[Runner], batches, warmup: int, i
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
+def same_state_fields(times: Optional[Dict[str, float]], name: str, best: str, n_ids: float) -> dict:
+    """A forward record's same-state fields from ``time_after_peer``'s medians (``times``: the
+    system ``name`` and the probe setting ``best``; None: not measured for this record)."""
+    if times is None:
+        return dict(same_state_lookups_per_s=None, probe_same_state_lookups_per_s=None,
+                    fraction_of_probe_same_state=None)
+    return dict(same_state_lookups_per_s=n_ids / (times[name] / 1e3),
+                probe_same_state_lookups_per_s=n_ids / (times[best] / 1e3),
+                fraction_of_probe_same_state=times[best] / times[name])
+
+
 # Largest |output - Neo's| allowed in the forward check, relative to Neo's largest |output|: the same
 # rows summed in another order (fp32: ~1e-7 a term); fp16 tables are read as the same fp16 values and
 # pooled in fp32 too, but a peer may widen or round them its own way (fp16 keeps ~3 digits).
@@ -422,8 +434,12 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                           args.iters)[best]
                     alone = n_ids / (alone_ms / 1e3)
                     if peer is not None:   # Neo's forward and the probe, each right after the peer's
-                        pair = [r for r in runners if r.name in (best, "neo")]
-                        same = time_after_peer(peer, pair, batches, args.warmup, args.iters)
+                        by_name = {r.name: r for r in runners}
+                        same = {"neo": time_after_peer(peer, [by_name[best], by_name["neo"]], batches,
+                                                       args.warmup, args.iters)}
+                        if peer.name == "fbgemm":   # and FBGEMM's, with Neo's forward as the peer
+                            same["fbgemm"] = time_after_peer(by_name["neo"], [by_name[best], by_name["fbgemm"]],
+                                                             batches, args.warmup, args.iters)
                 res = {"probe": probes[best], **{k: v for k, v in res.items() if k not in probes}}
             for name, ms in res.items():
                 lps = n_ids / (ms / 1e3)
@@ -433,12 +449,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     fraction_of_probe=lps / limit if limit and fwd else None,
                                     probe_alone_lookups_per_s=alone if fwd else None,
                                     fraction_of_probe_alone=lps / alone if alone and fwd else None,
-                                    same_state_lookups_per_s=(n_ids / (same["neo"] / 1e3)
-                                                              if same and fwd and name == "neo" else None),
-                                    probe_same_state_lookups_per_s=(n_ids / (same[best] / 1e3)
-                                                                    if same and fwd and name == "neo" else None),
-                                    fraction_of_probe_same_state=(same[best] / same["neo"]
-                                                                  if same and fwd and name == "neo" else None),
+                                    **same_state_fields(same.get(name) if same and fwd else None, name, best, n_ids),
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,

@@ -74,15 +74,18 @@ def test_time_after_peer_puts_the_peer_before_every_call():
 
 def test_same_state_fraction_with_a_peer(tmp_path):
     """With FBGEMM present, Neo's forward and the probe are also timed each right after FBGEMM's
-    forward: Neo's records say both speeds and their ratio."""
+    forward, and FBGEMM's and the probe each right after Neo's: Neo's and FBGEMM's records say
+    both speeds and their ratio."""
     _, records = _run_with_peers(tmp_path, "--no-torch")
     for dtype in ("fp32", "fp16"):
         fwd = {r["backend"]: r for r in records if r["dtype"] == dtype and r["phase"] == "fwd"}
-        neo = fwd["neo"]
-        assert neo["same_state_lookups_per_s"] > 0 and neo["probe_same_state_lookups_per_s"] > 0
-        assert neo["fraction_of_probe_same_state"] == pytest.approx(
-            neo["same_state_lookups_per_s"] / neo["probe_same_state_lookups_per_s"])
-        assert all(fwd[k]["fraction_of_probe_same_state"] is None for k in ("probe", "neo-noval", "fbgemm"))
+        for name in ("neo", "fbgemm"):
+            r = fwd[name]
+            assert r["same_state_lookups_per_s"] > 0 and r["probe_same_state_lookups_per_s"] > 0
+            assert r["fraction_of_probe_same_state"] == pytest.approx(
+                r["same_state_lookups_per_s"] / r["probe_same_state_lookups_per_s"])
+        assert all(fwd[k]["fraction_of_probe_same_state"] is None for k in ("probe", "neo-noval"))
+        assert all(r["fraction_of_probe_same_state"] is None for r in records if r["phase"] == "fwd_bwd")
 
 
 def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
