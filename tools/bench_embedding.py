@@ -422,7 +422,7 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
         print("note: no peer (FBGEMM, PyTorch) to run between Neo's forward and the probe: no same-state fraction")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        limit = alone = same = None
+        limit = alone = same = best = None   # best: the probe's fastest setting (none: no probe)
         for phase in ("fwd", "fwd_bwd"):
             res = time_phase(runners, phase, batches, args.warmup, args.iters)
             probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}

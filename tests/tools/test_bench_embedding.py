@@ -88,6 +88,16 @@ def test_same_state_fraction_with_a_peer(tmp_path):
         assert all(r["fraction_of_probe_same_state"] is None for r in records if r["phase"] == "fwd_bwd")
 
 
+def test_rows_of_partial_lines_run_without_a_probe(tmp_path):
+    """D 24 (96-byte fp32 rows, not whole cache lines): no probe, so no fractions of it, and the
+    run still times every system, FBGEMM included (the same-state pass needs the probe)."""
+    _, records = _run_with_peers(tmp_path, "--no-torch", "--dtypes", "fp32", "--dim", "24")
+    fwd = {r["backend"]: r for r in records if r["phase"] == "fwd"}
+    assert set(fwd) == {"neo", "neo-noval", "fbgemm"} and all(r["ms"] > 0 for r in fwd.values())
+    for r in fwd.values():
+        assert r["fraction_of_probe"] is None and r["fraction_of_probe_same_state"] is None
+
+
 def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
     """FBGEMM and PyTorch compute Neo's forward (same tables copied in): max_abs_diff_vs_neo in
     every record; PyTorch, absent from the fp16 table, is a note record there."""
