@@ -1,6 +1,6 @@
 """Benchmark Neo's CPU embedding kernels against FBGEMM's CPU TBE and plain PyTorch.
 
-    python tools/bench_embedding.py                     # default workload (~8 GB of RAM, a few minutes)
+    python tools/bench_embedding.py                     # default workload (~13 GB of RAM, a few minutes)
     python tools/bench_embedding.py --quick             # small smoke test, well under a minute
     python tools/bench_embedding.py --quick --iters 1   # --quick only fills in flags not given explicitly
     python tools/bench_embedding.py --threads 1,2 --iters 10 --json bench.json
@@ -19,15 +19,22 @@ The machine's limit is measured in the same run: ``probe`` is the gather probe o
 ``tools/bench_gather_probe.py`` (the plainest random-row gather: no bags, no output, the ids'
 range checked in its loop, summed in registers) over a table as large as the workload's (8 x 1M
 rows: 2 GiB fp32, on huge pages), reading exactly the rows each batch reads (table t's ids
-offset by t x rows), in the same order. It is timed with the backends, in the same interleaved
-loop, with six prefetch settings (none; 8 or 16 ids ahead into L1 alone; 16 ids ahead into L1
-and 128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of 2026-11-30 an L1-only one was
-the fastest, on the Intel Xeons a far one); the best is the limit, and every backend's forward
-lookups/s is also reported as a fraction of it (``fraction_of_probe``): the gather in the
-rotation. Its six settings share one table, so most of a setting's calls follow another probe
-call and find that table partly warm, where Neo's and FBGEMM's follow gathers over other tables:
-the fraction understates theirs (on the AMD EPYC Zen 5 VM of 2026-12-05 a gather right after one
-over the same tables ran 1.2-1.3x faster; docs/benchmarks.md). The best setting is then also
+offset by t x rows), in the same order, with six prefetch settings (none; 8 or 16 ids ahead into
+L1 alone; 16 ids ahead into L1 and 128 into L2; 32 and 256; 64 and 512: on the AMD EPYC Zen 3 of
+2026-11-30 an L1-only one was the fastest, on the Intel Xeons a far one). First the settings are
+timed in turn, each call right after a forward of a system on tables of its own (FBGEMM, else
+PyTorch, else Neo; ``choose_probe``: every setting's median in the probe record's
+``probe_settings_ms``). The fastest (``probe_prefetch``) then runs in the rotation with the
+systems: its speed there is the limit, and every system's forward lookups/s is reported as a
+fraction of it (``fraction_of_probe``, the "of probe" column). In the rotation every runner has
+tables of its own, so each call finds its tables as last read a whole round earlier. Until
+2026-12-05 all six settings ran in the rotation on their one table, and ``neo`` and
+``neo-noval`` on one module: a call soon after another over the same tables found them warm
+(in the caches, and the translations of their pages; on the AMD EPYC Zen 5 VM of 2026-12-05,
+fp16 rows, one thread, Neo's forward took 2.4-2.6 ms right after one on its tables, 2.5 ms with
+one other system's gather between, 2.7-2.8 ms with two, 3.2-3.6 ms in the rotation's other
+calls: docs/benchmarks.md), so the probe read faster than the systems, and Neo's and its twin's
+medians swung with how many of their calls followed each other. The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
 warm. Last, Neo's forward and the best setting are timed in one state (``time_after_peer``):
@@ -40,11 +47,12 @@ with Neo's forward as the peer. Such a record then holds both speeds
 Backends, same tables, ids and offsets:
 
 - ``neo``: ``TableBatchedEmbedding(tables, backend="cpu")`` with its default input
-  validation ON (the honest configuration); ``neo-noval`` is the same module timed with
-  validate=False (one copy of the tables serves both).
+  validation ON (the honest configuration); ``neo-noval``: a second such module, timed with
+  validate=False, on a copy of the first one's tables.
 - ``fbgemm``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST/CPU,
   EXACT_ROWWISE_ADAGRAD), skipped with a note where fbgemm_gpu is not importable.
-- ``neo@NAME=K,...`` (``--neo-tuning NAME=K[,NAME=K]``, repeatable): the same module, validate on,
+- ``neo@NAME=K,...`` (``--neo-tuning NAME=K[,NAME=K]``, repeatable): one more such module each (a
+  copy of the tables: 2 GiB more fp32 at the defaults), validate on,
   under other kernel settings (``neo._C._set_tuning``: prefetch distances, streaming stores; this
   CPU's defaults, ``neo._C._tuning()``, restored after each call), timed in the same rotation: how
   a setting compares with this CPU's default on this machine.
@@ -158,23 +166,30 @@ def same_state_fields(times: Optional[Dict[str, float]], name: str, best: str, n
                 fraction_of_probe_same_state=times[best] / times[name])
 
 
-def probe_readings(runners: List[Runner], probes: Dict[str, float], peer: Optional[Runner], batches,
-                   args) -> Tuple[str, float, Optional[Dict[str, Dict[str, float]]]]:
-    """The probe beyond the rotation, given its settings' medians there (``probes``): its best
-    setting; that setting alone, its calls back to back (ms: no other system's gather between
-    them); and the same-state pass (``time_after_peer``: Neo's forward and the probe each right
-    after ``peer``'s, FBGEMM's and the probe each right after Neo's where FBGEMM is the peer),
-    keyed by system (None without a peer)."""
-    best = min(probes, key=probes.get)
+def choose_probe(probes: List[Runner], selector: Runner, batches, args) -> Tuple[str, Dict[str, float]]:
+    """The probe's fastest prefetch setting, and every setting's median ms: the settings timed
+    interleaved (``time_after_peer``), each call right after a forward of ``selector`` (a system
+    on tables of its own), so that each finds the probe's table as the systems in the rotation
+    find theirs, not just read by another setting (the module doc)."""
+    ms = time_after_peer(selector, probes, batches, args.warmup, args.iters)
+    return min(ms, key=ms.get), ms
+
+
+def probe_readings(runners: List[Runner], best: str, peer: Optional[Runner], batches,
+                   args) -> Tuple[float, Optional[Dict[str, Dict[str, float]]]]:
+    """The probe's best setting beyond the rotation: alone, its calls back to back (ms: no other
+    system's gather between them); and the same-state pass (``time_after_peer``: Neo's forward
+    and the probe each right after ``peer``'s, FBGEMM's and the probe each right after Neo's where
+    FBGEMM is the peer), keyed by system (None without a peer)."""
     by_name = {r.name: r for r in runners}
     alone_ms = time_phase([by_name[best]], "fwd", batches, args.warmup, args.iters)[best]
     if peer is None:
-        return best, alone_ms, None
+        return alone_ms, None
     same = {"neo": time_after_peer(peer, [by_name[best], by_name["neo"]], batches, args.warmup, args.iters)}
     if peer.name == "fbgemm":
         same["fbgemm"] = time_after_peer(by_name["neo"], [by_name[best], by_name["fbgemm"]], batches, args.warmup,
                                          args.iters)
-    return best, alone_ms, same
+    return alone_ms, same
 
 
 # Largest |output - Neo's| allowed in the forward check, relative to Neo's largest |output|: the same
@@ -187,11 +202,10 @@ def forward_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo") ->
     """Max |forward output - the ``ref`` backend's| of every backend on one batch, before any is
     timed (and any update moves the tables apart); a backend past FORWARD_TOLERANCE did other
     work: an error."""
-    checked = [r for r in runners if not r.name.startswith("probe@")]
-    expected = next(r for r in checked if r.name == ref).fwd(batch).float()
+    expected = next(r for r in runners if r.name == ref).fwd(batch).float()
     limit = FORWARD_TOLERANCE[dtype] * float(expected.abs().max())
     diffs = {}
-    for r in checked:
+    for r in runners:
         diffs[r.name] = float((r.fwd(batch).float() - expected).abs().max())
         if diffs[r.name] > limit:
             raise RuntimeError(f"{r.name} ({dtype}): forward output differs from {ref}'s by {diffs[r.name]:.3g} "
@@ -200,13 +214,12 @@ def forward_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo") ->
     return diffs
 
 
-def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo",
-                      same_tables: Tuple[str, ...] = ("neo-noval",)) -> Dict[str, float]:
+def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo") -> Dict[str, float]:
     """``--learnable-weights``: max |gradient of the per-id weights - the ``ref`` backend's| of
-    every backend with a backward, on one batch, before timing (each system takes this one step;
-    the gradient is of the rows before it); past FORWARD_TOLERANCE of the largest: an error.
-    ``same_tables``: runners of ``ref``'s own module (its rows already stepped), left out."""
-    checked = [r for r in runners if r.fwd_bwd is not None and r.name not in same_tables]
+    every backend with a backward, on one batch, before timing (each system takes this one step,
+    on tables of its own; the gradient is of the rows before it); past FORWARD_TOLERANCE of the
+    largest: an error."""
+    checked = [r for r in runners if r.fwd_bwd is not None]
     grads = {r.name: r.fwd_bwd(batch).float() for r in checked}
     expected = grads[ref]
     limit = FORWARD_TOLERANCE[dtype] * float(expected.abs().max())
@@ -234,35 +247,38 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
           f"{'learnable per-id weights, ' if args.learnable_weights else 'per-id weights, ' if args.weighted else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
     neo, weights = neo_runners(args, dtype=dtype, tunings=tuple(args.neo_tuning))
-    runners, notes = probe_runners(args, dtype, batches) + neo, {}
+    probes, systems, notes = probe_runners(args, dtype, batches), list(neo), {}
     fb = None if args.no_fbgemm else fbgemm_runner(args, weights, notes, dtype)
     if fb is not None:
-        runners.append(fb)
+        systems.append(fb)
     if not args.no_torch and dtype == "fp32":
-        runners.append(torch_runner(args, weights))
+        systems.append(torch_runner(args, weights))
     elif not args.no_torch:
         notes["torch"] = (f"left out of the {dtype} table: the baseline is fp32 only (nn.EmbeddingBag with "
                           f"torch.optim.Adagrad; module doc)")
     for backend, note in notes.items():
         print(f"note: {backend} {note}")
-    diffs = forward_diffs(runners, batches[0], dtype)
-    grad_diffs = weight_grad_diffs(runners, batches[0], dtype) if args.learnable_weights else {}
+    diffs = forward_diffs(systems, batches[0], dtype)
+    grad_diffs = weight_grad_diffs(systems, batches[0], dtype) if args.learnable_weights else {}
     records = [dict(backend=backend, dtype=dtype, phase=None, ms=None, note=note, device="cpu", machine=machine)
                for backend, note in notes.items()]       # a peer left out says so in the JSON too
     n_notes = len(records)
-    peer = next((r for r in runners if r.name in ("fbgemm", "torch")), None)   # for the same-state pass
+    peer = next((r for r in systems if r.name in ("fbgemm", "torch")), None)   # for the same-state pass
     if peer is None:
         print("note: no peer (FBGEMM, PyTorch) to run between Neo's forward and the probe: no same-state fraction")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        limit = alone = same = best = None   # best: the probe's fastest setting (none: no probe)
+        limit = alone = same = best = settings_ms = None   # best: the probe's fastest setting (none: no probe)
         for phase in ("fwd", "fwd_bwd"):
+            runners = systems
+            if phase == "fwd" and probes:   # its best setting joins the rotation (the probe has a forward only)
+                best, settings_ms = choose_probe(probes, peer or systems[0], batches, args)
+                runners = [next(p for p in probes if p.name == best)] + systems
             res = time_phase(runners, phase, batches, args.warmup, args.iters)
-            probes = {name: ms for name, ms in res.items() if name.startswith("probe@")}
-            if probes:   # the machine's limit (the probe has a forward only: this is the fwd phase)
-                best, alone_ms, same = probe_readings(runners, probes, peer, batches, args)
-                limit, alone = n_ids / (probes[best] / 1e3), n_ids / (alone_ms / 1e3)
-                res = {"probe": probes[best], **{k: v for k, v in res.items() if k not in probes}}
+            if phase == "fwd" and probes:   # the machine's limit
+                alone_ms, same = probe_readings(runners, best, peer, batches, args)
+                limit, alone = n_ids / (res[best] / 1e3), n_ids / (alone_ms / 1e3)
+                res = {"probe": res.pop(best), **res}
             for name, ms in res.items():
                 lps = n_ids / (ms / 1e3)
                 fwd = phase == "fwd"
@@ -273,12 +289,13 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     fraction_of_probe_alone=lps / alone if alone and fwd else None,
                                     **same_state_fields(same.get(name) if same and fwd else None, name, best, n_ids),
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
+                                    probe_settings_ms=settings_ms if name == "probe" else None,
                                     row_bytes=args.dim * (2 if dtype == "fp16" else 4),
                                     gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
                                     max_abs_diff_vs_neo=diffs.get(name),
                                     max_abs_weight_grad_diff_vs_neo=grad_diffs.get(name),
                                     device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
-    del runners
+    del runners, systems, probes
     print_table(records[n_notes:])
     return records
 

@@ -56,6 +56,57 @@ def _run_with_peers(tmp_path, *flags: str):
     return bench, json.loads(out.read_text())
 
 
+def test_the_probe_setting_is_chosen_each_call_after_a_system_and_only_it_joins_the_rotation(tmp_path):
+    """choose_probe times the settings each right after the selector's forward and picks the
+    fastest; a run's probe record names that setting and holds every setting's median, and the
+    rotation's probe reading is that setting's."""
+    import time
+
+    bench = load_tool("bench_embedding.py")
+    calls = []
+
+    def runner(name, sleep_s):
+        def fwd(b):
+            calls.append(name)
+            time.sleep(sleep_s)
+        return bench.Runner(name, fwd, None)
+
+    probes = [runner("probe@0,0", 0.004), runner("probe@32,256", 0.0), runner("probe@64,512", 0.002)]
+    args = type("Args", (), {"warmup": 1, "iters": 3})()
+    best, ms = bench.choose_probe(probes, runner("fbgemm", 0.0), list(range(4)), args)
+    assert best == "probe@32,256" and set(ms) == {p.name for p in probes}
+    assert calls[0::2] == ["fbgemm"] * 12 and sorted(calls[1::2]) == sorted([p.name for p in probes] * 4)
+
+    out = tmp_path / "emb.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--no-torch", "--no-fbgemm", "--dtypes", "fp32", "--threads", "1",
+                           "--iters", "2", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    probe = next(r for r in json.loads(out.read_text()) if r["backend"] == "probe")
+    settings = probe["probe_settings_ms"]
+    assert len(settings) == 6 and probe["probe_prefetch"] == min(settings, key=settings.get).split("@")[1]
+
+
+def test_each_neo_runner_has_tables_of_its_own_from_the_same_start():
+    """neo, neo-noval and a tuned runner: the same forward at first; a step of one leaves the
+    others' tables as they were."""
+    import argparse
+
+    systems = load_tool("embedding_systems.py")
+    args = argparse.Namespace(tables=2, rows=50, dim=8, batch=4, pooling_factor=3, weighted=False,
+                              learnable_weights=False)
+    batch = systems.make_batches(args, 1)[0]
+    runners, weights = systems.neo_runners(args, tunings=({"fwd_prefetch": 4},))
+    assert [r.name for r in runners] == ["neo", "neo-noval", "neo@fwd_prefetch=4"]
+    before = [r.fwd(batch) for r in runners]
+    assert all(torch.equal(before[0], o) for o in before[1:])
+    runners[0].fwd_bwd(batch)
+    assert not torch.equal(runners[0].fwd(batch), before[0])
+    assert all(torch.equal(r.fwd(batch), before[0]) for r in runners[1:])
+
+
 def test_time_after_peer_puts_the_peer_before_every_call():
     """The same-state pass: peer, r0, peer, r1, ... every round, a fresh batch per call, only the
     runners' calls timed (warm-up rounds untimed)."""
@@ -122,7 +173,7 @@ def test_weighted_and_learnable_weights_in_every_system(tmp_path, flag):
     for r in records:
         assert r["weighted"] is True and r["learnable_weights"] is learn
         assert r["max_abs_diff_vs_neo"] is None or r["max_abs_diff_vs_neo"] < 1e-4
-        if r["backend"] in ("neo", "fbgemm", "torch"):      # neo-noval: neo's module, stepped by then
+        if r["backend"] in ("neo", "neo-noval", "fbgemm", "torch"):   # every system, on tables of its own
             d = r["max_abs_weight_grad_diff_vs_neo"]
             assert (d is not None and d < 1e-4) if learn else d is None
 
