@@ -31,9 +31,9 @@ tables of its own, so each call finds its tables as last read a whole round earl
 2026-12-05 all six settings ran in the rotation on their one table, and ``neo`` and
 ``neo-noval`` on one module: a call soon after another over the same tables found them warm
 (in the caches, and the translations of their pages; on the AMD EPYC Zen 5 VM of 2026-12-05,
-fp16 rows, one thread, Neo's forward took 2.4-2.6 ms right after one on its tables, 2.5 ms with
-one other system's gather between, 2.7-2.8 ms with two, 3.2-3.6 ms in the rotation's other
-calls: docs/benchmarks.md), so the probe read faster than the systems, and Neo's and its twin's
+fp16 rows, one thread, Neo's forward took 2.4-2.6 ms right after one on its tables, 2.5-2.8 ms
+with one or two other systems' gathers between after a run of its own calls, 3.2-3.6 ms in the
+rotation's other calls: docs/benchmarks.md), so the probe read faster than the systems, and Neo's and its twin's
 medians swung with how many of their calls followed each other. The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
