@@ -33,8 +33,8 @@ tables of its own, so each call finds its tables as last read a whole round earl
 (in the caches, and the translations of their pages; on the AMD EPYC Zen 5 VM of 2026-12-05,
 fp16 rows, one thread, Neo's forward took 2.4-2.6 ms right after one on its tables, 2.5-2.8 ms
 with one or two other systems' gathers between after a run of its own calls, 3.2-3.6 ms in the
-rotation's other calls: docs/benchmarks.md), so the probe read faster than the systems, and Neo's and its twin's
-medians swung with how many of their calls followed each other. The best setting is then also
+rotation's other calls: docs/benchmarks.md), so the probe read faster than the systems, and
+Neo's and its twin's medians swung with how many of their calls followed each other. The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
 warm. Last, Neo's forward and the best setting are timed in one state (``time_after_peer``):
@@ -42,7 +42,9 @@ each call right after a forward of a peer on tables of its own (FBGEMM, else PyT
 in turn, so that each finds its table as the other finds its own; FBGEMM's forward likewise,
 with Neo's forward as the peer. Such a record then holds both speeds
 (``same_state_lookups_per_s``, ``probe_same_state_lookups_per_s``) and their ratio
-(``fraction_of_probe_same_state``: the "same st." column); without a peer, None.
+(``fraction_of_probe_same_state``: the "same st." column); without a peer, None. It checks the
+rotation: since every runner there has tables of its own, the two fractions agree (within a few
+percent on the AMD EPYC Zen 5 VM of 2026-12-05).
 
 Backends, same tables, ids and offsets:
 
@@ -144,7 +146,7 @@ def time_after_peer(peer: Runner, runners: List[Runner], batches, warmup: int, i
     system on tables of its own; untimed), the runners interleaved as ``time_phase``'s. Between
     two calls of one runner come as many gathers of the peer and of the other runners, whichever
     runner it is: all of them find their own tables in one state (caches, the host's
-    translations), as the probe in the rotation does not (the module doc). A batch per call."""
+    translations). A batch per call."""
     picks = itertools.count()
 
     def batch():
@@ -295,7 +297,6 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     max_abs_diff_vs_neo=diffs.get(name),
                                     max_abs_weight_grad_diff_vs_neo=grad_diffs.get(name),
                                     device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
-    del runners, systems, probes
     print_table(records[n_notes:])
     return records
 
