@@ -240,31 +240,35 @@ _H200 = replace(
 )
 _CPU = CostConstants(
     device_kind="cpu",
-    lookup_bag_s=9e-9, lookup_id_s=0.9e-9, lookup_bw_hot=87e9, lookup_bw_cold=9.2e9,
-    update_id_s=15.5e-9, update_row_s=34e-9, update_bw_hot=51e9, update_bw_cold=9.7e9,
-    hot_bytes=1 << 20, cold_bytes=2 << 30, kernel_overhead=5e-6, lookup_call_s=306e-6,
-    intra_bw=2.6e9, inter_bw=1e9, intra_latency=94e-6, inter_latency=200e-6,
-    input_dist_overhead=371e-6, output_dist_overhead=900e-6, table_row_wise_overhead=1e-9,
-    allreduce_bw=1.25e9, allreduce_latency=866e-6,
-    dense_flops=65e9, dense_layer_s=322e-6, interaction_flops=47e9, dense_optimizer_bw=30e9,
-    data_batch_s=233e-6, data_bag_s=255e-9, pooled_elem_s=3.5e-9, step_overhead=1.15e-3,
+    lookup_bag_s=13e-9, lookup_id_s=1.0e-9, lookup_bw_hot=660e9, lookup_bw_cold=40e9,
+    update_id_s=3.8e-9, update_row_s=9.5e-9, update_bw_hot=170e9, update_bw_cold=26e9,
+    hot_bytes=1 << 20, cold_bytes=2 << 30, kernel_overhead=5e-6, lookup_call_s=69e-6,
+    intra_bw=8.3e9, inter_bw=1e9, intra_latency=10e-6, inter_latency=200e-6,
+    input_dist_overhead=178e-6, output_dist_overhead=172e-6, table_row_wise_overhead=1e-9,
+    allreduce_bw=1.8e9, allreduce_latency=1.2e-3,
+    dense_flops=107e9, dense_layer_s=54e-6, dense_elem_s=0.37e-9, interaction_flops=82e9,
+    dense_optimizer_bw=43e9, data_batch_s=85e-6, data_bag_s=130e-9, pooled_elem_s=0.88e-9,
+    step_overhead=237e-6,
     host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
-           "at 2 ranks x 1 thread there, 2026-11-24 14:03 UTC, rounded (data_bag_s: 15:16 UTC, the loader's "
-           "Parquet decoding included; the cache's terms: neo calibrate's cache measurement on an Intel Xeon "
-           "(Emerald Rapids) VM, 2026-12-01 UTC); not measured on this machine: run neo calibrate",
+           "at 2 ranks x 1 thread on an AMD EPYC Zen 5 VM (26/2/1), 2026-12-05 13:15-13:18 UTC, the median of "
+           "three runs, rounded; the sharding kinds' overheads at 0, as before; the cache's terms: neo "
+           "calibrate's cache measurement on an Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC; not measured "
+           "on this machine: run neo calibrate",
 )
-_BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'
-# (InputDist.one_rank: the batch is the local batch). The 2-rank overheads above (371 and 900 us)
-# made the main job's prediction at one process 6.33 ms against 4.20 measured; neo calibrate in one
-# process measured 72-78 and 222-228 us (two runs; its step overhead, 0.88-1.15 ms, as at 2 ranks).
-# docs/benchmarks.md, "Planner fidelity", 2026-12-01.
+# (InputDist.one_rank: the batch is the local batch). neo calibrate in one process (one thread) on
+# the same VM, two runs on 2026-12-05: 36-38 and 19-21 us, against 178 and 172 at 2 ranks.
+# (On 2026-12-01, with the constants before, the 2-rank overheads made the main job's prediction
+# at one process 6.33 ms against 4.20 measured; docs/benchmarks.md, "Planner fidelity".)
 _CPU_ONE_PROCESS = replace(
-    _CPU, input_dist_overhead=75e-6, output_dist_overhead=225e-6,
-    source=_CPU.source + "; at one process the distributions' overheads of neo calibrate in one process on an "
-                         "Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC, rounded",
+    _CPU, input_dist_overhead=37e-6, output_dist_overhead=20e-6,
+    source=_CPU.source + "; at one process the distributions' overheads of neo calibrate in one process on "
+                         "the same VM, 2026-12-05 UTC, rounded",
 )
+
+
+_BUILTIN = {"cpu": _CPU, "h100": _H100, "h200": _H200}
 
 
 def builtin_constants(device_kind: str, world_size: Optional[int] = None) -> CostConstants:

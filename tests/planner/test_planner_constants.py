@@ -28,7 +28,8 @@ def test_builtin_defaults_name_their_source():
         c = builtin_constants(kind)
         assert c.device_kind == kind and "built-in" in c.source
     assert builtin_constants("h200").lookup_bw_cold > builtin_constants("h100").lookup_bw_cold
-    assert builtin_constants("cpu").lookup_bw_cold < builtin_constants("h100").lookup_bw_cold / 100
+    # a CPU's random-row gathers (about 40 GB/s on the 2-core Zen 5 VM) far below an H100's HBM
+    assert builtin_constants("cpu").lookup_bw_cold < builtin_constants("h100").lookup_bw_cold / 20
 
 
 def test_one_process_on_a_cpu_has_the_one_process_overheads():
