@@ -244,7 +244,9 @@ _CPU = CostConstants(
     update_id_s=3.8e-9, update_row_s=9.5e-9, update_bw_hot=170e9, update_bw_cold=26e9,
     hot_bytes=1 << 20, cold_bytes=2 << 30, kernel_overhead=5e-6, lookup_call_s=69e-6,
     intra_bw=8.3e9, inter_bw=1e9, intra_latency=10e-6, inter_latency=200e-6,
-    input_dist_overhead=178e-6, output_dist_overhead=172e-6, table_row_wise_overhead=1e-9,
+    input_dist_overhead=178e-6, output_dist_overhead=172e-6, row_wise_overhead=29e-9,
+    column_wise_overhead=9.4e-9, data_parallel_overhead=20e-9, table_row_wise_overhead=43e-9,
+    table_column_wise_overhead=26e-9,
     allreduce_bw=1.8e9, allreduce_latency=1.2e-3,
     dense_flops=107e9, dense_layer_s=54e-6, dense_elem_s=0.37e-9, interaction_flops=82e9,
     dense_optimizer_bw=43e9, data_batch_s=85e-6, data_bag_s=130e-9, pooled_elem_s=0.88e-9,
@@ -252,7 +254,7 @@ _CPU = CostConstants(
     host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
            "at 2 ranks x 1 thread on an AMD EPYC Zen 5 VM (26/2/1), 2026-12-05 13:15-13:18 UTC, the median of "
-           "three runs, rounded; the sharding kinds' overheads at 0, as before; the cache's terms: neo "
+           "three runs, rounded (the sharding kinds' overheads too); the cache's terms: neo "
            "calibrate's cache measurement on an Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC; not measured "
            "on this machine: run neo calibrate",
 )

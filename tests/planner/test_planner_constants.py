@@ -106,8 +106,8 @@ def _step(types, c, W=2, B=1024, pf=3.0):
 def test_a_kinds_overhead_is_charged_per_bag_of_the_global_batch_on_every_rank():
     from neo.planner import ShardingType as T
 
-    c0, c1 = builtin_constants("cpu"), replace_(builtin_constants("cpu"), row_wise_overhead=50e-9,
-                                                 data_parallel_overhead=20e-9)
+    c0 = replace_(builtin_constants("cpu"), row_wise_overhead=0.0, data_parallel_overhead=0.0)
+    c1 = replace_(c0, row_wise_overhead=50e-9, data_parallel_overhead=20e-9)
     types = [T.ROW_WISE, T.TABLE_WISE, T.DATA_PARALLEL]
     *_, a = _step(types, c0)
     *_, b = _step(types, c1)
@@ -132,7 +132,10 @@ def test_calibration_recovers_a_kinds_overhead_from_paired_rounds():
     from neo.planner import plan_tables
     from neo.planner.step_model import predict_step
 
-    W, c = 2, builtin_constants("cpu")
+    from neo.planner.constants import KIND_OVERHEADS
+
+    # the synthetic steps carry the true overheads alone: the model's own start at 0
+    W, c = 2, replace_(builtin_constants("cpu"), **{f: 0.0 for f in KIND_OVERHEADS.values()})
     truth = {"table_wise": 0.0, "row_wise": 80e-9, "column_wise": 0.0, "data_parallel": 30e-9}
     drift = [0.0, 1.7, 0.4]                                   # ms the machine's load adds in each round
     kinds = {}
