@@ -152,6 +152,7 @@ class ShardedEmbeddingCollection(nn.Module):
                                                 seed=seed, store_dir=store_dir, count_skipped=False,
                                                 regions=self.layout.regions_on[pg.rank], rounding_seed=seed + pg.rank)
             share_anchor(self.lookup, self.autograd_anchor)
+            self.lookup.reports_overflow = False   # a rank's overflow must not lower its scale alone (loss_scale.py)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])

@@ -20,7 +20,7 @@ from neo.embedding.anchor import anchor_grad
 from neo.embedding.backends.reference import per_sample_weights_grad
 from neo.embedding.cache import Prefetched
 from neo.embedding.layout import GroupLayout
-from neo.embedding.loss_scale import unscaled_gradient
+from neo.embedding.loss_scale import record_overflow, unscaled_gradient
 
 if TYPE_CHECKING:
     from neo.embedding.module import TableBatchedEmbedding
@@ -140,7 +140,7 @@ class PooledLookup(torch.autograd.Function):
                 )
             runner.step.fill_(step)
         else:
-            owner.skipped_updates += 1
+            record_overflow(owner, grad_output.device)   # counted, and the scaler backs off
         ctx.forward_graph = None
         if ctx.prefetched is not None:       # this step is done with the group's cached rows
             owner._cache.complete(ctx.prefetched, [c.name for c in runner.layout.tables])

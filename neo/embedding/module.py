@@ -111,6 +111,10 @@ class TableBatchedEmbedding(nn.Module):
     skipped_updates = 0
     """Fused updates skipped because the loss scaler's gradient overflowed (inf or NaN)."""
 
+    reports_overflow = True
+    """Whether a skipped update is reported to ``grad_scaler`` (its next ``update()`` lowers the
+    scale); False on a sharded collection's ranks (:mod:`neo.embedding.loss_scale`)."""
+
     def __init__(
         self,
         tables: Sequence[TableConfig],

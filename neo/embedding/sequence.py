@@ -43,7 +43,7 @@ import torch
 from neo.embedding.cache import Prefetched
 from neo.embedding.anchor import anchor_grad
 from neo.embedding.checks import EmbeddingInputError, check_features
-from neo.embedding.loss_scale import unscaled_gradient
+from neo.embedding.loss_scale import record_overflow, unscaled_gradient
 from neo.sparse import KeyedJaggedBatch, offsets_from_lengths
 
 if TYPE_CHECKING:
@@ -110,9 +110,10 @@ class _SequenceLookup(torch.autograd.Function):
         for lk in ctx.lookups:
             if lk.runner.index not in steps:              # one read (a device sync on a GPU) per group
                 steps[lk.runner.index] = int(lk.runner.step) + 1
+        device = grads[0].device
         grads = [unscaled_gradient(owner, g) for g in grads]   # None: a loss scaler's overflow
         if any(g is None for g in grads):
-            owner.skipped_updates += 1                      # one skip for the whole lookup
+            record_overflow(owner, device)                  # one skip for the whole lookup
             grads = []
         with (owner.timers("embedding_bwd") if owner.timers is not None else contextlib.nullcontext()):
             for lk, ids, grad in zip(ctx.lookups, saved, grads):

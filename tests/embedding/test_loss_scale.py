@@ -116,3 +116,82 @@ def _sharded(rank: int, world_size: int):
 def test_sharded_collection_passes_the_scaler_to_its_shards():
     for scaled, plain in run_multiprocess(_sharded, 2):
         assert torch.equal(scaled, plain)
+
+
+def _table_only_overflow(neo: bool, sequence: bool = False, steps: int = 6):
+    """Steps of one table (SGD) and a dense weight under GradScaler at 2**24, the loss scaling the
+    table's pooled output by 1e32: its gradient overflows at scales 2**22 and up, the dense
+    weight's never. Neo's fused update, or (the oracle) the same table as a dense parameter through
+    ``F.embedding_bag`` with its own ``torch.optim.SGD``, which GradScaler handles itself. With
+    ``sequence`` Neo's unpooled lookup instead (one id a bag: the same rows)."""
+    torch.manual_seed(0)
+    emb = TableBatchedEmbedding([TableConfig("t0", ROWS, D, optimizer=OptimizerConfig("sgd", lr=0.05))],
+                                backend="cpu")
+    w = torch.nn.Parameter(torch.ones(4))
+    opts = [torch.optim.SGD([w], lr=0.05)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    if neo:
+        emb.grad_scaler = scaler
+    else:
+        table = torch.nn.Parameter(emb.table_weight("t0").clone())
+        opts.append(torch.optim.SGD([table], lr=0.05))
+    scales, skipped = [], []
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        ids, lengths = torch.randperm(ROWS, generator=gen)[:B], torch.ones(B, dtype=torch.long)
+        if neo:
+            kjt = KeyedJaggedBatch(("t0",), ids, lengths, B)
+            pooled = next(iter(emb.sequence(kjt).values())).values if sequence else emb(kjt)   # (B, D)
+        else:
+            pooled = torch.nn.functional.embedding_bag(ids, table, torch.arange(B), mode="sum")
+        loss = (pooled * 1e32).sum() + (w * 3.0).sum()
+        for o in opts:
+            o.zero_grad()
+        scaler.scale(loss).backward()
+        for o in opts:
+            scaler.step(o)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skipped.append(emb.skipped_updates)
+    return scales, skipped, emb.table_weight("t0") if neo else table.detach(), w.detach()
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_an_overflow_only_the_tables_see_backs_the_scale_off_as_for_a_dense_parameter(sequence):
+    """Before, the scale stayed at 2**24 and every step skipped the table (skipped 1, 2, ... 6)."""
+    scales, skipped, table, w = _table_only_overflow(neo=True, sequence=sequence)
+    ref_scales, _, ref_table, ref_w = _table_only_overflow(neo=False)
+    assert scales == ref_scales                       # 2**23, 2**22, 2**21, then unchanged
+    assert scales[-1] < 2.0 ** 22
+    assert skipped == [1, 2, 3, 3, 3, 3]              # skipped until the scale fits, then trained
+    assert torch.equal(table, ref_table) and torch.equal(w, ref_w)
+
+
+def _sharded_one_rank_overflows(rank: int, world_size: int):
+    from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
+
+    pg = ProcessGroups.build(timeout=datetime.timedelta(seconds=60))
+    cfgs = [TableConfig(f"t{i}", ROWS, D, optimizer=OptimizerConfig("sgd", lr=0.05)) for i in range(2)]
+    plan = even_plan(cfgs, {"t0": "table_wise", "t1": "table_wise"}, world_size, world_size, ranks={"t0": 0, "t1": 1})
+    sec = ShardedEmbeddingCollection(cfgs, plan, pg, seed=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    sec.grad_scaler = scaler
+    gen = torch.Generator().manual_seed(rank)
+    kjt = KeyedJaggedBatch(("t0", "t1"), torch.randint(0, ROWS, (2 * B,), generator=gen),
+                           torch.ones(2 * B, dtype=torch.long), B)
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.05)
+    out = sec(kjt)                                                                   # (B, 2 D)
+    loss = (out[:, :D] * 1e32).sum() + out[:, D:].sum() + (w * 3.0).sum()            # t0's gradients overflow
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return scaler.get_scale(), sec.skipped_updates
+
+
+def test_on_a_sharded_collection_a_ranks_overflow_leaves_the_scale_alike_on_every_rank():
+    """Only t0's owner (rank 0) sees the overflow and skips; reported there alone, its scale would
+    fall and the ranks' scales part (DDP then averages gradients scaled differently)."""
+    (scale0, skipped0), (scale1, skipped1) = run_multiprocess(_sharded_one_rank_overflows, 2)
+    assert (skipped0, skipped1) == (1, 0)
+    assert scale0 == scale1
