@@ -37,7 +37,7 @@ rotation's other calls: docs/benchmarks.md), so the probe read faster than the s
 Neo's and its twin's medians swung with how many of their calls followed each other. The best setting is then also
 timed alone, its calls back to back (``probe_alone_lookups_per_s``, and each forward's
 ``fraction_of_probe_alone``: the "of alone" column), the limit a gather finds with its table
-warm. Last, Neo's forward and the best setting are timed in one state (``time_after_peer``):
+warm. Last, Neo's forward and the best setting are timed in one state (``time_phase``'s ``peer``):
 each call right after a forward of a peer on tables of its own (FBGEMM, else PyTorch), the two
 in turn, so that each finds its table as the other finds its own; FBGEMM's forward likewise,
 with Neo's forward as the peer. Such a record then holds both speeds
@@ -50,11 +50,11 @@ Backends, same tables, ids and offsets:
 
 - ``neo``: ``TableBatchedEmbedding(tables, backend="cpu")`` with its default input
   validation ON (the honest configuration); ``neo-noval``: a second such module, timed with
-  validate=False, on a copy of the first one's tables.
+  validate=False, on tables of its own (the same seed: the same start).
 - ``fbgemm``: FBGEMM's CPU TBE (``SplitTableBatchedEmbeddingBagsCodegen``, HOST/CPU,
   EXACT_ROWWISE_ADAGRAD), skipped with a note where fbgemm_gpu is not importable.
-- ``neo@NAME=K,...`` (``--neo-tuning NAME=K[,NAME=K]``, repeatable): one more such module each (a
-  copy of the tables: 2 GiB more fp32 at the defaults), validate on,
+- ``neo@NAME=K,...`` (``--neo-tuning NAME=K[,NAME=K]``, repeatable): one more such module each (2
+  GiB more of tables, fp32, at the defaults), validate on,
   under other kernel settings (``neo._C._set_tuning``: prefetch distances, streaming stores; this
   CPU's defaults, ``neo._C._tuning()``, restored after each call), timed in the same rotation: how
   a setting compares with this CPU's default on this machine.
@@ -123,42 +123,38 @@ from embedding_systems import (BATCHES, Runner, fbgemm_runner, make_batches, neo
 
 # ----------------------------------------------------------------------------- timing
 def time_phase(runners: List[Runner], phase: str, batches, warmup: int, iters: int,
-               sync: Callable[[], None] = lambda: None) -> Dict[str, float]:
+               sync: Callable[[], None] = lambda: None, peer: Optional[Runner] = None) -> Dict[str, float]:
     """Median ms of each runner's ``phase`` (those that have it), timed interleaved (a new order
     every round, each backend right after each other one equally often: one that thrashes the
     caches, like the PyTorch baseline, slows the next one); a batch per call, so that its rows
-    were not just read by another backend; ``sync`` before each call and, timed, after it."""
+    were not just read by another backend; ``sync`` before each call and, timed, after it.
+    ``peer`` (the same-state pass): every call right after one untimed forward of it (a system on
+    tables of its own), so that between two calls of one runner come as many gathers of the peer
+    and of the other runners, whichever runner it is: all of them find their own tables in one
+    state (caches, the host's translations)."""
     runners = [r for r in runners if getattr(r, phase) is not None]
-    picks = itertools.count()
-
-    def call(fn):
-        def run():
-            fn(batches[next(picks) % len(batches)])
-            sync()
-        return run
-
-    times = time_interleaved({r.name: call(getattr(r, phase)) for r in runners}, warmup, iters, before=sync)
-    return {name: statistics.median(t.wall) * 1e3 for name, t in times.items()}
-
-
-def time_after_peer(peer: Runner, runners: List[Runner], batches, warmup: int, iters: int) -> Dict[str, float]:
-    """Median ms of each runner's forward, every call right after one forward of ``peer`` (a
-    system on tables of its own; untimed), the runners interleaved as ``time_phase``'s. Between
-    two calls of one runner come as many gathers of the peer and of the other runners, whichever
-    runner it is: all of them find their own tables in one state (caches, the host's
-    translations). A batch per call."""
     picks = itertools.count()
 
     def batch():
         return batches[next(picks) % len(batches)]
 
-    times = time_interleaved({r.name: (lambda fwd=r.fwd: fwd(batch())) for r in runners}, warmup, iters,
-                             before=lambda: peer.fwd(batch()))
+    def call(fn):
+        def run():
+            fn(batch())
+            sync()
+        return run
+
+    def before():
+        if peer is not None:
+            peer.fwd(batch())
+        sync()
+
+    times = time_interleaved({r.name: call(getattr(r, phase)) for r in runners}, warmup, iters, before=before)
     return {name: statistics.median(t.wall) * 1e3 for name, t in times.items()}
 
 
 def same_state_fields(times: Optional[Dict[str, float]], name: str, best: str, n_ids: float) -> dict:
-    """A forward record's same-state fields from ``time_after_peer``'s medians (``times``: the
+    """A forward record's same-state fields from the same-state pass's medians (``times``: the
     system ``name`` and the probe setting ``best``; None: not measured for this record)."""
     if times is None:
         return dict(same_state_lookups_per_s=None, probe_same_state_lookups_per_s=None,
@@ -170,27 +166,27 @@ def same_state_fields(times: Optional[Dict[str, float]], name: str, best: str, n
 
 def choose_probe(probes: List[Runner], selector: Runner, batches, args) -> Tuple[str, Dict[str, float]]:
     """The probe's fastest prefetch setting, and every setting's median ms: the settings timed
-    interleaved (``time_after_peer``), each call right after a forward of ``selector`` (a system
+    interleaved (``time_phase`` with ``peer``), each call right after a forward of ``selector`` (a system
     on tables of its own), so that each finds the probe's table as the systems in the rotation
     find theirs, not just read by another setting (the module doc)."""
-    ms = time_after_peer(selector, probes, batches, args.warmup, args.iters)
+    ms = time_phase(probes, "fwd", batches, args.warmup, args.iters, peer=selector)
     return min(ms, key=ms.get), ms
 
 
 def probe_readings(runners: List[Runner], best: str, peer: Optional[Runner], batches,
                    args) -> Tuple[float, Optional[Dict[str, Dict[str, float]]]]:
     """The probe's best setting beyond the rotation: alone, its calls back to back (ms: no other
-    system's gather between them); and the same-state pass (``time_after_peer``: Neo's forward
+    system's gather between them); and the same-state pass (``time_phase`` with ``peer``: Neo's forward
     and the probe each right after ``peer``'s, FBGEMM's and the probe each right after Neo's where
     FBGEMM is the peer), keyed by system (None without a peer)."""
     by_name = {r.name: r for r in runners}
     alone_ms = time_phase([by_name[best]], "fwd", batches, args.warmup, args.iters)[best]
     if peer is None:
         return alone_ms, None
-    same = {"neo": time_after_peer(peer, [by_name[best], by_name["neo"]], batches, args.warmup, args.iters)}
+    same = {"neo": time_phase([by_name[best], by_name["neo"]], "fwd", batches, args.warmup, args.iters, peer=peer)}
     if peer.name == "fbgemm":
-        same["fbgemm"] = time_after_peer(by_name["neo"], [by_name[best], by_name["fbgemm"]], batches, args.warmup,
-                                         args.iters)
+        same["fbgemm"] = time_phase([by_name[best], by_name["fbgemm"]], "fwd", batches, args.warmup, args.iters,
+                                    peer=by_name["neo"])
     return alone_ms, same
 
 

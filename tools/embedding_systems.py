@@ -88,22 +88,20 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
     """Neo's module timed validate on (``names[0]``) and off (``names[1]``); each of ``tunings``
     (``--neo-tuning``) adds it once more, validate on, under those kernel settings
     (``neo._C._set_tuning``, this CPU's defaults restored after each call): a runner named
-    ``neo@`` and the settings. Each runner has a module of its own, all starting from the first
-    one's tables (copied in): a runner that shared another's tables would find them warm whenever
-    it ran right after it (the benchmark's module doc). Also returned: the first module's initial
-    tables (views, in their storage dtype), for the peers to start from."""
+    ``neo@`` and the settings. Each runner has a module of its own, all from the same seed, so
+    from the same tables (``neo.embedding.init``: seeded per table and block): a runner that shared
+    another's tables would find them warm whenever it ran right after it (the benchmark's module
+    doc). Also returned: the first module's initial tables (views, in their storage dtype), for
+    the peers to start from."""
     tables = [TableConfig(f"t{t}", args.rows, args.dim, feature_names=(f"f{t}",), dtype=dtype,
                           optimizer=OptimizerConfig("rowwise_adagrad", lr=LR, eps=EPS)) for t in range(args.tables)]
-    first = TableBatchedEmbedding(tables, backend=backend, device=device)
+
+    def module() -> TableBatchedEmbedding:
+        return TableBatchedEmbedding(tables, backend=backend, device=device)   # seed 0: the same tables
+
+    first = module()
     weights = [first.table_weight(t.name) for t in tables]
     grad = upstream_grad(args, device)
-
-    def copy_of_first() -> TableBatchedEmbedding:
-        emb = TableBatchedEmbedding(tables, backend=backend, device=device)
-        with torch.no_grad():
-            for t, w in zip(tables, weights):
-                emb.table_weight(t.name).copy_(w)
-        return emb
 
     def make(emb: TableBatchedEmbedding, validate: bool, name: str) -> Runner:
         def fwd(b):
@@ -122,7 +120,7 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
     def tuned(settings: Dict[str, int]) -> Runner:
         from neo import _C
 
-        base = make(copy_of_first(), True, names[0])
+        base = make(module(), True, names[0])
 
         def under(fn):
             def run(b):
@@ -136,7 +134,7 @@ def neo_runners(args, names=("neo", "neo-noval"), backend: str = "cpu", device: 
         label = ",".join(f"{k}={v}" for k, v in settings.items())
         return Runner(f"{names[0]}@{label}", under(base.fwd), under(base.fwd_bwd))
 
-    runners = [make(first, True, names[0])] + ([make(copy_of_first(), False, names[1])] if len(names) > 1 else [])
+    runners = [make(first, True, names[0])] + ([make(module(), False, names[1])] if len(names) > 1 else [])
     return runners + [tuned(t) for t in tunings], weights
 
 

@@ -107,7 +107,7 @@ def test_each_neo_runner_has_tables_of_its_own_from_the_same_start():
     assert all(torch.equal(r.fwd(batch), before[0]) for r in runners[1:])
 
 
-def test_time_after_peer_puts_the_peer_before_every_call():
+def test_time_phase_with_a_peer_puts_the_peer_before_every_call():
     """The same-state pass: peer, r0, peer, r1, ... every round, a fresh batch per call, only the
     runners' calls timed (warm-up rounds untimed)."""
     bench = load_tool("bench_embedding.py")
@@ -116,8 +116,8 @@ def test_time_after_peer_puts_the_peer_before_every_call():
     def runner(name):
         return bench.Runner(name, lambda b: calls.append((name, b)), None)
 
-    res = bench.time_after_peer(runner("peer"), [runner("probe@32,256"), runner("neo")], list(range(5)),
-                                warmup=1, iters=2)
+    res = bench.time_phase([runner("probe@32,256"), runner("neo")], "fwd", list(range(5)), warmup=1, iters=2,
+                           peer=runner("peer"))
     assert set(res) == {"probe@32,256", "neo"} and all(ms >= 0 for ms in res.values())
     assert [n for n, _ in calls] == ["peer", "probe@32,256", "peer", "neo"] * 3
     assert [b for _, b in calls] == [i % 5 for i in range(12)]
