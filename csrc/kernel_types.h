@@ -101,10 +101,10 @@ struct IdCheckArgs {
 
 // Prefetch distances and store policy, settable from Python for benchmarking (neo._C._set_tuning). Defined
 // in cpu_isa.cpp (one instance for every variant).
-constexpr int64_t kBwdFar = 128;   // backward: sorted items ahead whose weight rows are prefetched into L2
+constexpr int64_t kBwdFar = 128;   // backward: rows ahead (in sorted order) whose weight rows are prefetched into L2
 struct Tuning {
   int64_t fwd_prefetch = 32;   // forward: ids ahead whose rows are prefetched into L1 (and 8x that into L2)
-  int64_t bwd_lookahead = 16;  // backward: sorted items ahead whose rows are prefetched (24 on AMD Zen 5)
+  int64_t bwd_lookahead = 16;  // backward: rows ahead (in sorted order) prefetched into L1 (24 on AMD Zen 5)
   int64_t fwd_stream = 1;     // forward: pooled rows of whole aligned cache lines written with streaming stores
   int64_t sort_prefetch = 1;  // backward's radix sort: each bucket's next lines prefetched for writing (0 on Zen 5)
   int64_t bwd_far = kBwdFar;  // the same for fp32 tables (0: none; 16-bit tables always kBwdFar)

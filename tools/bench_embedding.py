@@ -12,7 +12,8 @@
 Workload (defaults): 8 tables of 1M rows, D = 64, fp32 and fp16 weights (``--dtypes``: only
 fp32 and fp16 are accepted; bf16 is refused, FBGEMM's CPU TBE would run it in fp32),
 batch 4096, one feature per table; bag lengths uniform in 1 .. 2 * pooling_factor - 1
-(mean = pooling factor, 20), ids uniform in [0, rows); sum pooling; row-wise Adagrad (lr
+(mean = pooling factor, 20), ids uniform in [0, rows) (``--skew S``: Zipf(S), as production ids
+are, the hot rows scattered over each table); sum pooling; row-wise Adagrad (lr
 0.01, eps 1e-8).
 
 The machine's limit is measured in the same run: ``probe`` is the gather probe of
@@ -116,8 +117,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, apply_quick, describe_machine, json_path,  # noqa: E402
-                          machine_info, multiple_of, nonneg_int, positive_int, positive_int_list, start_rank,
-                          time_interleaved, write_json)
+                          machine_info, multiple_of, nonneg_float, nonneg_int, positive_int, positive_int_list,
+                          start_rank, time_interleaved, write_json)
 from embedding_systems import (BATCHES, Runner, fbgemm_runner, make_batches, neo_runners,  # noqa: E402
                                probe_runners, torch_runner)
 
@@ -232,8 +233,8 @@ def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo"
 
 def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
-                pooling_factor=args.pooling_factor, ids_per_batch=ids_per_batch, dtype=dtype,
-                optimizer="rowwise_adagrad", iters=args.iters, weighted=args.weighted,
+                pooling_factor=args.pooling_factor, skew=getattr(args, "skew", 0.0), ids_per_batch=ids_per_batch,
+                dtype=dtype, optimizer="rowwise_adagrad", iters=args.iters, weighted=args.weighted,
                 learnable_weights=args.learnable_weights)
 
 
@@ -241,7 +242,8 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
     batches = make_batches(args, BATCHES)
     n_ids = statistics.mean(b.values.numel() for b in batches)
     print(f"workload: {args.tables} tables x {args.rows} rows x D={args.dim} {dtype}, batch {args.batch}, "
-          f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), uniform ids, "
+          f"~{n_ids:.0f} ids/batch (bag length uniform 1..{2 * args.pooling_factor - 1}), "
+          f"{f'Zipf({args.skew:g}) ids' if args.skew else 'uniform ids'}, "
           f"{'learnable per-id weights, ' if args.learnable_weights else 'per-id weights, ' if args.weighted else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
     neo, weights = neo_runners(args, dtype=dtype, tunings=tuple(args.neo_tuning))
@@ -429,6 +431,9 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=multiple_of(4), default=64, help="embedding dim (a positive multiple of 4)")
     p.add_argument("--batch", type=positive_int, default=None, help=f"default {DEFAULTS['batch']}")
     p.add_argument("--pooling-factor", type=positive_int, default=20, help="mean bag length (lengths uniform in 1..2L-1)")
+    p.add_argument("--skew", type=nonneg_float, default=0.0,
+                   help="Zipf exponent of the ids (0: uniform, the default; e.g. 1.05: a few hot rows, scattered "
+                        "over each table)")
     p.add_argument("--iters", type=positive_int, default=None, help=f"default {DEFAULTS['iters']}")
     p.add_argument("--warmup", type=nonneg_int, default=None, help=f"default {DEFAULTS['warmup']}")
     p.add_argument("--threads", type=positive_int_list, default=[1, 2], help="comma-separated thread counts, e.g. 1,2")

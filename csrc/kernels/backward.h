@@ -23,12 +23,12 @@
 //    64 on AVX2, <= 128 on AVX-512) are summed in registers, and under SGD, Adagrad or row-wise
 //    Adagrad (no weight decay) updated from there too (update_row_regs); other rows go through a
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
-//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). Rows 16 items ahead
-//    (24 on AMD Zen 5) are prefetched into L1 (weights and state with write intent, gradient
-//    slices), and, on batches not too sparse in rows, weight and state rows 128 items ahead into
-//    L2 (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase is bound by
-//    memory latency. Common D (16, 32, 64, 128) get compile-time row lengths (straight-line vector
-//    code).
+//    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). The row 16 rows ahead
+//    (24 on AMD Zen 5) is prefetched into L1 (weights and state with write intent, its first
+//    gradient slice), and, on batches not too sparse in rows, the weight and state rows 128 rows
+//    ahead into L2 (not fp32 rows on AMD Zen 5): rows are random in a large table, so this phase
+//    is bound by memory latency; the distances count rows, not items (update_segment). Common D
+//    (16, 32, 64, 128) get compile-time row lengths (straight-line vector code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
 // and updated by one thread, in a fixed order, with the same IEEE operations (no FMA:
@@ -278,12 +278,29 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
     while (k >= static_cast<uint64_t>(m.roff[tt] + m.rows[tt])) ++tt;
     return m.woff[tt] + (static_cast<int64_t>(k) - m.roff[tt]) * m.dims[tt];
   };
+  // the first item of the row after the one that starts at p (or n_valid)
+  auto next_row = [&](int64_t p) {
+    const uint64_t k = sorted[p] >> 32;
+    do ++p; while (p < n_valid && (sorted[p] >> 32) == k);
+    return p;
+  };
+  // Prefetch cursors: the first items of the rows `lookahead` and `far` rows ahead, each moved on
+  // by one row per row updated. Counted in items (the item `lookahead` places after a row's
+  // first), as they were until 2026-12-05, they left rows unprefetched wherever row lengths vary:
+  // the rows after a long one, and any row whose first item no row start lay `lookahead` items
+  // before (a 40% share of the single-item rows among 5-item ones). Each such row's update waited
+  // on memory: one table of Zipf(1.05) ids, 31k rows of 102k ids, updated in 1.50 ms, now 0.66;
+  // uniform ids (6% of rows with two or more) 2.06 -> 1.46-1.55 ms (docs/benchmarks.md).
+  int64_t pj = j, pf = j;
+  for (int64_t r = 0; r < lookahead && pj < n_valid; ++r) pj = next_row(pj);
+  if (far)
+    for (int64_t r = 0; r < far && pf < n_valid; ++r) pf = next_row(pf);
   while (j < end) {
     const uint64_t key = sorted[j] >> 32;
     const int64_t elem0 = locate(key, t);
     const int64_t D = m.dims[t];
-    if (j + lookahead < n_valid) {  // into L1: the row, its state and gradient slice L items ahead
-      const uint64_t it2 = sorted[j + lookahead], k2 = it2 >> 32;
+    if (pj < n_valid) {  // into L1: the row, its state and its first gradient slice, L rows ahead
+      const uint64_t it2 = sorted[pj], k2 = it2 >> 32;
       int64_t t2 = t;
       const int64_t e2 = locate(k2, t2), D2 = m.dims[t2];
       prefetch_row_w(W + e2, D2 * static_cast<int64_t>(sizeof(T)));
@@ -295,9 +312,9 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
       }
       prefetch_row(src.grad + src.bag_goff[static_cast<uint32_t>(it2)], D2 * 4);
     }
-    if (far && j + far < n_valid) {  // into L2: weight and element-wise state rows 4L items ahead
+    if (far && pf < n_valid) {  // into L2: weight and element-wise state rows `far` rows ahead
       int64_t t3 = t;
-      const int64_t e3 = locate(sorted[j + far] >> 32, t3), D3 = m.dims[t3];
+      const int64_t e3 = locate(sorted[pf] >> 32, t3), D3 = m.dims[t3];
       prefetch_row_w_l2(W + e3, D3 * static_cast<int64_t>(sizeof(T)));
       if (u.s0 && !rowwise) {
         prefetch_row_w_l2(u.s0 + e3, D3 * 4);
@@ -311,6 +328,8 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
       case 128: j = process_row<128, WEIGHTED>(u, W, src, j, end, key, D, elem0, acc, wf); break;
       default: j = process_row<0, WEIGHTED>(u, W, src, j, end, key, D, elem0, acc, wf); break;
     }
+    if (pj < n_valid) pj = next_row(pj);
+    if (far && pf < n_valid) pf = next_row(pf);
   }
 }
 
@@ -355,19 +374,22 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // touches a fair share of the rows: 13% faster at 326k ids over 400k rows, 25% at 655k ids
   // over 8M rows (row-wise Adagrad, 1 thread: 59 -> 44 ms). On sparser batches (one-hot ids
   // over 1.3M rows: 4%) it cost about 10%, so it runs only from 1/16 as many ids as rows.
-  // Its distance: kBwdFar items; for fp32 tables tuning().bwd_far, kBwdFar but 0 (none) on AMD Zen 5
+  // Its distance: kBwdFar rows; for fp32 tables tuning().bwd_far, kBwdFar but 0 (none) on AMD Zen 5
   // (family 1Ah, default_tuning). There, 655k ids over 8M rows of D 64, row-wise Adagrad,
   // bwd_far 0 against 128 in one process, alternating, FBGEMM's time as the yardstick
   // (2026-12-02): fp32 tables 2-8% faster at 1 thread (six runs), 1-5% at 2 (three); fp16
   // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.
   // Without it the L1 prefetch goes further ahead there (bwd_lookahead 24, default_tuning): the
-  // same workload, fp32, forward + backward at one thread, 16 against 24 items ahead, runs in
-  // call_orders' order beside FBGEMM (2026-12-05): 28.16 -> 27.05, 28.99 -> 27.87, 28.78 -> 27.79
-  // ms at 20 ids a bag; 2% faster at 5 ids a bag; within the noise at one id a bag (4% either way
-  // in four runs), at two threads and with fp16 tables (which keep the far prefetch); 32 and 48
-  // items ahead no better than 24.
-  const int64_t far_items = std::is_same_v<T, float> ? tuning().bwd_far : kBwdFar;
-  const int64_t far = n_valid * 16 >= m.total_rows ? far_items : 0;
+  // same workload, fp32, forward + backward at one thread, 16 against 24 items ahead (the
+  // distances counted items then: on this workload, whose ids are nearly all of distinct rows,
+  // about as many rows), runs in call_orders' order beside FBGEMM (2026-12-05): 28.16 -> 27.05,
+  // 28.99 -> 27.87, 28.78 -> 27.79 ms at 20 ids a bag; 2% faster at 5 ids a bag; within the
+  // noise at one id a bag (4% either way in four runs), at two threads and with fp16 tables
+  // (which keep the far prefetch); 32 and 48 items ahead no better than 24. Rechecked with the
+  // distances in rows (2026-12-05): bwd_far 128 still 1.1-1.2x slower for fp32 tables there, and
+  // 12, 40 or 64 rows ahead no better than 24.
+  const int64_t far_rows = std::is_same_v<T, float> ? tuning().bwd_far : kBwdFar;
+  const int64_t far = n_valid * 16 >= m.total_rows ? far_rows : 0;
   float* sorted_w = nullptr;
   if constexpr (WEIGHTED) {   // position -> (bag, weight), in sorted order: independent reads, in parallel
     sorted_w = ws.sorted_w.get(n_valid);

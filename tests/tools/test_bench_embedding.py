@@ -258,3 +258,43 @@ def test_neo_tuning_times_neo_under_other_settings_and_restores_the_defaults(tmp
     for bad in ("bogus=1", "bwd_lookahead", "bwd_lookahead=-2"):
         with pytest.raises(SystemExit):
             bench.main(["--quick", "--neo-tuning", bad])
+
+
+def test_skewed_ids_are_zipf_ranks_scattered_over_the_rows():
+    """--skew S: each table's ids are Zipf(S) ranks (the synthetic data's zipf_ranks) put through
+    a bijection of the rows, so the counts per row are the ranks' counts, the hottest row not
+    the table's first."""
+    import argparse
+
+    import numpy as np
+
+    from data_pipeline.locality import zipf_ranks
+
+    systems = load_tool("embedding_systems.py")
+    ids = systems.skewed_ids(200_000, 10_000, 1.05, np.random.default_rng(5))
+    ranks = zipf_ranks(np.random.default_rng(5), 200_000, 10_000, 1.05)
+    assert ids.dtype == torch.int64 and int(ids.min()) >= 0 and int(ids.max()) < 10_000
+    counts = torch.bincount(ids, minlength=10_000)
+    assert sorted(counts.tolist()) == sorted(np.bincount(ranks, minlength=10_000).tolist())
+    assert int(counts.argmax()) != 0 and int(counts.max()) > 200 * int(counts.median())
+
+    args = argparse.Namespace(tables=3, rows=1000, dim=8, batch=64, pooling_factor=5, weighted=False, skew=1.05)
+    for b in systems.make_batches(args, 2):
+        b.check()
+        per_table = torch.split(b.values, b.lengths.view(3, 64).sum(1).tolist())
+        assert all(int(v.max()) < 1000 for v in per_table)
+        assert max(int(torch.bincount(v).max()) for v in per_table) > 10   # hot rows repeat within a table
+
+
+def test_a_skewed_run_says_its_skew(tmp_path):
+    out = tmp_path / "emb.json"
+    threads = torch.get_num_threads()
+    try:
+        assert load_tool("bench_embedding.py").main(["--quick", "--no-torch", "--no-fbgemm", "--dtypes", "fp32",
+                                                     "--threads", "1", "--iters", "1", "--skew", "1.05",
+                                                     "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    records = json.loads(out.read_text())
+    assert {r["backend"] for r in records} == {"probe", "neo", "neo-noval"}
+    assert all(r["skew"] == 1.05 for r in records)
