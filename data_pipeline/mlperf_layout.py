@@ -51,7 +51,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .loader import Batch, LoaderOptions, ParquetLoader
+from .loader import Batch, LoaderOptions, ParquetLoader, thread_nice
 from .reader import first_bad_label, first_id_out_of_range, first_nonfinite, take_rows
 from .schema import DatasetMeta, sparse_names
 from .writer import Columns
@@ -368,6 +368,7 @@ class MlperfLoader(ParquetLoader):
         self.pin = torch.cuda.is_available() if o.pin_memory is None else o.pin_memory
         self._const: Dict[Tuple[int, str], torch.Tensor] = {}
         self._perm: Dict[Tuple[int, int], np.ndarray] = {}
+        self._base_nice = thread_nice()      # the background threads stand below the building thread
 
     def _spans(self, start: int) -> List[Tuple[int, int]]:
         """Epoch-order positions [a, b) of this rank's batches from its position ``start`` on."""

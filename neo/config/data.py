@@ -185,6 +185,11 @@ class DataConfig:
     first batch waits for a small read (0: every window full-size; see data_pipeline/loader.py)."""
     prefetch_batches: int = 8
     """Batches the loader's background thread keeps ready."""
+    loader_nice: int = 10
+    """How far the loader's background threads stand below the training thread in the
+    scheduler's priority (Linux nice values, 0 to 19; 0: the same), so that training keeps its
+    core where the loader's threads and it want more cores than there are
+    (``LoaderOptions.thread_nice``, data_pipeline/loader.py)."""
 
     def validate(self, where: str = "data") -> None:
         self.source = choice(self.source, [m.value for m in DataSource], f"{where}.source")
@@ -200,3 +205,6 @@ class DataConfig:
             raise ConfigError(f"{where}.first_window: must be >= 0, got {self.first_window}")
         if self.prefetch_batches < 0:
             raise ConfigError(f"{where}.prefetch_batches: must be >= 0, got {self.prefetch_batches}")
+        if not 0 <= self.loader_nice <= 19:
+            raise ConfigError(f"{where}.loader_nice: must be in [0, 19] (a Linux nice value above the training "
+                              f"thread's), got {self.loader_nice}")

@@ -273,9 +273,11 @@ def _loaders(cfg, data: DataSpec, pg):
     B = cfg.train.batch_size
     train_opts = LoaderOptions(batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
                                shuffle_window=cfg.data.shuffle_window, first_window=cfg.data.first_window,
-                               seed=cfg.train.seed, drop_last=True, prefetch_batches=cfg.data.prefetch_batches)
+                               seed=cfg.train.seed, drop_last=True, prefetch_batches=cfg.data.prefetch_batches,
+                               thread_nice=cfg.data.loader_nice)
     val_opts = LoaderOptions(batch_size=cfg.train.eval_batch, rank=pg.rank, world_size=pg.world_size, shuffle=False,
-                             drop_last=False, prefetch_batches=cfg.data.prefetch_batches)
+                             drop_last=False, prefetch_batches=cfg.data.prefetch_batches,
+                             thread_nice=cfg.data.loader_nice)
     if data.mlperf is not None:
         from data_pipeline.mlperf_layout import MlperfLoader
 

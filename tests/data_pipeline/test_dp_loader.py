@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -200,7 +203,8 @@ def test_producers_left_running_are_stopped_at_exit(data):
 
 
 @pytest.mark.parametrize("field, value", [("shuffle_window", 0), ("shuffle_window", -5), ("read_rows", -5),
-                                          ("first_window", -1), ("prefetch_batches", -1)])
+                                          ("first_window", -1), ("prefetch_batches", -1), ("thread_nice", -1),
+                                          ("thread_nice", 20)])
 def test_window_options_out_of_range_are_refused(data, field, value):
     with pytest.raises(ValueError, match=rf"LoaderOptions\.{field} must be"):
         ParquetLoader(data, LoaderOptions(batch_size=10, **{field: value}))
@@ -379,3 +383,37 @@ def test_close_joins_the_reader_an_early_stop_left(data):
     assert not th.is_alive()
     assert [b.batch_size for b, _ in zip(L, range(2))] == [10, 10]      # iterating again works
     L.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@pytest.mark.parametrize("nice", [0, 7])
+def test_background_threads_stand_thread_nice_below_the_builder(data, nice):
+    """The producer and the window reader run ``thread_nice`` below the thread that built the
+    loader (the builder keeps its own), and give the same batches either way."""
+    from data_pipeline import loader
+
+    base = loader.thread_nice()
+    seen = {}
+
+    def note():
+        seen[threading.current_thread().name.split("_")[0]] = loader.thread_nice()
+
+    L = ParquetLoader(data, LoaderOptions(batch_size=10, shuffle=True, prefetch_batches=2, thread_nice=nice))
+    reads = L._read_window
+
+    def read(k):
+        note()
+        return reads(k)
+
+    L._read_window = read
+    to_batch = L._to_batch
+
+    def make(cols):
+        note()
+        return to_batch(cols)
+
+    L._to_batch = make
+    got = sample_ids(L)
+    assert got == sample_ids(ParquetLoader(data, LoaderOptions(batch_size=10, shuffle=True)))
+    assert seen == {"neo-data-loader": min(19, base + nice), "neo-data-read": min(19, base + nice)}
+    assert loader.thread_nice() == base

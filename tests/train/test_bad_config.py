@@ -40,6 +40,8 @@ from tests.train.test_trainer import ROOT, TINY, tiny_config
     ("tables[0].feature_names=[on]", r"tables\[0\]\.feature_names\[0\]: got the YAML boolean True"),
     ("sharding.partitioner=bogus", r"sharding\.partitioner: 'bogus' is not one of \['auto', 'greedy', 'karmarkar_karp'"),
     ("sharding.cache_warmup_batches=-1", r"sharding\.cache_warmup_batches: must be >= 0, got -1"),
+    ("data.loader_nice=20", r"data\.loader_nice: must be in \[0, 19\] .*got 20"),
+    ("data.loader_nice=-1", r"data\.loader_nice: must be in \[0, 19\]"),
 ])
 def test_values_out_of_range_name_the_field(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
