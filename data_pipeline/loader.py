@@ -51,7 +51,6 @@ _producers: Dict[threading.Thread, threading.Event] = {}
 _producers_lock = threading.Lock()
 
 
-@atexit.register
 def thread_nice() -> Optional[int]:
     """The calling thread's nice value (Linux: each thread has its own), None where unknown."""
     if not sys.platform.startswith("linux"):
@@ -73,6 +72,7 @@ def set_thread_nice(value: int) -> None:
         pass
 
 
+@atexit.register
 def _stop_producers() -> None:
     """At interpreter exit, stop every producer thread and wait for it. A daemon thread still
     inside pyarrow or torch when the interpreter finalizes is killed inside C++ code, which aborts

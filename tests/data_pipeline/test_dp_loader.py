@@ -202,6 +202,27 @@ def test_producers_left_running_are_stopped_at_exit(data):
     assert not th.is_alive() and th not in loader._producers
 
 
+def test_the_exit_hook_that_stops_producers_is_registered(data):
+    """The hook above runs at exit: in a fresh interpreter, ``atexit``'s functions (run by hand,
+    as the interpreter's exit runs them) leave no producer alive."""
+    import subprocess
+    from pathlib import Path
+
+    code = ("import atexit, sys\n"
+            "from data_pipeline import loader\n"
+            "L = loader.ParquetLoader(sys.argv[1], loader.LoaderOptions(batch_size=10, prefetch_batches=1))\n"
+            "it = iter(L)\n"
+            "next(it)\n"
+            "(th,) = [t for t in loader._producers if t.name == 'neo-data-loader']\n"
+            "alive = th.is_alive()\n"
+            "atexit._run_exitfuncs()\n"
+            "print(alive, th.is_alive())\n")
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", code, data], cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "False"]
+
+
 @pytest.mark.parametrize("field, value", [("shuffle_window", 0), ("shuffle_window", -5), ("read_rows", -5),
                                           ("first_window", -1), ("prefetch_batches", -1), ("thread_nice", -1),
                                           ("thread_nice", 20)])
