@@ -233,9 +233,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                     pick(bwd_far, d.bwd_far)};
       }, py::arg("fwd_prefetch") = -1, py::arg("bwd_lookahead") = -1, py::arg("fwd_stream") = -1,
       py::arg("sort_prefetch") = -1, py::arg("bwd_far") = -1,
-      "Benchmarking only: prefetch distances of the kernels (ids / sorted items ahead), the forward's streaming "
-      "stores and the backward sort's write prefetches; a negative value (the default) sets this CPU's default, "
-      "so _set_tuning() restores them all");
+      "Benchmarking only: prefetch distances of the kernels (ids ahead in the forward, rows ahead in the "
+      "sorted backward), the forward's streaming stores and the backward sort's write prefetches; a negative "
+      "value (the default) sets this CPU's default, so _set_tuning() restores them all");
   m.def("_tuning", [] {
         const neo::Tuning& t = neo::tuning();
         return py::dict(py::arg("fwd_prefetch") = t.fwd_prefetch, py::arg("bwd_lookahead") = t.bwd_lookahead,
