@@ -10,6 +10,7 @@ Zipf skew whose simulated histogram is closest in total variation distance.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -17,7 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 __all__ = ["NUM_BUCKETS", "BUCKET_LABELS", "LocalitySection", "parse_locality_stats", "target_histogram",
-           "reuse_histogram", "zipf_ranks", "total_variation", "fit_skew", "SkewFit", "fit_mixture", "MixtureFit"]
+           "reuse_histogram", "coprime_multiplier", "zipf_ranks", "total_variation", "fit_skew", "SkewFit",
+           "fit_mixture", "MixtureFit"]
 
 _EDGES = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768], np.int64)
 NUM_BUCKETS = len(_EDGES)  # 17: (0,1], (1,2], ..., (16384,32768], (32768, inf)
@@ -105,6 +107,15 @@ def reuse_histogram(ids: np.ndarray) -> np.ndarray:
     _, counts = np.unique(ids, return_counts=True)
     bucket = np.searchsorted(_EDGES, counts, side="left") - 1  # count c in (edge[b], edge[b+1]]
     return np.bincount(bucket, weights=counts, minlength=NUM_BUCKETS)[:NUM_BUCKETS] / len(ids)
+
+
+def coprime_multiplier(rows: int, start: int) -> int:
+    """The first ``a >= start`` with ``gcd(a, rows) == 1``: ``(rank * a + c) % rows`` is then a
+    bijection of the rows, which scatters Zipf ranks (the hot ones) over a table."""
+    a = int(start)
+    while math.gcd(a, rows) != 1:
+        a += 1
+    return a
 
 
 def zipf_ranks(rng: np.random.Generator, n: int, rows: int, skew: float) -> np.ndarray:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .locality import fit_mixture, reuse_histogram, target_histogram, total_variation, zipf_ranks
+from .locality import (coprime_multiplier, fit_mixture, reuse_histogram, target_histogram, total_variation,
+                       zipf_ranks)
 from .parallel import ordered_map
 from .schema import MLPERF_TABLE_SIZES, DatasetMeta, sparse_names
 from .synth_knobs import SynthKnobs
@@ -133,9 +134,7 @@ def _teacher(o: SynthOptions) -> _Teacher:
     salts = [int(s) for s in rng.integers(0, 2**63 - 1, F)]
     perm_a, perm_c = [], []
     for rows in o.table_rows:
-        a = int(rng.integers(rows // 3 + 1, rows + 1)) if rows > 2 else 1
-        while math.gcd(a, rows) != 1:
-            a += 1
+        a = coprime_multiplier(rows, int(rng.integers(rows // 3 + 1, rows + 1))) if rows > 2 else 1
         perm_a.append(a % rows if rows > 1 else 1)
         perm_c.append(int(rng.integers(0, rows)))
     bias = math.log(o.base_ctr / (1 - o.base_ctr))

@@ -310,7 +310,7 @@ def disk_run(args) -> None:
     """Runs in its own process: one cached table of ``--disk-gib`` (default 2 x RAM) on disk."""
     import torch
 
-    from data_pipeline.locality import zipf_ranks
+    from data_pipeline.locality import coprime_multiplier, zipf_ranks
     from neo.config.embedding import OptimizerConfig, TableConfig
     from neo.embedding import TableBatchedEmbedding
     from neo.sparse import KeyedJaggedBatch
@@ -332,9 +332,7 @@ def disk_run(args) -> None:
     head = torch.nn.Linear(D, 1)
     opt = torch.optim.Adagrad(head.parameters(), lr=0.01)
     rng = np.random.default_rng(0)
-    mult = 2654435761                                           # odd: a bijection mod rows unless rows shares factors
-    while np.gcd(mult, rows) != 1:
-        mult += 2
+    mult = coprime_multiplier(rows, 2654435761)                 # a bijection mod rows
 
     def batch():
         ids = (zipf_ranks(rng, B, rows, 1.05).astype(np.int64) * mult) % rows

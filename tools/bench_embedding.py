@@ -233,7 +233,7 @@ def weight_grad_diffs(runners: List[Runner], batch, dtype: str, ref: str = "neo"
 
 def workload_fields(args, ids_per_batch: float, dtype: str) -> dict:
     return dict(tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch,
-                pooling_factor=args.pooling_factor, skew=getattr(args, "skew", 0.0), ids_per_batch=ids_per_batch,
+                pooling_factor=args.pooling_factor, skew=args.skew, ids_per_batch=ids_per_batch,
                 dtype=dtype, optimizer="rowwise_adagrad", iters=args.iters, weighted=args.weighted,
                 learnable_weights=args.learnable_weights)
 

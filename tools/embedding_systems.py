@@ -6,7 +6,6 @@ benchmark's module doc describes the workload and the systems; this file builds 
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -17,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_gather_probe import make_table  # noqa: E402
 
-from data_pipeline.locality import zipf_ranks  # noqa: E402
+from data_pipeline.locality import coprime_multiplier, zipf_ranks  # noqa: E402
 
 from neo.config.embedding import OptimizerConfig, TableConfig  # noqa: E402
 from neo.embedding import TableBatchedEmbedding  # noqa: E402
@@ -30,27 +29,23 @@ def skewed_ids(n: int, rows: int, skew: float, rng: np.random.Generator) -> torc
     """(n,) int64 ids of one table: Zipf(``skew``) ranks (P(rank r) ~ (r + 1) ** -skew, the
     synthetic data's :func:`~data_pipeline.locality.zipf_ranks`) scattered over the rows by a
     fixed bijection (rank * a + c) mod rows, so that the hot rows are not the table's first ones."""
-    a = 1_000_003
-    while math.gcd(a, rows) != 1:
-        a += 2
-    ranks = zipf_ranks(rng, n, rows, skew)
-    return torch.from_numpy((ranks * (a % rows) + rows // 3) % rows)
+    a = coprime_multiplier(rows, 1_000_003) % rows
+    return torch.from_numpy((zipf_ranks(rng, n, rows, skew) * a + rows // 3) % rows)
 
 
 def make_batches(args, n_batches: int, device: str = "cpu") -> List[KeyedJaggedBatch]:
     """``n_batches`` batches of the workload: bag lengths uniform in 1 .. 2 * pooling_factor - 1,
     ids uniform over each table's rows, or (``args.skew`` > 0) Zipf-skewed (:func:`skewed_ids`)."""
     gen = torch.Generator().manual_seed(0)
-    skew = float(getattr(args, "skew", 0.0) or 0.0)
     rng = np.random.default_rng(0)
     keys = tuple(f"f{t}" for t in range(args.tables))
     out = []
     for _ in range(n_batches):
         lengths = torch.randint(1, 2 * args.pooling_factor, (args.tables * args.batch,), generator=gen)
         n = int(lengths.sum())
-        if skew > 0:
+        if args.skew > 0:
             per_table = lengths.view(args.tables, args.batch).sum(1).tolist()
-            ids = torch.cat([skewed_ids(int(k), args.rows, skew, rng) for k in per_table])
+            ids = torch.cat([skewed_ids(int(k), args.rows, args.skew, rng) for k in per_table])
         else:
             ids = torch.randint(0, args.rows, (n,), generator=gen)
         w = torch.rand(n, generator=gen) + 0.5 if args.weighted else None

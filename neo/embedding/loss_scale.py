@@ -54,7 +54,7 @@ def record_overflow(owner: "TableBatchedEmbedding", device: torch.device) -> Non
     ``unscale_`` of the same optimizer before it, which means the overflow is already recorded)."""
     owner.skipped_updates += 1
     scaler = owner.grad_scaler
-    if scaler is None or not scaler.is_enabled() or not getattr(owner, "reports_overflow", True):
+    if scaler is None or not scaler.is_enabled() or not owner.reports_overflow:
         return
     probe = getattr(owner, "_overflow_probe", None)
     if probe is None or probe.param_groups[0]["params"][0].device != device:

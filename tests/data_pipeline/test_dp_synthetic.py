@@ -104,3 +104,16 @@ def test_locality_stats_and_preset(tmp_path, year):
     measured = s["locality_measured"]
     assert measured["samples_used"] == sec.batch_size and measured["tv_distance"] < 0.1
     assert total_variation(target, target) == 0
+
+
+def test_coprime_multiplier_makes_a_bijection_of_the_rows():
+    """The first multiplier at or after ``start`` coprime with ``rows``: ``rank * a + c`` then
+    maps the rows onto themselves (the synthetic ids, bench_embedding's --skew, bench_cache)."""
+    import numpy as np
+
+    from data_pipeline.locality import coprime_multiplier
+
+    assert coprime_multiplier(12, 4) == 5 and coprime_multiplier(12, 5) == 5 and coprime_multiplier(7, 14) == 15
+    for rows, start in ((1000, 250), (997, 1_000_003), (2**10, 2654435761)):
+        a = coprime_multiplier(rows, start)
+        assert a >= start and sorted(((np.arange(rows) * a + 3) % rows).tolist()) == list(range(rows))

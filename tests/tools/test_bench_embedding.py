@@ -95,7 +95,7 @@ def test_each_neo_runner_has_tables_of_its_own_from_the_same_start():
     import argparse
 
     systems = load_tool("embedding_systems.py")
-    args = argparse.Namespace(tables=2, rows=50, dim=8, batch=4, pooling_factor=3, weighted=False,
+    args = argparse.Namespace(tables=2, rows=50, dim=8, batch=4, pooling_factor=3, skew=0.0, weighted=False,
                               learnable_weights=False)
     batch = systems.make_batches(args, 1)[0]
     runners, weights = systems.neo_runners(args, tunings=({"fwd_prefetch": 4},))
@@ -208,7 +208,7 @@ def test_the_cuda_section_on_cpu_tensors_compares_and_reports_every_dtype():
 import argparse, json, sys
 sys.path.insert(0, "tools")
 import bench_embedding as be
-args = argparse.Namespace(tables=3, rows=400, dim=8, batch=16, pooling_factor=3, iters=1, warmup=0,
+args = argparse.Namespace(tables=3, rows=400, dim=8, batch=16, pooling_factor=3, skew=0.0, iters=1, warmup=0,
                           dtypes=["fp32", "fp16"], no_torch=False, weighted=False,
                           learnable_weights=False)
 print(json.dumps(be.run_cuda(args, {"cpu_model": "test"}, device="cpu")))
