@@ -195,7 +195,9 @@ def _exchange(sec: "ShardedEmbeddingCollection", rows: Dict[str, SequenceEmbeddi
     senders = [sl for r in range(W) for sl in layout.slots_on[r] if sl.sharding_type is not _DP]
     sizes = [arrivals.count(sl) * sl.cols for sl in senders]
     out_splits = [sum(n for sl, n in zip(senders, sizes) if sl.rank == r) for r in range(W)]
-    x = torch.cat(send) if send else torch.zeros(0)
+    # nothing to send (no sharded slot here): the anchor's empty view, so that this rank's anchor gets a
+    # gradient as every other rank's does (the loss scaler's agreement runs on it: neo/distributed/overflow.py)
+    x = torch.cat(send) if send else sec.autograd_anchor.view(0)
     recv = all_to_all_pooled(x, out_splits, in_splits, sec.pg.world_comm, sec.comm, order,
                              name="sequence_all_to_all", consume=True).wait()
     pieces: Dict[str, Dict[Slot, torch.Tensor]] = defaultdict(dict)

@@ -38,6 +38,7 @@ from neo.config.embedding import TableConfig
 from neo.distributed.assemble import Assemble, column_runs, split_runs
 from neo.distributed.comms import Awaitable, BackwardOrder, CommConfig, CommPrecision
 from neo.distributed.input_dist import DistributedBatch, InputDist
+from neo.distributed.overflow import OverflowConsensus
 from neo.distributed.plan_view import PlanError, PlanView, ShardingType
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.sharding.data_parallel import DataParallelOutputDist
@@ -121,6 +122,12 @@ class ShardedEmbeddingCollection(nn.Module):
     is local (no collective); ``<table>.step`` is only on the ranks that hold a shard of the table.
     """
 
+    _grad_scaler: Optional[torch.amp.GradScaler] = None
+    overflow_consensus: Optional[OverflowConsensus] = None
+    """Where a scaler is set on more than one rank: the ranks' agreement on overflows
+    (:mod:`neo.distributed.overflow`; ``agreed``: the backwards in which some rank skipped)."""
+    _overflow_hook: Optional[Any] = None
+
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
                  comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
                  seed: int = 0, device: Optional[torch.device | str] = None, store_dir: Optional[str] = None,
@@ -152,7 +159,8 @@ class ShardedEmbeddingCollection(nn.Module):
                                                 seed=seed, store_dir=store_dir, count_skipped=False,
                                                 regions=self.layout.regions_on[pg.rank], rounding_seed=seed + pg.rank)
             share_anchor(self.lookup, self.autograd_anchor)
-            self.lookup.reports_overflow = False   # a rank's overflow must not lower its scale alone (loss_scale.py)
+            # several ranks: a rank's overflow must not lower its scale alone; the ranks agree (overflow.py)
+            self.lookup.reports_overflow = pg.world_size == 1
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
@@ -403,14 +411,23 @@ class ShardedEmbeddingCollection(nn.Module):
     @property
     def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
         """The ``torch.amp.GradScaler`` that scales the loss, if any: this rank's fused updates
-        divide their gradients by its scale and skip an overflowed step (set on every rank;
-        :mod:`neo.embedding.loss_scale`)."""
-        return None if self.lookup is None else self.lookup.grad_scaler
+        divide their gradients by its scale and skip an overflowed step, and an overflow on any
+        rank lowers the scale on every rank (:mod:`neo.distributed.overflow`). Set it on every
+        rank alike (:mod:`neo.embedding.loss_scale`)."""
+        return self._grad_scaler
 
     @grad_scaler.setter
     def grad_scaler(self, scaler: Optional[torch.amp.GradScaler]) -> None:
+        self._grad_scaler = scaler
         if self.lookup is not None:
             self.lookup.grad_scaler = scaler
+        if self._overflow_hook is not None:
+            self._overflow_hook.remove()
+        self.overflow_consensus = self._overflow_hook = None
+        if scaler is not None and self.pg.world_size > 1:
+            self.overflow_consensus = OverflowConsensus(self.pg.world, lambda: self.skipped_updates,
+                                                        lambda: self.grad_scaler)
+            self._overflow_hook = self.autograd_anchor.register_post_accumulate_grad_hook(self.overflow_consensus)
 
     @property
     def frozen(self) -> bool:

@@ -189,9 +189,97 @@ def _sharded_one_rank_overflows(rank: int, world_size: int):
     return scaler.get_scale(), sec.skipped_updates
 
 
-def test_on_a_sharded_collection_a_ranks_overflow_leaves_the_scale_alike_on_every_rank():
+def test_on_a_sharded_collection_a_ranks_overflow_lowers_the_scale_alike_on_every_rank():
     """Only t0's owner (rank 0) sees the overflow and skips; reported there alone, its scale would
-    fall and the ranks' scales part (DDP then averages gradients scaled differently)."""
+    fall and the ranks' scales part (DDP then averages gradients scaled differently). Before the
+    ranks agreed (neo/distributed/overflow.py), neither rank lowered it."""
     (scale0, skipped0), (scale1, skipped1) = run_multiprocess(_sharded_one_rank_overflows, 2)
     assert (skipped0, skipped1) == (1, 0)
-    assert scale0 == scale1
+    assert scale0 == scale1 == 2.0 ** 23
+
+
+STEPS, W = 6, 2
+MIXED = [TableConfig("t0", ROWS, D, optimizer=OptimizerConfig("sgd", lr=0.05)),        # overflows
+         TableConfig("t1", ROWS, D, optimizer=OptimizerConfig("adagrad", lr=0.05))]    # another fused update
+
+
+def _overflow_batch(step: int, rank: int):
+    """Rank ``rank``'s ids of both tables at ``step``: one id a bag, B bags a table."""
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    return [torch.randint(0, ROWS, (B,), generator=gen) for _ in MIXED]
+
+
+def _overflow_loss(out0: torch.Tensor, out1: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """t0's gradients 1e32 a bag: past fp32 at loss scales of 2**22 and up (with GradScaler's 2**24 start)."""
+    return (out0 * 1e32).sum() + out1.sum() + (w * 3.0).sum()
+
+
+def _train_under_overflow(emb, rank: int, ranks: int, sequence: bool):
+    """STEPS steps of ``emb`` (sharded: this rank's samples; unsharded: the ``ranks`` ranks'
+    samples in rank order, one batch) and a dense weight under GradScaler; the scales, the
+    skip counts after each step, and the tables' weights and t1's Adagrad state."""
+    from neo.distributed import ShardedEmbeddingCollection
+
+    sharded = isinstance(emb, ShardedEmbeddingCollection)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    emb.grad_scaler = scaler
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.05)
+    scales, skipped = [], []
+    for step in range(STEPS):
+        per_rank = [_overflow_batch(step, r) for r in ([rank] if sharded else range(ranks))]
+        ids = torch.cat([torch.cat([b[t] for b in per_rank]) for t in range(len(MIXED))])   # feature-major
+        n = B * len(per_rank)
+        kjt = KeyedJaggedBatch(("t0", "t1"), ids, torch.ones(len(MIXED) * n, dtype=torch.long), n)
+        if sequence:
+            rows = emb.sequence(kjt)
+            out0, out1 = rows["t0"].values, rows["t1"].values                    # (n, D) each
+        else:
+            out = emb(kjt)                                                         # (n, 2 D)
+            out0, out1 = out[:, :D], out[:, D:]
+        opt.zero_grad()
+        scaler.scale(_overflow_loss(out0, out1, w)).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skipped.append(emb.skipped_updates)
+    if sharded:
+        weights, state = emb.full_weights(), emb.full_optimizer_state(["t1"])["t1"]
+    else:
+        weights, state = {t: emb.table_weight(t) for t in ("t0", "t1")}, emb.table_optimizer_state("t1")
+    return scales, skipped, weights, state, w.detach()
+
+
+def _sharded_overflows(rank: int, world_size: int, owners: dict, sequence: bool):
+    from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
+
+    pg = ProcessGroups.build(timeout=datetime.timedelta(seconds=60))
+    plan = even_plan(MIXED, {"t0": "table_wise", "t1": "table_wise"}, world_size, world_size, ranks=owners)
+    sec = ShardedEmbeddingCollection(MIXED, plan, pg, seed=1, average_gradients=False)
+    return _train_under_overflow(sec, rank, world_size, sequence) + (sec.overflow_consensus.agreed,)
+
+
+@pytest.mark.parametrize("owners,sequence", [
+    ({"t0": 0, "t1": 1}, False),      # t0's owner alone sees the overflow
+    ({"t0": 0, "t1": 0}, False),      # and rank 1 holds no shard at all
+    ({"t0": 0, "t1": 0}, True),       # the same, unpooled: rank 1's anchor in the graph all the same
+], ids=["owner_and_other", "owner_and_shardless", "sequence_shardless"])
+def test_a_sharded_collection_under_overflow_trains_as_the_unsharded_module(owners, sequence):
+    """The oracle: the unsharded module (single-device GradScaler behaviour, itself checked against
+    a dense table above) on both ranks' samples in one batch, the loss their sum
+    (``average_gradients=False``), so that every bag's gradient, and where it overflows, is the
+    same. Before the ranks agreed the scale stayed at 2**24 on both ranks and t0 skipped all six
+    steps; now both ranks lower it as the oracle does, t0 trains once it fits, to the bit."""
+    emb = TableBatchedEmbedding(MIXED, backend="cpu", seed=1)
+    ref_scales, ref_skipped, ref_weights, ref_state, ref_w = _train_under_overflow(emb, 0, W, sequence)
+    assert ref_scales[-1] < 2.0 ** 22 and 0 < ref_skipped[-1] < STEPS      # the case: skips, then trains
+    results = run_multiprocess(_sharded_overflows, W, owners, sequence)
+    for rank, (scales, skipped, weights, state, w, agreed) in enumerate(results):
+        assert scales == ref_scales, rank                       # alike on every rank, and as the oracle's
+        assert agreed == ref_skipped[-1], rank                  # every skip agreed on, on every rank
+        assert skipped == (ref_skipped if rank == 0 else [0] * STEPS), rank
+        for t in ("t0", "t1"):
+            assert torch.equal(weights[t], ref_weights[t]), (rank, t)
+        for name, value in ref_state.items():
+            assert torch.equal(state[name], value), (rank, name)
+        assert torch.equal(w, ref_w), rank
