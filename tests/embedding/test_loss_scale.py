@@ -283,3 +283,54 @@ def test_a_sharded_collection_under_overflow_trains_as_the_unsharded_module(owne
         for name, value in ref_state.items():
             assert torch.equal(state[name], value), (rank, name)
         assert torch.equal(w, ref_w), rank
+
+
+def _parallelized_under_overflow(rank: int, world_size: int):
+    """A user model (tables, a linear layer on top) through ``parallelize``: DDP on the dense part
+    (its AllReduce in the backward, on its own group) beside the collection's agreement on
+    overflows (on the world group), with rank 1 holding no shard. Six steps at a scale that
+    starts too high for t0's gradients."""
+    from neo.distributed import ProcessGroups, even_plan, parallelize
+
+    pg = ProcessGroups.build(timeout=datetime.timedelta(seconds=60))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ebc = TableBatchedEmbedding(MIXED, backend="cpu", seed=1)
+            self.top = torch.nn.Linear(2 * D, 1)
+
+        def forward(self, kjt):
+            out = self.ebc(kjt)                                                    # (B, 2 D)
+            return self.top(out).sum() + (out[:, :D] * 1e32).sum()
+
+    torch.manual_seed(0)
+    model = Model()
+    plan = even_plan(MIXED, {"t0": "table_wise", "t1": "table_wise"}, world_size, world_size, ranks={"t0": 0, "t1": 0})
+    ddp = parallelize(model, "ebc", plan, pg)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    model.ebc.grad_scaler = scaler
+    opt = torch.optim.SGD(model.top.parameters(), lr=0.05)
+    before = model.ebc.full_weights()["t0"]
+    scales = []
+    for step in range(STEPS):
+        ids = torch.cat(_overflow_batch(step, rank))
+        kjt = KeyedJaggedBatch(("t0", "t1"), ids, torch.ones(len(MIXED) * B, dtype=torch.long), B)
+        opt.zero_grad()
+        scaler.scale(ddp(kjt)).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    trained = not torch.equal(model.ebc.full_weights()["t0"], before)
+    return scales, model.ebc.skipped_updates, trained, [p.detach().clone() for p in model.top.parameters()]
+
+
+def test_a_parallelized_model_under_overflow_keeps_its_ranks_alike():
+    """The ranks' scales fall together, step by step, so DDP's averaged dense weights stay the same
+    on both ranks; t0 trains once its gradients fit; nothing waits on a collective the other
+    rank never starts (the agreement's AllReduce and DDP's, in one backward)."""
+    (s0, k0, trained0, top0), (s1, k1, trained1, top1) = run_multiprocess(_parallelized_under_overflow, 2)
+    assert s0 == s1 and s0[0] == 2.0 ** 23 and s0[-1] < 2.0 ** 22
+    assert 0 < k0 < STEPS and k1 == 0                          # rank 1 holds no shard
+    assert trained0 and trained1                                # full_weights: every rank sees t0
+    assert all(torch.equal(a, b) for a, b in zip(top0, top1))
