@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["CacheEvictor", "timed", "cache", "cache_cases", "largest_footprint", "lookup_cases", "lookup_rows",
-           "lookups", "collectives", "dense", "machinery", "machinery_config", "KINDS", "KIND_TABLES_PER_RANK",
-           "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG", "CACHE_SKEW"]
+           "lookups", "collectives", "dense", "machinery", "loading", "loading_cases", "machinery_config", "KINDS",
+           "KIND_TABLES_PER_RANK", "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG", "CACHE_SKEW"]
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,
@@ -180,13 +180,21 @@ def lookups(group, quick: bool = False, evict_bytes: int = 0, largest: int = 0) 
 
 
 def collectives(pg, quick: bool = False) -> List[Dict[str, float]]:
-    """Records ``{"op": "alltoall"|"allreduce", "bytes" (a rank sends), "seconds"}``; none in one process."""
+    """Records ``{"op": "alltoall"|"allreduce", "bytes" (a rank sends), "seconds"}``; none in one
+    process. The AllReduce is the one the trainer's DDP runs on the dense group: through the
+    group's shared-memory exchange where its ranks share a host (``neo.distributed.ddp_hook``,
+    ``"transport": "shm"``), else the group's own (``"transport": "group"``: gloo or NCCL). (Until
+    2026-12-05 it was always the group's: gloo's loopback ring on one host, 1.4-2.5 ms a bucket of
+    4-512 KB on the 2-vCPU Zen 5 VM against the hook's 18-48 us, which made the step model charge
+    every multi-rank CPU step about 1.2 ms of AllReduce latency that training never paid.)"""
     from neo.distributed.comms import all_reduce, all_to_all
+    from neo.distributed.ddp_hook import mean_over_ranks_
 
     W = pg.world_size
     if W == 1:
         return []
     out = []
+    shm = pg.dense_comm.shm if pg.dense_comm is not None else None     # the trainer's DDP hook's (CPU ranks)
     sizes = (4 << 10, 256 << 10, 4 << 20) if quick else (4 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
     def burst(fn, n=10):                 # back to back, as in training: the collectives pace the ranks
         def run():
@@ -200,8 +208,12 @@ def collectives(pg, quick: bool = False) -> List[Dict[str, float]]:
         t = burst(lambda: all_to_all(x, [per] * W, [per] * W, pg.world_comm).wait())
         out.append({"op": "alltoall", "bytes": per * 4 * (W - 1), "seconds": t})
         g = torch.randn(max(1, nbytes // 4))
-        t = burst(lambda: all_reduce(g, pg.dense).wait())
-        out.append({"op": "allreduce", "bytes": g.numel() * 4 * 2 * (W - 1) / W, "seconds": t})
+        if shm is not None:
+            t = burst(lambda: mean_over_ranks_(shm, g))
+        else:
+            t = burst(lambda: all_reduce(g, pg.dense).wait())
+        out.append({"op": "allreduce", "bytes": g.numel() * 4 * 2 * (W - 1) / W, "seconds": t,
+                    "transport": "group" if shm is None else "shm"})
     return out
 
 
@@ -308,12 +320,28 @@ def machinery(pg, quick: bool = False, kind: str = "table_wise", per_rank: int =
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def loading_cases(world_size: int, rank: int = 0) -> List[Tuple[Any, int, int, int]]:
+    """:func:`loading`'s cases, ``(config, features, batch, ids a bag)``: the narrow model's one-hot
+    batches; the wide model's multi-hot ones at half and all of its batch; its features one-hot at
+    its whole batch (the bags of the multi-hot batch, an eighth of its ids)."""
+    narrow = machinery_config(world_size, rank=rank)
+    wide = machinery_config(world_size, rank=rank, per_rank=WIDE_TABLES_PER_RANK, batch=WIDE_BATCH,
+                            dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG)
+    wide_one_hot = machinery_config(world_size, rank=rank, per_rank=WIDE_TABLES_PER_RANK, batch=WIDE_BATCH,
+                                    dim=WIDE_DIM)
+    F = world_size * WIDE_TABLES_PER_RANK
+    return [(narrow, world_size, 256, 1), (wide, F, WIDE_BATCH // 2, WIDE_IDS_PER_BAG),
+            (wide, F, WIDE_BATCH, WIDE_IDS_PER_BAG), (wide_one_hot, F, WIDE_BATCH, 1)]
+
+
 def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
     """Records ``{"batches": 1, "bags", "ids", "seconds", "decode_s"}``: the loader's CPU work per
-    batch on the small models' data (:func:`machinery` made it): the narrow model's one-hot
-    batches, and the wide model's multi-hot ones at two batch sizes, so that a fit can tell the
-    cost per batch, per bag and per id apart. ``seconds`` is the median time of making a batch
-    (inline, one thread) plus ``decode_s``, the batch's share of decoding its Parquet row group
+    batch on the cases of :func:`loading_cases`, so that a fit can tell the cost per batch, per
+    bag and per id apart. (Without the last case the bags and ids of the other three moved
+    together but for the narrow batch, whose few bags the cost per batch drowns: the fit put the
+    ids' cost on the bags, ``data_id_s`` 0, and charged ``zipf_mix``'s 169 ids a sample like its
+    10 bags, about half the loader's work, 2026-12-05.) ``seconds`` is the median time of making
+    a batch (inline, one thread) plus ``decode_s``, the batch's share of decoding its Parquet row group
     (``ParquetLoader.decode_seconds``): the reader thread does that beside the batches, and a
     median of the batches' times leaves it out (multi-hot rows decode at about 2 us each here)."""
     from data_pipeline.loader import LoaderOptions, ParquetLoader
@@ -322,12 +350,14 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
 
     out = []
     n = 8 if quick else 20
-    narrow = machinery_config(pg.world_size, rank=pg.rank)
-    wide = machinery_config(pg.world_size, rank=pg.rank, per_rank=WIDE_TABLES_PER_RANK, batch=WIDE_BATCH,
-                            dim=WIDE_DIM, ids_per_bag=WIDE_IDS_PER_BAG)
-    F_wide = pg.world_size * WIDE_TABLES_PER_RANK
-    for cfg, F, B in ((narrow, pg.world_size, 256), (wide, F_wide, WIDE_BATCH // 2), (wide, F_wide, WIDE_BATCH)):
-        data = prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None)
+    cases = loading_cases(pg.world_size, pg.rank)
+    # every case's data first (made where not cached): a rank writing a new set beside one that is
+    # measuring made that rank's decoding 10x slower once
+    datasets = {id(cfg): prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None) for cfg, *_ in cases}
+    for cfg, F, B, _ in cases:
+        data = datasets[id(cfg)]
+        if pg.world_size > 1:
+            dist.barrier(pg.world)                       # every rank measures at once, as elsewhere here
         loader = ParquetLoader(data.train_paths, LoaderOptions(
             batch_size=B, rank=pg.rank, world_size=pg.world_size, shuffle=cfg.data.shuffle,
             shuffle_window=cfg.data.shuffle_window, seed=0, drop_last=True, prefetch_batches=0))

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from neo.distributed.comms import sum_in_rank_order
 from neo.distributed.shm import ShmExchange
 
-__all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce", "all_reduce_sum_"]
+__all__ = ["ShmAllReduce", "shm_allreduce_hook", "register_shm_allreduce", "mean_over_ranks_", "all_reduce_sum_"]
 
 
 @dataclass
@@ -46,13 +46,20 @@ def shm_allreduce_hook(state: ShmAllReduce, bucket: dist.GradBucket) -> torch.fu
     token = None
     if state.recorder is not None:
         token = state.recorder.begin("grad_sync", "grad_sync", bytes=grads.numel() * grads.element_size())
-    grads.mul_(1.0 / ex.size)                                 # as DDP's built-in hook scales
-    all_reduce_sum_(ex, grads)
+    mean_over_ranks_(ex, grads)
     if token is not None:
         state.recorder.end(token)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(grads)
     return fut
+
+
+def mean_over_ranks_(ex: ShmExchange, grads: torch.Tensor) -> torch.Tensor:
+    """What the hook does to a bucket (``grads``, flat, contiguous): scaled by 1 / W, as DDP's
+    built-in hook scales, then summed over the exchange's ranks, in place (``neo calibrate`` times
+    this as the dense gradients' AllReduce). Returns ``grads``."""
+    grads.mul_(1.0 / ex.size)
+    return all_reduce_sum_(ex, grads)
 
 
 def all_reduce_sum_(ex: ShmExchange, grads: torch.Tensor) -> torch.Tensor:

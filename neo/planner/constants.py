@@ -247,16 +247,21 @@ _CPU = CostConstants(
     input_dist_overhead=178e-6, output_dist_overhead=172e-6, row_wise_overhead=29e-9,
     column_wise_overhead=9.4e-9, data_parallel_overhead=20e-9, table_row_wise_overhead=43e-9,
     table_column_wise_overhead=26e-9,
-    allreduce_bw=1.8e9, allreduce_latency=1.2e-3,
+    allreduce_bw=11e9, allreduce_latency=10e-6,
     dense_flops=107e9, dense_layer_s=54e-6, dense_elem_s=0.37e-9, interaction_flops=82e9,
-    dense_optimizer_bw=43e9, data_batch_s=85e-6, data_bag_s=130e-9, pooled_elem_s=0.88e-9,
-    step_overhead=237e-6,
+    dense_optimizer_bw=43e9, data_batch_s=135e-6, data_bag_s=0.0, data_id_s=13e-9, pooled_elem_s=0.96e-9,
+    step_overhead=405e-6,
     host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
            "at 2 ranks x 1 thread on an AMD EPYC Zen 5 VM (26/2/1), 2026-12-05 13:15-13:18 UTC, the median of "
            "three runs, rounded (the sharding kinds' overheads too); the cache's terms: neo "
-           "calibrate's cache measurement on an Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC; not measured "
-           "on this machine: run neo calibrate",
+           "calibrate's cache measurement on an Intel Xeon (Emerald Rapids) VM, 2026-12-01 UTC; the AllReduce's "
+           "terms, step_overhead and pooled_elem_s refitted at 2 ranks on the same Zen 5 VM, 2026-12-05 "
+           "17:56-17:59 UTC (the median of four runs, rounded), once neo calibrate timed the trainer's "
+           "shared-memory AllReduce instead of gloo's; the loader's terms from neo calibrate's loading "
+           "measurement at 2 ranks on that VM, 2026-12-05 18:09-18:12 UTC (the median of six runs, rounded), "
+           "once it could tell the cost per id from the cost per bag; not measured on this machine: run "
+           "neo calibrate",
 )
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'
 # (InputDist.one_rank: the batch is the local batch). neo calibrate in one process (one thread) on

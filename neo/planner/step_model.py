@@ -16,7 +16,9 @@ low-rank cross layers) at ``interaction_flops``; the dense optimizer's pass over
 state at ``dense_optimizer_bw``; the pooled embeddings' way into the model and their
 gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with W > 1 ranks,
 DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
-``allreduce_bw``). Data loading (per batch, bag and id: :func:`data_seconds`) runs ahead on
+``allreduce_bw``: the reduction training runs, which on one CPU host is the shared-memory hook of
+:mod:`neo.distributed.ddp_hook`, tens of microseconds a bucket; across nodes no faster than the
+network's ``inter_latency`` and ``inter_bw``, which a ring over the nodes crosses). Data loading (per batch, bag and id: :func:`data_seconds`) runs ahead on
 each rank's loader thread, off the path; loaded inline (``data.prefetch_batches: 0``) it is on
 the path, as ``data`` (``inline_data``).
 
@@ -137,8 +139,9 @@ class StepPrediction:
                 "rank_ms": [round(x, 4) for x in self.rank_ms]}
 
 
-def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants) -> float:
-    """Seconds of the dense part of a step on one rank (see the module docstring)."""
+def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants, nodes: int = 1) -> float:
+    """Seconds of the dense part of a step on one rank (see the module docstring); ``nodes``: the
+    hosts the ranks span (more than one: the AllReduce's terms no faster than the network's)."""
     mm, inter = spec.flops(batch)
     t = mm / c.dense_flops + inter / c.interaction_flops + (len(spec.layers()) + 1) * c.dense_layer_s
     t += spec.activation_elems(batch) * c.dense_elem_s
@@ -146,7 +149,10 @@ def dense_seconds(spec: DenseSpec, batch: int, world_size: int, c: CostConstants
     t += batch * spec.num_features * spec.dim * c.pooled_elem_s
     if world_size > 1:
         grad = spec.params * 4.0
-        t += math.ceil(grad / _BUCKET) * c.allreduce_latency + grad * 2 * (world_size - 1) / world_size / c.allreduce_bw
+        latency, bw = c.allreduce_latency, c.allreduce_bw
+        if nodes > 1:
+            latency, bw = max(latency, c.inter_latency), min(bw, c.inter_bw)
+        t += math.ceil(grad / _BUCKET) * latency + grad * 2 * (world_size - 1) / world_size / bw
     return t
 
 
@@ -227,7 +233,7 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
     comp["bwd"] += np.where(holds, c.lookup_call_s / 2, 0.0)
     per_rank = comp["fwd"] + comp["bwd"] + comp["in"] + comp["out"]
     r = int(np.argmax(per_rank))
-    d = dense_seconds(dense, topo.batch_size_per_rank, W, c)
+    d = dense_seconds(dense, topo.batch_size_per_rank, W, c, nodes=W // topo.local_world_size)
     data_s = data_seconds(tables, topo.batch_size_per_rank, c)
     parts = {"embedding_fwd": comp["fwd"][r], "embedding_bwd": comp["bwd"][r], "input_dist": comp["in"][r],
              "output_dist": comp["out"][r], "dense": d, "data": data_s if inline_data else 0.0, "other": c.step_overhead}

@@ -104,3 +104,27 @@ def test_wrap_ddp_reduces_through_shared_memory_on_one_host():
 
 def test_no_exchange_keeps_ddps_allreduce():
     assert register_shm_allreduce(object(), None) is None
+
+
+def _calibrated_allreduce(rank: int, W: int, shm: bool):
+    """``neo calibrate``'s AllReduce records' transport, and the hook's reduction of one bucket
+    (``mean_over_ranks_``) beside gloo's AllReduce of the same bucket divided by W."""
+    from neo.calibrate.measure import collectives
+    from neo.distributed.ddp_hook import mean_over_ranks_
+
+    pg = ProcessGroups.build(shm=shm)
+    transports = {r["transport"] for r in collectives(pg, quick=True) if r["op"] == "allreduce"}
+    same = None
+    if pg.dense_comm.shm is not None:
+        g = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+        ref = g.clone()
+        dist.all_reduce(ref, group=pg.dense)
+        same = torch.equal(mean_over_ranks_(pg.dense_comm.shm, g), ref / W)
+    return transports, same
+
+
+def test_calibrate_times_the_allreduce_the_trainer_runs():
+    """Before, calibrate timed gloo's AllReduce on every host: 1.4-2.5 ms a 4-512 KB bucket on a
+    2-vCPU VM against the shared-memory hook's 18-48 us, the step model's 1.2 ms latency a step."""
+    assert run_multiprocess(_calibrated_allreduce, 2, True) == [({"shm"}, True)] * 2
+    assert run_multiprocess(_calibrated_allreduce, 2, False) == [({"group"}, None)] * 2
