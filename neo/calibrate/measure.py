@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 __all__ = ["CacheEvictor", "timed", "cache", "cache_cases", "largest_footprint", "lookup_cases", "lookup_rows",
            "lookups", "collectives", "dense", "machinery", "loading", "loading_cases", "machinery_config", "KINDS",
-           "KIND_TABLES_PER_RANK", "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG", "CACHE_SKEW"]
+           "KIND_TABLES_PER_RANK", "KIND_BATCH", "WIDE_TABLES_PER_RANK", "WIDE_DIM", "WIDE_BATCH", "WIDE_IDS_PER_BAG",
+           "CACHE_SKEW"]
 
 
 def timed(fn: Callable[[], Any], reps: int, group=None, warmup: int = 2,

@@ -18,9 +18,9 @@ gradients' way back (``pooled_elem_s`` per element of the B x F x D input); with
 DDP's AllReduce of the gradients (25 MiB buckets, ``allreduce_latency`` each,
 ``allreduce_bw``: the reduction training runs, which on one CPU host is the shared-memory hook of
 :mod:`neo.distributed.ddp_hook`, tens of microseconds a bucket; across nodes no faster than the
-network's ``inter_latency`` and ``inter_bw``, which a ring over the nodes crosses). Data loading (per batch, bag and id: :func:`data_seconds`) runs ahead on
-each rank's loader thread, off the path; loaded inline (``data.prefetch_batches: 0``) it is on
-the path, as ``data`` (``inline_data``).
+network's ``inter_latency`` and ``inter_bw``, which a ring over the nodes crosses). Data loading
+(per batch, bag and id: :func:`data_seconds`) runs ahead on each rank's loader thread, off the
+path; loaded inline (``data.prefetch_batches: 0``) it is on the path, as ``data`` (``inline_data``).
 
 A cached table's work of a step (its batch's admission and moves, :mod:`neo.planner.cost`) runs
 on the cache's worker thread while the step before computes: off the path, as the trainer
