@@ -50,7 +50,8 @@ class OverflowConsensus:
         if scaler is None or not scaler.is_enabled():
             return
         now = self.skips()
-        flag = torch.tensor([1 if now > self.seen else 0], dtype=torch.int32)     # (1,) on the CPU: gloo
+        # (1,) where the tables live: the world group's backend takes it there (gloo on the CPU, NCCL on GPUs)
+        flag = torch.tensor([1 if now > self.seen else 0], dtype=torch.int32, device=anchor.device)
         self.seen = now
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if int(flag) > 0:
