@@ -195,7 +195,7 @@ def collectives(pg, quick: bool = False) -> List[Dict[str, float]]:
     if W == 1:
         return []
     out = []
-    shm = pg.dense_comm.shm if pg.dense_comm is not None else None     # the trainer's DDP hook's (CPU ranks)
+    shm = pg.dense_comm.shm                  # the exchange of the trainer's DDP hook (CPU ranks of one host)
     sizes = (4 << 10, 256 << 10, 4 << 20) if quick else (4 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
     def burst(fn, n=10):                 # back to back, as in training: the collectives pace the ranks
         def run():

@@ -13,19 +13,22 @@ down together, as GradScaler lowers them for an overflowed dense gradient.
 "Once per backward" is the collection's ``autograd_anchor``: every lookup's backward (pooled and
 sequence, on every rank, a rank without shards included) gives it a gradient, so its
 post-accumulate-grad hook runs once per ``backward()``, after every fused update of that backward,
-at the same point of every rank's backward. Installed only while an enabled scaler is set and the
-collection has more than one rank; set the scaler on every rank alike, as the collection's other
-settings.
+at the same point of every rank's backward. Attached while a scaler is set on a collection of more
+than one rank (its ``grad_scaler`` setter); set the scaler on every rank alike, as the
+collection's other settings.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from neo.embedding.loss_scale import report_overflow
+
+if TYPE_CHECKING:
+    from neo.distributed.sharded_embedding import ShardedEmbeddingCollection
 
 __all__ = ["OverflowConsensus"]
 
@@ -33,27 +36,27 @@ __all__ = ["OverflowConsensus"]
 class OverflowConsensus:
     """The anchor's post-accumulate-grad hook: the ranks agree on whether this backward overflowed."""
 
-    def __init__(self, group: Any, skips: Callable[[], int], scaler: Callable[[], Optional[torch.amp.GradScaler]]):
-        self.group = group
-        """The collection's world group (the one its embedding collectives use, in program order)."""
-        self.skips = skips
-        """This rank's skipped fused updates so far (a counter that only grows)."""
-        self.scaler = scaler
-        """The scaler set on the collection now."""
-        self.seen = skips()
-        """``skips()`` at the last agreement: what grew since is this backward's."""
+    def __init__(self, collection: "ShardedEmbeddingCollection"):
+        self.collection = collection
+        self.seen = collection.skipped_updates
+        """This rank's skips at the last agreement: what grew since is this backward's."""
         self.agreed = 0
         """Backwards in which some rank skipped (every rank counts the same)."""
+        self._handle = collection.autograd_anchor.register_post_accumulate_grad_hook(self)
+
+    def detach(self) -> None:
+        """The hook off the anchor (another scaler, or none, was set)."""
+        self._handle.remove()
 
     def __call__(self, anchor: torch.Tensor) -> None:
-        scaler = self.scaler()
+        scaler = self.collection.grad_scaler
         if scaler is None or not scaler.is_enabled():
             return
-        now = self.skips()
+        now = self.collection.skipped_updates
         # (1,) where the tables live: the world group's backend takes it there (gloo on the CPU, NCCL on GPUs)
         flag = torch.tensor([1 if now > self.seen else 0], dtype=torch.int32, device=anchor.device)
         self.seen = now
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.collection.pg.world)
         if int(flag) > 0:
             self.agreed += 1
             report_overflow(self, scaler, anchor.device)

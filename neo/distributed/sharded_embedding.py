@@ -126,7 +126,6 @@ class ShardedEmbeddingCollection(nn.Module):
     overflow_consensus: Optional[OverflowConsensus] = None
     """Where a scaler is set on more than one rank: the ranks' agreement on overflows
     (:mod:`neo.distributed.overflow`; ``agreed``: the backwards in which some rank skipped)."""
-    _overflow_hook: Optional[Any] = None
 
     def __init__(self, tables: Sequence[TableConfig], plan: Any, pg: ProcessGroups, backend: str = "auto",
                  comm: CommConfig = CommConfig(), validate: bool = True, average_gradients: bool = True,
@@ -421,13 +420,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self._grad_scaler = scaler
         if self.lookup is not None:
             self.lookup.grad_scaler = scaler
-        if self._overflow_hook is not None:
-            self._overflow_hook.remove()
-        self.overflow_consensus = self._overflow_hook = None
-        if scaler is not None and self.pg.world_size > 1:
-            self.overflow_consensus = OverflowConsensus(self.pg.world, lambda: self.skipped_updates,
-                                                        lambda: self.grad_scaler)
-            self._overflow_hook = self.autograd_anchor.register_post_accumulate_grad_hook(self.overflow_consensus)
+        if self.overflow_consensus is not None:
+            self.overflow_consensus.detach()
+        self.overflow_consensus = OverflowConsensus(self) if scaler is not None and self.pg.world_size > 1 else None
 
     @property
     def frozen(self) -> bool:
