@@ -13,7 +13,8 @@ Routing, per slot (one feature of one shard, see :mod:`neo.distributed.slots`):
 Two AlltoAll calls per batch, whatever the plan (three with ``validate``):
 
 0. with ``validate`` (the default) and W > 1: the 6-int header alone to every rank,
-   ``[B, has_weights, error, feature, id, sample]``. It carries this rank's batch size and
+   ``[B, has_weights, error, feature, id, sample]`` (``has_weights``: 0, 1, or 2 for weights
+   that require grad). It carries this rank's batch size and
    input-validation result, so that every rank learns of bad input on any rank (an id out of
    range, another batch size, weights on some ranks only) before the collectives whose sizes
    depend on it, and raises (naming the failing rank, feature, table, id, or the sizes) instead
@@ -22,6 +23,17 @@ Two AlltoAll calls per batch, whatever the plan (three with ``validate``):
 2. ids: the selected ids of each slot, followed by their per-id weights (fp32 bits) when
    the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
    bytes of int64; ids are validated, or clamped when validation is off), else int64.
+
+Per-id weights that require grad (a learnable weighting computed on the source rank, such as
+TorchRec's position-weighted features) travel apart from the ids, in a differentiable AlltoAll of
+fp32 (:func:`~neo.distributed.comms.all_to_all_pooled`, launched with the ids): the shards' lookups
+compute each received weight's gradient from the rows before their update
+(``PooledLookup``), and its backward returns those gradients to the source ranks, where the
+selections that routed them (slices, the row-wise bucketing) sum them into the batch's weights.
+A column-split table's weight gets one partial gradient from each column shard; a
+data-parallel table's from its own replica only (the others pool none of its bags). Every rank
+must agree (the header's ``has_weights`` is 2 for such weights): the extra collective must run
+on all or none.
 
 Invalid ids (outside ``[0, rows)`` of their table) with ``validate=False``: counted here, at the
 source rank, once per id and per table (:attr:`InputDist.skipped_ids`), before any routing;
@@ -55,7 +67,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from neo.cpp import cpu_kernels
-from neo.distributed.comms import Awaitable, all_to_all
+from neo.distributed.comms import Awaitable, all_to_all, all_to_all_pooled
 from neo.distributed.process_groups import ProcessGroups
 from neo.distributed.slots import Slot, SlotLayout
 from neo.embedding.checks import EmbeddingInputError, count_bad_ids, count_bad_ids_to_int32
@@ -64,9 +76,8 @@ from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
 
-_HEADER = 6   # B, has_weights, error, feature index, id, sample
+_HEADER = 6   # B, has_weights (0, 1, 2: weights that require grad), error, feature index, id, sample
 _MISSING_FEATURE = 2   # the header's error code of a feature absent from a rank's batch (1: an id out of range)
-_WEIGHTS_NEED_GRAD = 3   # per-id weights that require grad: the AlltoAll would drop their gradient
 
 
 class DistributedInputError(EmbeddingInputError):
@@ -85,11 +96,17 @@ class DistributedBatch:
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
 
 
-def _weights_grad_message(rank: int) -> str:
-    return (f"rank {rank}: the batch's per-id weights require grad (a learnable weighting such as TorchRec's "
-            f"position-weighted features), and the sharded collection sends them to the shards' ranks as data: "
-            f"their gradient would be lost. Compute the weights' gradient with an unsharded "
-            f"TableBatchedEmbedding, or detach them (batch.weights.detach()) if they are not to be learned")
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor if ctx.factor != 1.0 else grad, None
 
 
 def bucketize_rows(values: torch.Tensor, bag_offsets: torch.Tensor, bounds: List[int],
@@ -136,8 +153,13 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
 class InputDist:
     """Routes a rank's :class:`KeyedJaggedBatch` to the slots of every rank (see module doc)."""
 
-    def __init__(self, layout: SlotLayout, pg: ProcessGroups, validate: bool = True):
+    def __init__(self, layout: SlotLayout, pg: ProcessGroups, validate: bool = True,
+                 weights_grad_factor: float = 1.0):
         self.layout, self.pg, self.validate = layout, pg, validate
+        self.weights_grad_factor = weights_grad_factor
+        """Multiplies the gradient of learnable per-id weights on its way back to their source: the
+        inverse of the collection's gradient scale (the shards' lookups see the gradient of the
+        global mean loss, the source rank's weights take that of its own loss, as its dense part)."""
         self.W = pg.world_size
         self.rows = [layout.feature_table[f].num_rows for f in layout.features]
         self.wire = torch.int32 if max(self.rows) < 2 ** 31 else torch.int64      # dtype of ids on the wire
@@ -229,12 +251,9 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
-        # weights sent as data carry no gradient back: refused on every rank (the header's error)
+        # weights that require grad: sent apart from the ids, in a differentiable AlltoAll (module doc)
         learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
         if self.one_rank:
-            if learnable:
-                self._raise_on_bad_input(torch.tensor([[batch.batch_size, 1, _WEIGHTS_NEED_GRAD, 0, 0, 0]]),
-                                         batch.batch_size, True)
             return Awaitable.ready(self._one_rank_batch(batch), "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
@@ -243,14 +262,13 @@ class InputDist:
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
-        if missing_err is None and learnable:
-            header_err = [_WEIGHTS_NEED_GRAD, 0, 0, 0]                     # raised on every rank, below
         if self.validate and values.numel() and header_err[0] == 0:
             header_err = self._bad_id_error(values, offsets, starts, B) or header_err
         narrowed = None                                                     # the int32 wire's ids, clamped
         if not self.validate:                                               # before routing drops or copies any
             narrowed = self._count_skipped(values, offsets, B, narrow=self.wire is torch.int32)
-        head = torch.tensor([B, int(weights is not None)] + header_err, dtype=torch.int64, device=values.device)
+        has_weights = 0 if weights is None else 2 if learnable else 1
+        head = torch.tensor([B, has_weights] + header_err, dtype=torch.int64, device=values.device)
         if self.validate and W > 1:
             # The headers alone first (6 ints to each rank): the lengths AlltoAll's sizes follow each
             # rank's B, and the ids' its weights, so ranks that disagree (a last partial batch on one
@@ -258,7 +276,7 @@ class InputDist:
             # sizes). Bad ids on any rank are raised here too, on every rank.
             heads = all_to_all(head.repeat(W), [_HEADER] * W, [_HEADER] * W, self.pg.world_comm,
                                name="input_dist.header").wait().view(W, _HEADER)
-            self._raise_on_bad_input(heads, B, weights is not None)
+            self._raise_on_bad_input(heads, B, has_weights)
 
         if self.wire is torch.int32:                                        # validated, or clamped to stay invalid
             values = values.to(torch.int32) if narrowed is None else narrowed
@@ -284,7 +302,8 @@ class InputDist:
             cache[key] = (lens, v, w)
             return cache[key]
 
-        len_parts, id_parts, id_splits = [], [], []
+        inline = weights is not None and not learnable                     # weights as fp32 bits after the ids
+        len_parts, id_parts, id_splits, w_parts, w_splits = [], [], [], [], []
         for d in range(W):
             sel = [select(s) for s in layout.slots_on[d]]
             len_parts.append(head)
@@ -292,11 +311,16 @@ class InputDist:
             ids = [x[1] for x in sel]
             n = sum(int(i.numel()) for i in ids)
             id_parts.extend(ids)
-            if weights is not None:
+            if inline:
                 id_parts.extend(x[2].view(torch.int32).to(self.wire) for x in sel)
-            id_splits.append(n * (2 if weights is not None else 1))
+            elif learnable:
+                w_parts.extend(x[2] for x in sel)
+                w_splits.append(n)
+            id_splits.append(n * (2 if inline else 1))
         send_lengths = torch.cat(len_parts)
         send_ids_buf = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
+        # (N_sent, 1) fp32: every destination's weights in the order of its ids; their gradient comes back
+        send_w = (torch.cat(w_parts) if w_parts else weights[:0]).view(-1, 1) if learnable else None
         K = len(layout.slots_on[self.pg.rank])
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
@@ -307,23 +331,27 @@ class InputDist:
         stage: Dict[str, Any] = {}
 
         def send_ids() -> None:
-            """Stage 2: the lengths have arrived; check them and launch the ids AlltoAll."""
+            """Stage 2: the lengths have arrived; check them and launch the ids AlltoAll (and the
+            learnable weights' own)."""
             recv = lengths_aw.wait().view(W, _HEADER + B * K)               # (W, header + K * B)
             heads = recv[:, :_HEADER]
-            self._raise_on_bad_input(heads, B, weighted)
+            self._raise_on_bad_input(heads, B, has_weights)
             lens = recv[:, _HEADER:].reshape(W, K, B)                       # (W, K, B) source-major
             sizes = lens.sum(-1)                                            # (W, K) ids per (source, slot)
             per_source = sizes.sum(-1)                                      # (W,)
-            out_splits = (per_source * (2 if weighted else 1)).tolist()
+            out_splits = (per_source * (2 if inline else 1)).tolist()
             stage.update(lens=lens, sizes=sizes, per_source=per_source,
                          ids_aw=all_to_all(send_ids_buf, out_splits, id_splits, self.pg.world_comm, name="input_dist.ids"))
+            if learnable:       # backward: the AlltoAll back, each shard's gradients to their source
+                stage["weights_aw"] = all_to_all_pooled(send_w, per_source.tolist(), w_splits, self.pg.world_comm,
+                                                        name="input_dist.weights")
 
         def finish() -> DistributedBatch:
             lens, sizes, per_source = stage["lens"], stage["sizes"], stage["per_source"]
             buf = stage.pop("ids_aw").wait()
             # regroup (source, slot) segments into (slot, source) order: feature-major jagged layout;
             # segments are contiguous, so this is K * W slice copies
-            src_base = _exclusive_cumsum(per_source * (2 if weighted else 1))           # (W,)
+            src_base = _exclusive_cumsum(per_source * (2 if inline else 1))             # (W,)
             old_start = (src_base.unsqueeze(1) + (sizes.cumsum(1) - sizes)).tolist()    # (W, K)
             size_l, n_src = sizes.tolist(), per_source.tolist()
             order = [(s, k) for k in range(K) for s in range(W)]
@@ -333,9 +361,13 @@ class InputDist:
                 local_values = torch.cat([buf[old_start[s][k]:old_start[s][k] + size_l[s][k]] for s, k in order]) \
                     if order else buf[:0]
             local_weights = None
-            if weighted:                                                                # weights follow the ids
+            if inline:                                                                  # weights follow the ids
                 pieces = [buf[old_start[s][k] + n_src[s]:old_start[s][k] + n_src[s] + size_l[s][k]] for s, k in order]
                 local_weights = (torch.cat(pieces) if pieces else buf[:0]).to(torch.int32).view(torch.float32)
+            elif learnable:     # (N_recv,) in the ids' (source, slot) layout, regrouped alike (differentiable)
+                got = _ScaleGrad.apply(stage.pop("weights_aw").wait().view(-1), self.weights_grad_factor)
+                pieces = [got[old_start[s][k]:old_start[s][k] + size_l[s][k]] for s, k in order]
+                local_weights = torch.cat(pieces) if pieces else got[:0]
             local_lengths = lens.permute(1, 0, 2).reshape(-1)                            # (K * W * B,)
             keys = tuple(s.local_feature for s in self.layout.slots_on[self.pg.rank])
             local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
@@ -354,7 +386,8 @@ class InputDist:
             if self.validate:
                 err = self._bad_id_error(batch.values, batch.offsets, starts, B)
                 if err is not None:
-                    self._raise_on_bad_input(torch.tensor([[B, int(weights is not None)] + err]), B, weights is not None)
+                    self._raise_on_bad_input(torch.tensor([[B, int(weights is not None)] + err]), B,
+                                             int(weights is not None))
             else:
                 self._count_skipped(batch.values.to(torch.int64), batch.offsets.to(torch.int64), B)
         if self._slot_per_feature:                                         # one slot per feature, in order
@@ -373,13 +406,14 @@ class InputDist:
         return {f: lengths[self._fidx[f] * B:(self._fidx[f] + 1) * B] for f in self.mean_row_split}
 
     # ---------------------------------------------------------------- agreement
-    def _raise_on_bad_input(self, heads: torch.Tensor, B: int, weighted: bool) -> None:
+    def _raise_on_bad_input(self, heads: torch.Tensor, B: int, has_weights: int) -> None:
+        """Raise on every rank where any rank's header (``heads`` (W, 6)) reports bad input, or
+        where the ranks disagree on the batch size or on ``has_weights`` (this rank's: 0, 1, 2)."""
         me = self.pg.rank
         failed = [r for r in range(self.W) if int(heads[r, 2])]
         if failed:
             msgs = [self._missing_message(r, int(heads[r, 3]), int(heads[r, 4]))
                     if int(heads[r, 2]) == _MISSING_FEATURE else
-                    _weights_grad_message(r) if int(heads[r, 2]) == _WEIGHTS_NEED_GRAD else
                     self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
             who = "this rank" if me in failed else f"rank(s) {failed}"
             raise DistributedInputError(
@@ -389,5 +423,11 @@ class InputDist:
             raise DistributedInputError(f"rank {me}: every rank must pass the same batch size; got {sizes} per rank "
                                         "(a last partial batch on some ranks? drop it, as drop_last does, or pad it)")
         ws = heads[:, 1].tolist()
-        if any(bool(w) != weighted for w in ws):
+        if any(bool(w) != bool(has_weights) for w in ws):
             raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")
+        if any(w != has_weights for w in ws):
+            learn = [r for r, w in enumerate(ws) if w == 2]
+            raise DistributedInputError(
+                f"rank {me}: the per-id weights require grad on rank(s) {learn} and not on the others: their "
+                f"gradient comes back in a collective of its own, which every rank must join. Make them require "
+                f"grad on every rank (under torch.is_grad_enabled()), or on none (detach them)")

@@ -163,7 +163,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._fuse_output_dists = fuse_output_dists
         self._local_dim = sum(s.cols for s in self.layout.slots_on[pg.rank])
-        self._input_dist = InputDist(self.layout, pg, validate=validate)
+        self._input_dist = InputDist(self.layout, pg, validate=validate,
+                                     weights_grad_factor=float(pg.world_size) if average_gradients else 1.0)
         self.output_dists = self._build_output_dists()
         order = [c for od in self.output_dists for c in od.global_columns]
         assert sorted(order) == list(range(self.layout.output_dim)), "output columns must tile the output"
@@ -225,7 +226,11 @@ class ShardedEmbeddingCollection(nn.Module):
         Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
         which their output distribution drops); their fused update still covers all W * B."""
         if self.lookup is None:     # (W * B, 0), on the anchor where it trains: a gradient as on the other ranks
-            return self.autograd_anchor.view(1, 0).expand(batch.local.batch_size, 0).to(batch.local.values.device)
+            out = self.autograd_anchor.view(1, 0)
+            w = batch.local.weights
+            if w is not None and w.requires_grad:   # (0,) received: in the graph all the same, so that this
+                out = out + w[:0].view(1, 0)         # rank joins the weights' AlltoAll back (input_dist)
+            return out.expand(batch.local.batch_size, 0).to(batch.local.values.device)
         return self.lookup(batch.local, pooled_bags=self._dp_bags(batch))
 
     def _dp_bags(self, batch: DistributedBatch) -> Optional[torch.Tensor]:

@@ -20,7 +20,7 @@ from torch import nn
 
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.distributed import CommConfig, ProcessGroups, ShardedEmbeddingCollection, even_plan
-from neo.embedding import TableBatchedEmbedding
+from neo.embedding import PositionWeights, TableBatchedEmbedding
 from neo.sparse import KeyedJaggedBatch
 
 ALL_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
@@ -46,8 +46,11 @@ class Case:
     missing_feature_rank: Optional[int] = None
     """This rank's first batch without its first feature (expects every rank to raise)."""
     learnable_weights_rank: Optional[int] = None
-    """This rank's first batch with per-id weights that require grad (weighted cases; expects
-    every rank to raise: the sharded collection would drop their gradient)."""
+    """This rank's first batch with per-id weights that require grad, the other ranks' not
+    (weighted cases; expects every rank to raise: they must agree)."""
+    learnable_weights: bool = False
+    """Per-id weights by position in the bag, learned (:class:`neo.embedding.PositionWeights`
+    before the lookup, trained with the dense model: its parameters are the results' last ``dense``)."""
     bad_step: int = 0
     """The step whose batch the four above spoil (0: before any batch has been distributed)."""
     validate: bool = True
@@ -150,6 +153,16 @@ def dense(case: Case) -> nn.Module:
     return nn.Sequential(nn.Linear(D, 8), act, nn.Linear(8, 1))
 
 
+def position_weights(case: Case) -> PositionWeights:
+    """Learnable position weights of every feature (bags of up to 4 ids: :func:`global_batches`),
+    started off 1 so that each position's weight differs."""
+    pw = PositionWeights({f: 4 for t in case.tables for f in t.feature_names})
+    with torch.no_grad():
+        for k, p in enumerate(pw.parameters()):
+            p.copy_(torch.linspace(0.6, 1.4, 4) + 0.05 * k)
+    return pw
+
+
 def initial_tables(case: Case) -> Dict[str, torch.Tensor]:
     emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
     return {t.name: emb.table_weight(t.name).detach().clone() for t in case.tables}
@@ -181,6 +194,11 @@ def train_reference(case: Case) -> Dict[str, Any]:
     """Single-process training on the global batches."""
     emb = TableBatchedEmbedding(case.tables, backend="reference", seed=case.seed)
     mlp = dense(case)
+    if case.learnable_weights:
+        pw = position_weights(case)
+        params = [*mlp.parameters(), *pw.parameters()]
+        opt = torch.optim.SGD(params, lr=case.dense_lr)
+        return train_unsharded(lambda b: mlp(emb(pw(b))), emb, params, opt, case)
     opt = torch.optim.SGD(mlp.parameters(), lr=case.dense_lr)
     return train_unsharded(lambda b: mlp(emb(b)), emb, mlp.parameters(), opt, case)
 
@@ -222,7 +240,14 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
     else:                # no weights copied: every shard starts at its rows and columns of the unsharded tables
         ddp = DDP(dense(case), process_group=pg.dense)
         mlp, step_fn = ddp.module, lambda b: ddp(sec(b))
-        opt = torch.optim.SGD(ddp.parameters(), lr=case.dense_lr)
+        params = list(ddp.parameters())
+        pw_params: list = []
+        if case.learnable_weights:
+            pw = DDP(position_weights(case), process_group=pg.dense)
+            step_fn = lambda b: ddp(sec(pw(b)))  # noqa: E731
+            pw_params = list(pw.module.parameters())
+            params += pw_params
+        opt = torch.optim.SGD(params, lr=case.dense_lr)
     losses, error = [], None
     for step, (batch, y) in enumerate(zip(global_batches(case), labels(case))):
         local = local_slice(batch, rank, B)
@@ -246,8 +271,9 @@ def _train_sharded_case(rank: int, case: Case, pg: ProcessGroups) -> Dict[str, A
         g = loss.detach().clone()
         dist.all_reduce(g, group=pg.world)
         losses.append(float(g) / W)
+    dense_params = [*mlp.parameters()] + (pw_params if case.learnable_weights else [])
     return {"losses": losses, "error": error, "initial": initial, "weights": sec.full_weights(), "states": sec.full_optimizer_state(),
-            "dense": [p.detach().clone() for p in mlp.parameters()], "drift": sec.replica_drift()}
+            "dense": [p.detach().clone() for p in dense_params], "drift": sec.replica_drift()}
 
 
 def train_sharded(rank: int, world_size: int, cases: List[Case]) -> List[Dict[str, Any]]:

@@ -239,9 +239,10 @@ def test_bad_input_raises_on_every_rank(shm):
 
 
 def test_learnable_weights_raise_on_every_rank():
-    """Per-id weights that require grad on rank 1 only (ids checked, or not): the sharded collection
-    sends weights as data, so every rank raises, naming rank 1 and the cause, instead of training
-    with their gradient silently dropped; the group then trains a weighted case as before."""
+    """Per-id weights that require grad on rank 1 only (ids checked, or not): their gradient would
+    come back in a collective rank 0 does not join, so every rank raises, naming rank 1 and the
+    cause, instead of hanging; the group then trains a weighted case as before. (Where every rank's
+    weights require grad they train: test_sharded_weight_grad.py.)"""
     W, ts = 2, tables(6)
     cases = [Case("learnable weights", ts, _mixed_types(ts), W, 2, weighted=True, learnable_weights_rank=1),
              Case("learnable weights, ids unchecked", ts, _mixed_types(ts), W, 2, weighted=True,
@@ -254,7 +255,7 @@ def test_learnable_weights_raise_on_every_rank():
         for k in range(3):
             err = res[k]["error"]
             assert err is not None, f"rank {rank} did not raise in case {k}"
-            assert "bad input on" in err and "rank 1: the batch's per-id weights require grad" in err, (k, err)
+            assert "the per-id weights require grad on rank(s) [1] and not on the others" in err, (k, err)
         assert [len(res[k]["losses"]) for k in range(3)] == [0, 0, 1]
     _check(cases[3], got[0][3])
 

@@ -53,16 +53,15 @@ def _run(rank: int, world_size: int):
                     loc = db.local
                     out[key] = ("batch", loc.keys, loc.values.to(torch.int64), loc.lengths.to(torch.int64),
                                 loc.weights, sec.compute(db).detach(), sec.skipped_ids)
-        for one_rank in (True, False):     # per-id weights that require grad: refused, not silently detached
+        for one_rank in (True, False):     # per-id weights that require grad: their gradient comes back
             sec = ShardedEmbeddingCollection(TABLES, plan, pg, seed=1, validate=validate)
             sec._input_dist.one_rank = one_rank
             batch = _batch(False, True)
             batch.weights.requires_grad_()
-            try:
-                sec.input_dist(batch).wait()
-                out[("learnable", validate, one_rank)] = None
-            except DistributedInputError as e:
-                out[("learnable", validate, one_rank)] = str(e)
+            db = sec.input_dist(batch).wait()
+            pooled = sec.compute(db)
+            (pooled * torch.linspace(-1.0, 1.0, pooled.numel()).view_as(pooled)).sum().backward()
+            out[("learnable", validate, one_rank)] = (db.local.weights.requires_grad, batch.weights.grad)
             with torch.no_grad():          # the same batch where no gradient is recorded: distributed
                 out[("learnable, no_grad", validate, one_rank)] = sec.input_dist(batch).wait().local.weights
     return out
@@ -89,14 +88,16 @@ def test_one_rank_input_equals_the_general_path():
                     assert (a is None and b is None) or torch.equal(a, b)
 
 
-def test_one_rank_input_refuses_weights_that_require_grad():
-    """The sharded collection sends per-id weights as data: where they require grad it raises on
-    both paths (naming the cause) instead of dropping their gradient; under no_grad they go through."""
+def test_one_rank_input_weights_that_require_grad():
+    """Per-id weights that require grad: both paths hand the lookup weights in the graph, and
+    their gradient comes back the same (bit for bit, and not zero); under no_grad they go through
+    without one."""
     (got,) = run_multiprocess(_run, 1)
     for validate in (True, False):
-        fast, general = got[("learnable", validate, True)], got[("learnable", validate, False)]
-        assert fast is not None and fast == general, (fast, general)
-        assert "rank 0: the batch's per-id weights require grad" in fast and "would be lost" in fast, fast
+        (fast_rg, fast), (general_rg, general) = got[("learnable", validate, True)], got[("learnable", validate, False)]
+        assert fast_rg and general_rg
+        assert fast is not None and general is not None and bool(fast.abs().sum() > 0)
+        assert torch.equal(fast, general), (fast, general)
         a, b = got[("learnable, no_grad", validate, True)], got[("learnable, no_grad", validate, False)]
         assert a is not None and not a.requires_grad and torch.equal(a, b)
 

@@ -1,0 +1,105 @@
+"""PositionWeights (TorchRec's PositionWeightedModuleCollection) before a TableBatchedEmbedding.
+
+The oracle is plain PyTorch: each id's position in its bag counted by a Python loop, the weights
+``w_f[position]`` gathered from a copy of the parameters, ``F.embedding_bag(...,
+per_sample_weights=...)`` over a copy of the tables, differentiated by autograd. The module's
+parameters must get the same gradient through Neo's lookup (its weight-gradient kernel) and the
+lookup the same output. The sharded case: tests/distributed/test_sharded_weight_grad.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neo.config.embedding import OptimizerConfig, TableConfig
+from neo.embedding import EmbeddingInputError, PositionWeights, TableBatchedEmbedding
+from neo.sparse import KeyedJaggedBatch
+
+TABLES = [TableConfig("a", 30, 8, feature_names=("a1", "a2"), optimizer=OptimizerConfig("sgd", lr=0.1)),
+          TableConfig("b", 17, 4, pooling="mean", optimizer=OptimizerConfig("sgd", lr=0.1))]
+B = 6
+
+
+def _batch(weights: bool = False, seed: int = 0) -> KeyedJaggedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    keys = ("a1", "a2", "b")
+    lengths = torch.randint(0, 6, (len(keys) * B,), generator=gen)
+    rows = {"a1": 30, "a2": 30, "b": 17}
+    values = torch.cat([torch.randint(0, rows[k], (int(lengths[i * B:(i + 1) * B].sum()),), generator=gen)
+                        for i, k in enumerate(keys)])
+    w = torch.rand(values.numel(), generator=gen) + 0.5 if weights else None
+    return KeyedJaggedBatch(keys, values, lengths, B, weights=w)
+
+
+def _positions(batch: KeyedJaggedBatch) -> list:
+    """(feature, position) of every id, by counting: the oracle's own."""
+    out = []
+    for k, f in enumerate(batch.keys):
+        for b in range(B):
+            out.extend((f, p) for p in range(int(batch.lengths[k * B + b])))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_gradient_of_position_weights_matches_plain_pytorch(backend):
+    torch.manual_seed(0)
+    pw = PositionWeights({"a1": 5, "b": 7})
+    with torch.no_grad():
+        for p in pw.parameters():
+            p.uniform_(0.5, 1.5)
+    emb = TableBatchedEmbedding(TABLES, backend=backend, seed=1)
+    tables = {t.name: emb.table_weight(t.name).detach().clone() for t in TABLES}
+    batch = _batch(weights=True)
+    grad = torch.randn(B, emb.output_dim)
+    out = emb(pw(batch))
+    out.backward(grad)
+
+    ref = {f: p.detach().clone().requires_grad_() for f, p in pw.weights.items()}
+    pos = _positions(batch)
+    w = torch.stack([ref[f][p] if f in ref else batch.weights[i] for i, (f, p) in enumerate(pos)])
+    cols, loss, table_of = emb.feature_slices(), torch.zeros(()), {"a1": "a", "a2": "a", "b": "b"}
+    pooled_ref = []
+    for k, f in enumerate(batch.keys):
+        off = batch.offsets[k * B:(k + 1) * B + 1]
+        bags = F.embedding_bag(batch.values[off[0]:off[-1]], tables[table_of[f]], off[:-1] - off[0], mode="sum",
+                               per_sample_weights=w[off[0]:off[-1]])
+        if f == "b":
+            bags = bags / (off[1:] - off[:-1]).clamp(min=1).unsqueeze(1)
+        pooled_ref.append(bags)
+        loss = loss + (bags * grad[:, cols[f]]).sum()
+    loss.backward()
+    torch.testing.assert_close(out.detach(), torch.cat(pooled_ref, 1), rtol=1e-5, atol=1e-6)
+    for f, p in pw.weights.items():
+        assert p.grad is not None and bool(p.grad.abs().sum() > 0), f
+        torch.testing.assert_close(p.grad, ref[f].grad, rtol=1e-5, atol=1e-6, msg=f"feature {f}")
+
+
+def test_weights_by_position_and_the_other_features_kept():
+    pw = PositionWeights({"a2": 6})
+    with torch.no_grad():
+        pw.weights["a2"].copy_(torch.arange(6, dtype=torch.float32) + 1)
+    for weighted in (False, True):
+        batch = _batch(weights=weighted, seed=3)
+        got = pw(batch).weights.detach()
+        for i, (f, p) in enumerate(_positions(batch)):
+            want = float(p + 1) if f == "a2" else (float(batch.weights[i]) if weighted else 1.0)
+            assert float(got[i]) == want, (weighted, i, f, p)
+    assert [n for n, _ in pw.named_parameters()] == ["weights.a2"]
+
+
+def test_bad_input_names_the_feature():
+    batch = _batch(seed=5)
+    longest = int(batch.lengths[:B].max())
+    with pytest.raises(EmbeddingInputError, match=rf"feature 'a1': sample \d+ has a bag of {longest} ids, "
+                                                   rf"longer than its max_length {longest - 1}"):
+        PositionWeights({"a1": longest - 1})(batch)
+    PositionWeights({"a1": longest})(batch)                                     # exactly the longest: fine
+    with pytest.raises(EmbeddingInputError, match="feature 'zz' is not in the batch"):
+        PositionWeights({"zz": 3})(batch)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"max_lengths\['a1'\] must be an integer >= 1"):
+            PositionWeights({"a1": bad})
+    with pytest.raises(ValueError, match="names no feature"):
+        PositionWeights({})
