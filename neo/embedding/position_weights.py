@@ -13,8 +13,11 @@ The weights are per-id weights that require grad: the lookup computes their grad
 (:mod:`neo.distributed.input_dist`). The parameters are dense: under DDP their gradient is
 averaged as any other (``parallelize`` leaves them to DDP).
 
-Bad input: a bag longer than its feature's ``max_length`` raises, naming the feature, the sample
-and the length (TorchRec's gather would fail on an index out of range). Features of the batch
+``neo.export`` exports a model with it (one pass of torch operations over the batch's ids; the
+program's weights are its buffers), for serving.
+
+Bad input: a bag longer than its feature's ``max_length`` raises in eager mode, naming the
+feature, the sample and the length (TorchRec's gather would fail on an index out of range). Features of the batch
 without position weights keep their weights as they are, or have none (all 1) where the batch
 has no weights. ``batch.weights`` of a weighted feature are replaced, as TorchRec does.
 """
@@ -52,40 +55,50 @@ class PositionWeights(nn.Module):
 
     def forward(self, batch) -> KeyedJaggedBatch:
         """``batch`` (a KeyedJaggedBatch or ``torchrec.KeyedJaggedTensor``) with per-id weights:
-        ``weights[f][position]`` for every feature named here, the batch's own (or 1) elsewhere."""
+        ``weights[f][position]`` for every feature named here, the batch's own (or 1) elsewhere.
+        Torch operations over all ids at once, no read of the batch's data in Python, so that
+        ``torch.export`` traces it (:mod:`neo.export`; the length check is eager mode's)."""
         batch = as_batch(batch)
-        B, F = batch.batch_size, len(batch.keys)
-        missing = [f for f in self.max_lengths if f not in batch.keys]
+        B, keys = batch.batch_size, batch.keys
+        missing = [f for f in self.max_lengths if f not in keys]
         if missing:
             raise EmbeddingInputError(f"PositionWeights: feature '{missing[0]}' is not in the batch "
-                                      f"(its features: {list(batch.keys)})")
-        lengths = batch.lengths.to(torch.int64)
-        offsets = batch.offsets.to(torch.int64)
+                                      f"(its features: {list(keys)})")
+        dev = batch.values.device
         n = batch.values.numel()
-        # (N,) position of each id in its bag: its index minus its bag's first
-        starts = torch.repeat_interleave(offsets[:-1], lengths, output_size=n)
-        position = torch.arange(n, dtype=torch.int64, device=batch.values.device) - starts
-        bounds = offsets[::B].tolist() if B else [0] * (F + 1)                      # (F + 1,) each feature's ids
-        pieces = []
-        for k, f in enumerate(batch.keys):
-            lo, hi = bounds[k], bounds[k + 1]
-            if f not in self.max_lengths:
-                own = batch.weights[lo:hi] if batch.weights is not None else None
-                pieces.append(own.to(torch.float32) if own is not None
-                              else torch.ones(hi - lo, dtype=torch.float32, device=batch.values.device))
-                continue
-            bags = lengths[k * B:(k + 1) * B]
-            limit = self.max_lengths[f]
-            if B and int(bags.max()) > limit:
-                b = int((bags > limit).nonzero()[0])
-                raise EmbeddingInputError(
-                    f"PositionWeights: feature '{f}': sample {b} has a bag of {int(bags[b])} ids, longer than its "
-                    f"max_length {limit} (positions 0 .. {limit - 1}); raise max_length or truncate the bags")
-            w = self.weights[f]
-            pieces.append(w.to(batch.values.device)[position[lo:hi]])
-        weights = torch.cat(pieces) if pieces else torch.ones(0, device=batch.values.device)
-        return KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, B, weights=weights,
+        lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
+        # each batch feature's first position in the concatenated weights, and its limit (0: none)
+        names = list(self.max_lengths)
+        starts = [sum(self.max_lengths[g] for g in names[:names.index(f)]) if f in self.max_lengths else 0
+                  for f in keys]
+        limits = [self.max_lengths.get(f, 0) for f in keys]
+        if not torch.compiler.is_exporting():
+            self._check_lengths(lengths, keys, B, limits)
+        per_feature = lengths.view(len(keys), B).sum(1)                            # (F,) ids
+        feature = torch.repeat_interleave(torch.arange(len(keys), device=dev), per_feature, output_size=n)  # (N,)
+        first = torch.repeat_interleave(batch.offsets.to(torch.int64)[:-1], lengths, output_size=n)        # (N,)
+        position = torch.arange(n, device=dev) - first                            # (N,) place in its bag
+        covered = torch.tensor([m > 0 for m in limits], device=dev)[feature]       # (N,) bool
+        index = torch.tensor(starts, device=dev)[feature] + position
+        table = torch.cat([self.weights[f] for f in names]).to(dev)                # (sum of max_lengths,)
+        learned = table[torch.where(covered, index, torch.zeros_like(index))]     # (N,)
+        other = batch.weights.to(learned.dtype) if batch.weights is not None else torch.ones_like(learned)
+        weights = torch.where(covered, learned, other)
+        return KeyedJaggedBatch(keys, batch.values, batch.lengths, B, weights=weights,
                                 offsets=batch.offsets, validate=False)
+
+    def _check_lengths(self, lengths: torch.Tensor, keys, B: int, limits) -> None:
+        """Raise where a bag of a feature named here is longer than its ``max_length``."""
+        if not B or not any(limits):
+            return
+        over = lengths.view(len(keys), B) > torch.tensor(limits, device=lengths.device).unsqueeze(1)
+        over &= torch.tensor([m > 0 for m in limits], device=lengths.device).unsqueeze(1)
+        if bool(over.any()):
+            k, b = (int(i) for i in over.nonzero()[0])
+            raise EmbeddingInputError(
+                f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
+                f"longer than its max_length {limits[k]} (positions 0 .. {limits[k] - 1}); raise max_length "
+                f"or truncate the bags")
 
     def extra_repr(self) -> str:
         return f"max_lengths={self.max_lengths}"

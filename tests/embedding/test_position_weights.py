@@ -103,3 +103,35 @@ def test_bad_input_names_the_feature():
             PositionWeights({"a1": bad})
     with pytest.raises(ValueError, match="names no feature"):
         PositionWeights({})
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pw = PositionWeights({"a2": 5, "b": 6})
+        self.emb = TableBatchedEmbedding(TABLES, backend="cpu", seed=2)
+
+    def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
+        return self.emb(self.pw(batch))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_an_exported_model_with_position_weights_runs_as_eager(weighted):
+    """``neo.export`` traces the module (no read of the batch in Python): the program gives eager
+    mode's numbers bit for bit at other batch sizes, 1 included."""
+    import neo.export
+
+    m = _Model().eval()
+    with torch.no_grad():
+        for p in m.pw.parameters():
+            p.uniform_(0.5, 1.5)
+    program = neo.export.export(m, (_batch(weighted, seed=0),))
+    for seed, size in [(1, B), (2, 1), (3, 13)]:
+        gen = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(0, 6, (3 * size,), generator=gen)
+        values = torch.randint(0, 17, (int(lengths.sum()),), generator=gen)
+        w = torch.rand(values.numel(), generator=gen) + 0.5 if weighted else None
+        batch = KeyedJaggedBatch(("a1", "a2", "b"), values, lengths, size, weights=w)
+        with torch.no_grad():
+            want = m(batch)
+        assert torch.equal(program.module()(batch), want), (seed, size)
