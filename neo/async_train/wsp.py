@@ -91,6 +91,9 @@ def check_wsp_config(cfg) -> None:
                           "only the end is evaluated (set it to 0)")
     if cfg.parallel.pipeline.enabled:
         raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
+    if cfg.model.position_weights:
+        raise ConfigError("model.position_weights: not supported under async_train.mode: wsp (its workers' dense "
+                          "replicas are not the ones the weights would be made with); use mode bsp")
     if t.stop_signals and any(len(g) > 1 for g in a.virtual_workers):
         raise ConfigError(_STOP_WITH_GROUPS.format(t.stop_signals))
 

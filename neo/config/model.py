@@ -8,6 +8,7 @@ Example (MLPerf DLRM-DCNv2)::
       over_arch: [1024, 1024, 512, 256, 1]   # top MLP; ends in 1 (the logit)
       dcn_layers: 3
       dcn_rank: 512
+      position_weights: {clicks: 50}   # optional: learnable weights by position in the bag
 
 The embedding tables themselves are the ``tables`` section; every feature's dimension must
 be equal (DLRM stacks the F pooled vectors and the bottom MLP output as F + 1 vectors of D).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 from neo.config.embedding import ConfigError, choice
 
@@ -47,6 +48,10 @@ class ModelConfig:
     """Cross layers of the DCNv2 interaction (``interaction: dcn`` only)."""
     dcn_rank: int = 512
     """Rank of each cross layer's low-rank weight U V (``interaction: dcn`` only)."""
+    position_weights: Dict[str, int] = field(default_factory=dict)
+    """Learnable per-id weights by position in the bag (TorchRec's position-weighted features):
+    feature name -> the longest bag it may have (:class:`neo.embedding.PositionWeights`, trained
+    with the dense model; a longer bag raises naming the feature). Empty: unweighted sums."""
 
     def validate(self, where: str = "model") -> None:
         """Raise :class:`ConfigError` naming the field and the valid values."""
@@ -60,6 +65,17 @@ class ModelConfig:
         for name in ("dcn_layers", "dcn_rank"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{where}.{name}: must be a positive integer, got {getattr(self, name)!r}")
+        for f, n in self.position_weights.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"{where}.position_weights.{f}: must be the longest bag of the feature, an "
+                                  f"integer >= 1, got {n!r}")
+
+    def check_features(self, features: Sequence[str], where: str = "model") -> None:
+        """Cross-section rule: ``position_weights`` names features of the tables."""
+        unknown = [f for f in self.position_weights if f not in features]
+        if unknown:
+            raise ConfigError(f"{where}.position_weights.{unknown[0]}: no table has that feature; features: "
+                              f"{list(features)}")
 
     def check_tables(self, dims: Sequence[int], where: str = "model") -> None:
         """Cross-section rule: every feature has the same dim D and ``dense_arch`` ends in D."""

@@ -13,8 +13,8 @@ Routing, per slot (one feature of one shard, see :mod:`neo.distributed.slots`):
 Two AlltoAll calls per batch, whatever the plan (three with ``validate``):
 
 0. with ``validate`` (the default) and W > 1: the 6-int header alone to every rank,
-   ``[B, has_weights, error, feature, id, sample]`` (``has_weights``: 0, 1, or 2 for weights
-   that require grad). It carries this rank's batch size and
+   ``[B, has_weights, error, feature, id, sample]`` (``has_weights``: 0, 1, 2 for weights
+   that require grad, 3 for weights made at lookup time by ``weights_fn``). It carries this rank's batch size and
    input-validation result, so that every rank learns of bad input on any rank (an id out of
    range, another batch size, weights on some ranks only) before the collectives whose sizes
    depend on it, and raises (naming the failing rank, feature, table, id, or the sizes) instead
@@ -34,6 +34,13 @@ A column-split table's weight gets one partial gradient from each column shard; 
 data-parallel table's from its own replica only (the others pool none of its bags). Every rank
 must agree (the header's ``has_weights`` is 2 for such weights): the extra collective must run
 on all or none.
+
+Weights made at lookup time (:attr:`InputDist.weights_fn`, e.g. learnable position weights in a
+training pipeline, which distributes batch i+1 before step i has updated them): the ids travel
+unweighted, each routed with its place in the source's batch; when the shards' rank looks the
+batch up (``DistributedBatch.resolved``, from the collection's ``compute``), every source applies
+``weights_fn`` to its batch and sends the weights of those places, in the same differentiable
+AlltoAll.
 
 Invalid ids (outside ``[0, rows)`` of their table) with ``validate=False``: counted here, at the
 source rank, once per id and per table (:attr:`InputDist.skipped_ids`), before any routing;
@@ -62,7 +69,7 @@ Every rank must pass batches of the same size B with the same features: checked 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -94,6 +101,21 @@ class DistributedBatch:
     """B, samples per rank."""
     source_lengths: Dict[str, torch.Tensor]
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
+    pending_weights: Optional[Callable[[], torch.Tensor]] = None
+    """Per-id weights made when the batch is looked up (``InputDist(weights_fn=...)``): computes
+    them on every source rank and sends them (collective); :meth:`resolved` calls it once."""
+
+    def resolved(self) -> "DistributedBatch":
+        """This batch with its deferred weights in ``local`` (itself where none are pending).
+        Collective where weights are pending: every rank calls it at the same point (the
+        collection's ``compute``)."""
+        if self.pending_weights is None:
+            return self
+        fn, self.pending_weights = self.pending_weights, None
+        loc = self.local
+        self.local = KeyedJaggedBatch(loc.keys, loc.values, loc.lengths, loc.batch_size, weights=fn(),
+                                      offsets=loc.offsets, validate=False)
+        return self
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -156,6 +178,13 @@ class InputDist:
     def __init__(self, layout: SlotLayout, pg: ProcessGroups, validate: bool = True,
                  weights_grad_factor: float = 1.0):
         self.layout, self.pg, self.validate = layout, pg, validate
+        self.weights_fn: Optional[Callable[[KeyedJaggedBatch], KeyedJaggedBatch]] = None
+        """Per-id weights made at lookup time (e.g. :class:`neo.embedding.PositionWeights`): the
+        batch's weights are ``weights_fn(batch).weights``, computed when the lookup runs
+        (:meth:`DistributedBatch.resolved`), not when the batch is distributed: a training pipeline
+        distributes batch i+1 under step i, before step i updates the function's parameters. The
+        ids travel as unweighted; the weights follow in an AlltoAll of their own (differentiable).
+        Every rank must set the same (the header's ``has_weights`` is 3)."""
         self.weights_grad_factor = weights_grad_factor
         """Multiplies the gradient of learnable per-id weights on its way back to their source: the
         inverse of the collection's gradient scale (the shards' lookups see the gradient of the
@@ -251,15 +280,21 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
+        deferred = self.weights_fn is not None
         # weights that require grad: sent apart from the ids, in a differentiable AlltoAll (module doc)
         learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
         if self.one_rank:
-            return Awaitable.ready(self._one_rank_batch(batch), "input_dist")
+            local = self._one_rank_batch(batch)
+            if deferred:
+                local.pending_weights = lambda: self._one_rank_weights(self.weights_fn(batch))
+            return Awaitable.ready(local, "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
         offsets = batch.offsets.to(torch.int64)
         lengths = batch.lengths.to(torch.int64)
         weights = None if batch.weights is None else batch.weights.to(torch.float32)
+        if deferred:     # routed now as each id's place in the batch; the weights themselves at lookup time
+            learnable, weights = False, torch.arange(values.numel(), device=values.device)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
         if self.validate and values.numel() and header_err[0] == 0:
@@ -267,7 +302,7 @@ class InputDist:
         narrowed = None                                                     # the int32 wire's ids, clamped
         if not self.validate:                                               # before routing drops or copies any
             narrowed = self._count_skipped(values, offsets, B, narrow=self.wire is torch.int32)
-        has_weights = 0 if weights is None else 2 if learnable else 1
+        has_weights = 3 if deferred else 0 if weights is None else 2 if learnable else 1
         head = torch.tensor([B, has_weights] + header_err, dtype=torch.int64, device=values.device)
         if self.validate and W > 1:
             # The headers alone first (6 ints to each rank): the lengths AlltoAll's sizes follow each
@@ -302,7 +337,7 @@ class InputDist:
             cache[key] = (lens, v, w)
             return cache[key]
 
-        inline = weights is not None and not learnable                     # weights as fp32 bits after the ids
+        inline = weights is not None and not learnable and not deferred    # weights as fp32 bits after the ids
         len_parts, id_parts, id_splits, w_parts, w_splits = [], [], [], [], []
         for d in range(W):
             sel = [select(s) for s in layout.slots_on[d]]
@@ -313,7 +348,7 @@ class InputDist:
             id_parts.extend(ids)
             if inline:
                 id_parts.extend(x[2].view(torch.int32).to(self.wire) for x in sel)
-            elif learnable:
+            elif learnable or deferred:                                     # deferred: ids' places
                 w_parts.extend(x[2] for x in sel)
                 w_splits.append(n)
             id_splits.append(n * (2 if inline else 1))
@@ -321,6 +356,8 @@ class InputDist:
         send_ids_buf = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
         # (N_sent, 1) fp32: every destination's weights in the order of its ids; their gradient comes back
         send_w = (torch.cat(w_parts) if w_parts else weights[:0]).view(-1, 1) if learnable else None
+        # deferred: (N_sent,) the place in the batch of every id sent, in the order sent
+        send_index = (torch.cat(w_parts) if w_parts else weights[:0]) if deferred else None
         K = len(layout.slots_on[self.pg.rank])
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
@@ -365,13 +402,33 @@ class InputDist:
                 pieces = [buf[old_start[s][k] + n_src[s]:old_start[s][k] + n_src[s] + size_l[s][k]] for s, k in order]
                 local_weights = (torch.cat(pieces) if pieces else buf[:0]).to(torch.int32).view(torch.float32)
             elif learnable:     # (N_recv,) in the ids' (source, slot) layout, regrouped alike (differentiable)
-                got = _ScaleGrad.apply(stage.pop("weights_aw").wait().view(-1), self.weights_grad_factor)
-                pieces = [got[old_start[s][k]:old_start[s][k] + size_l[s][k]] for s, k in order]
-                local_weights = torch.cat(pieces) if pieces else got[:0]
+                local_weights = regroup(stage.pop("weights_aw").wait())
             local_lengths = lens.permute(1, 0, 2).reshape(-1)                            # (K * W * B,)
             keys = tuple(s.local_feature for s in self.layout.slots_on[self.pg.rank])
             local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
-            return DistributedBatch(local, B, source_lengths)
+            out = DistributedBatch(local, B, source_lengths)
+            if deferred:
+                out.pending_weights = lambda: send_deferred(per_source.tolist())
+            return out
+
+        def regroup(got: torch.Tensor) -> torch.Tensor:
+            """(N_recv, 1) weights in the ids' (source, slot) layout -> (N_recv,) in slot order."""
+            got = _ScaleGrad.apply(got.view(-1), self.weights_grad_factor)
+            sizes = stage["sizes"]
+            base = _exclusive_cumsum(stage["per_source"])
+            start = (base.unsqueeze(1) + (sizes.cumsum(1) - sizes)).tolist()
+            size_l = sizes.tolist()
+            pieces = [got[start[s][k]:start[s][k] + size_l[s][k]] for k in range(K) for s in range(W)]
+            return torch.cat(pieces) if pieces else got[:0]
+
+        def send_deferred(recv_splits: List[int]) -> torch.Tensor:
+            """Deferred weights: made now from the batch, sent to the ids' shards, regrouped."""
+            w = self.weights_fn(batch).weights
+            if w is None:
+                raise DistributedInputError(f"rank {self.pg.rank}: weights_fn returned a batch without weights")
+            send = w.to(torch.float32)[send_index].view(-1, 1)
+            return regroup(all_to_all_pooled(send, recv_splits, w_splits, self.pg.world_comm,
+                                             name="input_dist.weights").wait())
 
         return Awaitable(finish, "input_dist", progress=send_ids)
 
@@ -401,6 +458,18 @@ class InputDist:
             local = KeyedJaggedBatch(self._slot_keys, values, lengths, B, weights=local_w, validate=False)
         return DistributedBatch(local, B, self._source_lengths(batch.lengths, B))
 
+    def _one_rank_weights(self, batch: KeyedJaggedBatch) -> torch.Tensor:
+        """The weights of ``batch`` (global feature order) as :meth:`_one_rank_batch`'s local batch
+        holds them: (N_local,) fp32, differentiable."""
+        if batch.weights is None:
+            raise DistributedInputError(f"rank {self.pg.rank}: weights_fn returned a batch without weights")
+        w = batch.weights.to(torch.float32)
+        if self._slot_per_feature:
+            return w
+        B, F = batch.batch_size, len(self.layout.features)
+        starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)
+        return torch.cat([w[starts[f]:starts[f + 1]] for f in self._slot_features])
+
     def _source_lengths(self, lengths: torch.Tensor, B: int) -> Dict[str, torch.Tensor]:
         """(B,) bag lengths of each mean-pooled row-split feature (``lengths`` in global feature order)."""
         return {f: lengths[self._fidx[f] * B:(self._fidx[f] + 1) * B] for f in self.mean_row_split}
@@ -425,6 +494,10 @@ class InputDist:
         ws = heads[:, 1].tolist()
         if any(bool(w) != bool(has_weights) for w in ws):
             raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")
+        if any((w == 3) != (has_weights == 3) for w in ws):
+            raise DistributedInputError(
+                f"rank {me}: weights_fn is set on rank(s) {[r for r, w in enumerate(ws) if w == 3]} and not on the "
+                f"others: set it on every rank alike (the weights follow the ids in a collective of their own)")
         if any(w != has_weights for w in ws):
             learn = [r for r, w in enumerate(ws) if w == 2]
             raise DistributedInputError(

@@ -220,11 +220,28 @@ class ShardedEmbeddingCollection(nn.Module):
         ``batch``: a KeyedJaggedBatch or a ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
         return self._input_dist(as_batch(batch))
 
+    @property
+    def weights_fn(self) -> Optional[Callable[[KeyedJaggedBatch], KeyedJaggedBatch]]:
+        """A function giving a batch its per-id weights at lookup time, e.g. a
+        :class:`neo.embedding.PositionWeights` (learnable: its parameters get their gradient), or
+        None. Set, every batch's weights are ``weights_fn(batch).weights``, made when :meth:`compute`
+        runs, so that a training pipeline, which distributes batch i+1 under step i, still weighs
+        it with the parameters step i updated (the ids travel ahead, the weights in an AlltoAll of
+        their own at the lookup: :mod:`neo.distributed.input_dist`). Set it alike on every rank."""
+        return self._input_dist.weights_fn
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weights_fn":    # not a submodule where it is one (PositionWeights): its owner trains it
+            self._input_dist.weights_fn = value
+            return
+        super().__setattr__(name, value)
+
     def compute(self, batch: DistributedBatch) -> torch.Tensor:
         """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order.
 
         Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
         which their output distribution drops); their fused update still covers all W * B."""
+        batch = batch.resolved()    # weights made at lookup time (weights_fn): collective, every rank
         if self.lookup is None:     # (W * B, 0), on the anchor where it trains: a gradient as on the other ranks
             out = self.autograd_anchor.view(1, 0)
             w = batch.local.weights

@@ -12,7 +12,7 @@ the model is parallelized. The model never knows which.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ class DLRM(nn.Module):
         top_mlp: sizes of the top MLP, ending in 1, e.g. ``[512, 256, 1]``.
         interaction: ``"dot"`` (pairwise dot products) or ``"dcn"`` (low-rank cross network).
         dcn_layers, dcn_rank: cross layers and their rank (``"dcn"`` only).
+        position_weights: a module giving the sparse batch its per-id weights before the lookup
+            (:class:`~neo.embedding.PositionWeights`), or None. A sharded embedding takes it as its
+            ``weights_fn`` instead, which weighs each batch when it is looked up (the trainer sets it).
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class DLRM(nn.Module):
         interaction: str = "dot",
         dcn_layers: int = 3,
         dcn_rank: int = 512,
+        position_weights: Optional[nn.Module] = None,
     ):
         super().__init__()
         if bottom_mlp[-1] != embedding_dim:
@@ -54,6 +58,7 @@ class DLRM(nn.Module):
         if top_mlp[-1] != 1:
             raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(top_mlp)}")
         self.embedding = embedding
+        self.position_weights = position_weights
         self.bottom = MLP(dense_in_features, bottom_mlp)
         if interaction == "dot":
             self.interaction = DotInteraction(num_features, embedding_dim)
@@ -64,6 +69,8 @@ class DLRM(nn.Module):
         self.top = MLP(self.interaction.out_features, top_mlp, final_activation=False)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedBatch) -> torch.Tensor:
+        if self.position_weights is not None and getattr(self.embedding, "weights_fn", None) is None:
+            sparse = self.position_weights(sparse)         # per-id weights by position in the bag
         pooled = self.embedding(sparse)                    # (B, F * D)
         return self.head(dense, pooled)
 

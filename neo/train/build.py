@@ -84,6 +84,10 @@ def validate_training_config(cfg, outputs: bool = True) -> None:
     tables = resolve_tables(cfg)
     dims = [t.dim for t in tables for _ in t.feature_names]
     cfg.model.check_tables(dims)
+    cfg.model.check_features([f for t in tables for f in t.feature_names])
+    if cfg.model.position_weights and cfg.parallel.pipeline.enabled:
+        raise ConfigError("model.position_weights: not with parallel.pipeline (the pipelined dense towers run "
+                          "the lookups without them); leave one of the two out")
     cfg.sharding.check_tables([t.name for t in tables])
     for field in ("run_dir", "checkpoint_dir", "cache_store_dir"):
         path = getattr(cfg.train, field, None)

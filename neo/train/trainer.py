@@ -126,6 +126,7 @@ class Trainer:
 
     def __init__(self, cfg, pg=None, log=print):
         from neo.distributed import ShardedEmbeddingCollection
+        from neo.embedding import PositionWeights
         from neo.models import DLRM
 
         validate_training_config(cfg)
@@ -154,8 +155,12 @@ class Trainer:
                              default=0) if cached else 0
         feats = [f for tb in self.tables for f in tb.feature_names]
         m = cfg.model
+        position = PositionWeights(dict(m.position_weights)) if m.position_weights else None
         self.model = DLRM(self.sharded, len(feats), self.tables[0].dim, self.data.num_dense, list(m.dense_arch),
-                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank).to(self.device)
+                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank,
+                          position_weights=position).to(self.device)
+        # weighted when each batch is looked up, with the weights as the step before left them
+        self.sharded.weights_fn = self.model.position_weights
         self.timers = Timers()
         self.sharded.timers = self.timers                     # the backward's collectives and fused update
         if self.sharded.lookup is not None:

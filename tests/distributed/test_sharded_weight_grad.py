@@ -27,7 +27,7 @@ from distributed_cases import ALL_TYPES, Case, dense, position_weights, tables, 
 from neo.config.embedding import OptimizerConfig
 from neo.distributed import ProcessGroups, ShardedEmbeddingCollection, even_plan
 from neo.distributed.input_dist import DistributedInputError
-from neo.embedding import TableBatchedEmbedding
+from neo.embedding import PositionWeights, TableBatchedEmbedding
 from neo.sparse import KeyedJaggedBatch
 from tests.multiprocess import run_multiprocess
 
@@ -230,3 +230,74 @@ def test_variable_batch_weights_get_their_gradient():
             torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-6, msg=f"[{kind}] rank {r} output")
             assert g is not None and bool(g.abs().sum() > 0), (kind, r)
             torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6, msg=f"[{kind}] rank {r} weights' gradient")
+
+
+def _pw(ts) -> PositionWeights:
+    pw = PositionWeights({f: 4 for t in ts for f in t.feature_names})
+    with torch.no_grad():
+        for k, p in enumerate(pw.parameters()):
+            p.copy_(torch.linspace(0.5, 1.5, 4) + 0.1 * k)
+    return pw
+
+
+def _deferred_worker(rank: int, world_size: int, L: int) -> Dict[str, Any]:
+    ts = _tables()
+    pg = ProcessGroups.build(L, timeout=datetime.timedelta(seconds=60))
+    out: Dict[str, Any] = {}
+    for name, plan in _plans(world_size, L, ts).items():
+        sec = ShardedEmbeddingCollection(ts, plan, pg, seed=3)
+        pw = _pw(ts)
+        sec.weights_fn = pw
+        steps = []
+        for step in range(STEPS):
+            batch, G = _global(step, world_size, ts)
+            aw = sec.input_dist(_slice(batch, rank))          # distributed now, weighted at the lookup
+            with torch.no_grad():                             # the weights change in between: the lookup's count
+                for p in pw.parameters():
+                    p.mul_(1.25)
+            db = aw.wait()
+            o = sec.output_dist(sec.compute(db), db).wait()
+            (o * G[rank * B:(rank + 1) * B]).sum().backward()
+            steps.append((o.detach(), [p.grad.clone() for p in pw.parameters()]))
+            pw.zero_grad()
+        out[name] = steps
+    if world_size > 1:       # weights_fn on rank 0 only: every rank raises, naming the cause
+        sec = ShardedEmbeddingCollection(ts, _plans(world_size, L, ts)["mixed"], pg, seed=3)
+        sec.weights_fn = _pw(ts) if rank == 0 else None
+        try:
+            sec(_slice(_global(0, world_size, ts)[0], rank))
+            out["mismatch"] = None
+        except DistributedInputError as e:
+            out["mismatch"] = str(e)
+    return out
+
+
+@pytest.mark.parametrize("W,L", [(1, 1), (2, 2), (2, 1)], ids=["one rank", "one host", "two hosts"])
+def test_weights_made_at_lookup_time(W, L):
+    """``weights_fn`` (learnable position weights): the batch is distributed first, its weights made
+    when it is looked up, with the parameters as they are then (changed in between here), and their
+    gradient comes back: each rank's, averaged over the ranks, is the unsharded module's on the
+    global batch with the global mean loss; the outputs are its too."""
+    got = run_multiprocess(_deferred_worker, W, L, local_world_size=L, collective_timeout_s=30)
+    ts = _tables()
+    emb, pw = TableBatchedEmbedding(ts, backend="reference", seed=3), _pw(ts)
+    for step in range(STEPS):
+        batch, G = _global(step, W, ts)
+        with torch.no_grad():
+            for p in pw.parameters():
+                p.mul_(1.25)
+        o = emb(pw(batch))
+        ((o * G).sum() / W).backward()
+        want = [p.grad.clone() for p in pw.parameters()]
+        pw.zero_grad()
+        for name in _plans(W, L, ts):
+            for r in range(W):
+                torch.testing.assert_close(got[r][name][step][0], o.detach()[r * B:(r + 1) * B], rtol=1e-5,
+                                           atol=1e-6, msg=f"[{name}] rank {r} step {step} output")
+            for j, g in enumerate(want):
+                mean = sum(got[r][name][step][1][j] for r in range(W)) / W
+                assert bool(g.abs().sum() > 0)
+                torch.testing.assert_close(mean, g, rtol=1e-5, atol=1e-6, msg=f"[{name}] step {step} weights {j}")
+    for r in range(1, W):
+        err = got[r]["mismatch"]
+        assert err is not None and "weights_fn is set on rank(s) [0] and not on the others" in err, err

@@ -17,10 +17,14 @@ SCHEDULE = ["optim.warmup_steps=3", "optim.decay_start=5", "optim.decay_steps=20
             "tables.3.optimizer.type=adam", "data.shuffle_window=1000"]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_stop_and_resume_equals_uninterrupted(tmp_data, world):
-    plan = MIXED if world == 2 else []
-    ck = f"{tmp_data}/resume-{world}"
+POSITION = ["model.position_weights.user=3", "model.position_weights.item=2"]
+"""Learnable position weights: dense parameters in the checkpoint, made at each lookup."""
+
+
+@pytest.mark.parametrize("world,extra", [(1, []), (2, []), (2, POSITION)], ids=["1", "2", "2, position weights"])
+def test_stop_and_resume_equals_uninterrupted(tmp_data, world, extra):
+    plan = (MIXED if world == 2 else []) + extra
+    ck = f"{tmp_data}/resume-{world}-{len(extra)}"
     # 80 steps of 64 x W samples: more than one epoch for W = 2 (64 steps), so the epoch change is crossed
     full = run_multiprocess(train_and_collect, world, tmp_data, ["train.steps=80"] + SCHEDULE + plan)
     first = run_multiprocess(train_and_collect, world, tmp_data,
@@ -33,6 +37,9 @@ def test_stop_and_resume_equals_uninterrupted(tmp_data, world):
         assert b["losses"] == f["losses"][50:]            # the same subsequent losses, bit for bit
         for name in f["weights"]:
             assert torch.equal(b["weights"][name], f["weights"][name]), name
+        for k in f["dense"]:
+            assert torch.equal(b["dense"][k], f["dense"][k]), k
+        assert any(k.startswith("position_weights.") for k in f["dense"]) == bool(extra)
 
 
 def _load_into(rank, world_size, tmp, ck, overrides):

@@ -144,6 +144,25 @@ def test_pipelined_equals_plain(tmp_data, world):
         assert_same(a, b)
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_position_weights_train_and_pipelined_equals_plain(tmp_data, world):
+    """``model.position_weights``: the sharded collection weighs each batch when it is looked up, so
+    the pipelined loop (batch i+1 distributed under step i, before step i updates the weights)
+    trains bit for bit as the plain one, and the weights train (they start at 1)."""
+    common = ["train.steps=12", "model.position_weights.user=3", "model.position_weights.country=2"] + \
+        (MIXED if world == 2 else [])
+    pipe = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=true"])
+    plain = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=false"])
+    for a, b in zip(pipe, plain):
+        assert_same(a, b)
+    keys = [k for k in pipe[0]["dense"] if k.startswith("position_weights.")]
+    assert sorted(keys) == ["position_weights.weights.country", "position_weights.weights.user"]
+    for k in keys:
+        assert not torch.equal(pipe[0]["dense"][k], torch.ones_like(pipe[0]["dense"][k])), k
+        for r in range(world):
+            assert torch.equal(pipe[r]["dense"][k], pipe[0]["dense"][k]), (k, r)     # DDP keeps them equal
+
+
 def test_config_errors_name_field_and_choices(tmp_data):
     with pytest.raises(ConfigError, match=r"model\.interaction.*'dot'.*'dcn'"):
         tiny_config(tmp_data, "model.interaction=cross")
@@ -157,6 +176,10 @@ def test_config_errors_name_field_and_choices(tmp_data):
 
     with pytest.raises(ConfigError, match=r"model\.dense_arch.*dim 8"):
         validate_training_config(tiny_config(tmp_data, "model.dense_arch=[16,4]"))
+    with pytest.raises(ConfigError, match=r"model\.position_weights\.usr: no table has that feature"):
+        validate_training_config(tiny_config(tmp_data, "model.position_weights.usr=3"))
+    with pytest.raises(ConfigError, match=r"model\.position_weights\.user: must be .* integer >= 1, got 0"):
+        tiny_config(tmp_data, "model.position_weights.user=0")
 
 
 def test_neo_train_command_prints_final_json(tmp_data):
