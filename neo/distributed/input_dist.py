@@ -14,11 +14,11 @@ Two AlltoAll calls per batch, whatever the plan (three with ``validate``):
 
 0. with ``validate`` (the default) and W > 1: the 6-int header alone to every rank,
    ``[B, has_weights, error, feature, id, sample]`` (``has_weights``: 0, 1, 2 for weights
-   that require grad, 3 for weights made at lookup time by ``weights_fn``). It carries this rank's batch size and
-   input-validation result, so that every rank learns of bad input on any rank (an id out of
-   range, another batch size, weights on some ranks only) before the collectives whose sizes
-   depend on it, and raises (naming the failing rank, feature, table, id, or the sizes) instead
-   of hanging or of a transport's size error.
+   that require grad, 3 for weights read at lookup time from a ``weight_table``). It carries
+   this rank's batch size and input-validation result, so that every rank learns of bad input
+   on any rank (an id out of range, another batch size, weights on some ranks only) before the
+   collectives whose sizes depend on it, and raises (naming the failing rank, feature, table,
+   id, or the sizes) instead of hanging or of a transport's size error.
 1. lengths: to every rank, the same header, then the B bag lengths of each of its slots (int64).
 2. ids: the selected ids of each slot, followed by their per-id weights (fp32 bits) when
    the batch is weighted; int32 on the wire when every table has < 2^31 rows (half the
@@ -35,12 +35,15 @@ data-parallel table's from its own replica only (the others pool none of its bag
 must agree (the header's ``has_weights`` is 2 for such weights): the extra collective must run
 on all or none.
 
-Weights made at lookup time (:attr:`InputDist.weights_fn`, e.g. learnable position weights in a
-training pipeline, which distributes batch i+1 before step i has updated them): the ids travel
-unweighted, each routed with its place in the source's batch; when the shards' rank looks the
-batch up (``DistributedBatch.resolved``, from the collection's ``compute``), every source applies
-``weights_fn`` to its batch and sends the weights of those places, in the same differentiable
-AlltoAll.
+Weights read at lookup time from a learnable table (:attr:`InputDist.weight_table`, e.g.
+:class:`~neo.embedding.PositionWeights` in a training pipeline, which distributes batch i+1
+before step i has updated the table): each id travels with its slot in the table
+(``weight_table.table_index(batch)``, int32 in the weights' place of the ids AlltoAll); when the
+shards' rank looks the batch up (``DistributedBatch.resolved``, from the collection's
+``compute``), it reads ``weight_table.table()`` at those slots. No collective of their own: the
+table is a dense parameter, replicated, and its gradient, summed here over the ids each rank
+holds (times W under ``average_gradients``, as the learnable weights' above), is averaged over
+the ranks by DDP: the sum over every rank's ids of the global mean loss's gradient.
 
 Invalid ids (outside ``[0, rows)`` of their table) with ``validate=False``: counted here, at the
 source rank, once per id and per table (:attr:`InputDist.skipped_ids`), before any routing;
@@ -83,8 +86,14 @@ from neo.sparse import KeyedJaggedBatch
 
 __all__ = ["InputDist", "DistributedBatch", "DistributedInputError"]
 
-_HEADER = 6   # B, has_weights (0, 1, 2: weights that require grad), error, feature index, id, sample
+_HEADER = 6   # B, has_weights (0, 1, 2: require grad, 3: a weight_table's slots), error, feature index, id, sample
 _MISSING_FEATURE = 2   # the header's error code of a feature absent from a rank's batch (1: an id out of range)
+_OWN_WEIGHTS = 3       # a batch with weights of its own where the weights come from ``weight_table``
+
+
+def _own_weights_message(rank: int) -> str:
+    return (f"rank {rank}: the batch has per-id weights of its own, and the collection reads its weights from "
+            f"its weight_table: drop one of the two")
 
 
 class DistributedInputError(EmbeddingInputError):
@@ -102,13 +111,12 @@ class DistributedBatch:
     source_lengths: Dict[str, torch.Tensor]
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
     pending_weights: Optional[Callable[[], torch.Tensor]] = None
-    """Per-id weights made when the batch is looked up (``InputDist(weights_fn=...)``): computes
-    them on every source rank and sends them (collective); :meth:`resolved` calls it once."""
+    """Per-id weights read when the batch is looked up (:attr:`InputDist.weight_table`): ``local``
+    holds each id's slot in the table until :meth:`resolved` reads them."""
 
     def resolved(self) -> "DistributedBatch":
-        """This batch with its deferred weights in ``local`` (itself where none are pending).
-        Collective where weights are pending: every rank calls it at the same point (the
-        collection's ``compute``)."""
+        """This batch with its per-id weights in ``local`` (itself where none are pending): read
+        from the weights table now, as the lookup runs."""
         if self.pending_weights is None:
             return self
         fn, self.pending_weights = self.pending_weights, None
@@ -178,13 +186,14 @@ class InputDist:
     def __init__(self, layout: SlotLayout, pg: ProcessGroups, validate: bool = True,
                  weights_grad_factor: float = 1.0):
         self.layout, self.pg, self.validate = layout, pg, validate
-        self.weights_fn: Optional[Callable[[KeyedJaggedBatch], KeyedJaggedBatch]] = None
-        """Per-id weights made at lookup time (e.g. :class:`neo.embedding.PositionWeights`): the
-        batch's weights are ``weights_fn(batch).weights``, computed when the lookup runs
-        (:meth:`DistributedBatch.resolved`), not when the batch is distributed: a training pipeline
-        distributes batch i+1 under step i, before step i updates the function's parameters. The
-        ids travel as unweighted; the weights follow in an AlltoAll of their own (differentiable).
-        Every rank must set the same (the header's ``has_weights`` is 3)."""
+        self.weight_table: Optional[Any] = None
+        """Per-id weights read at lookup time from a learnable table, e.g.
+        :class:`neo.embedding.PositionWeights`: an object with ``table_index(batch)`` ((N,) int64,
+        each id's slot) and ``table()`` (the weights). The slots are routed with the ids; the
+        weights are read when the lookup runs (:meth:`DistributedBatch.resolved`), not when the
+        batch is distributed: a training pipeline distributes batch i+1 under step i, before step
+        i updates the table (module doc). Every rank must set one (the header's ``has_weights``
+        is 3); batches then carry no weights of their own."""
         self.weights_grad_factor = weights_grad_factor
         """Multiplies the gradient of learnable per-id weights on its way back to their source: the
         inverse of the collection's gradient scale (the shards' lookups see the gradient of the
@@ -280,23 +289,30 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
-        deferred = self.weights_fn is not None
+        deferred = self.weight_table is not None
         # weights that require grad: sent apart from the ids, in a differentiable AlltoAll (module doc)
         learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
+        own_weights = deferred and batch.weights is not None               # refused on every rank (header)
+        if own_weights and W == 1:
+            raise DistributedInputError(_own_weights_message(self.pg.rank))
+        if deferred:     # each id's slot in the weights table travels in the weights' place
+            slots = self.weight_table.table_index(batch)                     # (N,) int64
+            batch = KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, batch.batch_size, weights=slots,
+                                     offsets=batch.offsets, validate=False)
         if self.one_rank:
             local = self._one_rank_batch(batch)
             if deferred:
-                local.pending_weights = lambda: self._one_rank_weights(self.weights_fn(batch))
+                local.pending_weights = self._table_reader(local.local)
             return Awaitable.ready(local, "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
         offsets = batch.offsets.to(torch.int64)
         lengths = batch.lengths.to(torch.int64)
-        weights = None if batch.weights is None else batch.weights.to(torch.float32)
-        if deferred:     # routed now as each id's place in the batch; the weights themselves at lookup time
-            learnable, weights = False, torch.arange(values.numel(), device=values.device)
+        weights = None if batch.weights is None else batch.weights.to(torch.int64 if deferred else torch.float32)
         starts = offsets[::B].tolist() if B else [0] * (len(layout.features) + 1)   # (F + 1,)
         header_err = [0, 0, 0, 0] if missing_err is None else missing_err
+        if own_weights and missing_err is None:
+            header_err = [_OWN_WEIGHTS, 0, 0, 0]
         if self.validate and values.numel() and header_err[0] == 0:
             header_err = self._bad_id_error(values, offsets, starts, B) or header_err
         narrowed = None                                                     # the int32 wire's ids, clamped
@@ -337,7 +353,7 @@ class InputDist:
             cache[key] = (lens, v, w)
             return cache[key]
 
-        inline = weights is not None and not learnable and not deferred    # weights as fp32 bits after the ids
+        inline = weights is not None and not learnable                     # weights (fp32 bits, or slots) after the ids
         len_parts, id_parts, id_splits, w_parts, w_splits = [], [], [], [], []
         for d in range(W):
             sel = [select(s) for s in layout.slots_on[d]]
@@ -347,8 +363,8 @@ class InputDist:
             n = sum(int(i.numel()) for i in ids)
             id_parts.extend(ids)
             if inline:
-                id_parts.extend(x[2].view(torch.int32).to(self.wire) for x in sel)
-            elif learnable or deferred:                                     # deferred: ids' places
+                id_parts.extend((x[2] if deferred else x[2].view(torch.int32)).to(self.wire) for x in sel)
+            elif learnable:
                 w_parts.extend(x[2] for x in sel)
                 w_splits.append(n)
             id_splits.append(n * (2 if inline else 1))
@@ -356,8 +372,6 @@ class InputDist:
         send_ids_buf = (torch.cat(id_parts) if id_parts else values[:0]).to(self.wire)
         # (N_sent, 1) fp32: every destination's weights in the order of its ids; their gradient comes back
         send_w = (torch.cat(w_parts) if w_parts else weights[:0]).view(-1, 1) if learnable else None
-        # deferred: (N_sent,) the place in the batch of every id sent, in the order sent
-        send_index = (torch.cat(w_parts) if w_parts else weights[:0]) if deferred else None
         K = len(layout.slots_on[self.pg.rank])
         len_in = [_HEADER + B * len(layout.slots_on[d]) for d in range(W)]
         len_out = [_HEADER + B * K] * W
@@ -400,35 +414,19 @@ class InputDist:
             local_weights = None
             if inline:                                                                  # weights follow the ids
                 pieces = [buf[old_start[s][k] + n_src[s]:old_start[s][k] + n_src[s] + size_l[s][k]] for s, k in order]
-                local_weights = (torch.cat(pieces) if pieces else buf[:0]).to(torch.int32).view(torch.float32)
+                got = (torch.cat(pieces) if pieces else buf[:0])
+                local_weights = got.to(torch.int64) if deferred else got.to(torch.int32).view(torch.float32)
             elif learnable:     # (N_recv,) in the ids' (source, slot) layout, regrouped alike (differentiable)
-                local_weights = regroup(stage.pop("weights_aw").wait())
+                got = _ScaleGrad.apply(stage.pop("weights_aw").wait().view(-1), self.weights_grad_factor)
+                pieces = [got[old_start[s][k]:old_start[s][k] + size_l[s][k]] for s, k in order]
+                local_weights = torch.cat(pieces) if pieces else got[:0]
             local_lengths = lens.permute(1, 0, 2).reshape(-1)                            # (K * W * B,)
             keys = tuple(s.local_feature for s in self.layout.slots_on[self.pg.rank])
             local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
             out = DistributedBatch(local, B, source_lengths)
             if deferred:
-                out.pending_weights = lambda: send_deferred(per_source.tolist())
+                out.pending_weights = self._table_reader(local)
             return out
-
-        def regroup(got: torch.Tensor) -> torch.Tensor:
-            """(N_recv, 1) weights in the ids' (source, slot) layout -> (N_recv,) in slot order."""
-            got = _ScaleGrad.apply(got.view(-1), self.weights_grad_factor)
-            sizes = stage["sizes"]
-            base = _exclusive_cumsum(stage["per_source"])
-            start = (base.unsqueeze(1) + (sizes.cumsum(1) - sizes)).tolist()
-            size_l = sizes.tolist()
-            pieces = [got[start[s][k]:start[s][k] + size_l[s][k]] for k in range(K) for s in range(W)]
-            return torch.cat(pieces) if pieces else got[:0]
-
-        def send_deferred(recv_splits: List[int]) -> torch.Tensor:
-            """Deferred weights: made now from the batch, sent to the ids' shards, regrouped."""
-            w = self.weights_fn(batch).weights
-            if w is None:
-                raise DistributedInputError(f"rank {self.pg.rank}: weights_fn returned a batch without weights")
-            send = w.to(torch.float32)[send_index].view(-1, 1)
-            return regroup(all_to_all_pooled(send, recv_splits, w_splits, self.pg.world_comm,
-                                             name="input_dist.weights").wait())
 
         return Awaitable(finish, "input_dist", progress=send_ids)
 
@@ -437,7 +435,9 @@ class InputDist:
         same ids, lengths and weights each slot would receive through the general path, the same
         error for a bad id (validate) or the same counts (validate=False: the lookup skips them)."""
         B, F = batch.batch_size, len(self.layout.features)
-        weights = None if batch.weights is None else batch.weights.to(torch.float32)
+        weights = batch.weights                                            # fp32, or slots of weight_table
+        if weights is not None and weights.dtype != torch.int64:
+            weights = weights.to(torch.float32)
         starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)     # (F + 1,): each feature's first id
         if batch.values.numel():
             if self.validate:
@@ -458,17 +458,17 @@ class InputDist:
             local = KeyedJaggedBatch(self._slot_keys, values, lengths, B, weights=local_w, validate=False)
         return DistributedBatch(local, B, self._source_lengths(batch.lengths, B))
 
-    def _one_rank_weights(self, batch: KeyedJaggedBatch) -> torch.Tensor:
-        """The weights of ``batch`` (global feature order) as :meth:`_one_rank_batch`'s local batch
-        holds them: (N_local,) fp32, differentiable."""
-        if batch.weights is None:
-            raise DistributedInputError(f"rank {self.pg.rank}: weights_fn returned a batch without weights")
-        w = batch.weights.to(torch.float32)
-        if self._slot_per_feature:
-            return w
-        B, F = batch.batch_size, len(self.layout.features)
-        starts = batch.offsets[::B].tolist() if B else [0] * (F + 1)
-        return torch.cat([w[starts[f]:starts[f + 1]] for f in self._slot_features])
+    def _table_reader(self, local: KeyedJaggedBatch) -> Callable[[], torch.Tensor]:
+        """The weights of ``local``'s ids, whose ``weights`` hold their slots in ``weight_table``'s
+        table, as a function reading the table when called (the lookup: :meth:`DistributedBatch.resolved`).
+        Its gradient goes to the table times :attr:`weights_grad_factor` (module doc)."""
+        slots, fn, factor = local.weights, self.weight_table, self.weights_grad_factor
+
+        def read() -> torch.Tensor:
+            table = _ScaleGrad.apply(fn.table().to(slots.device, torch.float32), factor)
+            return table[slots]
+
+        return read
 
     def _source_lengths(self, lengths: torch.Tensor, B: int) -> Dict[str, torch.Tensor]:
         """(B,) bag lengths of each mean-pooled row-split feature (``lengths`` in global feature order)."""
@@ -483,6 +483,7 @@ class InputDist:
         if failed:
             msgs = [self._missing_message(r, int(heads[r, 3]), int(heads[r, 4]))
                     if int(heads[r, 2]) == _MISSING_FEATURE else
+                    _own_weights_message(r) if int(heads[r, 2]) == _OWN_WEIGHTS else
                     self._message(r, int(heads[r, 3]), int(heads[r, 4]), int(heads[r, 5])) for r in failed]
             who = "this rank" if me in failed else f"rank(s) {failed}"
             raise DistributedInputError(
@@ -492,12 +493,12 @@ class InputDist:
             raise DistributedInputError(f"rank {me}: every rank must pass the same batch size; got {sizes} per rank "
                                         "(a last partial batch on some ranks? drop it, as drop_last does, or pad it)")
         ws = heads[:, 1].tolist()
-        if any(bool(w) != bool(has_weights) for w in ws):
-            raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")
         if any((w == 3) != (has_weights == 3) for w in ws):
             raise DistributedInputError(
-                f"rank {me}: weights_fn is set on rank(s) {[r for r, w in enumerate(ws) if w == 3]} and not on the "
-                f"others: set it on every rank alike (the weights follow the ids in a collective of their own)")
+                f"rank {me}: weight_table is set on rank(s) {[r for r, w in enumerate(ws) if w == 3]} and not on the "
+                f"others: set it on every rank alike (each id travels with its slot in the table)")
+        if any(bool(w) != bool(has_weights) for w in ws):
+            raise DistributedInputError(f"rank {me}: some ranks pass per-id weights and some do not: {ws}")
         if any(w != has_weights for w in ws):
             learn = [r for r, w in enumerate(ws) if w == 2]
             raise DistributedInputError(

@@ -221,18 +221,20 @@ class ShardedEmbeddingCollection(nn.Module):
         return self._input_dist(as_batch(batch))
 
     @property
-    def weights_fn(self) -> Optional[Callable[[KeyedJaggedBatch], KeyedJaggedBatch]]:
-        """A function giving a batch its per-id weights at lookup time, e.g. a
-        :class:`neo.embedding.PositionWeights` (learnable: its parameters get their gradient), or
-        None. Set, every batch's weights are ``weights_fn(batch).weights``, made when :meth:`compute`
-        runs, so that a training pipeline, which distributes batch i+1 under step i, still weighs
-        it with the parameters step i updated (the ids travel ahead, the weights in an AlltoAll of
-        their own at the lookup: :mod:`neo.distributed.input_dist`). Set it alike on every rank."""
-        return self._input_dist.weights_fn
+    def weight_table(self) -> Optional[Any]:
+        """A learnable table of per-id weights read at lookup time, e.g. a
+        :class:`neo.embedding.PositionWeights` (``table_index(batch)``: each id's slot;
+        ``table()``: the weights), or None. Set, each id travels with its slot and its weight is
+        read from the table when :meth:`compute` runs, so that a training pipeline, which
+        distributes batch i+1 under step i, weighs it with the table step i updated. The table's
+        gradient is summed over the ids this rank holds, times W under ``average_gradients``, for
+        DDP to average (:mod:`neo.distributed.input_dist`). Set it alike on every rank; batches
+        then carry no weights of their own."""
+        return self._input_dist.weight_table
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "weights_fn":    # not a submodule where it is one (PositionWeights): its owner trains it
-            self._input_dist.weights_fn = value
+        if name == "weight_table":    # not a submodule where it is one (PositionWeights): its owner trains it
+            self._input_dist.weight_table = value
             return
         super().__setattr__(name, value)
 
@@ -241,7 +243,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
         Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
         which their output distribution drops); their fused update still covers all W * B."""
-        batch = batch.resolved()    # weights made at lookup time (weights_fn): collective, every rank
+        batch = batch.resolved()    # weights read from weight_table now
         if self.lookup is None:     # (W * B, 0), on the anchor where it trains: a gradient as on the other ranks
             out = self.autograd_anchor.view(1, 0)
             w = batch.local.weights

@@ -53,11 +53,17 @@ class PositionWeights(nn.Module):
         # a ParameterDict keyed by feature: the state dict's keys name the features ('weights.clicks')
         self.weights = nn.ParameterDict({f: nn.Parameter(torch.ones(n)) for f, n in self.max_lengths.items()})
 
-    def forward(self, batch) -> KeyedJaggedBatch:
-        """``batch`` (a KeyedJaggedBatch or ``torchrec.KeyedJaggedTensor``) with per-id weights:
-        ``weights[f][position]`` for every feature named here, the batch's own (or 1) elsewhere.
-        Torch operations over all ids at once, no read of the batch's data in Python, so that
-        ``torch.export`` traces it (:mod:`neo.export`; the length check is eager mode's)."""
+    def table(self) -> torch.Tensor:
+        """(sum of max_lengths + 1,) every feature's weights in turn, then a constant 1 (the slot of
+        the features not named here): what :meth:`table_index` indexes."""
+        params = [self.weights[f] for f in self.max_lengths]
+        return torch.cat(params + [torch.ones(1, dtype=params[0].dtype, device=params[0].device)])
+
+    def table_index(self, batch) -> torch.Tensor:
+        """(N,) int64: each id's place in :meth:`table`, its feature's start plus its position in the
+        bag, or the last slot (weight 1) for a feature not named here. Raises (eager mode) where a
+        bag is longer than its feature's ``max_length``. Torch operations over all ids at once, no
+        read of the batch's data in Python, so that ``torch.export`` traces it."""
         batch = as_batch(batch)
         B, keys = batch.batch_size, batch.keys
         missing = [f for f in self.max_lengths if f not in keys]
@@ -67,38 +73,57 @@ class PositionWeights(nn.Module):
         dev = batch.values.device
         n = batch.values.numel()
         lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
-        # each batch feature's first position in the concatenated weights, and its limit (0: none)
-        names = list(self.max_lengths)
-        starts = [sum(self.max_lengths[g] for g in names[:names.index(f)]) if f in self.max_lengths else 0
-                  for f in keys]
-        limits = [self.max_lengths.get(f, 0) for f in keys]
+        starts, limits = self._layout(keys, dev)                                   # (F,) each
         if not torch.compiler.is_exporting():
             self._check_lengths(lengths, keys, B, limits)
         per_feature = lengths.view(len(keys), B).sum(1)                            # (F,) ids
         feature = torch.repeat_interleave(torch.arange(len(keys), device=dev), per_feature, output_size=n)  # (N,)
         first = torch.repeat_interleave(batch.offsets.to(torch.int64)[:-1], lengths, output_size=n)        # (N,)
         position = torch.arange(n, device=dev) - first                            # (N,) place in its bag
-        covered = torch.tensor([m > 0 for m in limits], device=dev)[feature]       # (N,) bool
-        index = torch.tensor(starts, device=dev)[feature] + position
-        table = torch.cat([self.weights[f] for f in names]).to(dev)                # (sum of max_lengths,)
-        learned = table[torch.where(covered, index, torch.zeros_like(index))]     # (N,)
-        other = batch.weights.to(learned.dtype) if batch.weights is not None else torch.ones_like(learned)
-        weights = torch.where(covered, learned, other)
-        return KeyedJaggedBatch(keys, batch.values, batch.lengths, B, weights=weights,
+        ones = sum(self.max_lengths.values())                                      # the constant slot
+        return torch.where(limits[feature] > 0, starts[feature] + position, torch.full_like(position, ones))
+
+    def forward(self, batch) -> KeyedJaggedBatch:
+        """``batch`` (a KeyedJaggedBatch or ``torchrec.KeyedJaggedTensor``) with per-id weights:
+        ``weights[f][position]`` for every feature named here, the batch's own (or 1) elsewhere."""
+        batch = as_batch(batch)
+        index = self.table_index(batch)                                            # (N,)
+        weights = self.table().to(batch.values.device)[index]
+        if batch.weights is not None:                  # the features not named here keep their own
+            ones = sum(self.max_lengths.values())
+            weights = torch.where(index == ones, batch.weights.to(weights.dtype), weights)
+        return KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, batch.batch_size, weights=weights,
                                 offsets=batch.offsets, validate=False)
 
-    def _check_lengths(self, lengths: torch.Tensor, keys, B: int, limits) -> None:
+    def _layout(self, keys, device) -> tuple:
+        """(F,) int64 each: every batch feature's first slot in :meth:`table`, and its max_length
+        (0: not named here). Cached by the batch's keys and device, but for those made while
+        ``torch.export`` traces (the tracer's tensors, not to be reused outside it)."""
+        key = (tuple(keys), str(device))
+        cache = self.__dict__.setdefault("_layouts", {})
+        if key in cache:
+            return cache[key]
+        names, acc, first = list(self.max_lengths), 0, {}
+        for f in names:
+            first[f], acc = acc, acc + self.max_lengths[f]
+        made = (torch.tensor([first.get(f, 0) for f in keys], dtype=torch.int64, device=device),
+                torch.tensor([self.max_lengths.get(f, 0) for f in keys], dtype=torch.int64, device=device))
+        if not torch.compiler.is_exporting():
+            cache[key] = made
+        return made
+
+    def _check_lengths(self, lengths: torch.Tensor, keys, B: int, limits: torch.Tensor) -> None:
         """Raise where a bag of a feature named here is longer than its ``max_length``."""
-        if not B or not any(limits):
+        if not B:
             return
-        over = lengths.view(len(keys), B) > torch.tensor(limits, device=lengths.device).unsqueeze(1)
-        over &= torch.tensor([m > 0 for m in limits], device=lengths.device).unsqueeze(1)
+        lim = limits.unsqueeze(1)                                                  # (F, 1)
+        over = (lengths.view(len(keys), B) > lim) & (lim > 0)
         if bool(over.any()):
             k, b = (int(i) for i in over.nonzero()[0])
+            m = int(limits[k])
             raise EmbeddingInputError(
                 f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
-                f"longer than its max_length {limits[k]} (positions 0 .. {limits[k] - 1}); raise max_length "
-                f"or truncate the bags")
+                f"longer than its max_length {m} (positions 0 .. {m - 1}); raise max_length or truncate the bags")
 
     def extra_repr(self) -> str:
         return f"max_lengths={self.max_lengths}"

@@ -36,7 +36,7 @@ class DLRM(nn.Module):
         dcn_layers, dcn_rank: cross layers and their rank (``"dcn"`` only).
         position_weights: a module giving the sparse batch its per-id weights before the lookup
             (:class:`~neo.embedding.PositionWeights`), or None. A sharded embedding takes it as its
-            ``weights_fn`` instead, which weighs each batch when it is looked up (the trainer sets it).
+            ``weight_table`` instead, which weighs each batch when it is looked up (the trainer sets it).
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class DLRM(nn.Module):
         self.top = MLP(self.interaction.out_features, top_mlp, final_activation=False)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedBatch) -> torch.Tensor:
-        if self.position_weights is not None and getattr(self.embedding, "weights_fn", None) is None:
+        if self.position_weights is not None and getattr(self.embedding, "weight_table", None) is None:
             sparse = self.position_weights(sparse)         # per-id weights by position in the bag
         pooled = self.embedding(sparse)                    # (B, F * D)
         return self.head(dense, pooled)

@@ -160,7 +160,7 @@ class Trainer:
                           list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank,
                           position_weights=position).to(self.device)
         # weighted when each batch is looked up, with the weights as the step before left them
-        self.sharded.weights_fn = self.model.position_weights
+        self.sharded.weight_table = self.model.position_weights
         self.timers = Timers()
         self.sharded.timers = self.timers                     # the backward's collectives and fused update
         if self.sharded.lookup is not None:

@@ -247,11 +247,12 @@ def _deferred_worker(rank: int, world_size: int, L: int) -> Dict[str, Any]:
     for name, plan in _plans(world_size, L, ts).items():
         sec = ShardedEmbeddingCollection(ts, plan, pg, seed=3)
         pw = _pw(ts)
-        sec.weights_fn = pw
+        sec.weight_table = pw
         steps = []
         for step in range(STEPS):
             batch, G = _global(step, world_size, ts)
-            aw = sec.input_dist(_slice(batch, rank))          # distributed now, weighted at the lookup
+            local = _slice(batch, rank)
+            aw = sec.input_dist(KeyedJaggedBatch(local.keys, local.values, local.lengths, B))   # weighted at the lookup
             with torch.no_grad():                             # the weights change in between: the lookup's count
                 for p in pw.parameters():
                     p.mul_(1.25)
@@ -261,22 +262,26 @@ def _deferred_worker(rank: int, world_size: int, L: int) -> Dict[str, Any]:
             steps.append((o.detach(), [p.grad.clone() for p in pw.parameters()]))
             pw.zero_grad()
         out[name] = steps
-    if world_size > 1:       # weights_fn on rank 0 only: every rank raises, naming the cause
-        sec = ShardedEmbeddingCollection(ts, _plans(world_size, L, ts)["mixed"], pg, seed=3)
-        sec.weights_fn = _pw(ts) if rank == 0 else None
-        try:
-            sec(_slice(_global(0, world_size, ts)[0], rank))
-            out["mismatch"] = None
-        except DistributedInputError as e:
-            out["mismatch"] = str(e)
+    if world_size > 1:       # weight_table on rank 0 only, then weights of its own on rank 1: every rank raises
+        local = _slice(_global(0, world_size, ts)[0], rank)
+        unweighted = KeyedJaggedBatch(local.keys, local.values, local.lengths, B)
+        for case, fn, batch in [("mismatch", _pw(ts) if rank == 0 else None, unweighted),
+                                ("own weights", _pw(ts), local if rank == 1 else unweighted)]:
+            sec = ShardedEmbeddingCollection(ts, _plans(world_size, L, ts)["mixed"], pg, seed=3)
+            sec.weight_table = fn
+            try:
+                sec(batch)
+                out[case] = None
+            except DistributedInputError as e:
+                out[case] = str(e)
     return out
 
 
 @pytest.mark.parametrize("W,L", [(1, 1), (2, 2), (2, 1)], ids=["one rank", "one host", "two hosts"])
 def test_weights_made_at_lookup_time(W, L):
-    """``weights_fn`` (learnable position weights): the batch is distributed first, its weights made
-    when it is looked up, with the parameters as they are then (changed in between here), and their
-    gradient comes back: each rank's, averaged over the ranks, is the unsharded module's on the
+    """``weight_table`` (learnable position weights): the batch is distributed first, its weights read
+    when it is looked up, from the table as it is then (changed in between here); each rank's
+    gradient of the table, averaged over the ranks (as DDP does), is the unsharded module's on the
     global batch with the global mean loss; the outputs are its too."""
     got = run_multiprocess(_deferred_worker, W, L, local_world_size=L, collective_timeout_s=30)
     ts = _tables()
@@ -286,7 +291,7 @@ def test_weights_made_at_lookup_time(W, L):
         with torch.no_grad():
             for p in pw.parameters():
                 p.mul_(1.25)
-        o = emb(pw(batch))
+        o = emb(pw(KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, batch.batch_size)))
         ((o * G).sum() / W).backward()
         want = [p.grad.clone() for p in pw.parameters()]
         pw.zero_grad()
@@ -298,6 +303,8 @@ def test_weights_made_at_lookup_time(W, L):
                 mean = sum(got[r][name][step][1][j] for r in range(W)) / W
                 assert bool(g.abs().sum() > 0)
                 torch.testing.assert_close(mean, g, rtol=1e-5, atol=1e-6, msg=f"[{name}] step {step} weights {j}")
-    for r in range(1, W):
+    for r in range(W if W > 1 else 0):
         err = got[r]["mismatch"]
-        assert err is not None and "weights_fn is set on rank(s) [0] and not on the others" in err, err
+        assert err is not None and "weight_table is set on rank(s) [0] and not on the others" in err, err
+        err = got[r]["own weights"]
+        assert err is not None and "rank 1: the batch has per-id weights of its own" in err, err

@@ -144,13 +144,18 @@ def test_pipelined_equals_plain(tmp_data, world):
         assert_same(a, b)
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_position_weights_train_and_pipelined_equals_plain(tmp_data, world):
-    """``model.position_weights``: the sharded collection weighs each batch when it is looked up, so
-    the pipelined loop (batch i+1 distributed under step i, before step i updates the weights)
-    trains bit for bit as the plain one, and the weights train (they start at 1)."""
-    common = ["train.steps=12", "model.position_weights.user=3", "model.position_weights.country=2"] + \
-        (MIXED if world == 2 else [])
+CACHED_AHEAD = ["tables.0.num_rows=3000", "tables.0.placement=cached", "tables.0.cache_rows=1600",
+                "tables.0.cache_policy=lookahead", "tables.0.cache_lookahead=3"]
+"""A cached table with the lookahead policy: the pipeline distributes (and waits for) 4 batches ahead."""
+
+
+@pytest.mark.parametrize("world,extra", [(1, []), (2, MIXED), (2, CACHED_AHEAD)], ids=["1", "2", "2, cached"])
+def test_position_weights_train_and_pipelined_equals_plain(tmp_data, world, extra):
+    """``model.position_weights``: the sharded collection reads each batch's weights when it looks
+    the batch up, so the pipelined loop (batch i+1 distributed under step i, before step i updates
+    the weights; with a cached table four batches ahead) trains bit for bit as the plain one, and
+    the weights train (they start at 1)."""
+    common = ["train.steps=12", "model.position_weights.user=3", "model.position_weights.country=2"] + extra
     pipe = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=true"])
     plain = run_multiprocess(train_and_collect, world, tmp_data, common + ["train.pipelined=false"])
     for a, b in zip(pipe, plain):
