@@ -26,6 +26,13 @@ threads): less sensitive to other jobs on a shared machine than the wall clock.
 ``--dense-dtype bf16`` runs the MLPs and the interaction of both systems under ``torch.autocast``.
 ``--isa avx2`` caps every library of both systems (Neo's kernels, ATen, oneDNN, MKL, FBGEMM) at
 AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands in for an AVX2 one.
+``--position-weights``: every feature's ids weighted by learnable weights of their position in the
+bag (one per position of the workload's bag size), trained with the dense model, in both systems:
+Neo's :class:`neo.embedding.PositionWeights` as the collection's ``weight_table`` (each id travels
+with its slot, the weights are read at the lookup); TorchRec's ``PositionWeightedModuleCollection``
+in a ``FeatureProcessedEmbeddingBagCollection``, sharded by its sharder (the weights applied on the
+shards' ranks after its input distribution). Both start at Neo's values, 0.5 + position / bag size
+(not 1, so that the forward check compares them too).
 
 Same model check, before any timing: TorchRec's DLRM starts from the first Neo plan's weights
 (every table, gathered by ``full_weights()`` and copied into TorchRec's local shards; the bottom and
@@ -143,8 +150,18 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
         ranks = _balanced_ranks(sizes, pg.world_size)
     plan = even_plan(tables, types, pg.world_size, pg.local_world_size, ranks=ranks)
     sharded = ShardedEmbeddingCollection(tables, plan, pg, backend=args.backend, validate=False)
+    position = None
+    if args.position_weights:                                 # one weight per position of each bag size
+        from neo.embedding import PositionWeights
+
+        position = PositionWeights({f"f{t}": int(sizes[t]) for t in range(args.tables)})
+        with torch.no_grad():
+            for w in position.weights.values():
+                w.copy_(0.5 + torch.arange(w.numel(), dtype=torch.float32) / w.numel())
+        sharded.weight_table = position
     torch.manual_seed(0)
-    model = DLRM(sharded, args.tables, args.dim, 13, [512, 256, args.dim], [512, 256, 1])
+    model = DLRM(sharded, args.tables, args.dim, 13, [512, 256, args.dim], [512, 256, 1],
+                 position_weights=position)
     timers = Timers()
     dtype = torch.bfloat16 if args.dense_dtype == "bf16" else torch.float32
     ddp = wrap_ddp(DenseStep(model, timers, overlap=not args.plain, dense_dtype=dtype), pg)
@@ -222,19 +239,33 @@ def _torchrec_runner(args, pg_world, batches, sizes, neo: _Runner) -> _Runner:
     W = dist.get_world_size(pg_world)
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim,
                                                             num_embeddings=args.rows, feature_names=[f"f{t}"])
-                                         for t in range(args.tables)], device=torch.device("meta"))
+                                         for t in range(args.tables)], device=torch.device("meta"),
+                                 is_weighted=args.position_weights)
     torch.manual_seed(0)
     model = TorchRecDLRM(ebc, 13, [512, 256, args.dim], [512, 256, 1], dense_device=torch.device("cpu"))
     pf = (lambda t: dict(pooling_factors=[float(sizes[t])])) if args.placement != "naive" else (lambda t: {})
     constraints = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"], **pf(t)) for t in range(args.tables)}
     sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD,
                                                           "learning_rate": 0.01, "eps": 1e-8})
+    if args.position_weights:         # the EBC inside a feature-processed one (its DLRM reads the EBC's configs first)
+        from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+        from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+        from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+        fp = PositionWeightedModuleCollection({f"f{t}": int(sizes[t]) for t in range(args.tables)})
+        model.sparse_arch.embedding_bag_collection = FeatureProcessedEmbeddingBagCollection(ebc, fp)
+        sharder = FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=sharder)
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=W, compute_device="cpu", local_world_size=W),
                                        constraints=constraints)
     plan = planner.collective_plan(model, [sharder], pg_world)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg_world), plan=plan,
                                    sharders=[sharder], device=torch.device("cpu"))
     _start_from_neo(dmp, neo.model, neo.sharded.full_weights())   # full_weights: collective on Neo's groups
+    if args.position_weights:
+        with torch.no_grad():
+            for name, param in dmp.named_parameters():
+                if "position_weights." in name:
+                    param.copy_(neo.model.position_weights.weights[name.rsplit(".", 1)[1]])
     if args.test_perturb_torchrec:                            # tests only: a model that is not Neo's
         with torch.no_grad():
             _linears(dmp.module.over_arch)[-1].bias.add_(args.test_perturb_torchrec)
@@ -346,6 +377,7 @@ def _rank_main(rank: int, world_size: int, args) -> List[Dict[str, Any]]:
                             "pipelined": r.system == "neo" and not args.plain, "dense_dtype": args.dense_dtype,
                             "retain_freed_memory": not args.system_malloc,
                             "neo_shm_collectives": pg.uses_shm, "placement": args.placement,
+                            "position_weights": args.position_weights,
                             "max_abs_diff_vs_neo": r.max_abs_diff_vs_neo, "machine": machine})
             if r.timers is not None:                            # rank 0's blocked time per phase
                 records[-1]["phase_ms"] = {k: round(1e3 * v / r.steps, 2) for k, v in r.timers.snapshot().items()}
@@ -397,6 +429,8 @@ def main(argv=None) -> int:
                         "TorchRec: its planner), balanced (Neo: by ids per sample, longest first to the "
                         "least-loaded rank; TorchRec: its planner), or naive (Neo: tables in blocks of consecutive "
                         "ones per rank; TorchRec's planner without pooling factors)")
+    p.add_argument("--position-weights", action="store_true",
+                   help="learnable weights by position in the bag on every feature, both systems (see above)")
     p.add_argument("--no-torchrec", action="store_true")
     # tests only: added to TorchRec's last bias after it starts from Neo's weights (the check must fail)
     p.add_argument("--test-perturb-torchrec", type=float, default=0.0, help=argparse.SUPPRESS)

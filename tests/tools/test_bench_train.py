@@ -48,3 +48,17 @@ def test_a_torchrec_model_that_is_not_neos_stops_the_run_before_timing(tmp_path)
     assert re.search(r"forward check: torchrec's logits differ from Neo's \(table_wise\) by 0\.01 ", run.stderr), \
         run.stderr[-3000:]
     assert not out.exists()
+
+
+def test_position_weighted_features_are_the_same_model_in_both_systems(tmp_path):
+    """``--position-weights``: Neo's PositionWeights (the collection's weight_table) and TorchRec's
+    PositionWeightedModuleCollection in a sharded FeatureProcessedEmbeddingBagCollection, started
+    from the same weights (not 1), give the same logits on multi-hot bags before timing."""
+    out = tmp_path / "train.json"
+    argv = [a if a != "one-hot" else "multi-hot" for a in TINY]
+    run = _run(argv + ["--position-weights", "--json", str(out)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert {r["system"] for r in records} == {"neo", "torchrec"} and all(r["position_weights"] for r in records)
+    diff = next(r for r in records if r["system"] == "torchrec")["max_abs_diff_vs_neo"]
+    assert diff is not None and math.isfinite(diff) and 0.0 <= diff < 1e-5, diff
