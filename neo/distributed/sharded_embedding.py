@@ -248,7 +248,8 @@ class ShardedEmbeddingCollection(nn.Module):
             out = self.autograd_anchor.view(1, 0)
             w = batch.local.weights
             if w is not None and w.requires_grad:   # (0,) received: in the graph all the same, so that this
-                out = out + w[:0].view(1, 0)         # rank joins the weights' AlltoAll back (input_dist)
+                out = out + w[:0].view(1, 0)         # rank joins the weights' AlltoAll back (input_dist), and
+                                                     # a weight_table gets its (zero) gradient, as DDP expects
             return out.expand(batch.local.batch_size, 0).to(batch.local.values.device)
         return self.lookup(batch.local, pooled_bags=self._dp_bags(batch))
 

@@ -13,13 +13,19 @@ The weights are per-id weights that require grad: the lookup computes their grad
 (:mod:`neo.distributed.input_dist`). The parameters are dense: under DDP their gradient is
 averaged as any other (``parallelize`` leaves them to DDP).
 
+In a training pipeline, which distributes batch i+1 before step i updates the weights, give it to
+the sharded collection instead (``sec.weight_table = pw``, as the trainer's
+``model.position_weights`` does): each id then travels with its slot in :meth:`table`
+(:meth:`table_index`) and the weight is read when the batch is looked up.
+
 ``neo.export`` exports a model with it (one pass of torch operations over the batch's ids; the
 program's weights are its buffers), for serving.
 
 Bad input: a bag longer than its feature's ``max_length`` raises in eager mode, naming the
-feature, the sample and the length (TorchRec's gather would fail on an index out of range). Features of the batch
-without position weights keep their weights as they are, or have none (all 1) where the batch
-has no weights. ``batch.weights`` of a weighted feature are replaced, as TorchRec does.
+feature, the sample and the length (TorchRec's gather would fail on an index out of range).
+Features of the batch without position weights keep their weights as they are, or have none
+(all 1) where the batch has no weights. ``batch.weights`` of a weighted feature are replaced, as
+TorchRec does.
 """
 
 from __future__ import annotations
