@@ -229,7 +229,8 @@ class ShardedEmbeddingCollection(nn.Module):
         distributes batch i+1 under step i, weighs it with the table step i updated. The table's
         gradient is summed over the ids this rank holds, times W under ``average_gradients``, for
         DDP to average (:mod:`neo.distributed.input_dist`). Set it alike on every rank; batches
-        then carry no weights of their own."""
+        then carry no weights of their own. Unpooled lookups (:meth:`sequence`) take no weights:
+        there the slots travel unused."""
         return self._input_dist.weight_table
 
     def __setattr__(self, name: str, value: Any) -> None:
