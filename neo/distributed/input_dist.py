@@ -40,7 +40,7 @@ Weights read at lookup time from a learnable table (:attr:`InputDist.weight_tabl
 before step i has updated the table): each id travels with its slot in the table
 (``weight_table.table_index(batch)``, int32 in the weights' place of the ids AlltoAll); when the
 shards' rank looks the batch up (``DistributedBatch.resolved``, from the collection's
-``compute``), it reads ``weight_table.table()`` at those slots. No collective of their own: the
+``compute``), it reads the table at those slots (``weight_table.read(slots)``). No collective of their own: the
 table is a dense parameter, replicated, and its gradient, summed here over the ids each rank
 holds (times W under ``average_gradients``, as the learnable weights' above), is averaged over
 the ranks by DDP: the sum over every rank's ids of the global mean loss's gradient.
@@ -189,7 +189,7 @@ class InputDist:
         self.weight_table: Optional[Any] = None
         """Per-id weights read at lookup time from a learnable table, e.g.
         :class:`neo.embedding.PositionWeights`: an object with ``table_index(batch)`` ((N,) int64,
-        each id's slot) and ``table()`` (the weights). The slots are routed with the ids; the
+        each id's slot) and ``read(slots)`` (the weights there). The slots are routed with the ids; the
         weights are read when the lookup runs (:meth:`DistributedBatch.resolved`), not when the
         batch is distributed: a training pipeline distributes batch i+1 under step i, before step
         i updates the table (module doc). Every rank must set one (the header's ``has_weights``
@@ -465,8 +465,7 @@ class InputDist:
         slots, fn, factor = local.weights, self.weight_table, self.weights_grad_factor
 
         def read() -> torch.Tensor:
-            table = _ScaleGrad.apply(fn.table().to(slots.device, torch.float32), factor)
-            return table[slots]
+            return _ScaleGrad.apply(fn.read(slots).to(torch.float32), factor)
 
         return read
 

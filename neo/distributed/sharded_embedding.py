@@ -224,7 +224,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def weight_table(self) -> Optional[Any]:
         """A learnable table of per-id weights read at lookup time, e.g. a
         :class:`neo.embedding.PositionWeights` (``table_index(batch)``: each id's slot;
-        ``table()``: the weights), or None. Set, each id travels with its slot and its weight is
+        ``read(slots)``: the weights there), or None. Set, each id travels with its slot and its weight is
         read from the table when :meth:`compute` runs, so that a training pipeline, which
         distributes batch i+1 under step i, weighs it with the table step i updated. The table's
         gradient is summed over the ids this rank holds, times W under ``average_gradients``, for

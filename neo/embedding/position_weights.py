@@ -65,6 +65,15 @@ class PositionWeights(nn.Module):
         params = [self.weights[f] for f in self.max_lengths]
         return torch.cat(params + [torch.ones(1, dtype=params[0].dtype, device=params[0].device)])
 
+    def read(self, slots: torch.Tensor) -> torch.Tensor:
+        """(N,) the weights at ``slots`` (:meth:`table_index`): ``table()[slots]``, differentiable;
+        where a gradient is recorded, one autograd node (:class:`_TableRead`: a gather forward, one
+        ``index_add_`` backward) instead of a concatenation and an index."""
+        params = [self.weights[f] for f in self.max_lengths]
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(p.requires_grad for p in params):
+            return _TableRead.apply(slots, *params)
+        return self.table().to(slots.device)[slots]
+
     def table_index(self, batch) -> torch.Tensor:
         """(N,) int64: each id's place in :meth:`table`, its feature's start plus its position in the
         bag, or the last slot (weight 1) for a feature not named here. Raises (eager mode) where a
@@ -79,57 +88,88 @@ class PositionWeights(nn.Module):
         dev = batch.values.device
         n = batch.values.numel()
         lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
-        starts, limits = self._layout(keys, dev)                                   # (F,) each
+        lay = self._layout(keys, B, dev)
         if not torch.compiler.is_exporting():
-            self._check_lengths(lengths, keys, B, limits)
-        per_feature = lengths.view(len(keys), B).sum(1)                            # (F,) ids
-        feature = torch.repeat_interleave(torch.arange(len(keys), device=dev), per_feature, output_size=n)  # (N,)
-        first = torch.repeat_interleave(batch.offsets.to(torch.int64)[:-1], lengths, output_size=n)        # (N,)
-        position = torch.arange(n, device=dev) - first                            # (N,) place in its bag
-        ones = sum(self.max_lengths.values())                                      # the constant slot
-        return torch.where(limits[feature] > 0, starts[feature] + position, torch.full_like(position, ones))
+            self._check_lengths(lengths, keys, B, lay)
+        # an id's slot: its feature's start + (its index - its bag's first index); one pass over the ids
+        bag_term = lay["bag_start"] - batch.offsets.to(torch.int64)[:-1]           # (F * B,)
+        slots = torch.repeat_interleave(bag_term, lengths, output_size=n) + torch.arange(n, device=dev)
+        if lay["bag_covered"] is not None:                                         # features not named here
+            covered = torch.repeat_interleave(lay["bag_covered"], lengths, output_size=n)
+            slots = torch.where(covered, slots, torch.full_like(slots, lay["ones"]))
+        return slots
 
     def forward(self, batch) -> KeyedJaggedBatch:
         """``batch`` (a KeyedJaggedBatch or ``torchrec.KeyedJaggedTensor``) with per-id weights:
         ``weights[f][position]`` for every feature named here, the batch's own (or 1) elsewhere."""
         batch = as_batch(batch)
         index = self.table_index(batch)                                            # (N,)
-        weights = self.table().to(batch.values.device)[index]
+        weights = self.read(index)
         if batch.weights is not None:                  # the features not named here keep their own
             ones = sum(self.max_lengths.values())
             weights = torch.where(index == ones, batch.weights.to(weights.dtype), weights)
         return KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, batch.batch_size, weights=weights,
                                 offsets=batch.offsets, validate=False)
 
-    def _layout(self, keys, device) -> tuple:
-        """(F,) int64 each: every batch feature's first slot in :meth:`table`, and its max_length
-        (0: not named here). Cached by the batch's keys and device, but for those made while
+    def _layout(self, keys, B: int, device) -> dict:
+        """Per batch layout (keys, B, device): ``bag_start`` (F * B,) int64 each bag's feature's first
+        slot in :meth:`table`; ``bag_covered`` (F * B,) bool, or None where every feature is named
+        here; ``limits`` (F,) each feature's max_length (0: not named), ``limit_or_max`` (F,) the
+        same with no limit where 0; ``ones`` the constant slot. Cached, but for those made while
         ``torch.export`` traces (the tracer's tensors, not to be reused outside it)."""
-        key = (tuple(keys), str(device))
+        exporting = torch.compiler.is_exporting()                                  # B may be symbolic then
+        key = None if exporting else (tuple(keys), B, str(device))
         cache = self.__dict__.setdefault("_layouts", {})
         if key in cache:
             return cache[key]
         names, acc, first = list(self.max_lengths), 0, {}
         for f in names:
             first[f], acc = acc, acc + self.max_lengths[f]
-        made = (torch.tensor([first.get(f, 0) for f in keys], dtype=torch.int64, device=device),
-                torch.tensor([self.max_lengths.get(f, 0) for f in keys], dtype=torch.int64, device=device))
-        if not torch.compiler.is_exporting():
+        i64 = dict(dtype=torch.int64, device=device)
+        limits = [self.max_lengths.get(f, 0) for f in keys]
+        made = {"bag_start": torch.tensor([first.get(f, 0) for f in keys], **i64).repeat_interleave(B),
+                "bag_covered": None if all(limits) else
+                torch.tensor([m > 0 for m in limits], dtype=torch.bool, device=device).repeat_interleave(B),
+                "limits": torch.tensor(limits, **i64),
+                "limit_or_max": torch.tensor([m if m else 2 ** 62 for m in limits], **i64),
+                "ones": acc}
+        if not exporting:
             cache[key] = made
         return made
 
-    def _check_lengths(self, lengths: torch.Tensor, keys, B: int, limits: torch.Tensor) -> None:
+    def _check_lengths(self, lengths: torch.Tensor, keys, B: int, lay: dict) -> None:
         """Raise where a bag of a feature named here is longer than its ``max_length``."""
         if not B:
             return
-        lim = limits.unsqueeze(1)                                                  # (F, 1)
-        over = (lengths.view(len(keys), B) > lim) & (lim > 0)
-        if bool(over.any()):
-            k, b = (int(i) for i in over.nonzero()[0])
-            m = int(limits[k])
-            raise EmbeddingInputError(
-                f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
-                f"longer than its max_length {m} (positions 0 .. {m - 1}); raise max_length or truncate the bags")
+        per_feature = lengths.view(len(keys), B)
+        if not bool((per_feature.amax(1) > lay["limit_or_max"]).any()):
+            return
+        over = per_feature > lay["limit_or_max"].unsqueeze(1)
+        k, b = (int(i) for i in over.nonzero()[0])
+        m = int(lay["limits"][k])
+        raise EmbeddingInputError(
+            f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
+            f"longer than its max_length {m} (positions 0 .. {m - 1}); raise max_length or truncate the bags")
 
     def extra_repr(self) -> str:
         return f"max_lengths={self.max_lengths}"
+
+
+class _TableRead(torch.autograd.Function):
+    """``cat(params + [1])[slots]`` as one node: a gather forward; backward one ``index_add_`` of
+    the gradient over the table's slots, split back into the parameters (the constant slot's
+    share dropped)."""
+
+    @staticmethod
+    def forward(ctx, slots: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        table = torch.cat([p.detach() for p in params] + [params[0].new_ones(1)]).to(slots.device)
+        ctx.save_for_backward(slots)
+        ctx.sizes = [p.numel() for p in params]
+        ctx.where = params[0].device
+        return table.index_select(0, slots)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (slots,) = ctx.saved_tensors
+        full = grad.new_zeros(sum(ctx.sizes) + 1).index_add_(0, slots, grad)
+        return (None, *(g.to(ctx.where) for g in full.split(ctx.sizes + [1])[:-1]))
