@@ -355,6 +355,10 @@ def loading(pg, quick: bool = False) -> List[Dict[str, float]]:
     # every case's data first (made where not cached): a rank writing a new set beside one that is
     # measuring made that rank's decoding 10x slower once
     datasets = {id(cfg): prepare_data(cfg, resolve_tables(cfg), pg, log=lambda *a, **k: None) for cfg, *_ in cases}
+    # and on disk: the kernel's writeback of a set just made ran under the measurements (the
+    # one-hot case read 0.56 ms a batch in 2 of 6 runs on fresh sets, 0.33-0.40 in the others;
+    # after a sync, 0.33-0.38 in 9 of 10 and 0.48 once: 2026-12-05 20:47-20:49 UTC)
+    os.sync()
     for cfg, F, B, _ in cases:
         data = datasets[id(cfg)]
         if pg.world_size > 1:
