@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 
-import pytest
 import torch
 
 from neo.config.embedding import TableConfig

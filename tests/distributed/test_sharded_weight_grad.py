@@ -10,18 +10,19 @@ oracle's gradient of its slice of the weights. Checked per id, under every shard
 mixed plan, a plan leaving a rank without shards, on one host and on two (the hierarchical
 output distributions; gloo carries the collectives, as the overflow agreement of a loss scaler,
 checked in the same backward), over two steps (the second from the first's updated rows), and at
-world size 1 (the one-rank path). Then whole training runs (distributed_cases) with learnable
-position weights (:class:`neo.embedding.PositionWeights`) under DDP, against the same oracle.
+world size 1 (the one-rank path); a variable-batch KeyedJaggedTensor (VBE) per rank. Then whole
+training runs (distributed_cases) with learnable position weights (:class:`neo.embedding.PositionWeights`)
+under DDP, against the same oracle; and weights read at lookup time from a ``weight_table``, its
+values changed between the distribution and the lookup, against the oracle with the changed ones.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from distributed_cases import ALL_TYPES, Case, dense, position_weights, tables, train_reference, train_sharded
 from neo.config.embedding import OptimizerConfig
