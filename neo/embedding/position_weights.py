@@ -158,18 +158,22 @@ class PositionWeights(nn.Module):
 class _TableRead(torch.autograd.Function):
     """``cat(params + [1])[slots]`` as one node: a gather forward; backward one ``index_add_`` of
     the gradient over the table's slots, split back into the parameters (the constant slot's
-    share dropped)."""
+    share dropped). ``setup_context`` apart, so that torch.func's transforms take it."""
 
     @staticmethod
-    def forward(ctx, slots: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        table = torch.cat([p.detach() for p in params] + [params[0].new_ones(1)]).to(slots.device)
+    def forward(slots: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        table = torch.cat(list(params) + [params[0].new_ones(1)]).to(slots.device)
+        return table.index_select(0, slots)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        slots, *params = inputs
         ctx.save_for_backward(slots)
         ctx.sizes = [p.numel() for p in params]
         ctx.where = params[0].device
-        return table.index_select(0, slots)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (slots,) = ctx.saved_tensors
-        full = grad.new_zeros(sum(ctx.sizes) + 1).index_add_(0, slots, grad)
+        full = grad.new_zeros(sum(ctx.sizes) + 1).index_add(0, slots, grad)
         return (None, *(g.to(ctx.where) for g in full.split(ctx.sizes + [1])[:-1]))

@@ -135,3 +135,29 @@ def test_an_exported_model_with_position_weights_runs_as_eager(weighted):
         with torch.no_grad():
             want = m(batch)
         assert torch.equal(program.module()(batch), want), (seed, size)
+
+
+def test_torch_func_grad_of_the_weights_is_autograds():
+    """Under ``torch.func.grad`` (functional_call over the parameters) the table's read, one autograd
+    node of its own, gives the gradient ``.backward()`` gives, and the plain-torch read's."""
+    from torch.func import functional_call, grad
+
+    pw = PositionWeights({"a1": 5, "b": 6})
+    with torch.no_grad():
+        for p in pw.parameters():
+            p.uniform_(0.5, 1.5)
+    batch = _batch(seed=4)
+    scale = torch.linspace(-1.0, 2.0, batch.values.numel())
+
+    def loss(params):
+        return (functional_call(pw, params, (batch,)).weights * scale).sum()
+
+    got = grad(loss)(dict(pw.named_parameters()))
+    (pw(batch).weights * scale).sum().backward()
+    plain = {n: p.detach().clone().requires_grad_() for n, p in pw.named_parameters()}
+    table = torch.cat([plain["weights.a1"], plain["weights.b"], torch.ones(1)])
+    (table[pw.table_index(batch)] * scale).sum().backward()
+    for n, p in pw.named_parameters():
+        assert bool(p.grad.abs().sum() > 0), n
+        assert torch.equal(got[n], p.grad), n
+        torch.testing.assert_close(p.grad, plain[n].grad, rtol=1e-6, atol=1e-6, msg=n)
