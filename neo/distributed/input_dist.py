@@ -39,8 +39,9 @@ Weights read at lookup time from a learnable table (:attr:`InputDist.weight_tabl
 :class:`~neo.embedding.PositionWeights` in a training pipeline, which distributes batch i+1
 before step i has updated the table): each id travels with its slot in the table
 (``weight_table.table_index(batch)``, int32 in the weights' place of the ids AlltoAll); when the
-shards' rank looks the batch up (``DistributedBatch.resolved``, from the collection's
-``compute``), it reads the table at those slots (``weight_table.read(slots)``). No collective of their own: the
+shards' rank looks the batch up (the collection's ``compute``: :meth:`InputDist.weigh`), it
+reads the table at those slots (``weight_table.read(slots)``); until then the local batch's
+``weights`` hold the slots (int64, where weights are otherwise floating point). No collective of their own: the
 table is a dense parameter, replicated, and its gradient, summed here over the ids each rank
 holds (times W under ``average_gradients``, as the learnable weights' above), is averaged over
 the ranks by DDP: the sum over every rank's ids of the global mean loss's gradient.
@@ -72,7 +73,7 @@ Every rank must pass batches of the same size B with the same features: checked 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -110,20 +111,6 @@ class DistributedBatch:
     """B, samples per rank."""
     source_lengths: Dict[str, torch.Tensor]
     """(B,) bag lengths of this rank's own samples per feature (to divide row-split mean pooling)."""
-    pending_weights: Optional[Callable[[], torch.Tensor]] = None
-    """Per-id weights read when the batch is looked up (:attr:`InputDist.weight_table`): ``local``
-    holds each id's slot in the table until :meth:`resolved` reads them."""
-
-    def resolved(self) -> "DistributedBatch":
-        """This batch with its per-id weights in ``local`` (itself where none are pending): read
-        from the weights table now, as the lookup runs."""
-        if self.pending_weights is None:
-            return self
-        fn, self.pending_weights = self.pending_weights, None
-        loc = self.local
-        self.local = KeyedJaggedBatch(loc.keys, loc.values, loc.lengths, loc.batch_size, weights=fn(),
-                                      offsets=loc.offsets, validate=False)
-        return self
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -190,7 +177,7 @@ class InputDist:
         """Per-id weights read at lookup time from a learnable table, e.g.
         :class:`neo.embedding.PositionWeights`: an object with ``table_index(batch)`` ((N,) int64,
         each id's slot) and ``read(slots)`` (the weights there). The slots are routed with the ids; the
-        weights are read when the lookup runs (:meth:`DistributedBatch.resolved`), not when the
+        weights are read when the lookup runs (:meth:`weigh`), not when the
         batch is distributed: a training pipeline distributes batch i+1 under step i, before step
         i updates the table (module doc). Every rank must set one (the header's ``has_weights``
         is 3); batches then carry no weights of their own."""
@@ -290,8 +277,6 @@ class InputDist:
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
         deferred = self.weight_table is not None
-        # weights that require grad: sent apart from the ids, in a differentiable AlltoAll (module doc)
-        learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
         own_weights = deferred and batch.weights is not None               # refused on every rank (header)
         if own_weights and W == 1:
             raise DistributedInputError(_own_weights_message(self.pg.rank))
@@ -299,11 +284,10 @@ class InputDist:
             slots = self.weight_table.table_index(batch)                     # (N,) int64
             batch = KeyedJaggedBatch(batch.keys, batch.values, batch.lengths, batch.batch_size, weights=slots,
                                      offsets=batch.offsets, validate=False)
+        # weights that require grad: sent apart from the ids, in a differentiable AlltoAll (module doc)
+        learnable = batch.weights is not None and batch.weights.requires_grad and torch.is_grad_enabled()
         if self.one_rank:
-            local = self._one_rank_batch(batch)
-            if deferred:
-                local.pending_weights = self._table_reader(local.local)
-            return Awaitable.ready(local, "input_dist")
+            return Awaitable.ready(self._one_rank_batch(batch), "input_dist")
         B = batch.batch_size
         values = batch.values.to(torch.int64)
         offsets = batch.offsets.to(torch.int64)
@@ -423,10 +407,7 @@ class InputDist:
             local_lengths = lens.permute(1, 0, 2).reshape(-1)                            # (K * W * B,)
             keys = tuple(s.local_feature for s in self.layout.slots_on[self.pg.rank])
             local = KeyedJaggedBatch(keys, local_values, local_lengths, W * B, weights=local_weights, validate=False)
-            out = DistributedBatch(local, B, source_lengths)
-            if deferred:
-                out.pending_weights = self._table_reader(local)
-            return out
+            return DistributedBatch(local, B, source_lengths)
 
         return Awaitable(finish, "input_dist", progress=send_ids)
 
@@ -458,16 +439,16 @@ class InputDist:
             local = KeyedJaggedBatch(self._slot_keys, values, lengths, B, weights=local_w, validate=False)
         return DistributedBatch(local, B, self._source_lengths(batch.lengths, B))
 
-    def _table_reader(self, local: KeyedJaggedBatch) -> Callable[[], torch.Tensor]:
-        """The weights of ``local``'s ids, whose ``weights`` hold their slots in ``weight_table``'s
-        table, as a function reading the table when called (the lookup: :meth:`DistributedBatch.resolved`).
-        Its gradient goes to the table times :attr:`weights_grad_factor` (module doc)."""
-        slots, fn, factor = local.weights, self.weight_table, self.weights_grad_factor
-
-        def read() -> torch.Tensor:
-            return _ScaleGrad.apply(fn.read(slots).to(torch.float32), factor)
-
-        return read
+    def weigh(self, local: KeyedJaggedBatch) -> KeyedJaggedBatch:
+        """``local`` (a distributed batch's) with its weights read from :attr:`weight_table` where
+        they are its slots (int64, module doc), else itself. Their gradient goes to the table
+        times :attr:`weights_grad_factor`. The collection's ``compute`` calls it, as the lookup runs."""
+        slots = local.weights
+        if slots is None or slots.dtype != torch.int64 or self.weight_table is None:
+            return local
+        weights = _ScaleGrad.apply(self.weight_table.read(slots).to(torch.float32), self.weights_grad_factor)
+        return KeyedJaggedBatch(local.keys, local.values, local.lengths, local.batch_size, weights=weights,
+                                offsets=local.offsets, validate=False)
 
     def _source_lengths(self, lengths: torch.Tensor, B: int) -> Dict[str, torch.Tensor]:
         """(B,) bag lengths of each mean-pooled row-split feature (``lengths`` in global feature order)."""

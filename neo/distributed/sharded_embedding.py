@@ -220,39 +220,20 @@ class ShardedEmbeddingCollection(nn.Module):
         ``batch``: a KeyedJaggedBatch or a ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
         return self._input_dist(as_batch(batch))
 
-    @property
-    def weight_table(self) -> Optional[Any]:
-        """A learnable table of per-id weights read at lookup time, e.g. a
-        :class:`neo.embedding.PositionWeights` (``table_index(batch)``: each id's slot;
-        ``read(slots)``: the weights there), or None. Set, each id travels with its slot and its weight is
-        read from the table when :meth:`compute` runs, so that a training pipeline, which
-        distributes batch i+1 under step i, weighs it with the table step i updated. The table's
-        gradient is summed over the ids this rank holds, times W under ``average_gradients``, for
-        DDP to average (:mod:`neo.distributed.input_dist`). Set it alike on every rank; batches
-        then carry no weights of their own. Unpooled lookups (:meth:`sequence`) take no weights:
-        there the slots travel unused."""
-        return self._input_dist.weight_table
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "weight_table":    # not a submodule where it is one (PositionWeights): its owner trains it
-            self._input_dist.weight_table = value
-            return
-        super().__setattr__(name, value)
-
     def compute(self, batch: DistributedBatch) -> torch.Tensor:
         """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order.
 
         Data-parallel slots pool only this rank's own B samples (the other rows are zeros,
         which their output distribution drops); their fused update still covers all W * B."""
-        batch = batch.resolved()    # weights read from weight_table now
+        local = self._input_dist.weigh(batch.local)   # a weight_table's weights, read now
         if self.lookup is None:     # (W * B, 0), on the anchor where it trains: a gradient as on the other ranks
             out = self.autograd_anchor.view(1, 0)
-            w = batch.local.weights
+            w = local.weights
             if w is not None and w.requires_grad:   # (0,) received: in the graph all the same, so that this
                 out = out + w[:0].view(1, 0)         # rank joins the weights' AlltoAll back (input_dist), and
                                                      # a weight_table gets its (zero) gradient, as DDP expects
-            return out.expand(batch.local.batch_size, 0).to(batch.local.values.device)
-        return self.lookup(batch.local, pooled_bags=self._dp_bags(batch))
+            return out.expand(local.batch_size, 0).to(local.values.device)
+        return self.lookup(local, pooled_bags=self._dp_bags(batch))
 
     def _dp_bags(self, batch: DistributedBatch) -> Optional[torch.Tensor]:
         """(F_local * W * B,) bool: every bag, but a data-parallel slot's other ranks' samples; None
@@ -364,6 +345,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._places_cache[key] = places
         return places
 
+    # ------------------------------------------------------------------ the lookups and their output
     @lookup_method
     def forward(self, batch: KeyedJaggedBatch) -> torch.Tensor:
         """Pooled embeddings (B, sum D) of this rank's samples, features in table order. A
@@ -422,6 +404,26 @@ class ShardedEmbeddingCollection(nn.Module):
         """:meth:`forward`'s output keyed by feature (TorchRec's ``KeyedTensor``); see
         :class:`neo.sparse.KeyedEmbeddings`. Collective, as :meth:`forward`."""
         return KeyedEmbeddings.of(self, self(batch))
+
+    # ------------------------------------------------------------------ settings and counts
+    @property
+    def weight_table(self) -> Optional[Any]:
+        """A learnable table of per-id weights read at lookup time, e.g. a
+        :class:`neo.embedding.PositionWeights` (``table_index(batch)``: each id's slot;
+        ``read(slots)``: the weights there), or None. Set, each id travels with its slot and its weight is
+        read from the table when :meth:`compute` runs, so that a training pipeline, which
+        distributes batch i+1 under step i, weighs it with the table step i updated. The table's
+        gradient is summed over the ids this rank holds, times W under ``average_gradients``, for
+        DDP to average (:mod:`neo.distributed.input_dist`). Set it alike on every rank; batches
+        then carry no weights of their own. Unpooled lookups (:meth:`sequence`) take no weights:
+        there the slots travel unused."""
+        return self._input_dist.weight_table
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight_table":    # not a submodule where it is one (PositionWeights): its owner trains it
+            self._input_dist.weight_table = value
+            return
+        super().__setattr__(name, value)
 
     @property
     def skipped_ids(self) -> Dict[str, int]:
@@ -584,6 +586,7 @@ class ShardedEmbeddingCollection(nn.Module):
             dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.pg.world)
         return float(worst)
 
+    # ------------------------------------------------------------------ learning rates
     def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
         """Every table's fused-optimizer learning rate, or ``table``'s (see
         :meth:`set_learning_rates`)."""

@@ -66,12 +66,7 @@ class PositionWeights(nn.Module):
         return torch.cat(params + [torch.ones(1, dtype=params[0].dtype, device=params[0].device)])
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
-        """(N,) the weights at ``slots`` (:meth:`table_index`): ``table()[slots]``, differentiable;
-        where a gradient is recorded, one autograd node (:class:`_TableRead`: a gather forward, one
-        ``index_add_`` backward) instead of a concatenation and an index."""
-        params = [self.weights[f] for f in self.max_lengths]
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(p.requires_grad for p in params):
-            return _TableRead.apply(slots, *params)
+        """(N,) the weights at ``slots`` (:meth:`table_index`), differentiable."""
         return self.table().to(slots.device)[slots]
 
     def table_index(self, batch) -> torch.Tensor:
@@ -114,8 +109,8 @@ class PositionWeights(nn.Module):
     def _layout(self, keys, B: int, device) -> dict:
         """Per batch layout (keys, B, device): ``bag_start`` (F * B,) int64 each bag's feature's first
         slot in :meth:`table`; ``bag_covered`` (F * B,) bool, or None where every feature is named
-        here; ``limits`` (F,) each feature's max_length (0: not named), ``limit_or_max`` (F,) the
-        same with no limit where 0; ``ones`` the constant slot. Cached, but for those made while
+        here; ``limit_or_max`` (F,) each feature's max_length (no limit where not named here);
+        ``ones`` the constant slot. Cached, but for those made while
         ``torch.export`` traces (the tracer's tensors, not to be reused outside it)."""
         exporting = torch.compiler.is_exporting()                                  # B may be symbolic then
         key = None if exporting else (tuple(keys), B, str(device))
@@ -130,7 +125,6 @@ class PositionWeights(nn.Module):
         made = {"bag_start": torch.tensor([first.get(f, 0) for f in keys], **i64).repeat_interleave(B),
                 "bag_covered": None if all(limits) else
                 torch.tensor([m > 0 for m in limits], dtype=torch.bool, device=device).repeat_interleave(B),
-                "limits": torch.tensor(limits, **i64),
                 "limit_or_max": torch.tensor([m if m else 2 ** 62 for m in limits], **i64),
                 "ones": acc}
         if not exporting:
@@ -146,7 +140,7 @@ class PositionWeights(nn.Module):
             return
         over = per_feature > lay["limit_or_max"].unsqueeze(1)
         k, b = (int(i) for i in over.nonzero()[0])
-        m = int(lay["limits"][k])
+        m = self.max_lengths[keys[k]]
         raise EmbeddingInputError(
             f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
             f"longer than its max_length {m} (positions 0 .. {m - 1}); raise max_length or truncate the bags")
@@ -154,26 +148,3 @@ class PositionWeights(nn.Module):
     def extra_repr(self) -> str:
         return f"max_lengths={self.max_lengths}"
 
-
-class _TableRead(torch.autograd.Function):
-    """``cat(params + [1])[slots]`` as one node: a gather forward; backward one ``index_add_`` of
-    the gradient over the table's slots, split back into the parameters (the constant slot's
-    share dropped). ``setup_context`` apart, so that torch.func's transforms take it."""
-
-    @staticmethod
-    def forward(slots: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-        table = torch.cat(list(params) + [params[0].new_ones(1)]).to(slots.device)
-        return table.index_select(0, slots)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        slots, *params = inputs
-        ctx.save_for_backward(slots)
-        ctx.sizes = [p.numel() for p in params]
-        ctx.where = params[0].device
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (slots,) = ctx.saved_tensors
-        full = grad.new_zeros(sum(ctx.sizes) + 1).index_add(0, slots, grad)
-        return (None, *(g.to(ctx.where) for g in full.split(ctx.sizes + [1])[:-1]))

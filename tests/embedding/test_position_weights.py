@@ -138,8 +138,8 @@ def test_an_exported_model_with_position_weights_runs_as_eager(weighted):
 
 
 def test_torch_func_grad_of_the_weights_is_autograds():
-    """Under ``torch.func.grad`` (functional_call over the parameters) the table's read, one autograd
-    node of its own, gives the gradient ``.backward()`` gives, and the plain-torch read's."""
+    """Under ``torch.func.grad`` (functional_call over the parameters) the table's read gives the
+    gradient ``.backward()`` gives, and a plain-torch read's."""
     from torch.func import functional_call, grad
 
     pw = PositionWeights({"a1": 5, "b": 6})
