@@ -16,6 +16,7 @@
 #include "id_check.h"
 #include "interaction.h"
 #include "jagged_take.h"
+#include "position_weights.h"
 #include "unique_rows.h"
 
 
@@ -67,6 +68,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "does not apply (not CPU fp32, or CPU autocast on)",
         py::arg("dense"), py::arg("pooled"), py::arg("num_features"), py::arg("feature_offsets") = py::none(),
         py::arg("feature_strides") = py::none(), py::arg("grad_scale") = 1.0);
+  m.def("position_slots", &neo::position_slots, py::call_guard<py::gil_scoped_release>(),
+        "Each id's slot in a PositionWeights table: (slots (n,) int64, the first bag longer than its "
+        "feature's limit or -1)",
+        py::arg("offsets"), py::arg("first"), py::arg("limits"), py::arg("ones"), py::arg("batch_size"), py::arg("n"));
+  m.def("position_read", &neo::position_read, py::call_guard<py::gil_scoped_release>(),
+        "(N,) fp32: a PositionWeights table (parts end to end, then 1) at slots", py::arg("parts"), py::arg("slots"));
+  m.def("position_read_backward", &neo::position_read_backward, py::call_guard<py::gil_scoped_release>(),
+        "The parts' gradients of position_read: grad summed at slots, in id order",
+        py::arg("grad"), py::arg("slots"), py::arg("sizes"));
   m.def("bias_relu_", &neo::bias_relu_, py::call_guard<py::gil_scoped_release>(),
         "An MLP layer's bias and ReLU in place: y (B, N) = relu(y + bias); returns y", py::arg("y"), py::arg("bias"));
   m.def("relu_bias_backward", &neo::relu_bias_backward, py::call_guard<py::gil_scoped_release>(),

@@ -13,6 +13,9 @@ rank-batch, one id a bag). Systems, each a call timed in turn (bench_common.time
 - ``lookup+position``: ``neo.embedding.PositionWeights`` (max_length ``--bag``) then the lookup;
 - ``position``: ``PositionWeights`` alone, forward + backward of its weights (``table_index`` and
   the table's read); ``position.table_index``: the slots alone;
+- ``position.torch``, ``position.table_index.torch``: the same through the module's torch
+  operations (its path on a GPU, under tracing or ``torch.func``) instead of ``neo._C``'s loops;
+  before timing, the two paths' weights must be equal;
 - ``torchrec.position``: TorchRec's ``PositionWeightedModuleCollection`` alone, forward + backward
   of its weights (the peer of ``position``), started from Neo's weights; skipped with a note where
   TorchRec is not importable. Before timing, its weights must equal Neo's.
@@ -34,6 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from bench_common import add_timing_args, peer_version, positive_int, start_one_process, time_interleaved, write_json  # noqa: E402,E501
+
+
+def torch_operations(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` with ``PositionWeights`` on its torch operations (no ``neo._C`` loops)."""
+    from neo.embedding import position_weights
+
+    def run():
+        kernels = position_weights._kernels
+        position_weights._kernels = lambda t: None
+        try:
+            return call()
+        finally:
+            position_weights._kernels = kernels
+    return run
 
 
 def systems(args) -> Dict[str, Callable[[], Any]]:
@@ -64,7 +81,12 @@ def systems(args) -> Dict[str, Callable[[], Any]]:
         "lookup+position": lambda: emb(pw(plain)).backward(grad),
         "position": lambda: (pw(plain).weights * scale).sum().backward(),
         "position.table_index": lambda: pw.table_index(plain),
+        "position.torch": torch_operations(lambda: (pw(plain).weights * scale).sum().backward()),
+        "position.table_index.torch": torch_operations(lambda: pw.table_index(plain)),
     }
+    kernels, ops = pw(plain).weights.detach(), torch_operations(lambda: pw(plain).weights.detach())()
+    if not torch.equal(kernels, ops):
+        raise AssertionError(f"PositionWeights' two paths differ by {float((kernels - ops).abs().max())}")
     if peer_version("torchrec", "fbgemm_gpu") is not None:
         from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 
@@ -111,10 +133,10 @@ def main(argv=None) -> int:
     finally:
         torch.set_num_threads(prev)
     print(f"{ids:,} ids ({args.features} features x {args.batch} samples x {args.bag} a bag), D {args.dim}")
-    print(f"{'system':22} {'threads':>7} {'ms':>9} {'/ lookup':>9} {'torchrec / this':>16}")
+    print(f"{'system':26} {'threads':>7} {'ms':>9} {'/ lookup':>9} {'torchrec / this':>16}")
     for r in records:
         vs = f"{r['vs_torchrec']:.2f}x" if r["vs_torchrec"] is not None else "-"
-        print(f"{r['system']:22} {r['threads']:7} {r['ms']:9.3f} {r['vs_lookup']:8.2f}x {vs:>16}")
+        print(f"{r['system']:26} {r['threads']:7} {r['ms']:9.3f} {r['vs_lookup']:8.2f}x {vs:>16}")
     if args.json:
         write_json(args.json, records)
     return 0

@@ -18,8 +18,13 @@ the sharded collection instead (``sec.weight_table = pw``, as the trainer's
 ``model.position_weights`` does): each id then travels with its slot in :meth:`table`
 (:meth:`table_index`) and the weight is read when the batch is looked up.
 
-``neo.export`` exports a model with it (one pass of torch operations over the batch's ids; the
-program's weights are its buffers), for serving.
+In eager mode on the CPU the slots, the read and its gradient are loops of ``neo._C``
+(``position_slots``, ``position_read``: forward + backward 2.0x faster than the torch
+operations at 16k ids, ``tools/bench_position_weights.py``); elsewhere (a GPU, ``neo._C`` not
+built, ``torch.func`` transforms, tracing) the same in torch operations: the same slots and
+weights, the gradient within rounding (the loops sum it in double). ``neo.export`` exports a
+model with it (the torch operations: one pass over the batch's ids; the program's weights are its
+buffers), for serving.
 
 Bad input: a bag longer than its feature's ``max_length`` raises in eager mode, naming the
 feature, the sample and the length (TorchRec's gather would fail on an index out of range).
@@ -35,6 +40,7 @@ from typing import Dict, Mapping
 import torch
 from torch import nn
 
+from neo.cpp import cpu_kernels
 from neo.embedding.checks import EmbeddingInputError
 from neo.sparse import KeyedJaggedBatch, as_batch
 
@@ -67,6 +73,9 @@ class PositionWeights(nn.Module):
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """(N,) the weights at ``slots`` (:meth:`table_index`), differentiable."""
+        params = [self.weights[f] for f in self.max_lengths]
+        if _kernels(slots) is not None and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+            return _Read.apply(slots.contiguous(), *params)
         return self.table().to(slots.device)[slots]
 
     def table_index(self, batch) -> torch.Tensor:
@@ -84,6 +93,13 @@ class PositionWeights(nn.Module):
         n = batch.values.numel()
         lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
         lay = self._layout(keys, B, dev)
+        _C = _kernels(batch.values)
+        if _C is not None:                                                         # one pass of neo._C
+            slots, bad = _C.position_slots(batch.offsets.to(torch.int64).contiguous(), lay["first"],
+                                           lay["limit_or_max"], lay["ones"], B, n)
+            if bad >= 0:
+                self._raise_too_long(keys, B, bad, int(batch.offsets[bad + 1] - batch.offsets[bad]))
+            return slots
         if not torch.compiler.is_exporting():
             self._check_lengths(lengths, keys, B, lay)
         # an id's slot: its feature's start + (its index - its bag's first index); one pass over the ids
@@ -110,10 +126,13 @@ class PositionWeights(nn.Module):
         """Per batch layout (keys, B, device): ``bag_start`` (F * B,) int64 each bag's feature's first
         slot in :meth:`table`; ``bag_covered`` (F * B,) bool, or None where every feature is named
         here; ``limit_or_max`` (F,) each feature's max_length (no limit where not named here);
-        ``ones`` the constant slot. Cached, but for those made while
-        ``torch.export`` traces (the tracer's tensors, not to be reused outside it)."""
-        exporting = torch.compiler.is_exporting()                                  # B may be symbolic then
-        key = None if exporting else (tuple(keys), B, str(device))
+        ``first`` (F,) int64 each feature's first slot, -1 where not named here; ``ones`` the
+        constant slot. Cached, but for those made while ``torch.export`` traces or under a
+        ``torch.func`` transform."""
+        # not cached while torch.export traces (B may be symbolic) or under a torch.func transform
+        # (tensors made then are the transform's wrappers, not to be reused outside it)
+        traced = torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active()
+        key = None if traced else (tuple(keys), B, str(device))
         cache = self.__dict__.setdefault("_layouts", {})
         if key in cache:
             return cache[key]
@@ -126,8 +145,9 @@ class PositionWeights(nn.Module):
                 "bag_covered": None if all(limits) else
                 torch.tensor([m > 0 for m in limits], dtype=torch.bool, device=device).repeat_interleave(B),
                 "limit_or_max": torch.tensor([m if m else 2 ** 62 for m in limits], **i64),
+                "first": torch.tensor([first.get(f, -1) for f in keys], **i64),
                 "ones": acc}
-        if not exporting:
+        if not traced:
             cache[key] = made
         return made
 
@@ -140,11 +160,42 @@ class PositionWeights(nn.Module):
             return
         over = per_feature > lay["limit_or_max"].unsqueeze(1)
         k, b = (int(i) for i in over.nonzero()[0])
+        self._raise_too_long(keys, B, k * B + b, int(lengths[k * B + b]))
+
+    def _raise_too_long(self, keys, B: int, bag: int, length: int) -> None:
+        """Raise for bag ``bag`` (feature * B + sample), of ``length`` ids."""
+        k, b = divmod(bag, B)
         m = self.max_lengths[keys[k]]
         raise EmbeddingInputError(
-            f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {int(lengths[k * B + b])} ids, "
+            f"PositionWeights: feature '{keys[k]}': sample {b} has a bag of {length} ids, "
             f"longer than its max_length {m} (positions 0 .. {m - 1}); raise max_length or truncate the bags")
 
     def extra_repr(self) -> str:
         return f"max_lengths={self.max_lengths}"
 
+
+
+def _kernels(t: torch.Tensor):
+    """``neo._C`` where a call on ``t`` runs its position-weights loops: eager mode on the CPU (no
+    tracing, export, compilation or ``torch.func`` transform, which need torch operations), else None."""
+    if t.device.type != "cpu" or torch.jit.is_tracing() or torch.compiler.is_compiling() \
+            or torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+        return None
+    return cpu_kernels("position_read")
+
+
+class _Read(torch.autograd.Function):
+    """The table's parts (each feature's weights, then a constant 1) at slots: ``neo._C`` loops
+    forward and backward (the gradient summed at each slot in id order, as ``index_put_`` does)."""
+
+    @staticmethod
+    def forward(ctx, slots: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(slots)
+        ctx.sizes = [p.numel() for p in parts]
+        return cpu_kernels("position_read").position_read(list(parts), slots)   # (N,)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (slots,) = ctx.saved_tensors
+        grads = cpu_kernels("position_read").position_read_backward(grad.contiguous(), slots, ctx.sizes)
+        return (None, *grads)

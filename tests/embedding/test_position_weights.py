@@ -4,7 +4,9 @@ The oracle is plain PyTorch: each id's position in its bag counted by a Python l
 ``w_f[position]`` gathered from a copy of the parameters, ``F.embedding_bag(...,
 per_sample_weights=...)`` over a copy of the tables, differentiated by autograd. The module's
 parameters must get the same gradient through Neo's lookup (its weight-gradient kernel) and the
-lookup the same output. The sharded case: tests/distributed/test_sharded_weight_grad.py.
+lookup the same output. Each test runs both paths of the module: ``neo._C``'s loops (eager, CPU)
+and the torch operations (a GPU, tracing, ``torch.func``); and the two against each other. The
+sharded case: tests/distributed/test_sharded_weight_grad.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.embedding import EmbeddingInputError, PositionWeights, TableBatchedEmbedding
+from neo.embedding import position_weights as pw_module
 from neo.sparse import KeyedJaggedBatch
 
 TABLES = [TableConfig("a", 30, 8, feature_names=("a1", "a2"), optimizer=OptimizerConfig("sgd", lr=0.1)),
@@ -33,6 +36,16 @@ def _batch(weights: bool = False, seed: int = 0) -> KeyedJaggedBatch:
     return KeyedJaggedBatch(keys, values, lengths, B, weights=w)
 
 
+@pytest.fixture(params=["kernels", "torch"])
+def path(request, monkeypatch):
+    """The module's path: neo._C's loops (which must be built), or torch operations throughout."""
+    if request.param == "kernels":
+        assert pw_module._kernels(torch.zeros(1)) is not None, "neo._C lacks the position-weights loops"
+    else:
+        monkeypatch.setattr(pw_module, "_kernels", lambda t: None)
+    return request.param
+
+
 def _positions(batch: KeyedJaggedBatch) -> list:
     """(feature, position) of every id, by counting: the oracle's own."""
     out = []
@@ -43,7 +56,7 @@ def _positions(batch: KeyedJaggedBatch) -> list:
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_gradient_of_position_weights_matches_plain_pytorch(backend):
+def test_gradient_of_position_weights_matches_plain_pytorch(backend, path):
     torch.manual_seed(0)
     pw = PositionWeights({"a1": 5, "b": 7})
     with torch.no_grad():
@@ -76,7 +89,7 @@ def test_gradient_of_position_weights_matches_plain_pytorch(backend):
         torch.testing.assert_close(p.grad, ref[f].grad, rtol=1e-5, atol=1e-6, msg=f"feature {f}")
 
 
-def test_weights_by_position_and_the_other_features_kept():
+def test_weights_by_position_and_the_other_features_kept(path):
     pw = PositionWeights({"a2": 6})
     with torch.no_grad():
         pw.weights["a2"].copy_(torch.arange(6, dtype=torch.float32) + 1)
@@ -89,7 +102,7 @@ def test_weights_by_position_and_the_other_features_kept():
     assert [n for n, _ in pw.named_parameters()] == ["weights.a2"]
 
 
-def test_bad_input_names_the_feature():
+def test_bad_input_names_the_feature(path):
     batch = _batch(seed=5)
     longest = int(batch.lengths[:B].max())
     with pytest.raises(EmbeddingInputError, match=rf"feature 'a1': sample \d+ has a bag of {longest} ids, "
@@ -137,9 +150,11 @@ def test_an_exported_model_with_position_weights_runs_as_eager(weighted):
         assert torch.equal(program.module()(batch), want), (seed, size)
 
 
-def test_torch_func_grad_of_the_weights_is_autograds():
-    """Under ``torch.func.grad`` (functional_call over the parameters) the table's read gives the
-    gradient ``.backward()`` gives, and a plain-torch read's."""
+def test_torch_func_grad_of_the_weights_is_autograds(path):
+    """Under ``torch.func.grad`` (functional_call over the parameters: the torch operations) the
+    table's read gives the gradient ``.backward()`` gives (the same bits through the torch
+    operations; through neo._C's loops, which sum in double, within rounding), and a plain-torch
+    read's."""
     from torch.func import functional_call, grad
 
     pw = PositionWeights({"a1": 5, "b": 6})
@@ -159,5 +174,71 @@ def test_torch_func_grad_of_the_weights_is_autograds():
     (table[pw.table_index(batch)] * scale).sum().backward()
     for n, p in pw.named_parameters():
         assert bool(p.grad.abs().sum() > 0), n
-        assert torch.equal(got[n], p.grad), n
+        if path == "torch":
+            assert torch.equal(got[n], p.grad), n
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-6, atol=1e-6, msg=n)
         torch.testing.assert_close(p.grad, plain[n].grad, rtol=1e-6, atol=1e-6, msg=n)
+
+
+def test_kernels_equal_torch_operations(monkeypatch):
+    """neo._C's slots and weights are the torch operations' to the bit, the gradient within
+    rounding, on bags of 0 to 40 ids (some longer than a feature's table: the error), features
+    not named, the batch's own weights."""
+    gen = torch.Generator().manual_seed(7)
+    keys, Bn = ("u", "v", "w", "x"), 33
+    lengths = torch.randint(0, 41, (len(keys) * Bn,), generator=gen)
+    values = torch.randint(0, 100, (int(lengths.sum()),), generator=gen)
+    pw = PositionWeights({"u": 40, "w": 41, "x": 40})
+    with torch.no_grad():
+        for p in pw.parameters():
+            p.uniform_(0.5, 1.5, generator=gen)
+    scale = torch.randn(values.numel(), generator=gen)
+    for own in (None, torch.rand(values.numel(), generator=gen)):
+        batch = KeyedJaggedBatch(keys, values, lengths, Bn, weights=own)
+        got = {}
+        for kernels in (True, False):
+            if not kernels:
+                monkeypatch.setattr(pw_module, "_kernels", lambda t: None)
+            pw.zero_grad()
+            slots = pw.table_index(batch)
+            weights = pw(batch).weights
+            (weights * scale).sum().backward()
+            got[kernels] = (slots, weights.detach(), [p.grad.clone() for p in pw.parameters()])
+        monkeypatch.undo()
+        assert torch.equal(got[True][0], got[False][0])
+        assert torch.equal(got[True][1], got[False][1])
+        for a, b in zip(got[True][2], got[False][2]):
+            assert bool(a.abs().sum() > 0)
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    long_bag = int(lengths.view(len(keys), Bn)[0].argmax())
+    lengths[long_bag] = 41
+    batch = KeyedJaggedBatch(keys, torch.randint(0, 100, (int(lengths.sum()),), generator=gen), lengths, Bn)
+    messages = []
+    for kernels in (True, False):
+        if not kernels:
+            monkeypatch.setattr(pw_module, "_kernels", lambda t: None)
+        with pytest.raises(EmbeddingInputError) as err:
+            pw(batch)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and f"feature 'u': sample {long_bag} has a bag of 41 ids" in messages[0]
+
+
+def test_kernels_refuse_bad_slots_and_offsets():
+    """neo._C's loops raise, naming the id and slot or the offsets, instead of reading out of
+    bounds (slots arrive from other ranks under sharding)."""
+    from neo.cpp import cpu_kernels
+
+    _C = cpu_kernels("position_read")
+    assert _C is not None
+    parts = [torch.ones(3), torch.ones(2)]
+    with pytest.raises(RuntimeError, match="id 1's slot 6 is outside the table's 6 slots"):
+        _C.position_read(parts, torch.tensor([0, 6, 1]))
+    with pytest.raises(RuntimeError, match="id 0's slot -1 is outside"):
+        _C.position_read_backward(torch.ones(1), torch.tensor([-1]), [3, 2])
+    first, limits = torch.tensor([0, 3]), torch.tensor([3, 2])
+    with pytest.raises(RuntimeError, match="offsets run from 0 to 4, the batch holds 5 ids"):
+        _C.position_slots(torch.tensor([0, 1, 2, 4]), torch.tensor([0]), torch.tensor([3]), 5, 3, 5)
+    with pytest.raises(RuntimeError, match="offsets decrease at bag 1"):
+        _C.position_slots(torch.tensor([0, 3, 2, 4, 4]), first, limits, 5, 2, 4)
+    slots, bad = _C.position_slots(torch.tensor([0, 3, 3, 4, 7]), first, limits, 5, 2, 7)
+    assert slots.tolist() == [0, 1, 2, 3, 3, 4, 5] and bad == 3          # bag 3: 3 ids, limit 2

@@ -17,7 +17,8 @@ def test_records_of_a_small_run(tmp_path):
     assert bench.main(["--features", "3", "--batch", "16", "--bag", "3", "--rows", "50", "--iters", "2",
                        "--warmup", "0", "--threads", "1,2", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
-    names = {"lookup", "lookup+weights", "lookup+learnable", "lookup+position", "position", "position.table_index"}
+    names = {"lookup", "lookup+weights", "lookup+learnable", "lookup+position", "position", "position.table_index",
+             "position.torch", "position.table_index.torch"}
     has_trec = load_tool("bench_common.py").peer_version("torchrec", "fbgemm_gpu") is not None
     assert {r["system"] for r in records} == names | ({"torchrec.position"} if has_trec else set())
     assert {r["threads"] for r in records} == {1, 2}
@@ -46,3 +47,19 @@ def test_torchrecs_weights_must_equal_neos():
             bench.main(["--features", "2", "--batch", "4", "--bag", "2", "--rows", "20", "--iters", "1", "--warmup", "0"])
     finally:
         feature_processor_.PositionWeightedModuleCollection = real
+
+
+def test_the_modules_two_paths_must_agree(monkeypatch):
+    """The torch operations' weights are checked equal to neo._C's before timing."""
+    bench = load_tool("bench_position_weights.py")
+    from neo.embedding import position_weights
+
+    real = position_weights.PositionWeights.read
+
+    def off(self, slots):                      # the torch path (no kernels) reads every weight 1 too high
+        w = real(self, slots)
+        return w + 1.0 if position_weights._kernels(slots) is None else w
+
+    monkeypatch.setattr(position_weights.PositionWeights, "read", off)
+    with pytest.raises(AssertionError, match="PositionWeights' two paths differ by 1"):
+        bench.main(["--features", "2", "--batch", "4", "--bag", "2", "--rows", "20", "--iters", "1", "--warmup", "0"])
