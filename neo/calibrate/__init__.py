@@ -146,7 +146,7 @@ def fit_constants(meas: Dict[str, Any], machine: Dict[str, Any], world_size: int
                                                    if r["kind"] == "optimizer"])))
     c = replace(base, **upd)
     c = replace(c, **machinery_overheads(meas, c, world_size, int(machine.get("cores") or 0)),
-                **loading_constants(meas), **cache_constants(meas, c.host_bw))
+                **loading_constants(meas), **cache_constants(meas, c.host_bw), **weighted_constants(meas))
     c = replace(c, **kind_overheads(meas, c, world_size, int(machine.get("cores") or 0)))
     return c, quality
 
@@ -211,6 +211,19 @@ def loading_constants(meas: Dict[str, Any]) -> Dict[str, float]:
         return {}
     f, _ = fit_linear(rows, ["batches", "bags", "ids"])
     return {"data_batch_s": f["batches"], "data_bag_s": f["bags"], "data_id_s": f["ids"]}
+
+
+def weighted_constants(meas: Dict[str, Any]) -> Dict[str, float]:
+    """Learnable per-id weights' cost per call, per bag and per id (``weighted_call_s``,
+    ``weighted_bag_s``, ``weighted_id_s``) fitted to :func:`neo.calibrate.measure.weighted_lookups`'
+    records (the lookups' time with the weights minus without); none where not measured."""
+    from neo.calibrate.fit import fit_linear
+
+    rows = [dict(r, call=1.0) for r in meas.get("weighted") or [] if r["seconds"] > 0]   # 0: lost in the noise
+    if not rows:
+        return {}
+    f, _ = fit_linear(rows, ["call", "bags", "ids"], floor={"call": 0.0, "bags": 0.0, "ids": 0.0})
+    return {"weighted_call_s": f["call"], "weighted_bag_s": f["bags"], "weighted_id_s": f["ids"]}
 
 
 def cache_constants(meas: Dict[str, Any], host_bw: float) -> Dict[str, float]:
@@ -300,6 +313,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mine["machinery_wide"] = measure.machinery(pg, args.quick, per_rank=measure.WIDE_TABLES_PER_RANK,
                                                batch=measure.WIDE_BATCH, dim=measure.WIDE_DIM,
                                                ids_per_bag=measure.WIDE_IDS_PER_BAG)
+    mine["weighted"] = measure.weighted_lookups(pg.world if W > 1 else None, args.quick)
     mine["loading"] = measure.loading(pg, args.quick)
     mine["cache"] = measure.cache(pg.world if W > 1 else None, args.quick)
     mine["kinds"] = {}
@@ -316,7 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         gathered = [mine]
     if rank == 0:
         meas = {k: _mean_records([g[k] for g in gathered])
-                for k in ("lookups", "collectives", "dense", "loading", "cache")}
+                for k in ("lookups", "collectives", "dense", "loading", "cache", "weighted")}
         for key in ("machinery", "machinery_wide"):
             runs = [g[key]["measured"] for g in gathered if g[key].get("measured")]
             meas[key] = {"measured": {"components_ms": _rank_components(runs)}, "per_rank": runs}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -177,6 +178,44 @@ def lookups(group, quick: bool = False, evict_bytes: int = 0, largest: int = 0) 
             out.append(dict(common, phase="fwd", seconds=fwd))
             out.append(dict(common, phase="bwd", seconds=bwd))
         emb = None                                       # free the table before the next one
+    return out
+
+
+def weighted_lookups(group, quick: bool = False) -> List[Dict[str, float]]:
+    """Records ``{"bags", "ids", "dim", "with", "without", "seconds"}``: a cache-sized table's
+    lookup, forward + backward, with :class:`neo.embedding.PositionWeights` before it (learnable
+    weights: their read and gradient) and without, timed in turn; ``seconds`` is the difference,
+    what the cost model's ``weighted_*`` constants charge. Bags of 1 and 16 ids (and 48), 2048
+    and 512 bags, so that the cost per bag, per id and per call are told apart."""
+    from neo.config.embedding import OptimizerConfig, TableConfig
+    from neo.embedding import PositionWeights, TableBatchedEmbedding
+
+    gen = torch.Generator().manual_seed(dist.get_rank(group) if group is not None else 0)
+    reps, rounds = (9, 1) if quick else (15, 3)
+    out = []
+    warm = True
+    for D in ((16,) if quick else (16, 64)):
+        rows = lookup_rows(256 << 10, D)
+        emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
+                                                 optimizer=OptimizerConfig("adagrad", lr=0.01))],
+                                    backend="auto", validate=False)
+        for P, B in ((1, 2048), (16, 2048), (1, 512)) + (() if quick else ((48, 512),)):
+            pw = PositionWeights({"f": P})
+            grad = torch.randn(B, D, generator=gen)
+
+            def fresh():
+                return _lookup_batch(rows, B, P, gen)
+            times = {"with": [], "without": []}
+            warmup = 20 if warm else 3                  # the first calls of the process run slow
+            warm = False
+            for _ in range(rounds):                     # in turn: a shared machine's load drifts
+                times["with"].append(timed(lambda b: emb(pw(b)).backward(grad), reps, group, warmup, setup=fresh,
+                                           cpu=True))
+                times["without"].append(timed(lambda b: emb(b).backward(grad), reps, group, warmup, setup=fresh,
+                                              cpu=True))
+            w, wo = statistics.median(times["with"]), statistics.median(times["without"])
+            out.append({"bags": B, "ids": B * P, "dim": D, "with": w, "without": wo, "seconds": max(w - wo, 0.0)})
+        emb = None
     return out
 
 

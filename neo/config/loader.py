@@ -168,12 +168,15 @@ class NeoConfig:
     def table_specs(self):
         """The planner's :class:`neo.planner.TableSpec` of every table, with the optimizer state
         training keeps (``optim.sparse`` applied); a table named in ``sharding.types`` is
-        constrained to that one sharding type."""
+        constrained to that one sharding type; features with ``model.position_weights`` count as
+        weighted, with learnable weights."""
         out = []
         for k, t in enumerate(self.table_entries()):
             if t.name in self.sharding.types:
                 t = replace(t, sharding_types=[self.sharding.types[t.name]])
-            out.append(t.to_table_spec(f"tables[{k}]"))
+            spec = t.to_table_spec(f"tables[{k}]")
+            weighted = sum(f in self.model.position_weights for f in t.to_table_config(f"tables[{k}]").feature_names)
+            out.append(replace(spec, weighted_features=weighted, learnable_weights=weighted > 0) if weighted else spec)
         return out
 
 

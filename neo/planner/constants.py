@@ -40,7 +40,7 @@ KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_o
                   "table_column_wise": "table_column_wise_overhead"}
 _SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
              "pooled_elem_s", "dense_elem_s", "data_batch_s", "data_bag_s", "data_id_s", "cache_batch_s",
-             "cache_access_s", *KIND_OVERHEADS.values()}
+             "cache_access_s", "weighted_call_s", "weighted_bag_s", "weighted_id_s", *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,15 @@ class CostConstants:
     """Per shard per step: its share of the kernels' setup."""
     lookup_call_s: float = 30e-6
     """Per rank per step: the embedding module's forward and backward calls (launches, bookkeeping)."""
+    # learnable per-id weights (position weights), forward + backward beyond the lookup: the
+    # weights' module and read, their gradient's pass over the rows and bags; ``neo calibrate``
+    # fits them to lookups timed with and without ``PositionWeights``; 0 in files from before it did
+    weighted_call_s: float = 0.0
+    """Per rank per step holding a feature with learnable per-id weights: the calls."""
+    weighted_bag_s: float = 0.0
+    """Per bag of such a feature."""
+    weighted_id_s: float = 0.0
+    """Per id of such a feature."""
     # collectives of the embeddings (AlltoAll, ReduceScatter, AllGather)
     intra_bw: float = 300e9
     """Bytes/s a rank sends to ranks of its node (NVLink4 ~450 GB/s; shared memory on a CPU)."""
@@ -252,6 +261,7 @@ _CPU = CostConstants(
     dense_optimizer_bw=43e9, data_batch_s=135e-6, data_bag_s=0.0, data_id_s=13e-9, pooled_elem_s=0.96e-9,
     step_overhead=405e-6,
     host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
+    weighted_call_s=38e-6, weighted_bag_s=5.5e-9, weighted_id_s=3.8e-9,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
            "at 2 ranks x 1 thread on an AMD EPYC Zen 5 VM (26/2/1), 2026-12-05 13:15-13:18 UTC, the median of "
            "three runs, rounded (the sharding kinds' overheads too); the cache's terms: neo "
@@ -260,8 +270,9 @@ _CPU = CostConstants(
            "17:56-17:59 UTC (the median of four runs, rounded), once neo calibrate timed the trainer's "
            "shared-memory AllReduce instead of gloo's; the loader's terms from neo calibrate's loading "
            "measurement at 2 ranks on that VM, 2026-12-05 18:09-18:12 UTC (the median of six runs, rounded), "
-           "once it could tell the cost per id from the cost per bag; not measured on this machine: run "
-           "neo calibrate",
+           "once it could tell the cost per id from the cost per bag; the learnable per-id weights' terms "
+           "from neo calibrate's weighted lookups in one process on that VM, 2026-12-05 22:16-22:22 UTC (the "
+           "median of five runs, rounded); not measured on this machine: run neo calibrate",
 )
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'
 # (InputDist.one_rank: the batch is the local batch). neo calibrate in one process (one thread) on

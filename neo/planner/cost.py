@@ -17,7 +17,9 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
 - Backward + fused optimizer: ``ids * update_id_s + U * (update_row_s + 2 (r + q) /
   bw_update(footprint))`` over the ids whose gradients the shard applies (a data-parallel
   replica: the global batch's), U = distinct rows among them (Zipf(access_skew) model, or the
-  measured count, :mod:`neo.planner.cache_model`).
+  measured count, :mod:`neo.planner.cache_model`). Per-id weights that require grad (position
+  weights) add ``w (bags * weighted_bag_s + ids * weighted_id_s)``, w the share of the table's
+  features that have them (the weights' read and their gradient's pass; measured).
 - Cached placement: plus the cache's work of a step (the batch's admission and its row moves,
   ``TableCache.prefetch``): ``cache_batch_s + U x cache_access_s + U (1 - h(f)) x (2 (r + q) /
   host_bw + cache_miss_latency)`` (every distinct row is looked up in the index, counted and
@@ -25,7 +27,8 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   the cache's worker thread, under the step before: the planner counts it in the part's time;
   the step model (:mod:`neo.planner.step_model`) keeps it off the critical path but on the
   node's cores. A cached part's lookups and update walk its slots: their footprint is the slots'.
-- Input distribution: the owner receives the ids of its parts (i bytes each), (L-1)/W of
+- Input distribution: the owner receives the ids of its parts (i bytes each, i + 4 for a
+  weighted feature's: its weight or slot; i + 4w on average), (L-1)/W of
   them from its node (``intra_bw``) and (W-L)/W from other nodes (``inter_bw``); every rank
   sends its own (the input side); data-parallel replicas receive every rank's ids.
 - Output distribution: pooled AlltoAll (forward) and its gradient (backward): 2*G*F*c*a
@@ -146,6 +149,10 @@ class PartTables:
     access_skew: np.ndarray
     distinct_per_batch: np.ndarray
     """Measured distinct rows per global batch; NaN: the skew model."""
+    weighted_share: np.ndarray
+    """Share of the table's features whose ids carry per-id weights (4 bytes each on the wire)."""
+    weight_grad_share: np.ndarray
+    """Share of its features whose weights require grad (their read and gradient: ``weighted_*``)."""
 
     @staticmethod
     def of(specs: Sequence[TableSpec], index=None) -> "PartTables":
@@ -159,7 +166,9 @@ class PartTables:
                        col(lambda t: t.weight_bytes), col(lambda t: t.state_floats_per_row),
                        col(lambda t: t.state_per_element, bool), col(lambda t: t.num_features),
                        col(lambda t: t.pooling_factor), col(lambda t: t.access_skew),
-                       col(lambda t: np.nan if t.distinct_per_batch is None else t.distinct_per_batch))
+                       col(lambda t: np.nan if t.distinct_per_batch is None else t.distinct_per_batch),
+                       col(lambda t: t.weighted_features / t.num_features),
+                       col(lambda t: t.weighted_features / t.num_features if t.learnable_weights else 0.0))
         return T if index is None else T.take(index)
 
     def take(self, index) -> "PartTables":
@@ -228,6 +237,8 @@ def lookup_parts(table, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarra
         if distinct is None else distinct
     bwd = update_ids * c.update_id_s + U * (c.update_row_s + 2.0 * (row_b + state_b) * seconds_per_byte(
         foot, c.update_bw_hot, c.update_bw_cold, c))
+    # learnable per-id weights: their read, and their gradient <row, bag gradient> per id
+    bwd = bwd + T.weight_grad_share * (bags * c.weighted_bag_s + ids * c.weighted_id_s)
     return fwd + np.where(rows > 0, c.kernel_overhead, 0.0), bwd, U
 
 
@@ -280,7 +291,7 @@ def _estimate_parts_of(T: PartTables, stype: ShardingType, rows: np.ndarray, col
     B = topo.batch_size_per_rank
     G = B * W
     F, P = T.num_features, T.pooling_factor
-    a, i_b = c.act_bytes, c.id_bytes
+    a, i_b = c.act_bytes, c.id_bytes + 4.0 * T.weighted_share      # an id's bytes, with its weight or slot
     rho = rows / np.maximum(1.0, T.rows)
     f_intra, f_inter = (L - 1) / W, (W - L) / W
     state_floats = np.where(T.state_per_element, T.state_floats_per_row * cols / T.dim, T.state_floats_per_row)
@@ -408,7 +419,7 @@ def input_side_split(table: TableSpec, stype: ShardingType, topo: Topology, c: C
     kind = getattr(c, KIND_OVERHEADS[stype.value]) * W * B * F if W > 1 and stype.value in KIND_OVERHEADS else 0.0
     if stype is ShardingType.DATA_PARALLEL:
         return 0.0, kind, 0.0, 0.0, 0.0
-    ids, pooled = B * F * P * c.id_bytes, 2 * B * F * D * c.act_bytes
+    ids, pooled = B * F * P * (c.id_bytes + 4.0 * table.weighted_features / F), 2 * B * F * D * c.act_bytes
     fi, fo = (L - 1) / W, (W - L) / W
     s_in = ids * (fi / c.intra_bw + fo / c.inter_bw)
     s_out = pooled * (fi / c.intra_bw + fo / c.inter_bw)

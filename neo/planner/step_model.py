@@ -231,6 +231,11 @@ def predict_step(plan: Plan, tables: Sequence[TableSpec], dense: DenseSpec, topo
         holds[[s.rank for s in tp.shards]] = True
     comp["fwd"] += np.where(holds, c.lookup_call_s / 2, 0.0)
     comp["bwd"] += np.where(holds, c.lookup_call_s / 2, 0.0)
+    weighted = np.zeros(W, dtype=bool)                # ranks with learnable per-id weights to read
+    for name, tp in plan.tables.items():
+        if by_name[name].learnable_weights:
+            weighted[[s.rank for s in tp.shards]] = True
+    comp["bwd"] += np.where(weighted, c.weighted_call_s, 0.0)
     per_rank = comp["fwd"] + comp["bwd"] + comp["in"] + comp["out"]
     r = int(np.argmax(per_rank))
     d = dense_seconds(dense, topo.batch_size_per_rank, W, c, nodes=W // topo.local_world_size)

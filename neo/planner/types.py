@@ -239,6 +239,12 @@ class TableSpec:
     """Cached tables: the cache's eviction policy (``lfu``, ``lru``, ``lookahead``), for the skew model."""
     cache_lookahead: int = 32
     """Cached tables: the lookahead policy's window, in batches."""
+    weighted_features: int = 0
+    """Features of the table whose ids carry per-id weights (a weighted batch, position weights):
+    each of their ids travels with 4 bytes more (its weight, or its slot in a weight table)."""
+    learnable_weights: bool = False
+    """The weights require grad (position weights): the backward reads each weighted id's row once
+    more, for its weight's gradient."""
 
     def __post_init__(self) -> None:
         """Types and ranges of every field, as the config checks them; a :class:`PlanningError`
@@ -282,6 +288,15 @@ class TableSpec:
         if not _is_int(self.cache_lookahead) or self.cache_lookahead < 0:
             raise bad("cache_lookahead", "an integer >= 0", self.cache_lookahead)
         object.__setattr__(self, "cache_lookahead", int(self.cache_lookahead))
+        if not _is_int(self.weighted_features) or not 0 <= self.weighted_features <= self.num_features:
+            raise bad("weighted_features", f"an integer in [0, num_features = {self.num_features}]",
+                      self.weighted_features)
+        object.__setattr__(self, "weighted_features", int(self.weighted_features))
+        if not isinstance(self.learnable_weights, bool):
+            raise bad("learnable_weights", "a bool", self.learnable_weights)
+        if self.learnable_weights and not self.weighted_features:
+            raise bad("learnable_weights", "False where no feature is weighted (weighted_features 0)",
+                      self.learnable_weights)
 
     def state_floats(self, cols: int) -> int:
         """Optimizer state floats per row for a shard of ``cols`` columns."""
