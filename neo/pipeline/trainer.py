@@ -30,6 +30,12 @@ collection scales what it receives by 1/W as for DDP's per-rank mean, hence the 
 Every rank holds the whole dense model (built from the same seed) but trains its chunks only;
 :meth:`PipelinedDense.sync_weights` copies the trained chunks to every rank of the replica
 before an evaluation, which then runs unchanged (the whole dense model on each rank's samples).
+
+Position weights (``model.position_weights``) belong to the lookup, which every rank runs on its
+own samples (step 1): every rank trains them. Their gradient comes from step 5 (the sharded
+collection's, times W, as under DDP) and is averaged over all W ranks in step 6; the optimizer
+updates them on every rank alike. Not with ``pipedream_async``, which steps the optimizer inside
+the schedule, before step 5.
 """
 
 from __future__ import annotations
@@ -188,10 +194,19 @@ class PipelinedDense:
         self.mine = [k for _, k in self.mesh.chunks_on(self.position)]
         self.sync_chunks = sorted(set(self.mine))         # a sync group's members hold the same chunks
         self._names = {id(p): n for n, p in model.named_parameters()}
+        weights = getattr(model, "position_weights", None)
+        self.shared: List[nn.Parameter] = list(weights.parameters()) if weights is not None else []
+        """Parameters every rank trains (the lookup's position weights; module doc)."""
+        if self.shared and self.updates_inside:
+            raise ConfigError("model.position_weights: not with parallel.pipeline.schedule: pipedream_async (it "
+                              "updates each stage inside the schedule, before the embeddings' backward)")
 
     # ------------------------------------------------------------------ parameters
     def parameters(self) -> List[nn.Parameter]:
-        """This rank's trained parameters: those of its chunks."""
+        """This rank's trained parameters: those of its chunks, then :attr:`shared`."""
+        return self._chunk_parameters() + self.shared
+
+    def _chunk_parameters(self) -> List[nn.Parameter]:
         seen, out = set(), []
         for k in self.sync_chunks:
             for p in self.chunks[k].parameters():
@@ -251,16 +266,19 @@ class PipelinedDense:
         return (loss / self.mesh.replicas).reshape(())
 
     def _sync_grads(self) -> None:
-        """Sum each chunk's gradients over its copies (``mesh.sync_groups``), divide by R."""
-        params = self.parameters()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        if self.groups.sync is not None:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.groups.sync)
-            flat.div_(self.mesh.replicas)
-            grads = list(torch.split(flat, [p.numel() for p in params]))
-        for p, g in zip(params, grads):
-            p.grad = g.view_as(p)
+        """Sum each chunk's gradients over its copies (``mesh.sync_groups``), divide by R; average
+        :attr:`shared`'s over all W ranks (each rank's holds its shards' ids, as under DDP)."""
+        for params, group, n in ((self._chunk_parameters(), self.groups.sync, self.mesh.replicas),
+                                 (self.shared, dist.group.WORLD if self.mesh.world_size > 1 else None,
+                                  self.mesh.world_size)):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            if group is not None and params:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=group)
+                flat.div_(n)
+                grads = list(torch.split(flat, [p.numel() for p in params]))
+            for p, g in zip(params, grads):
+                p.grad = g.view_as(p)
 
     def train_step(self, dense: torch.Tensor, dist_batch, labels: torch.Tensor, optimizer, timers) -> torch.Tensor:
         """The trainer's step (``Trainer._train_step``): lookup, pipelined dense, optimizer."""

@@ -85,9 +85,11 @@ def validate_training_config(cfg, outputs: bool = True) -> None:
     dims = [t.dim for t in tables for _ in t.feature_names]
     cfg.model.check_tables(dims)
     cfg.model.check_features([f for t in tables for f in t.feature_names])
-    if cfg.model.position_weights and cfg.parallel.pipeline.enabled:
-        raise ConfigError("model.position_weights: not with parallel.pipeline (the pipelined dense towers run "
-                          "the lookups without them); leave one of the two out")
+    if cfg.model.position_weights and cfg.parallel.pipeline.enabled and \
+            cfg.parallel.pipeline.schedule == "pipedream_async":
+        raise ConfigError("model.position_weights: not with parallel.pipeline.schedule: pipedream_async (it "
+                          "updates each stage inside the schedule; the weights are updated after the embeddings' "
+                          "backward); take another schedule or leave the weights out")
     cfg.sharding.check_tables([t.name for t in tables])
     for field in ("run_dir", "checkpoint_dir", "cache_store_dir"):
         path = getattr(cfg.train, field, None)

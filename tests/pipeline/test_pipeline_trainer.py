@@ -32,12 +32,12 @@ def _config(tmp: str, *overrides: str):
     return config_from_dict(data, base + DEEP + list(overrides))
 
 
-def _train_both(rank: int, world: int, tmp: str):
+def _train_both(rank: int, world: int, tmp: str, common=()):
     from neo.train.trainer import Trainer
 
     out = {}
     for name, extra in (("ddp", []), ("pipeline", PIPE)):
-        tr = Trainer(_config(tmp, *extra), log=lambda *a, **k: None)
+        tr = Trainer(_config(tmp, *common, *extra), log=lambda *a, **k: None)
         final = tr.fit()
         losses = torch.tensor(tr.losses, dtype=torch.float64)
         if name == "ddp":                                     # local means -> the global batch's mean
@@ -66,6 +66,40 @@ def test_trainer_pipeline_equals_data_parallel(tmp_path):
         for t, w in ddp["tables"].items():
             torch.testing.assert_close(pipe["tables"][t], w, rtol=1e-5, atol=1e-4, msg=lambda m: f"table {t}: {m}")
         assert abs(pipe["auc"] - ddp["auc"]) < 1e-4
+
+
+def test_position_weights_train_in_the_pipeline_as_under_ddp(tmp_path):
+    """``model.position_weights`` with pipelined dense towers: every rank trains the weights (its
+    lookups read them), their gradient averaged over all ranks; the run equals the DDP one."""
+    # SGD for the dense part: element-wise Adagrad amplifies the rounding of another summation order
+    # into an element with a tiny gradient (2.4e-5 on one weight of 256 here; the tables: above)
+    weights = ["model.position_weights.user=2", "model.position_weights.category=3", "optim.type=sgd"]
+    for per_rank in run_multiprocess(_train_both, 2, str(tmp_path), weights, timeout_s=240):
+        ddp, pipe = per_rank["ddp"], per_rank["pipeline"]
+        assert pipe["pipelined"] and not ddp["pipelined"]
+        torch.testing.assert_close(pipe["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+        keys = sorted(k for k in ddp["dense"] if k.startswith("position_weights."))
+        assert keys == ["position_weights.weights.category", "position_weights.weights.user"]
+        for k in keys:                           # trained (moved from their start at 1), by the same steps
+            moved = ddp["dense"][k][0] - 1.0
+            assert float(moved.abs()) > 1e-5, k
+            torch.testing.assert_close(pipe["dense"][k] - 1.0, ddp["dense"][k] - 1.0, rtol=1e-3, atol=1e-9,
+                                       msg=lambda m: f"{k}'s steps: {m}")
+        for k, v in ddp["dense"].items():
+            torch.testing.assert_close(pipe["dense"][k], v, rtol=1e-5, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        for t, w in ddp["tables"].items():
+            torch.testing.assert_close(pipe["tables"][t], w, rtol=1e-5, atol=1e-4, msg=lambda m: f"table {t}: {m}")
+
+
+def test_position_weights_refuse_pipedream_async(tmp_path):
+    from neo.train.build import validate_training_config
+
+    cfg = _config(str(tmp_path), "parallel.pipeline.stages=2", "parallel.pipeline.schedule=pipedream_async",
+                  "parallel.pipeline.micro_batches=4", "model.position_weights.user=2")
+    with pytest.raises(ConfigError, match=r"model\.position_weights: not with parallel\.pipeline\.schedule: "
+                                          r"pipedream_async"):
+        validate_training_config(cfg)
+    validate_training_config(_config(str(tmp_path), *PIPE, "model.position_weights.user=2"))
 
 
 def test_trainer_rejects_pipeline_checkpoints_and_bf16(tmp_path):
