@@ -24,6 +24,10 @@ Design (the simplest that is correct; docs/async.md):
   sparse optimizers on all workers' ids with their pooled gradients (the update a data-parallel
   table applies for the global batch). Same inputs, same order: the replicas and their
   optimizer states stay identical, and no table ever travels.
+- **Position weights** (``model.position_weights``) are dense parameters: a worker's lookup
+  weighs its ids with them (tables frozen, so that the lookup's backward gives the weights their
+  gradient and leaves the tables as they are), their gradient accumulates with the others, and
+  the ids travel with the weights used, which the tables' update applies.
 - **Clocks** (:class:`~neo.async_train.server.WaveClock`, c10d store keys): before its wave c a
   worker waits until version >= c - staleness, pulls and applies every version there is, and
   computes wave c on version v: its staleness is c - v <= ``staleness``.
@@ -91,9 +95,6 @@ def check_wsp_config(cfg) -> None:
                           "only the end is evaluated (set it to 0)")
     if cfg.parallel.pipeline.enabled:
         raise ConfigError("parallel.pipeline: pipelined dense towers are not supported under async_train.mode: wsp")
-    if cfg.model.position_weights:
-        raise ConfigError("model.position_weights: not supported under async_train.mode: wsp (its workers' dense "
-                          "replicas are not the ones the weights would be made with); use mode bsp")
     if t.stop_signals and any(len(g) > 1 for g in a.virtual_workers):
         raise ConfigError(_STOP_WITH_GROUPS.format(t.stop_signals))
 
@@ -104,7 +105,7 @@ class WSPTrainer:
 
     def __init__(self, cfg, pg=None, log=print):
         from neo.distributed import ShardedEmbeddingCollection
-        from neo.embedding import TableBatchedEmbedding
+        from neo.embedding import PositionWeights, TableBatchedEmbedding
         from neo.models import DLRM
         from neo.train.trainer import dense_optimizer
 
@@ -134,8 +135,10 @@ class WSPTrainer:
                 self.embedding.table_weight(name).copy_(w)
         feats = [f for tb in tables for f in tb.feature_names]
         m = cfg.model
+        position = PositionWeights(dict(m.position_weights)) if m.position_weights else None
         self.model = DLRM(self.embedding, len(feats), tables[0].dim, self.data.num_dense, list(m.dense_arch),
-                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank).to(self.device)
+                          list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank,
+                          position_weights=position).to(self.device)
         self.params = [p for n, p in self.model.named_parameters() if not n.startswith("embedding.")]
         self.optimizer = dense_optimizer(cfg.optim, self.params)
         o = cfg.optim
@@ -300,16 +303,28 @@ class WSPTrainer:
 
     # ------------------------------------------------------------------ a wave
     def _local_step(self, batch, payload: Dict[str, Any]) -> float:
-        with self.timers("lookup"), torch.no_grad():
-            pooled = self.embedding(batch.sparse)                  # (B, F * D)
-        pooled.requires_grad_(True)
+        s = batch.sparse
+        position = self.model.position_weights
+        if position is None:
+            with self.timers("lookup"), torch.no_grad():
+                pooled = self.embedding(s)                         # (B, F * D)
+            pooled.requires_grad_(True)
+        else:   # learnable per-id weights: the lookup, tables frozen, gives them their gradient (a dense one)
+            with self.timers("lookup"):
+                s = position(s)
+                self.embedding.frozen = True
+                try:
+                    pooled = self.embedding(s)                     # (B, F * D), a graph to the weights only
+                finally:
+                    self.embedding.frozen = False
+            pooled.retain_grad()
         with self.timers("dense_fwd"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             logits = self.model.head(batch.dense, pooled).float()  # (B,)
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         with self.timers("backward"):                              # dense grads accumulate over the wave
             loss.backward()
-        s = batch.sparse
-        payload["batches"].append((s.values, s.lengths, s.weights, s.batch_size))
+        weights = None if s.weights is None else s.weights.detach()   # the tables' update weighs its ids alike
+        payload["batches"].append((s.values, s.lengths, weights, s.batch_size))
         payload["grads"].append(pooled.grad.float())               # (B, F * D)
         return float(loss.detach())
 

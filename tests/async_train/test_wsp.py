@@ -79,6 +79,30 @@ def test_staleness_zero_is_the_synchronous_trainer(tmp_data):
     assert kernels["neo_cpu_isa"] == neo._C.cpu_isa() and kernels["step"] == 0
 
 
+def test_position_weights_under_staleness_zero_train_as_the_synchronous_trainer(tmp_data):
+    """``model.position_weights`` under WSP: each worker's weights get the gradient of its own ids
+    (the server averages them), the tables' update weighs the ids with the weights the step used.
+    Against the synchronous trainer (its shards' weight gradients averaged by DDP): the same
+    training up to the summation order of the weights' gradient."""
+    plan = ["sharding.types.user=row_wise", "sharding.types.item=table_wise", "sharding.types.category=data_parallel",
+            "sharding.types.country=table_wise"]
+    weights = ["model.position_weights.user=3", "model.position_weights.category=2"]
+    bsp = run_multiprocess(_bsp, 2, tmp_data, COMMON + plan + weights)
+    wsp = run_multiprocess(_wsp, 2, tmp_data, COMMON + plan + weights +
+                           ["async_train.staleness=0", "async_train.wave_steps=1", f"train.run_dir={tmp_data}/wsp_pw"])
+    for r, (a, b) in enumerate(zip(bsp, wsp)):
+        torch.testing.assert_close(torch.tensor(b["losses"]), torch.tensor(a["losses"]), rtol=1e-5, atol=1e-6)
+        keys = sorted(k for k in a["dense"] if k.startswith("position_weights."))
+        assert keys == ["position_weights.weights.category", "position_weights.weights.user"]
+        for k in keys:                                       # trained, by the same steps
+            assert float((a["dense"][k] - 1.0).abs().max()) > 1e-4, k
+            torch.testing.assert_close(b["dense"][k] - 1.0, a["dense"][k] - 1.0, rtol=1e-3, atol=1e-7, msg=k)
+        for k in a["dense"]:
+            torch.testing.assert_close(b["dense"][k], a["dense"][k], rtol=1e-5, atol=1e-5, msg=k)
+        for name in a["weights"]:
+            torch.testing.assert_close(b["weights"][name], a["weights"][name], rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):
     S = 2
     run_dir = f"{tmp_data}/slow"
