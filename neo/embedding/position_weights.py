@@ -91,7 +91,6 @@ class PositionWeights(nn.Module):
                                       f"(its features: {list(keys)})")
         dev = batch.values.device
         n = batch.values.numel()
-        lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
         lay = self._layout(keys, B, dev)
         _C = _kernels(batch.values)
         if _C is not None:                                                         # one pass of neo._C
@@ -100,6 +99,7 @@ class PositionWeights(nn.Module):
             if bad >= 0:
                 self._raise_too_long(keys, B, bad, int(batch.offsets[bad + 1] - batch.offsets[bad]))
             return slots
+        lengths = batch.lengths.to(torch.int64)                                    # (F * B,)
         if not torch.compiler.is_exporting():
             self._check_lengths(lengths, keys, B, lay)
         # an id's slot: its feature's start + (its index - its bag's first index); one pass over the ids
@@ -174,7 +174,6 @@ class PositionWeights(nn.Module):
         return f"max_lengths={self.max_lengths}"
 
 
-
 def _kernels(t: torch.Tensor):
     """``neo._C`` where a call on ``t`` runs its position-weights loops: eager mode on the CPU (no
     tracing, export, compilation or ``torch.func`` transform, which need torch operations), else None."""
@@ -186,7 +185,7 @@ def _kernels(t: torch.Tensor):
 
 class _Read(torch.autograd.Function):
     """The table's parts (each feature's weights, then a constant 1) at slots: ``neo._C`` loops
-    forward and backward (the gradient summed at each slot in id order, as ``index_put_`` does)."""
+    forward and backward (the gradient summed at each slot in double, rounded once)."""
 
     @staticmethod
     def forward(ctx, slots: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
