@@ -261,7 +261,9 @@ class InputDist:
         return (f"rank {rank}: feature '{feat}' (table '{self.layout.feature_table[feat].name}'){more} not in its "
                 f"batch (every rank passes every feature of the collection)")
 
-    def __call__(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
+    def __call__(self, batch: KeyedJaggedBatch, weigh: bool = True) -> Awaitable[DistributedBatch]:
+        """Distribute ``batch`` (module doc); ``weigh=False``: without :attr:`weight_table`'s slots
+        (unpooled lookups, which take no weights; every rank must pass the same)."""
         layout, W = self.layout, self.W
         missing = [k for k, f in enumerate(layout.features) if f not in batch.keys]
         missing_err = None
@@ -276,7 +278,7 @@ class InputDist:
                                      batch.batch_size, weights=batch.weights)
             missing_err = [_MISSING_FEATURE, missing[0], len(missing), 0]
         batch = batch.permute(layout.features)                              # global feature order
-        deferred = self.weight_table is not None
+        deferred = self.weight_table is not None and weigh
         own_weights = deferred and batch.weights is not None               # refused on every rank (header)
         if own_weights and W == 1:
             raise DistributedInputError(_own_weights_message(self.pg.rank))

@@ -416,7 +416,7 @@ class ShardedEmbeddingCollection(nn.Module):
         gradient is summed over the ids this rank holds, times W under ``average_gradients``, for
         DDP to average (:mod:`neo.distributed.input_dist`). Set it alike on every rank; batches
         then carry no weights of their own. Unpooled lookups (:meth:`sequence`) take no weights:
-        there the slots travel unused."""
+        their ids travel without slots."""
         return self._input_dist.weight_table
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -271,7 +271,7 @@ _CPU = CostConstants(
            "shared-memory AllReduce instead of gloo's; the loader's terms from neo calibrate's loading "
            "measurement at 2 ranks on that VM, 2026-12-05 18:09-18:12 UTC (the median of six runs, rounded), "
            "once it could tell the cost per id from the cost per bag; the learnable per-id weights' terms "
-           "from neo calibrate's weighted lookups in one process on that VM, 2026-12-05 22:16-22:22 UTC (the "
+           "from neo calibrate's weighted lookups in one process on that VM, 2026-12-05 22:20-22:23 UTC (the "
            "median of five runs, rounded); not measured on this machine: run neo calibrate",
 )
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'

@@ -243,8 +243,8 @@ class TableSpec:
     """Features of the table whose ids carry per-id weights (a weighted batch, position weights):
     each of their ids travels with 4 bytes more (its weight, or its slot in a weight table)."""
     learnable_weights: bool = False
-    """The weights require grad (position weights): the backward reads each weighted id's row once
-    more, for its weight's gradient."""
+    """The weights require grad (position weights): their read and gradient cost the
+    ``weighted_*`` constants (:mod:`neo.planner.cost`)."""
 
     def __post_init__(self) -> None:
         """Types and ranges of every field, as the config checks them; a :class:`PlanningError`

@@ -53,11 +53,22 @@ def _reference(case: Case) -> Dict:
     return {"rows": out, "weights": weights, "states": states}
 
 
+class _NoSlots:
+    """A weight_table an unpooled lookup must leave alone: its ids travel without slots."""
+
+    def table_index(self, batch):
+        raise AssertionError("an unpooled lookup asked the weight_table for slots")
+
+    def read(self, slots):
+        raise AssertionError("an unpooled lookup read the weight_table")
+
+
 def _sharded(rank: int, world_size: int, cases: List[Case]) -> List[Dict]:
     pg = ProcessGroups.build(cases[0].local_world_size, timeout=datetime.timedelta(seconds=60))
     results = []
     for case in cases:
         sec = ShardedEmbeddingCollection(case.tables, case.plan(), pg, backend="auto", seed=case.seed, comm=case.comm)
+        sec.weight_table = _NoSlots()          # a pooled lookup's position weights: unpooled ones take none
         sec.load_full_weights(initial_tables(case))
         rows_per_step = []
         for step, batch in enumerate(global_batches(case)):
