@@ -214,16 +214,20 @@ def loading_constants(meas: Dict[str, Any]) -> Dict[str, float]:
 
 
 def weighted_constants(meas: Dict[str, Any]) -> Dict[str, float]:
-    """Learnable per-id weights' cost per call, per bag and per id (``weighted_call_s``,
-    ``weighted_bag_s``, ``weighted_id_s``) fitted to :func:`neo.calibrate.measure.weighted_lookups`'
-    records (the lookups' time with the weights minus without); none where not measured."""
+    """Learnable per-id weights' cost per call, per feature, per bag and per id
+    (``weighted_call_s``, ``weighted_feature_s``, ``weighted_bag_s``, ``weighted_id_s``) fitted to
+    :func:`neo.calibrate.measure.weighted_lookups`' records (the lookups' time with the weights
+    minus without); none where not measured (records without ``features``: one each)."""
     from neo.calibrate.fit import fit_linear
 
-    rows = [dict(r, call=1.0) for r in meas.get("weighted") or [] if r["seconds"] > 0]   # 0: lost in the noise
+    rows = [dict(r, call=1.0, features=r.get("features", 1)) for r in meas.get("weighted") or []
+            if r["seconds"] > 0]                                                      # 0: lost in the noise
     if not rows:
         return {}
-    f, _ = fit_linear(rows, ["call", "bags", "ids"], floor={"call": 0.0, "bags": 0.0, "ids": 0.0})
-    return {"weighted_call_s": f["call"], "weighted_bag_s": f["bags"], "weighted_id_s": f["ids"]}
+    terms = ["call", "features", "bags", "ids"]
+    f, _ = fit_linear(rows, terms, floor={t: 0.0 for t in terms})
+    return {"weighted_call_s": f["call"], "weighted_feature_s": f["features"], "weighted_bag_s": f["bags"],
+            "weighted_id_s": f["ids"]}
 
 
 def cache_constants(meas: Dict[str, Any], host_bw: float) -> Dict[str, float]:

@@ -93,6 +93,15 @@ def _lookup_batch(rows: int, B: int, P: int, gen: torch.Generator, spread: Optio
     return KeyedJaggedBatch(("f",), ids, torch.full((B,), P, dtype=torch.int64), B)
 
 
+def _weighted_batch(keys: Tuple[str, ...], rows: int, B: int, P: int, gen: torch.Generator):
+    """B bags of P uniform ids for each of ``keys``."""
+    from neo.sparse import KeyedJaggedBatch
+
+    F = len(keys)
+    return KeyedJaggedBatch(keys, torch.randint(0, rows, (F * B * P,), generator=gen),
+                            torch.full((F * B,), P, dtype=torch.int64), B)
+
+
 def lookup_rows(footprint: int, D: int) -> int:
     """Rows of an fp32 table of ``D`` with as much Adagrad state, ``footprint`` bytes in all."""
     return max(64, footprint // (8 * D))
@@ -182,11 +191,12 @@ def lookups(group, quick: bool = False, evict_bytes: int = 0, largest: int = 0) 
 
 
 def weighted_lookups(group, quick: bool = False) -> List[Dict[str, float]]:
-    """Records ``{"bags", "ids", "dim", "with", "without", "seconds"}``: a cache-sized table's
-    lookup, forward + backward, with :class:`neo.embedding.PositionWeights` before it (learnable
-    weights: their read and gradient) and without, timed in turn; ``seconds`` is the difference,
-    what the cost model's ``weighted_*`` constants charge. Bags of 1 and 16 ids (and 48), 2048
-    and 512 bags, so that the cost per bag, per id and per call are told apart."""
+    """Records ``{"features", "bags", "ids", "dim", "with", "without", "seconds"}``: cache-sized
+    tables' lookup, forward + backward, with :class:`neo.embedding.PositionWeights` before it
+    (learnable weights: their read and gradient) and without, timed in turn; ``seconds`` is the
+    difference, what the cost model's ``weighted_*`` constants charge. Bags of 1 and 16 ids (and
+    48), 2048 and 512 bags, one table, and the same ids over 8 one-feature tables, so that the
+    cost per bag, per id, per feature and per call are told apart."""
     from neo.config.embedding import OptimizerConfig, TableConfig
     from neo.embedding import PositionWeights, TableBatchedEmbedding
 
@@ -194,17 +204,21 @@ def weighted_lookups(group, quick: bool = False) -> List[Dict[str, float]]:
     reps, rounds = (9, 1) if quick else (15, 3)
     out = []
     warm = True
-    for D in ((16,) if quick else (16, 64)):
-        rows = lookup_rows(256 << 10, D)
-        emb = TableBatchedEmbedding([TableConfig("t", rows, D, feature_names=("f",),
-                                                 optimizer=OptimizerConfig("adagrad", lr=0.01))],
-                                    backend="auto", validate=False)
-        for P, B in ((1, 2048), (16, 2048), (1, 512)) + (() if quick else ((48, 512),)):
-            pw = PositionWeights({"f": P})
-            grad = torch.randn(B, D, generator=gen)
+    cases = [(D, 1, P, B) for D in ((16,) if quick else (16, 64))
+             for P, B in ((1, 2048), (16, 2048), (1, 512)) + (() if quick else ((48, 512),))]
+    cases += [(16, 8, 1, 256)] + ([] if quick else [(16, 8, 16, 64)])         # the ids of (1, 2048), (16, 512)
+    for D, F in dict.fromkeys((d, f) for d, f, _, _ in cases):
+        rows = lookup_rows(256 << 10, D) // F
+        keys = tuple(f"f{k}" for k in range(F))
+        emb = TableBatchedEmbedding([TableConfig(f"t{k}", rows, D, feature_names=(f,),
+                                                 optimizer=OptimizerConfig("adagrad", lr=0.01))
+                                     for k, f in enumerate(keys)], backend="auto", validate=False)
+        for P, B in ((p, b) for d, f, p, b in cases if (d, f) == (D, F)):
+            pw = PositionWeights({f: P for f in keys})
+            grad = torch.randn(B, F * D, generator=gen)
 
             def fresh():
-                return _lookup_batch(rows, B, P, gen)
+                return _weighted_batch(keys, rows, B, P, gen)
             times = {"with": [], "without": []}
             warmup = 20 if warm else 3                  # the first calls of the process run slow
             warm = False
@@ -214,7 +228,8 @@ def weighted_lookups(group, quick: bool = False) -> List[Dict[str, float]]:
                 times["without"].append(timed(lambda b: emb(b).backward(grad), reps, group, warmup, setup=fresh,
                                               cpu=True))
             w, wo = statistics.median(times["with"]), statistics.median(times["without"])
-            out.append({"bags": B, "ids": B * P, "dim": D, "with": w, "without": wo, "seconds": max(w - wo, 0.0)})
+            out.append({"features": F, "bags": F * B, "ids": F * B * P, "dim": D, "with": w, "without": wo,
+                        "seconds": max(w - wo, 0.0)})
         emb = None
     return out
 

@@ -40,7 +40,8 @@ KIND_OVERHEADS = {"row_wise": "row_wise_overhead", "column_wise": "column_wise_o
                   "table_column_wise": "table_column_wise_overhead"}
 _SETTINGS = {"imbalance_weight", "memory_headroom", "cache_load_factor", "format", "world_size",
              "pooled_elem_s", "dense_elem_s", "data_batch_s", "data_bag_s", "data_id_s", "cache_batch_s",
-             "cache_access_s", "weighted_call_s", "weighted_bag_s", "weighted_id_s", *KIND_OVERHEADS.values()}
+             "cache_access_s", "weighted_call_s", "weighted_feature_s", "weighted_bag_s", "weighted_id_s",
+             *KIND_OVERHEADS.values()}
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class CostConstants:
     # fits them to lookups timed with and without ``PositionWeights``; 0 in files from before it did
     weighted_call_s: float = 0.0
     """Per rank per step holding a feature with learnable per-id weights: the calls."""
+    weighted_feature_s: float = 0.0
+    """Per such feature of a shard (its weights' part of the reads and gradients)."""
     weighted_bag_s: float = 0.0
     """Per bag of such a feature."""
     weighted_id_s: float = 0.0
@@ -261,7 +264,7 @@ _CPU = CostConstants(
     dense_optimizer_bw=43e9, data_batch_s=135e-6, data_bag_s=0.0, data_id_s=13e-9, pooled_elem_s=0.96e-9,
     step_overhead=405e-6,
     host_bw=3e9, cache_miss_latency=1.0e-6, cache_batch_s=0.3e-3, cache_access_s=0.2e-6,
-    weighted_call_s=38e-6, weighted_bag_s=5.5e-9, weighted_id_s=3.8e-9,
+    weighted_call_s=31e-6, weighted_feature_s=4.7e-6, weighted_bag_s=6.0e-9, weighted_id_s=3.7e-9,
     source="built-in defaults for the project's CI machine (a 2-core AMD EPYC VM with AVX-512): neo calibrate "
            "at 2 ranks x 1 thread on an AMD EPYC Zen 5 VM (26/2/1), 2026-12-05 13:15-13:18 UTC, the median of "
            "three runs, rounded (the sharding kinds' overheads too); the cache's terms: neo "
@@ -271,7 +274,7 @@ _CPU = CostConstants(
            "shared-memory AllReduce instead of gloo's; the loader's terms from neo calibrate's loading "
            "measurement at 2 ranks on that VM, 2026-12-05 18:09-18:12 UTC (the median of six runs, rounded), "
            "once it could tell the cost per id from the cost per bag; the learnable per-id weights' terms "
-           "from neo calibrate's weighted lookups in one process on that VM, 2026-12-05 22:20-22:23 UTC (the "
+           "from neo calibrate's weighted lookups in one process on that VM, 2026-12-05 23:32 UTC (the "
            "median of five runs, rounded); not measured on this machine: run neo calibrate",
 )
 # One process on a CPU: no collectives, so the distributions' bookkeeping is the one-rank paths'

@@ -18,8 +18,9 @@ i = id bytes; a shard's row bytes r = c*s, state bytes q, footprint rows * (r + 
   bw_update(footprint))`` over the ids whose gradients the shard applies (a data-parallel
   replica: the global batch's), U = distinct rows among them (Zipf(access_skew) model, or the
   measured count, :mod:`neo.planner.cache_model`). Per-id weights that require grad (position
-  weights) add ``w (bags * weighted_bag_s + ids * weighted_id_s)``, w the share of the table's
-  features that have them (the weights' read and their gradient's pass; measured).
+  weights) add ``w (F * weighted_feature_s + bags * weighted_bag_s + ids * weighted_id_s)``, w
+  the share of the table's features that have them (the weights' read and their gradient's
+  pass; measured).
 - Cached placement: plus the cache's work of a step (the batch's admission and its row moves,
   ``TableCache.prefetch``): ``cache_batch_s + U x cache_access_s + U (1 - h(f)) x (2 (r + q) /
   host_bw + cache_miss_latency)`` (every distinct row is looked up in the index, counted and
@@ -238,7 +239,8 @@ def lookup_parts(table, bags: np.ndarray, ids: np.ndarray, update_ids: np.ndarra
     bwd = update_ids * c.update_id_s + U * (c.update_row_s + 2.0 * (row_b + state_b) * seconds_per_byte(
         foot, c.update_bw_hot, c.update_bw_cold, c))
     # learnable per-id weights: their read, and their gradient <row, bag gradient> per id
-    bwd = bwd + T.weight_grad_share * (bags * c.weighted_bag_s + ids * c.weighted_id_s)
+    bwd = bwd + T.weight_grad_share * (T.num_features * c.weighted_feature_s + bags * c.weighted_bag_s
+                                       + ids * c.weighted_id_s)
     return fwd + np.where(rows > 0, c.kernel_overhead, 0.0), bwd, U
 
 

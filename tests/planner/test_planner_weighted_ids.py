@@ -19,7 +19,8 @@ from neo.planner.step_model import DenseSpec, predict_step
 from neo.planner.types import PlanningError, TableConstraints, TableSpec
 
 W, B, F, P = 4, 256, 3, 5.0
-C = replace(builtin_constants("cpu"), weighted_call_s=40e-6, weighted_bag_s=6e-9, weighted_id_s=4e-9)
+C = replace(builtin_constants("cpu"), weighted_call_s=40e-6, weighted_feature_s=7e-6, weighted_bag_s=6e-9,
+            weighted_id_s=4e-9)
 
 
 def _spec(weighted: int = 0, learnable: bool = False, st: T = T.TABLE_WISE) -> TableSpec:
@@ -54,8 +55,8 @@ def test_weighted_ids_cost_their_bytes_and_learnable_weights_their_pass(st, weig
         assert got.fwd == pytest.approx(plain.fwd, rel=1e-12)
     assert fixed.bwd == pytest.approx(plain.bwd, rel=1e-12), "weights needing no gradient cost no pass"
     bags, looked_up = {T.DATA_PARALLEL: (B * F, B * F * P)}.get(st, (G * F, G * F * P / (W if st is T.ROW_WISE else 1)))
-    assert learn.bwd - plain.bwd == pytest.approx([w * (bags * C.weighted_bag_s + looked_up * C.weighted_id_s)]
-                                                  * len(learn.bwd), rel=1e-9)
+    extra = w * (F * C.weighted_feature_s + bags * C.weighted_bag_s + looked_up * C.weighted_id_s)
+    assert learn.bwd - plain.bwd == pytest.approx([extra] * len(learn.bwd), rel=1e-9)
     s_in0, *_ = input_side_split(_spec(st=st), st, topo, C)
     s_in1, *_ = input_side_split(_spec(weighted, True, st=st), st, topo, C)
     if st is not T.DATA_PARALLEL:
@@ -75,7 +76,7 @@ def test_the_step_charges_each_rank_holding_learnable_weights_one_call():
     got = predict_step(plan, weighted, dense, topo, C)
     G = 2 * B
     holder = ranks["a"]
-    extra_ms = 1e3 * (C.weighted_call_s + G * C.weighted_bag_s + G * 2.0 * C.weighted_id_s)
+    extra_ms = 1e3 * (C.weighted_call_s + C.weighted_feature_s + G * C.weighted_bag_s + G * 2.0 * C.weighted_id_s)
     assert got.rank_ms[holder] - base.rank_ms[holder] == pytest.approx(extra_ms, rel=1e-3, abs=1e-3)
     assert got.rank_ms[1 - holder] - base.rank_ms[1 - holder] < extra_ms / 5, "only its bytes elsewhere"
 
@@ -103,15 +104,17 @@ def test_the_config_marks_position_weighted_features():
     assert specs == {"user": (1, 1, True), "item": (1, 0, False), "category": (2, 1, True), "country": (1, 0, False)}
 
 
-def test_calibration_fits_the_weights_cost_per_call_bag_and_id():
+def test_calibration_fits_the_weights_cost_per_call_feature_bag_and_id():
     from neo.calibrate import weighted_constants
 
-    call, bag, per_id = 35e-6, 5e-9, 3e-9
-    recs = [{"bags": b, "ids": b * p, "seconds": call + b * bag + b * p * per_id}
-            for b, p in ((2048, 1), (2048, 16), (512, 1), (512, 48))]
-    recs.append({"bags": 2048, "ids": 4096, "seconds": 0.0})              # lost in the noise: left out
+    call, feature, bag, per_id = 35e-6, 8e-6, 5e-9, 3e-9
+    recs = [{"features": f, "bags": f * b, "ids": f * b * p,
+             "seconds": call + f * feature + f * b * bag + f * b * p * per_id}
+            for f, b, p in ((1, 2048, 1), (1, 2048, 16), (1, 512, 1), (1, 512, 48), (8, 256, 1), (8, 64, 16))]
+    recs.append({"features": 1, "bags": 2048, "ids": 4096, "seconds": 0.0})   # lost in the noise: left out
     got = weighted_constants({"weighted": recs})
     assert got["weighted_call_s"] == pytest.approx(call, rel=1e-6)
+    assert got["weighted_feature_s"] == pytest.approx(feature, rel=1e-6)
     assert got["weighted_bag_s"] == pytest.approx(bag, rel=1e-6)
     assert got["weighted_id_s"] == pytest.approx(per_id, rel=1e-6)
     assert weighted_constants({}) == {}
@@ -121,7 +124,8 @@ def test_calibrations_weighted_lookups_time_the_lookup_with_and_without_position
     from neo.calibrate import measure
 
     recs = measure.weighted_lookups(None, quick=True)
-    assert [(r["bags"], r["ids"]) for r in recs] == [(2048, 2048), (2048, 32768), (512, 512)]
+    assert [(r["features"], r["bags"], r["ids"]) for r in recs] == [(1, 2048, 2048), (1, 2048, 32768), (1, 512, 512),
+                                                                   (8, 2048, 2048)]
     for r in recs:
         assert r["with"] > 0 and r["without"] > 0 and r["seconds"] == max(r["with"] - r["without"], 0.0)
     assert recs[1]["with"] > recs[1]["without"], "32k learnable weights cost something"
