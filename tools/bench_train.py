@@ -158,7 +158,6 @@ def _neo_runner(args, kind: str, pg, batches, sizes) -> _Runner:
         with torch.no_grad():
             for w in position.weights.values():
                 w.copy_(0.5 + torch.arange(w.numel(), dtype=torch.float32) / w.numel())
-        sharded.weight_table = position
     torch.manual_seed(0)
     model = DLRM(sharded, args.tables, args.dim, 13, [512, 256, args.dim], [512, 256, 1],
                  position_weights=position)

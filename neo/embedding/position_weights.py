@@ -14,9 +14,9 @@ The weights are per-id weights that require grad: the lookup computes their grad
 averaged as any other (``parallelize`` leaves them to DDP).
 
 In a training pipeline, which distributes batch i+1 before step i updates the weights, give it to
-the sharded collection instead (``sec.weight_table = pw``, as the trainer's
-``model.position_weights`` does): each id then travels with its slot in :meth:`table`
-(:meth:`table_index`) and the weight is read when the batch is looked up.
+the sharded collection instead (``sec.weight_table = pw``; ``DLRM(..., position_weights=pw)``
+does it, as for the trainer's ``model.position_weights``): each id then travels with its slot in
+:meth:`table` (:meth:`table_index`) and the weight is read when the batch is looked up.
 
 In eager mode on the CPU the slots, the read and its gradient are loops of ``neo._C``
 (``position_slots``, ``position_read``: forward + backward 2.0x faster than the torch

@@ -35,8 +35,9 @@ class DLRM(nn.Module):
         interaction: ``"dot"`` (pairwise dot products) or ``"dcn"`` (low-rank cross network).
         dcn_layers, dcn_rank: cross layers and their rank (``"dcn"`` only).
         position_weights: a module giving the sparse batch its per-id weights before the lookup
-            (:class:`~neo.embedding.PositionWeights`), or None. A sharded embedding takes it as its
-            ``weight_table`` instead, which weighs each batch when it is looked up (the trainer sets it).
+            (:class:`~neo.embedding.PositionWeights`), or None. An embedding with a ``weight_table``
+            (a sharded collection) is given it as that instead, and weighs each batch when it looks
+            it up (exact under a pipelined loop).
     """
 
     def __init__(
@@ -59,6 +60,8 @@ class DLRM(nn.Module):
             raise ValueError(f"model.top_mlp must end in 1 (one logit), got {list(top_mlp)}")
         self.embedding = embedding
         self.position_weights = position_weights
+        if position_weights is not None and hasattr(embedding, "weight_table"):
+            embedding.weight_table = position_weights
         self.bottom = MLP(dense_in_features, bottom_mlp)
         if interaction == "dot":
             self.interaction = DotInteraction(num_features, embedding_dim)

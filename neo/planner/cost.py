@@ -168,8 +168,8 @@ class PartTables:
                        col(lambda t: t.state_per_element, bool), col(lambda t: t.num_features),
                        col(lambda t: t.pooling_factor), col(lambda t: t.access_skew),
                        col(lambda t: np.nan if t.distinct_per_batch is None else t.distinct_per_batch),
-                       col(lambda t: t.weighted_features / t.num_features),
-                       col(lambda t: t.weighted_features / t.num_features if t.learnable_weights else 0.0))
+                       col(lambda t: t.weighted_share),
+                       col(lambda t: t.weighted_share if t.learnable_weights else 0.0))
         return T if index is None else T.take(index)
 
     def take(self, index) -> "PartTables":
@@ -421,7 +421,7 @@ def input_side_split(table: TableSpec, stype: ShardingType, topo: Topology, c: C
     kind = getattr(c, KIND_OVERHEADS[stype.value]) * W * B * F if W > 1 and stype.value in KIND_OVERHEADS else 0.0
     if stype is ShardingType.DATA_PARALLEL:
         return 0.0, kind, 0.0, 0.0, 0.0
-    ids, pooled = B * F * P * (c.id_bytes + 4.0 * table.weighted_features / F), 2 * B * F * D * c.act_bytes
+    ids, pooled = B * F * P * (c.id_bytes + 4.0 * table.weighted_share), 2 * B * F * D * c.act_bytes
     fi, fo = (L - 1) / W, (W - L) / W
     s_in = ids * (fi / c.intra_bw + fo / c.inter_bw)
     s_out = pooled * (fi / c.intra_bw + fo / c.inter_bw)

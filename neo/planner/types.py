@@ -298,6 +298,11 @@ class TableSpec:
             raise bad("learnable_weights", "False where no feature is weighted (weighted_features 0)",
                       self.learnable_weights)
 
+    @property
+    def weighted_share(self) -> float:
+        """Share of the table's features whose ids carry per-id weights."""
+        return self.weighted_features / self.num_features
+
     def state_floats(self, cols: int) -> int:
         """Optimizer state floats per row for a shard of ``cols`` columns."""
         if self.state_per_element and self.dim:

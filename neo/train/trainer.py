@@ -158,9 +158,7 @@ class Trainer:
         position = PositionWeights(dict(m.position_weights)) if m.position_weights else None
         self.model = DLRM(self.sharded, len(feats), self.tables[0].dim, self.data.num_dense, list(m.dense_arch),
                           list(m.over_arch), m.interaction, m.dcn_layers, m.dcn_rank,
-                          position_weights=position).to(self.device)
-        # weighted when each batch is looked up, with the weights as the step before left them
-        self.sharded.weight_table = self.model.position_weights
+                          position_weights=position).to(self.device)   # the collection's weight_table
         self.timers = Timers()
         self.sharded.timers = self.timers                     # the backward's collectives and fused update
         if self.sharded.lookup is not None:
