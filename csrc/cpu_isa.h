@@ -120,13 +120,19 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              groups of four, D >= kGroupedMinDim). "auto": on AMD (families 19h and 1Ah)
 //              narrow; on Intel wide from kWideMinDim and grouped below it (Intel, D 128: wide
 //              forward 10-20% faster than narrow; D 32 to 80: grouped 7-24% less time than
-//              either, with the batch in cache; on Zen 4 no FMA gain from 16-float vectors,
-//              costlier reductions; on Zen 5, AMD EPYC 26/2/1, 2026-12-02, the narrow forward
-//              took 15-23% less time than wide at D 128 in five runs, and within 12% of grouped
-//              either way at D 64). They differ in rounding only (summation order). The AVX2
-//              forward's tiles: "narrow" (2 x 4 pairs) or "tall" (3 x 4: 35 tiles a sample at
-//              n 27 instead of 49, fewer of them narrow at the triangle's edge; each column
-//              operand loaded once and used three times, 16 registers). "auto": tall on AMD: Zen 3
+//              either, with the batch in cache. Since the 128-bit result stores of 2026-12-06, on
+//              the Intel Xeon Emerald Rapids GenuineIntel 6/207/2, one thread: grouped 10-12% less
+//              time than wide at D 96 and 128 with the rows in L2 (a C++ harness over these
+//              kernels, the two alternating), but in tools/bench_interaction.py --all-variants,
+//              after the torch path's pass, wide's D 128 forward 2-13% faster than grouped's in
+//              five runs (2.21-2.68 ms against 2.46-2.90): wide stays from D 96 on. On Zen 4 no
+//              FMA gain from 16-float vectors, costlier reductions; on Zen 5, AMD EPYC 26/2/1,
+//              2026-12-02, the narrow forward took 15-23% less time than wide at D 128 in five
+//              runs, and within 12% of grouped either way at D 64). They differ in rounding only
+//              (summation order). The AVX2 forward's tiles: "narrow" (2 x 4 pairs) or "tall"
+//              (3 x 4: 35 tiles a sample at n 27 instead of 49, fewer of them narrow at the
+//              triangle's edge; each column operand loaded once and used three times, 16
+//              registers). "auto": tall on AMD: Zen 3
 //              (family 19h without AVX-512; forward 7-10% faster at D 64 and 128, one thread,
 //              AMD EPYC 25/1/1, 2026-11-30), Zen 5 (family 1Ah; forward 1-14% faster than narrow
 //              at D 64 and 128, one and two threads, in three runs of

@@ -69,8 +69,8 @@
 //
 // Memory: at B 2048 the inputs (13.6 MB at n 27, D 64) come from DRAM; the next sample's
 // rows (and pair gradients) are prefetched into L2 (L1 on Zen 5) while the current one
-// computes: in the tiled forwards a few lines as each tile starts (LineSpread), in the backward
-// and the grouped forward in shares (NextSample).
+// computes: in the forwards a few lines as each tile starts (LineSpread), in the backward in
+// shares (NextSample).
 //
 // Not done: a forward with one sample in each vector lane (the inputs transposed kW x kW, no
 // horizontal sums). Built and measured on the Intel Xeon (docs/benchmarks.md, 2026-11-28
@@ -120,9 +120,10 @@ void interaction_forward(const InteractionArgs& a, float* out) {
   const bool grouped = kHaveGroupedForward && a.tiles == InteractionTiles::kGrouped;
   const bool wide = kHaveWideForward && a.tiles == InteractionTiles::kWide;
   const bool tall = kHaveTallForward && a.tiles == InteractionTiles::kTall;
-  const NextSample::Plan plan(n, D, 0, grouped ? pair_row_blocks(n) : 0);   // the grouped forward's shares
-  // The tiled forwards' prefetches, spread over their tiles' steps (LineSpread).
-  const int64_t steps = wide ? pair_dot_steps<kHaveWideForward>(n, D)
+  const NextSample::Plan plan(n, D, 0, 0);   // no shares: every forward spreads its prefetches (LineSpread)
+  // The prefetches, spread over the tiles' steps.
+  const int64_t steps = grouped ? grouped_steps(n, D)
+                        : wide ? pair_dot_steps<kHaveWideForward>(n, D)
                         : tall ? pair_dot_steps<false, kTallR>(n, D) : pair_dot_steps<false>(n, D);
   const uint32_t spread = LineSpread::increment(n * ((D * 4 + 63) / 64), steps);
   const bool contiguous = pooled_rows_contiguous(a);
@@ -136,7 +137,7 @@ void interaction_forward(const InteractionArgs& a, float* out) {
       float* o = out + b * (D + P);
       std::memcpy(o, v[0], D * sizeof(float));
       NextSample next(a, b + 1, b1, nullptr, 0, plan);
-      if (grouped) grouped_dots(v, n, D, o + D, std::move(next), T);
+      if (grouped) grouped_dots(v, n, D, o + D, LineSpread(next, spread, contiguous), T);
       else if (wide) pair_dots<kHaveWideForward>(v, n, D, o + D, LineSpread(next, spread, contiguous));
       else if (tall) pair_dots_d<kTallR>(v, n, D, o + D, LineSpread(next, spread, contiguous));
       else pair_dots_d<kFwdR>(v, n, D, o + D, LineSpread(next, spread, contiguous));

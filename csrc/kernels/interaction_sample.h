@@ -52,11 +52,10 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // __builtin_prefetch.
 //
 // Share q of Q is either one burst of whole rows and pair-gradient lines (part(q): the
-// grouped forward, per row block; the backward on AVX2 and the baseline, per gradient
-// block) or,
-// where a gradient block's steps are long enough to carry a prefetch each (AVX-512: 24
-// multiply-adds of 16 floats a step; AVX2's 12 of 8 slow down by a tenth), a line or a
-// few of row j at each step j (row_share(q).row(j)) plus a burst of pair-gradient lines
+// backward on AVX2 and the baseline, per gradient block) or, where a gradient block's steps
+// are long enough to carry a prefetch each (AVX-512: 24 multiply-adds of 16 floats a step;
+// AVX2's 12 of 8 slow down by a tenth), a line or a few of row j at each step j
+// (row_share(q).row(j)) plus a burst of pair-gradient lines
 // (grad_part(q)). Where the shares start is computed once per call (Plan): no divisions
 // per sample. On Zen 5, in tools/bench_interaction.py's state (the inputs evicted by the torch
 // path's pass), none of this changes the AVX2 kernels' time: without any prefetch, with
@@ -138,26 +137,25 @@ class NextSample {
   bool l1_ = false;                 // its rows and pair gradients into L1, not L2
 };
 
-// The forward's prefetches of the next sample (the tiled forwards, interaction_tiles.h): its
-// lines spread evenly over the current sample's tile steps (a step loads one vector of each
-// operand and issues R x C multiply-adds), one every steps / lines steps, the last line issued
-// by 15/16 of the steps (kSpreadEnd); into L2 or L1 as NextSample's. The memory then stays
-// busy the whole sample, where a burst per row block (NextSample::part, which the backward and
-// the grouped forward still use) left it idle between bursts and the forward took about its
-// arithmetic plus its traffic. AMD EPYC Zen 5 (26/2/1), B 2048, n 27, one thread, a 128 MiB
-// pass before each call, bursts and spread alternated in one process (2026-12-03, two runs
-// each): the forward at D 64 1.70-1.76 -> 1.44-1.49 ms with AVX2 and 1.91-1.99 -> 1.30-1.36
-// with AVX-512; at D 128 3.34-3.46 -> 2.14-2.18 (AVX2) and 3.02-3.22 -> 2.13-2.19 (AVX-512).
-// In the AVX2 and AVX-512 variants a tile issues its steps' share when it starts (tile(k): the
-// 16.16 count advanced by k steps at once), not a line at a step (step(), which the baseline
-// keeps: tile_sums): the count, its tests and its store stay out of the step loop (at D 64,
-// n 27: 35 tiles of 8 steps, about 3 of the 108 lines at each). Same
-// machine, alternating in one process (2026-12-03): with the rows in L1 the AVX2 forward
-// 536 -> 515 ns a sample at D 64, 866 -> 846 at D 128, AVX-512 558 -> 531 and 936 -> 931; in
-// the module after the torch path's pass (B 2048, medians of 36) AVX2 1.42 -> 1.32 ms at D 64,
+// The forward's prefetches of the next sample (every forward: interaction_tiles.h,
+// interaction_grouped.h): its lines spread evenly over the current sample's tile steps (a step
+// loads one vector of each operand and issues R x C multiply-adds), one every steps / lines steps,
+// the last line issued by 15/16 of the steps (kSpreadEnd); into L2 or L1 as NextSample's. The
+// memory then stays busy the whole sample, where a burst per row block (NextSample::part, which the
+// backward still uses) left it idle between bursts and the forward took about its arithmetic plus
+// its traffic. AMD EPYC Zen 5 (26/2/1), B 2048, n 27, one thread, a 128 MiB pass before each call,
+// bursts and spread alternated in one process (2026-12-03, two runs each): the forward at D 64
+// 1.70-1.76 -> 1.44-1.49 ms with AVX2 and 1.91-1.99 -> 1.30-1.36 with AVX-512; at D 128 3.34-3.46
+// -> 2.14-2.18 (AVX2) and 3.02-3.22 -> 2.13-2.19 (AVX-512). In the AVX2 and AVX-512 variants a tile
+// issues its steps' share when it starts (tile(k): the 16.16 count advanced by k steps at once),
+// not a line at a step (step(), which the baseline keeps: tile_sums): the count, its tests and its
+// store stay out of the step loop (at D 64, n 27: 35 tiles of 8 steps, about 3 of the 108 lines at
+// each). Same machine, alternating in one process (2026-12-03): with the rows in L1 the AVX2
+// forward 536 -> 515 ns a sample at D 64, 866 -> 846 at D 128, AVX-512 558 -> 531 and 936 -> 931;
+// in the module after the torch path's pass (B 2048, medians of 36) AVX2 1.42 -> 1.32 ms at D 64,
 // 2.23 -> 2.18 at D 128, two threads 0.78 -> 0.73 and 1.37 -> 1.32. The same spread over the
-// backward's steps (AVX2, every 4 to 8 steps) was no faster than its bursts per gradient
-// block, or slower.
+// backward's steps (AVX2, every 4 to 8 steps) was no faster than its bursts per gradient block, or
+// slower.
 class LineSpread {
  public:
   static constexpr uint32_t kOne = 1u << 16;       // the increment is in lines per step, 16.16 fixed point
