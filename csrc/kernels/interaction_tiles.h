@@ -170,9 +170,9 @@ __attribute__((always_inline)) inline __m128 lane128(__m512 v, int r) {
 // are, a masked one otherwise (masked-off floats are not accessed). The tiles' results went out
 // as a 512-bit store per row under a 16-lane mask at an address shifted back 4 r floats (most
 // of them across two cache lines) until 2026-12-06: on the Intel Xeon (Emerald Rapids, one
-// thread, the rows in L2, the old and new kernels alternating in one process) the grouped
-// forward is 4-6% faster at D 64 with these stores, the wide one 3% at D 128 (7% on a batch
-// of 2048 out of L2).
+// thread, the old and new kernels alternating in one process) the grouped forward is 4-5%
+// faster at D 64 with these stores (the rows in L2), the wide one at D 128 3% (in L2), 7% (a
+// batch of 2048 after a 128 MiB pass) and 14-16% (a batch of 2048 from L3).
 __attribute__((always_inline)) inline void store_quad(float* p, __m128 q, unsigned m) {
   if (m == 15) _mm_storeu_ps(p, q);
   else if (m) _mm_mask_storeu_ps(p, static_cast<__mmask8>(m), q);
@@ -253,7 +253,6 @@ inline void pair_row_block_r(const float* const* v, int64_t n, int64_t Dv, int64
   }
   pair_row_block<R, WIDE, DV>(v, n, Dv, i0, out, next);
 }
-
 
 // Tile steps of pair_dots<WIDE, R> on one sample (each tile runs Dv / lanes of them): what
 // LineSpread spreads the next sample's lines over.
