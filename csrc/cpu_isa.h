@@ -125,7 +125,9 @@ void set_cpu_isa(const std::string& name);          // switch (tests, benchmarks
 //              time than wide at D 96 and 128 with the rows in L2 (a C++ harness over these
 //              kernels, the two alternating), but in tools/bench_interaction.py --all-variants,
 //              after the torch path's pass, wide's D 128 forward 2-13% faster than grouped's in
-//              five runs (2.21-2.68 ms against 2.46-2.90): wide stays from D 96 on. On Zen 4 no
+//              five runs (2.21-2.68 ms against 2.46-2.90); with the wide tiles inlined too
+//              (6bd1991) the harness put wide within 2% of grouped at D 96 and 2-5% ahead at D 128:
+//              wide stays from D 96 on. On Zen 4 no
 //              FMA gain from 16-float vectors, costlier reductions; on Zen 5, AMD EPYC 26/2/1,
 //              2026-12-02, the narrow forward took 15-23% less time than wide at D 128 in five
 //              runs, and within 12% of grouped either way at D 64). They differ in rounding only

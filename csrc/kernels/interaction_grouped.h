@@ -21,7 +21,8 @@ NEO_KERNELS_BEGIN
 // there: five runs between 8% less and 7% more). D 32 to 80: 7 to 24% less than the better of
 // the 8- and 16-float tiles; at D 128 no faster than the 16-float tiles while both stored their
 // results as 512-bit masked stores, 10-12% less time (rows in L2) since the 128-bit stores
-// (store_quad, 2026-12-06; cpu_isa.h has the measurements up to D 256).
+// (store_quad, 2026-12-06; cpu_isa.h has the measurements up to D 256), and level again (within
+// 2% at D 96, 2-5% behind at D 128) once the wide tiles were inlined as well.
 //
 // Where a sample's time goes (the same Xeon, D 64, rows in L2, 2026-12-06, parts removed in
 // turn from a copy of these kernels): the tiles about 70%, the next sample's prefetches (then
