@@ -167,7 +167,7 @@ def sharded_sequence_lookup(sec: "ShardedEmbeddingCollection",
     """Every feature's embeddings of this rank's samples, one row per id (module doc)."""
     _check(sec, batch)
     W, me = sec.pg.world_size, sec.pg.rank
-    dist_batch = sec._input_dist(batch, weigh=False).wait()     # no weights: a weight_table's slots stay home
+    dist_batch = sec.input_dist(batch, weigh=False).wait()     # no weights: a weight_table's slots stay home
     mine = sec.layout.slots_on[me]
     rows: Dict[str, SequenceEmbedding] = sec.lookup.sequence(dist_batch.local) if sec.lookup is not None else {}
     # counts[k][s]: ids of source s in local slot k (its rows are source-major)

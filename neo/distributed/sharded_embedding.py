@@ -215,10 +215,11 @@ class ShardedEmbeddingCollection(nn.Module):
         return dists
 
     # ------------------------------------------------------------------ the three stages
-    def input_dist(self, batch: KeyedJaggedBatch) -> Awaitable[DistributedBatch]:
+    def input_dist(self, batch: KeyedJaggedBatch, weigh: bool = True) -> Awaitable[DistributedBatch]:
         """Launch the lengths AlltoAll now; ``wait()`` sends the ids and builds the local batch.
-        ``batch``: a KeyedJaggedBatch or a ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`)."""
-        return self._input_dist(as_batch(batch))
+        ``batch``: a KeyedJaggedBatch or a ``torchrec.KeyedJaggedTensor`` (:func:`neo.sparse.as_batch`);
+        ``weigh=False``: without the :attr:`weight_table`'s slots (unpooled lookups take no weights)."""
+        return self._input_dist(as_batch(batch), weigh=weigh)
 
     def compute(self, batch: DistributedBatch) -> torch.Tensor:
         """Pool this rank's shards for all W * B samples: (W * B, local columns), slot order.
