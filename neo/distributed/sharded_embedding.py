@@ -46,11 +46,12 @@ from neo.distributed.sharding.hierarchical import TableColumnWiseOutputDist, Tab
 from neo.distributed.sharding.one_host import OneHostOutputDist
 from neo.distributed.sharding.row_wise import RowWiseOutputDist
 from neo.distributed.sharding.table_wise import AllToAllOutputDist
+from neo.distributed.sharded_rates import ShardRates
+from neo.distributed.sharded_weights import ShardWeights
 from neo.distributed.slots import SlotLayout
 from neo.distributed.state_dict import LoadRecord, drop_local_keys, load_tables, save_tables
 from neo.embedding import TableBatchedEmbedding
 from neo.embedding.anchor import ANCHOR, new_anchor, share_anchor
-from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.layout import group_tables
 from neo.embedding.transforms import lookup_method
 from neo.embedding.variable_batch import own_bags, take_rows
@@ -82,7 +83,7 @@ def _after_load(module: "ShardedEmbeddingCollection", incompatible) -> None:
         incompatible.missing_keys[:] = drop_local_keys(module, incompatible.missing_keys, record.prefix)
 
 
-class ShardedEmbeddingCollection(nn.Module):
+class ShardedEmbeddingCollection(ShardWeights, ShardRates, nn.Module):
     """Embedding tables sharded across ranks by a plan; see the module docstring.
 
     Args:
@@ -468,77 +469,6 @@ class ShardedEmbeddingCollection(nn.Module):
         """This rank's fused updates skipped for an overflowed loss scale (local, no collective)."""
         return 0 if self.lookup is None else self.lookup.skipped_updates
 
-    # ------------------------------------------------------------------ weights
-    def _local_shards(self, name: str):
-        """(shard index, Shard) of table ``name`` on this rank."""
-        return [(k, s) for k, s in enumerate(self.plan.tables[name].shards) if s.rank == self.pg.rank]
-
-    @torch.no_grad()
-    def load_full_weights(self, weights: Dict[str, torch.Tensor]) -> None:
-        """Copy each table's slice into this rank's shards (``weights[name]``: (rows, D), full table).
-        A table this collection does not have, or a tensor of another shape, is a ValueError naming
-        it, before anything is copied."""
-        configs = {t.name: t for t in self.tables}
-        for name, full in weights.items():
-            t = configs.get(name)
-            if t is None:
-                raise ValueError(f"load_full_weights: no table named {name!r} (tables: {sorted(configs)})")
-            if not isinstance(full, torch.Tensor) or tuple(full.shape) != (t.num_rows, t.dim):
-                got = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
-                raise ValueError(f"load_full_weights: table {name!r} is {t.num_rows} x {t.dim}, the tensor "
-                                 f"given is {got}")
-        for name, full in weights.items():
-            for k, s in self._local_shards(name):
-                w = self.lookup.table_weight(f"{name}#{k}")
-                w.copy_(full[s.row_offset:s.row_offset + s.rows, s.col_offset:s.col_offset + s.cols])
-
-    @torch.no_grad()
-    def full_weights(self, names: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
-        """Gather full tables (fp32) on every rank. Collective: every rank must call it alike.
-
-        Sums zero-padded shards with an AllReduce: meant for tests and small tables.
-        Data-parallel tables come from rank 0's replica.
-        """
-        return self._gather(names, lambda local: self.lookup.table_weight(local).to(torch.float32), state=None)
-
-    @torch.no_grad()
-    def full_optimizer_state(self, names: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, torch.Tensor]]:
-        """Gather optimizer state per table: (rows, D) per element, (rows,) per row. Collective.
-
-        Per-row state of column-split tables comes from the first column shard.
-        """
-        out: Dict[str, Dict[str, torch.Tensor]] = {}
-        for t in (self.tables if names is None else [x for x in self.tables if x.name in names]):
-            out[t.name] = {}
-            for sname in t.optimizer.type.state_names():
-                g = self._gather([t.name], lambda local, n=sname: self.lookup.table_optimizer_state(local)[n], state=t)
-                out[t.name][sname] = g[t.name]
-        return out
-
-    def _gather(self, names, read, state: Optional[TableConfig]) -> Dict[str, torch.Tensor]:
-        out = {}
-        for t in self.tables:
-            if names is not None and t.name not in names:
-                continue
-            rowwise = state is not None and t.optimizer.type.rowwise_state
-            buf = torch.zeros((t.num_rows,) if rowwise else (t.num_rows, t.dim), dtype=torch.float32,
-                              device=self.device)
-            st = self.plan.tables[t.name].sharding_type
-            for k, s in self._local_shards(t.name):
-                if st is ShardingType.DATA_PARALLEL and s.rank != 0:
-                    continue
-                if rowwise and s.col_offset != 0:
-                    continue
-                v = read(f"{t.name}#{k}").to(torch.float32)
-                if rowwise:
-                    buf[s.row_offset:s.row_offset + s.rows] = v
-                else:
-                    buf[s.row_offset:s.row_offset + s.rows, s.col_offset:s.col_offset + s.cols] = v
-            if self.pg.world_size > 1:
-                dist.all_reduce(buf, group=self.pg.world)
-            out[t.name] = buf
-        return out
-
     # ------------------------------------------------------------------ state dict, by table
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """Every table by its name, as the unsharded module (see the class doc and
@@ -559,78 +489,3 @@ class ShardedEmbeddingCollection(nn.Module):
             missing_keys.remove(prefix + ANCHOR)
         self._loading = load_tables(self, state_dict, prefix, missing_keys, error_msgs)
         unexpected_keys[:] = [k for k in unexpected_keys if k not in self._loading.taken]
-
-    @torch.no_grad()
-    def _broadcast_replicas(self) -> None:
-        if self.pg.world_size == 1:
-            return
-        for t in self.tables:
-            if self.plan.tables[t.name].sharding_type is ShardingType.DATA_PARALLEL:
-                (k, _), = self._local_shards(t.name)
-                w = self.lookup.table_weight(f"{t.name}#{k}")
-                buf = w.to(torch.float32).contiguous()
-                dist.broadcast(buf, src=0, group=self.pg.world)
-                w.copy_(buf)
-
-    def replica_drift(self) -> float:
-        """Largest |difference| between data-parallel replicas and rank 0's (0.0 when identical). Collective."""
-        worst = torch.zeros(1, device=self.device)
-        for t in self.tables:
-            if self.plan.tables[t.name].sharding_type is ShardingType.DATA_PARALLEL:
-                (k, _), = self._local_shards(t.name)
-                w = self.lookup.table_weight(f"{t.name}#{k}").to(torch.float32).contiguous()
-                ref = w.clone()
-                if self.pg.world_size > 1:
-                    dist.broadcast(ref, src=0, group=self.pg.world)
-                worst = torch.maximum(worst, (w - ref).abs().max().reshape(1))
-        if self.pg.world_size > 1:
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.pg.world)
-        return float(worst)
-
-    # ------------------------------------------------------------------ learning rates
-    def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
-        """Every table's fused-optimizer learning rate, or ``table``'s (see
-        :meth:`set_learning_rates`)."""
-        names = [t.name for t in self.layout.tables]
-        self.set_learning_rates({t: lr for t in names} if table is None else {table: lr})
-
-    def set_learning_rates(self, lrs: Dict[str, float]) -> None:
-        """Each named table's learning rate (table name -> lr), on this rank's shards of it. As
-        :meth:`neo.embedding.TableBatchedEmbedding.set_learning_rates`: tables that share a fused
-        update (one optimizer config and dtype) are set together, to one value."""
-        new = group_rates(self._lr_groups, lrs)     # checked on every rank, whatever shards it holds
-        for i, lr in new.items():
-            self._group_lrs[i] = lr
-        if self.lookup is not None:
-            local = {s.name: lrs[s.name.rpartition("#")[0]] for s in self.lookup.tables
-                     if s.name.rpartition("#")[0] in lrs}
-            self.lookup.set_learning_rates(local)
-        opt = self.__dict__.get("_fused_optimizer")
-        if opt is not None:
-            opt.sync({t: self._group_lrs[i] for i in new for t in self._lr_groups[i]})
-
-    @property
-    def fused_optimizer(self) -> FusedOptimizer:
-        """The fused learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
-        (TorchRec's fused ``KeyedOptimizer``); see :mod:`neo.embedding.fused_optimizer`.
-
-        One param group per group of the GLOBAL tables (one optimizer config and dtype), in
-        table order, the same on every rank: ``{"lr", "tables": [global table names], "params":
-        [this rank's shard weight views of them, possibly none]}``. ``step()`` sets this rank's
-        shards' rates: local, no collective. Made once, at the first access; a group's lr is the
-        collection's (the config's, then what :meth:`set_learning_rates` set: every rank keeps
-        every group's, shards or not)."""
-        opt = self.__dict__.get("_fused_optimizer")
-        if opt is None:
-            opt = self.__dict__["_fused_optimizer"] = FusedOptimizer(self._fused_groups(), self.set_learning_rates)
-        return opt
-
-    def _fused_groups(self) -> List[FusedGroupSpec]:
-        """The global tables' fused groups, each with its lr and this rank's shard weights (a
-        global group's shards are one group of the local module: same optimizer and dtype)."""
-        params: Dict[str, List[torch.Tensor]] = {}
-        for g in self.lookup.groups if self.lookup is not None else []:
-            for k, cfg in enumerate(g.layout.tables):
-                params.setdefault(cfg.name.rpartition("#")[0], []).append(g.table_slots(k))
-        return [FusedGroupSpec(names, lr, [p for t in names for p in params.get(t, [])])
-                for names, lr in zip(self._lr_groups, self._group_lrs)]

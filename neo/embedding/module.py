@@ -46,17 +46,18 @@ from torch import nn
 from neo.config.embedding import Placement, TableConfig
 from neo.embedding.anchor import ANCHOR, new_anchor, restore_anchor
 from neo.embedding.backends import get_backend, resolve_backend_name
-from neo.embedding.cache import CacheStats, ModuleCache, TableCache, make_store
+from neo.embedding.cache import ModuleCache, TableCache, make_store
 from neo.embedding.cache.moves import moves_for
 from neo.embedding.checks import EmbeddingInputError, check_features
 from neo.embedding.invalid_ids import InvalidIds
 from neo.embedding.ddp_guard import refuse_ddp_buffer_sync
 from neo.embedding.exported import exported_lookup
-from neo.embedding.fused_optimizer import FusedGroupSpec, FusedOptimizer, group_rates
 from neo.embedding.group_runner import GroupRunner, PooledLookup, ids_of_bags, pool
 from neo.embedding.init import TableRegion, fill_rows
 from neo.embedding.layout import GroupLayout, group_tables
+from neo.embedding.module_cache import CachedTables
 from neo.embedding.placeholder import needs_tables
+from neo.embedding.table_rates import TableRates
 from neo.embedding.table_state import load_tables, save_tables
 from neo.embedding.transforms import lookup_method
 from neo.embedding.variable_batch import own_bags, take_rows
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["TableBatchedEmbedding", "EmbeddingInputError"]
 
 
-class TableBatchedEmbedding(nn.Module):
+class TableBatchedEmbedding(CachedTables, TableRates, nn.Module):
     """Embedding tables looked up together; see the module docstring.
 
     Args:
@@ -392,59 +393,6 @@ class TableBatchedEmbedding(nn.Module):
         p = batch.permute(self._group_order)
         self._invalid.check(p.values.to(torch.int64), p.offsets.to(torch.int64), p.batch_size)
 
-    # ------------------------------------------------------------------ the cache
-    @property
-    @needs_tables
-    def has_cache(self) -> bool:
-        """True when some table is ``placement: cached``."""
-        return self._cache is not None
-
-    @needs_tables
-    def prefetch(self, batch: KeyedJaggedBatch, future: Sequence[KeyedJaggedBatch] = ()) -> None:
-        """Start making ``batch``'s cached rows resident on the cache's worker thread, for a
-        training step that will look ``batch`` up (this same object) later; ``future``: the
-        batches after it, nearest first (the lookahead policy's window). No-op without cached tables.
-
-        Rows of batches prefetched and not yet done are never evicted, so prefetching batch
-        i+1 while step i computes is safe; the lookup waits for what is not finished."""
-        if self._cache is None:
-            return
-        if not isinstance(batch, KeyedJaggedBatch) or any(not isinstance(b, KeyedJaggedBatch) for b in future):
-            # a prefetch is found again by the batch object itself: a KeyedJaggedTensor would be
-            # converted anew by the lookup, and its prefetched rows never taken (left pinned)
-            raise TypeError("prefetch takes the KeyedJaggedBatch objects the steps will look up: convert a "
-                            "torchrec KeyedJaggedTensor once with neo.sparse.as_batch(kjt) and pass that object "
-                            "to prefetch() and to the lookup")
-        if self.validate:
-            batch.ensure_checked()
-            check_features(batch, self.feature_names, self.feature_table)
-            self._check_batch_ids(batch)
-        self._cache.prefetch_async(batch, future, train=True)
-
-    @needs_tables
-    def flush_cache(self) -> int:
-        """Write every dirty cached row back to its store (before a checkpoint); rows written."""
-        return 0 if self._cache is None else self._cache.flush()
-
-    @needs_tables
-    def cache_stats(self, settled: bool = False) -> Dict[str, CacheStats]:
-        """Counters of every cached table (sums since creation); ``settled``: after the prefetches
-        in flight have finished (exact per-step accounting, at the price of a wait)."""
-        if self._cache is None:
-            return {}
-        if settled:
-            self._cache.wait_idle()
-        return self._cache.stats()
-
-    def _store_view(self, cfg: TableConfig):
-        """A cached table's backing store, with every dirty row written back (and the cache
-        emptied when no batch is in flight, so that writes through the views are seen)."""
-        cache = self._cache
-        cache.flush()
-        if cache.in_flight == 0:
-            cache.drop()
-        return cache.caches[cfg.name].store
-
     # ------------------------------------------------------- weights and state
     def _locate(self, name: str):
         for g in self.groups:
@@ -546,58 +494,3 @@ class TableBatchedEmbedding(nn.Module):
         if prefix + ANCHOR in missing_keys:     # never saved (_save_to_state_dict)
             missing_keys.remove(prefix + ANCHOR)
         load_tables(self, state_dict, prefix, missing_keys, unexpected_keys, error_msgs)
-
-    @needs_tables
-    def optimizer_steps(self) -> Dict[str, int]:
-        """Updates applied so far, per table (tables of one group share the counter)."""
-        return {cfg.name: int(g.step) for g in self.groups for cfg in g.layout.tables}
-
-    @needs_tables
-    def set_optimizer_steps(self, step: int, table: Optional[str] = None) -> None:
-        """Set the update counter (Adam's and LAMB's bias correction) of every group, or of the
-        group holding ``table``: restoring a checkpoint saved under another sharding."""
-        for g in self.groups:
-            if table is None or any(c.name == table for c in g.layout.tables):
-                g.step.fill_(int(step))
-
-    @needs_tables
-    def set_learning_rate(self, lr: float, table: Optional[str] = None) -> None:
-        """Set the sparse optimizer's learning rate of every table, or of ``table`` alone.
-
-        Tables of one optimizer config and dtype share a fused update and its learning rate (as
-        tables share one in an FBGEMM TBE): ``table`` must then be set with its group, through
-        :meth:`set_learning_rates`, or get an optimizer config of its own. ValueError for a table
-        this module does not hold, a table whose group holds others (naming them), or an lr that
-        is not a finite number >= 0."""
-        if table is None:
-            self.set_learning_rates({c.name: lr for g in self.groups for c in g.layout.tables})
-        else:
-            self.set_learning_rates({table: lr})
-
-    @needs_tables
-    def set_learning_rates(self, lrs: Dict[str, float]) -> None:
-        """Set the learning rate of each table named in ``lrs`` (table name -> lr). The tables of a
-        group (:meth:`set_learning_rate`) are set together: all of them named, with one value, or
-        none (ValueError naming the group's tables otherwise); the others keep theirs."""
-        new = group_rates([[c.name for c in g.layout.tables] for g in self.groups], lrs)
-        for i, lr in new.items():                   # all checked: nothing is set when one is refused
-            self.learning_rates[i] = lr
-        opt = self.__dict__.get("_fused_optimizer")
-        if opt is not None:
-            opt.sync({c.name: self.learning_rates[i] for i in new for c in self.groups[i].layout.tables})
-
-    @property
-    @needs_tables
-    def fused_optimizer(self) -> FusedOptimizer:
-        """The fused groups' learning rates as a ``torch.optim.Optimizer`` that LR schedulers drive
-        (TorchRec's fused ``KeyedOptimizer``): one param group per group of :attr:`groups`,
-        ``{"lr", "tables": [names], "params": [(kernel rows, D) weight view per table]}``; its
-        ``step()`` updates nothing (backward did). Made once, at the first access, with the
-        kernels' current rates; see :mod:`neo.embedding.fused_optimizer`."""
-        opt = self.__dict__.get("_fused_optimizer")
-        if opt is None:
-            specs = [FusedGroupSpec([c.name for c in g.layout.tables], self.learning_rates[i],
-                                    [g.table_slots(t) for t in range(len(g.layout.tables))])
-                     for i, g in enumerate(self.groups)]
-            opt = self.__dict__["_fused_optimizer"] = FusedOptimizer(specs, self.set_learning_rates)
-        return opt
