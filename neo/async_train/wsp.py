@@ -60,16 +60,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.async_train.checkpoint import WSPCheckpoints
+from neo.async_train.wsp_checkpointing import WSPCheckpointing
+from neo.async_train.wsp_report import WSPReport
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
 from neo.config.embedding import ConfigError
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
-from neo.distributed.process_groups import on_rank0
 from neo.train.build import build_job, validate_training_config
-from neo.train.checkpoint.digest import replica_sha256
-from neo.train.data import rename_features
 from neo.train.epochs import epoch_batches, seek
-from neo.train.metrics import BinaryMetrics
 from neo.train.run_log import RunLog, start_run_log
 from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.schedule import LRSchedule
@@ -99,7 +97,7 @@ def check_wsp_config(cfg) -> None:
         raise ConfigError(_STOP_WITH_GROUPS.format(t.stop_signals))
 
 
-class WSPTrainer:
+class WSPTrainer(WSPCheckpointing, WSPReport):
     """Trains a validated config under WSP (module docstring). ``fit()`` returns the final metrics
     (rank 0's, with every worker's clocks in the run log)."""
 
@@ -193,62 +191,6 @@ class WSPTrainer:
         self.losses: List[float] = []
         self.waves_log: List[Dict[str, Any]] = []
         """Per wave this worker ran: when it started, the version it computed on, its staleness."""
-
-    # ------------------------------------------------------------------ checkpoints
-    def _open_checkpoints(self) -> None:
-        """Rank 0 takes the lease on ``train.checkpoint_dir`` (a refusal raised on every rank); with
-        ``train.resume`` every rank loads the newest checkpoint rank 0 finds there."""
-        t = self.cfg.train
-        self.ckpt = WSPCheckpoints(t.checkpoint_dir, t.checkpoint_keep, t.checkpoint_every // self.wave_steps,
-                                   self.waves)
-
-        def acquire() -> Optional[str]:
-            self.lease = CheckpointLease(t.checkpoint_dir, t.checkpoint_lease_s, on_lost=self.say)
-            return self.lease.acquire()
-
-        note = on_rank0(acquire, self.pg)
-        if note:
-            self.say(note)
-        version = on_rank0(lambda: self.ckpt.latest() if t.resume else None, self.pg)
-        if version is None:
-            earlier = self.ckpt.versions() if self.rank == 0 else []
-            self.ckpt.replace_existing = True
-            self.say(f"neo wsp: starting at version 0; checkpoints go to {t.checkpoint_dir}" +
-                     (f" (its earlier WSP checkpoints of versions {earlier} are replaced from this run's first save)"
-                      if earlier else ""))
-            return
-        state = self.ckpt.load(version, self._identity())
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:       # shapes or parameters of another model
-            from neo.train.checkpoint import CheckpointError
-
-            first = str(e).strip().splitlines()
-            raise CheckpointError(f"{self.ckpt.path(version)}: does not fit this run's model, tables or optimizer "
-                                  f"({first[0] if first else type(e).__name__} ...); resume with the config it was "
-                                  "written with, or give another train.checkpoint_dir") from None
-        self.start_version = version
-        self.say(f"neo wsp: resuming at version {version} (step {version * self.wave_steps}) from "
-                 f"{self.ckpt.path(version)}")
-
-    def _identity(self) -> Dict[str, Any]:
-        """What a checkpoint must share with the run that resumes it."""
-        return {"world_size": self.W, "wave_steps": self.wave_steps, "batch_size": self.B,
-                "tables": [tb.name for tb in self.embedding.tables]}
-
-    def _save(self, version: int) -> None:
-        """Rank 0, as it applies ``version``: its replica (module doc of neo.async_train.checkpoint)."""
-        lost = self.lease.check() if self.lease is not None else None
-        if lost:
-            raise CheckpointError(f"neo wsp: not writing the checkpoint of version {version}: {lost}")
-        with self.timers("checkpoint"):
-            self.ckpt.save(version, {**self._identity(), "step": version * self.wave_steps,
-                                     "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
-
-    def _release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
 
     # ------------------------------------------------------------------ data
     def _batches(self, start: int) -> Iterator[Any]:
@@ -465,80 +407,6 @@ class WSPTrainer:
         runlog.record("final", self.step, final)
         runlog.close()
         return final
-
-    # ------------------------------------------------------------------ the end
-    @torch.no_grad()
-    def evaluate(self) -> Dict[str, Any]:
-        """AUC, log loss, accuracy of the final state over the validation set (every rank's share)."""
-        loader = self.val_loader
-        if loader is None:
-            return {}
-        loader.set_epoch(0)
-        n = math.ceil(loader.shard_size / self.cfg.train.eval_batch)
-        if self.cfg.train.eval_batches:
-            n = min(n, self.cfg.train.eval_batches)
-        metrics = BinaryMetrics()
-        self.model.eval()
-        it = iter(loader)
-        try:
-            for _, batch in zip(range(n), it):
-                batch = rename_features(batch, self.mapping)
-                metrics.update(self.model(batch.dense.to(self.device), batch.sparse.to(self.device)), batch.labels)
-        finally:
-            it.close()
-            self.model.train()
-        return metrics.compute(self.pg.world if self.W > 1 else None)
-
-    def _final(self, runlog: RunLog, start: float, end: float, last_eval: Dict[str, Any]) -> Dict[str, Any]:
-        recent = self.losses[-50:]
-        mine = {"rank": self.rank, "start": start, "end": end, "waves": self.waves_log,
-                "max_staleness": max((w["staleness"] for w in self.waves_log), default=0),
-                "phase_s": self.timers.snapshot(), "loss_sum": float(sum(recent)), "loss_n": len(recent)}
-        infos = [mine]
-        if self.W > 1:
-            infos = [None] * self.W
-            dist.all_gather_object(infos, mine, group=self.pg.world)
-        t0 = min(i["start"] for i in infos)
-        for i in infos:                                            # every worker's clock over time
-            for w in i["waves"]:
-                runlog.record("wsp_wave", w["wave"], {"worker": i["rank"], "wave": w["wave"], "t_s": round(w["t"] - t0, 6),
-                                                      "version": w["version"], "staleness": w["staleness"]})
-        if self.server is not None:
-            for when, worker, wave, clocks in self.server.events:
-                runlog.record("wsp_clock", wave, {"worker": worker, "wave": wave, "t_s": round(when - t0, 6),
-                                                  "clocks": clocks})
-        seconds = max(i["end"] for i in infos) - t0
-        # resumed at or past the configured end (a checkpoint of a longer run): nothing trained
-        done = max(self.waves, self.start_version)
-        trained_steps = max(0, self.total_steps - self.start_version * self.wave_steps)
-        out = {
-            "mode": "wsp", "staleness_bound": self.staleness, "wave_steps": self.wave_steps, "waves": done,
-            "start_version": self.start_version,
-            "checkpoint": self.ckpt.path(done) if self.ckpt is not None else None,
-            "virtual_workers": self.groups, "steps": self.step, "world_size": self.W,
-            "global_batch": self.B * self.W,
-            "samples_per_s": round(trained_steps * self.B * self.W / max(seconds, 1e-9), 1),
-            "train_seconds": round(seconds, 3),
-            "max_staleness_observed": max(i["max_staleness"] for i in infos),
-            "auc": last_eval.get("auc"), "logloss": last_eval.get("logloss"), "ne": last_eval.get("ne"),
-            "calibration": last_eval.get("calibration"),
-            "accuracy": last_eval.get("accuracy"), "eval_samples": last_eval.get("count"),
-            "best_auc": self.data.best_auc,
-            # the last (up to) 50 steps of every worker, as the synchronous trainer's train_loss
-            "train_loss": (sum(i["loss_sum"] for i in infos) / sum(i["loss_n"] for i in infos))
-            if sum(i["loss_n"] for i in infos) else None,
-            "phase_ms_per_step": {k: round(1e3 * v / max(self.step, 1), 3) for k, v in mine["phase_s"].items()
-                                  if k != "evaluate"},
-            "slowdown": {"rank": self.slowdown.rank, "factor": self.slowdown.factor,
-                         "probability": self.slowdown.probability},
-        }
-        if self.cfg.train.state_digest and self.rank == 0:    # the replicas are equal once every wave is in
-            with self.timers("state_digest"):
-                out["state_sha256"] = replica_sha256(self.embedding, self.model, self.optimizer)
-        if self.start_version >= self.waves:
-            out["note"] = (f"nothing left to train: resumed at version {self.start_version}, the config ends at "
-                           f"wave {self.waves}")
-        return out
 
 
 def run(cfg, pg=None) -> int:

@@ -31,9 +31,9 @@ import numpy as np
 
 from neo.planner.cost import collective_latency, estimate_joined, estimate_many, input_side_cost
 from neo.planner.enumerate import Option, enumerate_options
-from neo.planner.partition import (Assignment, Group, Problem, evaluate, fits, greedy, karmarkar_karp,
-                                   lower_bound, objective)
-from neo.planner.refine import refine
+from neo.planner.memory_fit import _check_total_memory, _fit_total_memory
+from neo.planner.partition import Assignment, lower_bound, objective
+from neo.planner.partition_step import _input_side, _run_partitioners, build_problem
 from neo.planner.plan import Plan, RankStats, TablePlan
 from neo.planner.step_model import rank_footprints
 from neo.planner.constants import CostConstants
@@ -67,14 +67,6 @@ class Proposal:
     """The largest part's cap (x the ideal per-rank load) that chose it; None for a variant."""
     mem_frac: Optional[float] = None
     """The cap on each part's memory (x the smallest device's) that chose it; None for a variant."""
-
-
-def _input_side(tables: Sequence[TableSpec], opts: Sequence[Option], topo: Topology, c: CostConstants):
-    t = bi = bo = m = 0.0
-    for o in opts:
-        s, a, b, mem = input_side_cost(tables[o.table], o.sharding_type, topo, c)
-        t, bi, bo, m = t + s, bi + a, bo + b, m + mem
-    return t, bi, bo, m
 
 
 def _work_and_memory(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
@@ -205,145 +197,6 @@ def _rank_key(loads: np.ndarray, c: CostConstants) -> Tuple[float, float]:
     objective (the better balanced)."""
     mx = float(loads.max())
     return (round(np.log(mx) / np.log(1.001)) if mx > 0 else -np.inf), objective(loads, c.imbalance_weight)
-
-
-def _fit_total_memory(choice: List[int], totals, sumhbm, cap: float) -> List[int]:
-    """Move tables to options with less memory (fewer cached rows, or cached instead of on the
-    device), least seconds added per byte saved first, until the chosen options fit ``cap``.
-    Each table's cheapest move is kept and only the moved table's is computed again."""
-    choice = list(choice)
-    need = sum(float(h[j]) for h, j in zip(sumhbm, choice))
-    if need <= cap:
-        return choice
-    n = len(choice)
-    ratio, move, valid = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-
-    def update(k: int) -> None:
-        cheapest = _cheapest_move(sumhbm[k], totals[k], choice[k])
-        valid[k] = cheapest is not None
-        if valid[k]:
-            ratio[k], move[k] = cheapest
-
-    for k in range(n):
-        update(k)
-    while need > cap:
-        idx = np.flatnonzero(valid)
-        if not len(idx):
-            break
-        r = ratio[idx]
-        if np.isnan(r).any():          # the first table, then any strictly cheaper (NaN never is)
-            k = int(idx[0])
-            for q in idx[1:].tolist():
-                if ratio[q] < ratio[k]:
-                    k = q
-        else:
-            k = int(idx[np.argmin(r)])   # the cheapest; ties: the first table
-        m = int(move[k])
-        need -= float(sumhbm[k][choice[k]] - sumhbm[k][m])
-        choice[k] = m
-        update(k)
-    return choice
-
-
-def _cheapest_move(h: np.ndarray, t: np.ndarray, j: int):
-    """(seconds added per byte saved, option) of a table's cheapest move from option ``j`` to one
-    with less memory (``h``: each option's bytes, ``t``: its seconds); None when none saves any."""
-    saves = h[j] - h
-    ok = (saves > 0) & np.isfinite(t)           # (a variant's left-out kind: inf)
-    if not ok.any():
-        return None
-    ratio = np.where(ok, (t - t[j]) / np.where(ok, saves, 1.0), np.inf)
-    # among the moves of this table, the cheapest per byte; ties: the one saving most
-    m = int(np.lexsort((-saves, ratio))[0])
-    return ratio[m], m
-
-
-def build_problem(tables: Sequence[TableSpec], chosen: Sequence[Option], topo: Topology, c: CostConstants):
-    """The partitioning problem of one proposal, and the maps back from items to options."""
-    W, L = topo.world_size, topo.local_world_size
-    speed = np.array([d.speed for d in topo.devices], dtype=np.float64)
-    hbm_cap = np.array([d.hbm_bytes for d in topo.devices], dtype=np.float64) * (1 - c.memory_headroom)
-    host_cap = np.array([d.host_bytes for d in topo.devices], dtype=np.float64)
-    in_t, _, _, in_m = _input_side(tables, chosen, topo, c)
-    base_load, base_hbm, base_host = np.full(W, in_t), np.full(W, in_m), np.zeros(W)
-    single_rows: List[Tuple[int, int]] = []  # (option position, part)
-    groups: List[Group] = []
-    group_of: List[int] = []
-    for pos, o in enumerate(chosen):
-        pc = o.costs
-        if o.scope == "fixed":
-            base_load = base_load + pc.compute / speed + pc.comm
-            base_hbm, base_host = base_hbm + pc.hbm, base_host + pc.host
-        elif o.scope == "node":
-            groups.append(Group(tables[o.table].name, pc.compute, pc.comm, pc.hbm, pc.host,
-                                ordered=o.sharding_type is ShardingType.TABLE_ROW_WISE))
-            group_of.append(pos)
-        else:
-            single_rows.extend((pos, k) for k in range(o.num_parts))
-    n = len(single_rows)
-    pos_arr = np.array([p for p, _ in single_rows], dtype=np.int64)
-    part_arr = np.array([k for _, k in single_rows], dtype=np.int64)
-
-    def gather(attr):
-        return np.array([getattr(chosen[p].costs, attr)[k] for p, k in single_rows], dtype=np.float64)
-
-    allowed = np.ones((n, W), dtype=bool)
-    for i, (p, _) in enumerate(single_rows):
-        if chosen[p].allowed_ranks:
-            allowed[i] = False
-            allowed[i, list(chosen[p].allowed_ranks)] = True
-    names = tuple(tables[chosen[p].table].name for p, _ in single_rows)
-    prob = Problem(L, speed, hbm_cap, host_cap, base_load, base_hbm, base_host, gather("compute"),
-                   gather("comm"), gather("hbm"), gather("host"), allowed, names, tuple(groups))
-    return prob, pos_arr, part_arr, group_of
-
-
-def _over_bytes(prob: Problem, hbm: np.ndarray, host: np.ndarray) -> float:
-    """Largest excess of a rank's memory over its capacity (<= 0: fits)."""
-    return float(max((hbm - prob.hbm_cap).max(), (host - prob.host_cap).max()))
-
-
-def _run_partitioners(prob: Problem, cost: np.ndarray, c: CostConstants, allowed_algos: Sequence[str]):
-    """[(algorithm, assignment, loads, fits, bytes over capacity)], [errors]; ``cost``:
-    ``prob.cost_matrix()``."""
-    results = []
-    starts = []
-    errors = []
-    for name, fn in (("greedy", greedy), ("karmarkar_karp", karmarkar_karp)):
-        try:
-            a = fn(prob, cost)
-        except PlanningError as e:
-            errors.append(e)
-            continue
-        loads, hbm, host = evaluate(prob, a, cost)
-        ok = fits(prob, hbm, host)
-        results.append((name, a, loads, ok, _over_bytes(prob, hbm, host)))
-        starts.append((not ok, objective(loads, c.imbalance_weight), a))
-    refined = []
-    for _, _, start in starts:  # refine from both starts, keep the better
-        a = refine(prob, start, cost, imbalance_weight=c.imbalance_weight)
-        loads, hbm, host = evaluate(prob, a, cost)
-        ok = fits(prob, hbm, host)
-        refined.append((not ok, objective(loads, c.imbalance_weight), a, loads, ok, _over_bytes(prob, hbm, host)))
-    if refined:
-        _, _, a, loads, ok, over = min(refined, key=lambda r: (r[0], r[1]))
-        results.append(("refine", a, loads, ok, over))
-    return [r for r in results if r[0] in allowed_algos], errors
-
-
-def _check_total_memory(tables, options, topo: Topology, c: CostConstants) -> None:
-    """Raise when even the most compact option of every table cannot fit the whole cluster."""
-    cap = sum(d.hbm_bytes for d in topo.devices) * (1 - c.memory_headroom)
-    need_each = [min(float(o.costs.hbm.sum()) for o in opts) for opts in options]
-    need = sum(need_each) + _input_side(tables, [opts[0] for opts in options], topo, c)[3] * topo.world_size
-    if need > cap:
-        big = sorted(range(len(tables)), key=lambda k: -need_each[k])[:3]
-        names = ", ".join(f"'{tables[k].name}' ({need_each[k] / GIB:.2f} GiB)" for k in big)
-        raise PlanningError(
-            f"the tables need at least {need:.0f} bytes ({need / GIB:.2f} GiB) of device memory in total but the "
-            f"{topo.world_size} ranks have {cap:.0f} bytes ({cap / GIB:.2f} GiB): {need - cap:.0f} bytes "
-            f"({(need - cap) / GIB:.2f} GiB) missing; largest tables: {names} (placement: cached keeps a "
-            f"cache of a table's hot rows in device memory and every row in host memory or on disk)")
 
 
 def plan_tables(tables: Iterable[TableSpec], topo: Topology, constants: Optional[CostConstants] = None,

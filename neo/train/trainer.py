@@ -37,10 +37,7 @@ from neo.train.build import build_job, probe_directory, restart_attempt, validat
 from neo.train.cache_log import CacheMonitor
 from neo.distributed.comms import CollectiveError, is_comm_error
 from neo.distributed.heartbeat import Heartbeat
-from neo.distributed.process_groups import on_rank0
-from neo.train.checkpoint import (CheckpointError, CheckpointLease, Checkpointer, find_resumable, job_state,
-                                  load_checkpoint, state_sha256)
-from neo.train.checkpoint.layout import step_of
+from neo.train.checkpoint import CheckpointError, CheckpointLease
 from neo.train.epochs import epoch_batches
 from neo.train.evaluation import Evaluator
 from neo.train.pipeline import PlainLoop, StepBatch, TrainPipeline
@@ -48,28 +45,13 @@ from neo.train.run_log import RunLog, start_run_log
 from neo.train.schedule import LRSchedule
 from neo.train.step import DenseStep, Timers, wrap_ddp
 from neo.train.step_stats import StepStats
-from neo.train.stop import StopSignals, agreed_signal, signal_name
+from neo.train.stop import StopSignals, agreed_signal
 from neo.train.trace import TraceRecorder, attach, write_trace
+from neo.train.trainer_checkpointing import TrainerCheckpointing
+from neo.train.trainer_report import TrainerReport
 
 __all__ = ["FitHook", "Trainer", "TrainingDiverged", "dense_optimizer"]
 
-
-_PHASES = {
-    "data": "reading the next batch",
-    "input_dist": "the input distribution (ids and lengths AlltoAll)",
-    "lookup": "the embedding lookup",
-    "output_dist": "the pooled-embedding AlltoAll / ReduceScatter",
-    "dense_fwd": "the dense forward",
-    "backward": "the backward (dense-gradient AllReduce of DDP, embedding-gradient AlltoAll, fused update)",
-    "embedding_bwd": "the embedding backward",
-    "output_dist_bwd": "the embedding-gradient AlltoAll",
-    "optimizer": "the dense optimizer step",
-    "metrics": "the loss average AllReduce",
-    "evaluate": "the evaluation",
-    "checkpoint": "the checkpoint save",
-    "state_digest": "the state digest's AllGather",
-}
-"""What each phase timer covers, for errors naming the operation that failed."""
 
 _PHASES_OUTSIDE_STEPS = {"metrics", "evaluate", "checkpoint", "state_digest"}
 """Timed for errors, left out of ``phase_ms_per_step``."""
@@ -114,7 +96,7 @@ class FitHook:
         return run_eval(), False
 
 
-class Trainer:
+class Trainer(TrainerCheckpointing, TrainerReport):
     """Builds the job of a validated :class:`neo.config.NeoConfig` (see module doc).
 
     Args:
@@ -203,129 +185,6 @@ class Trainer:
                 self.release_checkpoint_dir()
                 raise
 
-    def _open_checkpoints(self, cached) -> None:
-        """The checkpointer, and the checkpoint resumed from (if any) loaded."""
-        t = self.cfg.train
-        # disk-backed cached tables are written from their stores, not staged in memory
-        self.checkpointer = Checkpointer(t.checkpoint_dir, self.pg, keep=t.checkpoint_keep,
-                                         async_save=t.checkpoint_async and not cached, guard=self._lease_check)
-        path = find_resumable(t.checkpoint_dir, self.pg, say=self.say) if t.resume else None
-        if path is not None:
-            self.load(path)
-        else:
-            earlier = sorted((d for d in os.listdir(t.checkpoint_dir) if step_of(d) >= 0), key=step_of)
-            self.say(f"neo train: starting at step 0; checkpoints go to {t.checkpoint_dir}" +
-                     (f" (its earlier checkpoints {earlier} are replaced from this run's first save: "
-                      "train.resume=false)" if earlier else " (none there to resume from)"))
-
-    def _take_lease(self) -> None:
-        """Rank 0 takes the lease on ``train.checkpoint_dir`` (saying so when it takes over a stale
-        one); a refusal (:class:`CheckpointError`: another run writes there) is raised on every
-        rank, not left for the others to wait out in the next collective."""
-        t = self.cfg.train
-
-        def acquire() -> Optional[str]:
-            lease = self.lease or CheckpointLease(t.checkpoint_dir, t.checkpoint_lease_s, on_lost=self.say)
-            note = lease.acquire()
-            self.lease = lease
-            return note
-
-        note = on_rank0(acquire, self.pg)
-        if note:
-            self.say(note)
-        self._lease_held = True
-
-    def _lease_check(self) -> Optional[str]:
-        """Rank 0, before a save clears or commits: None while the run holds its lease."""
-        return self.lease.check() if self.lease is not None else None
-
-    def release_checkpoint_dir(self) -> None:
-        """Give up the lease on ``train.checkpoint_dir`` (every rank may call it; idempotent). fit()
-        calls it when it ends, however it ends; a later fit() takes the lease again. A Trainer that
-        is never fit should call it when done (else the lease goes at the process's exit)."""
-        self._lease_held = False
-        if self.lease is not None:
-            self.lease.release()
-
-    def _predicted_vs_measured(self) -> Dict[str, Any]:
-        """The plan's predicted step next to the steady-state measured one, component by component."""
-        out: Dict[str, Any] = {}
-        pred = self.plan.get("summary", {}).get("step")
-        if pred:
-            out["predicted_step_ms"] = pred["step_ms"]
-            out["predicted_components_ms"] = pred["components_ms"]
-        meas = self.step_stats.summary()
-        if meas:
-            out["measured_step_ms"] = meas["step_ms"]
-            out["measured_components_ms"] = meas["components_ms"]
-        if pred and meas and meas["step_ms"] > 0:
-            out["prediction_ratio"] = round(pred["step_ms"] / meas["step_ms"], 3)
-        if "cost_constants" in self.plan.get("summary", {}):
-            out["cost_constants"] = self.plan["summary"]["cost_constants"]
-        return out
-
-    # ------------------------------------------------------------------ checkpoints
-    def _data_identity(self) -> Optional[Dict[str, Any]]:
-        """What the training data is, cheaply: its sample count and its files (the last two folders
-        of each path, e.g. ``synth-<hash>/train/part-00000.parquet``, and the size), None for a
-        loader without files."""
-        files = getattr(self.train_loader, "files", None)
-        if files is None:
-            return None
-        tail = lambda f: "/".join(os.path.normpath(f).split(os.sep)[-3:])  # noqa: E731
-        return {"samples": int(self.train_loader.num_samples),
-                "files": [[tail(f), os.path.getsize(f)] for f in files]}
-
-    def _table_inputs(self) -> Dict[str, List[str]]:
-        """Each table's data columns (the sparse features of the data that it looks up)."""
-        by_feature = {f: d for d, f in self.mapping.items()} if self.mapping else {}
-        return {t.name: [by_feature.get(f, f) for f in t.feature_names] for t in self.tables}
-
-    def load(self, path: str) -> None:
-        meta = load_checkpoint(path, sharded=self.sharded, dense_model=self.model, optimizer=self.optimizer,
-                               loader=self.train_loader, pg=self.pg)
-        saved, now = meta.get("table_inputs"), self._table_inputs()
-        if saved is not None and saved != now:
-            moved = sorted(t for t in now if saved.get(t) != now[t])
-            raise CheckpointError(f"{path}: tables {moved} read other data columns than when the checkpoint was "
-                                  f"written ({ {t: saved.get(t) for t in moved} } then, { {t: now[t] for t in moved} } "
-                                  "now: the tables' order or features changed); resuming would train each on "
-                                  "another feature's ids")
-        self.step = int(meta["step"])
-        self.resumed_from = path
-        self.say(f"neo train: resumed from {path} at step {self.step}")
-        data = meta.get("train_data")
-        if data is not None and data != self._data_identity():
-            now = self._data_identity() or {}
-            self.say(f"neo train: the checkpoint was trained on other data ({data.get('samples')} samples in "
-                     f"{len(data.get('files', []))} files, e.g. {(data.get('files') or [['?']])[0][0]}); this run reads "
-                     f"{now.get('samples')} samples in {len(now.get('files', []))} files, e.g. "
-                     f"{(now.get('files') or [['?']])[0][0]}: it continues at the checkpoint's position in this data")
-        batch = meta.get("global_batch")
-        if batch is not None and int(batch) != self.B * self.W:
-            self.say(f"neo train: the checkpoint was trained at a global batch of {batch}, this run's is "
-                     f"{self.B * self.W}: its step {self.step} counts batches of the old size (the schedule "
-                     "and train.steps count steps)")
-        if self.step >= self.total_steps:
-            self.say(f"neo train: the checkpoint is at step {self.step}, this run ends at step {self.total_steps}: "
-                     "nothing left to train (raise train.steps or train.epochs)")
-
-    def save(self) -> None:
-        """Start a checkpoint of the current step (written in the background unless configured not to)."""
-        lookup = self.sharded.lookup
-        steps = max(lookup.optimizer_steps().values(), default=0) if lookup is not None else 0
-        meta = {"step": self.step, "world_size": self.W, "local_world_size": self.pg.local_world_size,
-                "global_batch": self.B * self.W, "seed": self.cfg.train.seed, "plan": self.plan,
-                "table_inputs": self._table_inputs(), "train_data": self._data_identity(),
-                "dense_optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None}
-        state = job_state(self.sharded, self.model, self.optimizer, self._last_loader_state, steps, meta)
-        self.checkpointer.save(self.step, state, meta)
-        self._saved_step = self.step
-
-    def state_sha256(self) -> str:
-        """Digest of every parameter and optimizer state (collective; see neo/train/checkpoint/digest.py)."""
-        return state_sha256(self.sharded, self.model, self.optimizer, self.pg)
-
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> None:
         lr = self.schedule(step)
@@ -390,57 +249,6 @@ class Trainer:
                 runlog.close()
             self.heartbeat.close()
             self.release_checkpoint_dir()
-
-    def _run_figures(self, steps_run: int, train_s: float) -> Dict[str, Any]:
-        """What the final JSON line says of any run, finished or stopped: steps, throughput, the
-        recent training loss (of the last 50 steps, over every rank's samples, as the run log's
-        records; collective), the world."""
-        recent = self.losses[-50:]
-        loss = torch.tensor([sum(recent), float(len(recent))], dtype=torch.float64)
-        if self.W > 1:
-            dist.all_reduce(loss, group=self.pg.world)
-        return {"steps": self.step, "samples_per_s": round(steps_run * self.B * self.W / max(train_s, 1e-9), 1),
-                "train_loss": float(loss[0] / loss[1]) if float(loss[1]) > 0 else None,
-                "world_size": self.W, "global_batch": self.B * self.W, "train_seconds": round(train_s, 2)}
-
-    def _stopped(self, num: int, runlog: RunLog, steps_run: int, train_s: float) -> Dict[str, Any]:
-        """The end of a run stopped by a signal of train.stop_signals after step ``self.step``: the
-        checkpoint of this step (none without train.checkpoint_dir), no evaluation and no digest
-        (a stop must fit in the time before the kill), a ``stopped`` record."""
-        t = self.cfg.train
-        checkpoint = None
-        with self.timers("checkpoint"):
-            if t.checkpoint_dir:
-                if self._saved_step != self.step:
-                    self.save()
-                self.checkpointer.wait()                          # committed before the process ends
-                checkpoint = os.path.join(t.checkpoint_dir, f"step-{self.step}")
-        final = dict(self._run_figures(steps_run, train_s), stopped=signal_name(num), exit_status=128 + num,
-                     checkpoint=checkpoint)
-        if self.trace is not None:
-            final["trace"] = write_trace(self.trace, t.trace, self.rank, self.W, self.pg.world)
-        runlog.record("stopped", self.step, final)
-        runlog.message(f"stopped by {final['stopped']} after step {self.step}: "
-                       + (f"checkpoint {checkpoint}" if checkpoint else "no train.checkpoint_dir, nothing saved"))
-        runlog.close()
-        return final
-
-    def _named_failure(self, e: BaseException) -> CollectiveError:
-        from neo.distributed.shm import ShmPeerGone
-
-        phase = self.timers.failed_in or "a collective"
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        gone, seen = e, set()
-        while gone is not None and not isinstance(gone, ShmPeerGone) and id(gone) not in seen:
-            seen.add(id(gone))
-            gone = gone.__cause__ or gone.__context__
-        if isinstance(gone, ShmPeerGone):             # a peer exited (its own error is in its output)
-            return CollectiveError(f"rank {self.rank}: step {self.step + 1}: {_PHASES.get(phase, phase)} stopped: "
-                                   f"{str(gone).strip().splitlines()[0]}; that rank's own error says why")
-        return CollectiveError(
-            f"rank {self.rank}: step {self.step + 1}: {_PHASES.get(phase, phase)} did not complete within "
-            f"train.collective_timeout_s = {self.cfg.train.collective_timeout_s:g} s: {self.heartbeat.diagnose()}. "
-            f"Cause: {cause}")
 
     def _fit(self, hook: FitHook, stop: StopSignals) -> Dict[str, Any]:
         t = self.cfg.train
