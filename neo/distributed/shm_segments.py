@@ -55,13 +55,17 @@ def _align(n: int, a: int = 64) -> int:
 _MEMMOVE_MAX = 1 << 20
 """Chunks below this many bytes are copied by ``memmove`` on their addresses (no tensor views:
 a few microseconds less per chunk, most of a small collective's cost); larger ones by torch's
-copy, which may split them across the intra-op threads."""
+copy where it has more than one intra-op thread to split them across, else by ``memmove`` too
+(torch's copy on one thread is a byte loop of its own, slower than glibc's: with it,
+``tools/bench_collectives.py`` at W 2, one thread a rank, 8 MB a peer, took 4.84-5.19 ms an
+AlltoAll and 3.51-3.74 ms back to back, against 4.31-4.47 and 2.82-2.91 with ``memmove``; Intel
+Xeon `GenuineIntel 6/207/2`, 2026-12-06, docs/benchmarks.md)"""
 
 
 def _move(dst: int, src: int, n: int) -> None:
     """Copy ``n`` bytes from address ``src`` to address ``dst`` (live memory of the caller's tensors
     or of mapped segments)."""
-    if n < _MEMMOVE_MAX:
+    if n < _MEMMOVE_MAX or torch.get_num_threads() == 1:
         ctypes.memmove(dst, src, n)
     else:
         _at(dst, n).copy_(_at(src, n))

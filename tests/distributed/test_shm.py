@@ -278,3 +278,23 @@ def test_ranks_that_cannot_share_memory_fall_back_to_gloo_together():
     got = run_multiprocess(_fallback_body, 2, timeout_s=60)
     assert [g[:2] for g in got] == [(False, True), (False, True)]
     assert got[0][2] == [0, 1, 10, 11] and got[1][2] == [2, 3, 12, 13]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nbytes", [1000, (1 << 20) - 1, 1 << 20, (3 << 20) + 5])
+def test_move_copies_every_byte_whichever_copy_runs(threads, nbytes):
+    """Chunks are copied by memmove (small ones; any size on one intra-op thread) or by torch's
+    copy (large ones on several threads): either way every byte arrives and nothing past the
+    chunk is written, at odd sizes and offsets too."""
+    from neo.distributed.shm_segments import _move
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(nbytes + threads)
+        src = torch.randint(0, 256, (nbytes + 3,), dtype=torch.uint8, generator=gen)
+        dst = torch.zeros(nbytes + 8, dtype=torch.uint8)
+        _move(dst.data_ptr() + 2, src.data_ptr() + 1, nbytes)
+        assert torch.equal(dst[2:2 + nbytes], src[1:1 + nbytes])
+        assert not dst[:2].any() and not dst[2 + nbytes:].any()
+    finally:
+        torch.set_num_threads(before)
