@@ -50,11 +50,28 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = config._neo_tmp_dir
     tempfile.tempdir = None                # re-read from TMPDIR at the next gettempdir()
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
+    _share_cores_between_workers()
     k = config.getoption("--seed-shift")
     k = seed_shift.shift_from_env() if k is None else k
     if k:                                  # before any test: the ranks' fork server starts with it
         seed_shift.export(k)
         seed_shift.install(k)
+
+
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n W``) each worker takes cores / W intra-op threads, and so do the
+    processes it starts (``OMP_NUM_THREADS``, read when they import torch): W workers at the
+    machine's full thread count each would oversubscribe the cores, where OpenMP's waiting
+    threads spin (``tests/models/test_dlrm.py`` took 6x its serial time so). A serial run keeps
+    torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
 def pytest_report_header(config: pytest.Config):
