@@ -318,10 +318,10 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
       // little else to run meanwhile (a sampling profile put about a quarter of the update's
       // samples on the slices' loads and their bags' offsets). Intel Xeon (Emerald Rapids), 4
       // tables of 100k rows, bags of 1-39 uniform ids (bench_sharded's shape, 1.5 items a row),
-      // the same process alternating (2026-12-06): the backward 4-6% faster under AVX2 (row-wise
-      // Adagrad and SGD), 3-4% under AVX-512, at 1 and 2 threads; 8 tables of 1M rows (1.04
-      // items a row) and 2 of 10k (8 a row) within 0.5%. Every occurrence's slice instead: 5%
-      // slower at 8 a row.
+      // the same process alternating (2026-12-06): the backward 4-6% faster under AVX2 at one
+      // thread (row-wise Adagrad and SGD), 3-4% under AVX-512 at one and two; 8 tables of 1M rows
+      // (1.04 items a row) and 2 of 10k (8 a row) within 0.5%. Every occurrence's slice instead:
+      // 5% slower at 8 a row (docs/benchmarks.md).
       pj_next = next_row(pj);
       if (pj_next - pj == 2) prefetch_row(src.grad + src.bag_goff[static_cast<uint32_t>(sorted[pj + 1])], D2 * 4);
     }
