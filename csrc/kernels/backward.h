@@ -300,7 +300,6 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
     const uint64_t key = sorted[j] >> 32;
     const int64_t elem0 = locate(key, t);
     const int64_t D = m.dims[t];
-    int64_t pj_next = pj;   // the first item of the row after pj's
     if (pj < n_valid) {  // into L1: the row, its state and its first gradient slice, L rows ahead
       const uint64_t it2 = sorted[pj], k2 = it2 >> 32;
       int64_t t2 = t;
@@ -322,8 +321,9 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
       // thread (row-wise Adagrad and SGD), 3-4% under AVX-512 at one and two; 8 tables of 1M rows
       // (1.04 items a row) and 2 of 10k (8 a row) within 0.5%. Every occurrence's slice instead:
       // 5% slower at 8 a row (docs/benchmarks.md).
-      pj_next = next_row(pj);
-      if (pj_next - pj == 2) prefetch_row(src.grad + src.bag_goff[static_cast<uint32_t>(sorted[pj + 1])], D2 * 4);
+      const int64_t next = next_row(pj);   // the cursor moves on to the row after it
+      if (next - pj == 2) prefetch_row(src.grad + src.bag_goff[static_cast<uint32_t>(sorted[pj + 1])], D2 * 4);
+      pj = next;
     }
     if (far && pf < n_valid) {  // into L2: weight and element-wise state rows `far` rows ahead
       int64_t t3 = t;
@@ -341,7 +341,6 @@ void update_segment(const GroupMeta& m, T* W, const UpdateArgs& u, const Sources
       case 128: j = process_row<128, WEIGHTED>(u, W, src, j, end, key, D, elem0, acc, wf); break;
       default: j = process_row<0, WEIGHTED>(u, W, src, j, end, key, D, elem0, acc, wf); break;
     }
-    if (pj < n_valid) pj = pj_next;
     if (far && pf < n_valid) pf = next_row(pf);
   }
 }
