@@ -189,7 +189,7 @@ class DataConfig:
     """How far the loader's background threads stand below the training thread in the
     scheduler's priority (Linux nice values, 0 to 19; 0: the same), so that training keeps its
     core where the loader's threads and it want more cores than there are
-    (``LoaderOptions.thread_nice``, data_pipeline/loader.py)."""
+    (``LoaderOptions.thread_nice``, data_pipeline/loader_options.py)."""
 
     def validate(self, where: str = "data") -> None:
         self.source = choice(self.source, [m.value for m in DataSource], f"{where}.source")
