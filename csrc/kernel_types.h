@@ -104,13 +104,13 @@ struct IdCheckArgs {
 constexpr int64_t kBwdFar = 128;   // backward: rows ahead (in sorted order) whose weight rows are prefetched into L2
 struct Tuning {
   int64_t fwd_prefetch = 32;   // forward: ids ahead whose rows are prefetched into L1 (and 8x that into L2)
-  int64_t bwd_lookahead = 16;  // backward: rows ahead (in sorted order) prefetched into L1 (24 on AMD Zen 5)
+  int64_t bwd_lookahead = 16;  // backward: rows ahead (in sorted order) prefetched into L1 (24 on AMD Zen 5, 8 on Intel)
   int64_t fwd_stream = 1;     // forward: pooled rows of whole aligned cache lines written with streaming stores
   int64_t sort_prefetch = 1;  // backward's radix sort: each bucket's next lines prefetched for writing (0 on Zen 5)
   int64_t bwd_far = kBwdFar;  // the same for fp32 tables (0: none; 16-bit tables always kBwdFar)
 };
 Tuning& tuning();            // starts at default_tuning()
 Tuning default_tuning();     // this CPU's: bwd_far 0, bwd_lookahead 24 and sort_prefetch 0 on AMD Zen 5
-                             // (backward.h, radix_sort.h), the fields' defaults elsewhere
+                             // (backward.h, radix_sort.h), bwd_lookahead 8 on Intel, the fields' defaults elsewhere
 
 }  // namespace neo

@@ -77,6 +77,13 @@ def _amd_family():
     return int(fields["cpu family"]) if fields.get("vendor_id") == "AuthenticAMD" and "cpu family" in fields else None
 
 
+def _cpu_vendor():
+    """The vendor_id /proc/cpuinfo reports (GenuineIntel, AuthenticAMD, ...), None where unknown."""
+    info = Path("/proc/cpuinfo")
+    m = re.search(r"^vendor_id\s*:\s*(\S+)\s*$", info.read_text() if info.exists() else "", re.M)
+    return m.group(1) if m else None
+
+
 def test_interaction_l1_next_only_on_zen5():
     """The interaction's prefetches of the next sample go into L1 (csrc/cpu_isa.h) exactly on
     AMD family 1Ah (Zen 5), read here from /proc/cpuinfo; elsewhere into L2."""
@@ -87,15 +94,17 @@ def test_interaction_l1_next_only_on_zen5():
 
 def test_tuning_defaults_per_cpu_and_set_tuning_restores_them():
     """The backward's prefetches by CPU (csrc/cpu_isa.cpp default_tuning): on AMD family 1Ah
-    (Zen 5) no far prefetch of fp32 rows, the L1 prefetch 24 sorted items ahead and no write
-    prefetches in the radix sort; elsewhere 128, 16 and the sort's prefetches. _set_tuning sets
+    (Zen 5) no far prefetch of fp32 rows, the L1 prefetch 24 rows ahead and no write prefetches
+    in the radix sort; on Intel CPUs the L1 prefetch 8 rows ahead; elsewhere 128, 16 and the
+    sort's prefetches (the vendor and family read here from /proc/cpuinfo). _set_tuning sets
     the fields it is given, and a field left out (or negative) gets this CPU's default back, so
     _set_tuning() undoes a benchmark's or a test's settings."""
     zen5 = _amd_family() == 26
+    intel = _cpu_vendor() == "GenuineIntel"
     C._set_tuning()
     defaults = C._tuning()
     assert (defaults["bwd_far"], defaults["bwd_lookahead"], defaults["sort_prefetch"]) == \
-        ((0, 24, 0) if zen5 else (128, 16, 1))
+        ((0, 24, 0) if zen5 else (128, 8, 1) if intel else (128, 16, 1))
     assert (defaults["fwd_prefetch"], defaults["fwd_stream"]) == (32, 1)
     try:
         C._set_tuning(fwd_prefetch=8, bwd_far=64)
