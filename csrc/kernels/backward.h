@@ -25,11 +25,11 @@
 //    thread-local D-vector and update_row (fp16 rows summed in registers were 10% slower:
 //    row-wise Adagrad with stochastic rounding, 8 tables of 1M rows, AVX2). The row 16 rows ahead
 //    (24 on AMD Zen 5, 8 on Intel: cpu_isa.cpp default_tuning) is prefetched into L1 (weights and
-//    state with write intent, its first gradient slice, both of a row of two), and, on batches not too sparse in rows, the weight
-//    and state rows 128 rows ahead into L2 (not fp32 rows on AMD Zen 5): rows are random in a
-//    large table, so this phase is bound by memory latency; the distances count rows, not items
-//    (update_segment). Common D (16, 32, 64, 128) get compile-time row lengths (straight-line
-//    vector code).
+//    state with write intent, its first gradient slice, both of a row of two), and, on batches not
+//    too sparse in rows, the weight and state rows 128 rows ahead into L2 (not fp32 rows on AMD
+//    Zen 5): rows are random in a large table, so this phase is bound by memory latency; the
+//    distances count rows, not items (update_segment). Common D (16, 32, 64, 128) get
+//    compile-time row lengths (straight-line vector code).
 //
 // Results do not depend on the number of threads, nor on the variant: every row is summed
 // and updated by one thread, in a fixed order, with the same IEEE operations (no FMA:

@@ -69,19 +69,22 @@ def test_variants_follow_the_cpu_flags():
     assert info["cpu_model"] and set(info["cpu_flags"]) <= flags
 
 
-def _amd_family():
-    """The CPU family /proc/cpuinfo reports where the vendor is AMD (25: Zen 3 and 4, 26: Zen 5), else None."""
+def _cpuinfo():
+    """The vendor_id and cpu family /proc/cpuinfo reports (empty where it is not there)."""
     info = Path("/proc/cpuinfo")
     text = info.read_text() if info.exists() else ""
-    fields = dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", text, re.M))
+    return dict(re.findall(r"^(vendor_id|cpu family)\s*:\s*(\S+)\s*$", text, re.M))
+
+
+def _amd_family():
+    """The CPU family /proc/cpuinfo reports where the vendor is AMD (25: Zen 3 and 4, 26: Zen 5), else None."""
+    fields = _cpuinfo()
     return int(fields["cpu family"]) if fields.get("vendor_id") == "AuthenticAMD" and "cpu family" in fields else None
 
 
 def _cpu_vendor():
     """The vendor_id /proc/cpuinfo reports (GenuineIntel, AuthenticAMD, ...), None where unknown."""
-    info = Path("/proc/cpuinfo")
-    m = re.search(r"^vendor_id\s*:\s*(\S+)\s*$", info.read_text() if info.exists() else "", re.M)
-    return m.group(1) if m else None
+    return _cpuinfo().get("vendor_id")
 
 
 def test_interaction_l1_next_only_on_zen5():
