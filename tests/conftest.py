@@ -50,12 +50,28 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = config._neo_tmp_dir
     tempfile.tempdir = None                # re-read from TMPDIR at the next gettempdir()
     config.addinivalue_line("markers", "multiprocess: spawns gloo ranks or torchrun (most of the suite's time)")
+    _interpret_triton_without_cuda()
     _share_cores_between_workers()
     k = config.getoption("--seed-shift")
     k = seed_shift.shift_from_env() if k is None else k
     if k:                                  # before any test: the ranks' fork server starts with it
         seed_shift.export(k)
         seed_shift.install(k)
+
+
+def _interpret_triton_without_cuda() -> None:
+    """Without CUDA the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which
+    must be chosen before triton is first imported in the process: ``triton.language``'s own
+    ``@jit`` helpers are decorated then, and an interpreted kernel cannot call a compiled helper
+    ("Cannot call @triton.jit'd outside of the scope of a kernel"). Any module collected first
+    may import triton (TorchRec's import does: ``tests/tools/test_bench_interaction.py``), so it
+    is set here, before collection, not in the Triton tests' module: ``pytest tests/tools
+    tests/embedding`` failed those 46 tests. Tests of the refusal without it remove it
+    themselves."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _share_cores_between_workers() -> None:

@@ -2,9 +2,9 @@
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors. ``TRITON_INTERPRET=1``
 must be in the environment before triton decorates the kernels (``@triton.jit`` picks the
-compiled or the interpreted implementation when the kernel module is imported), so it is
-set here, at the top of the module, before anything can import triton; pytest imports test
-modules before running any test. With CUDA, the kernels are compiled and run on "cuda".
+compiled or the interpreted implementation when the kernel module is imported, and
+triton.language's own helpers when triton is imported), so tests/conftest.py sets it before
+collection, and this module again for a run outside the suite's conftest. With CUDA, the kernels are compiled and run on "cuda".
 The interpreter is slow: shapes here are tiny (the file runs in well under 90 s on 2 cores).
 
 Tolerances: fp32 compares at 1e-5 relative (forward pools in a different order than the
