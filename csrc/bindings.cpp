@@ -223,6 +223,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "0: non-temporal), every far_every-th line; returns a checksum",
         py::arg("table"), py::arg("row_bytes"), py::arg("ids"), py::arg("near"), py::arg("far"),
         py::arg("far_hint") = 1, py::arg("far_every") = 1);
+  m.def("chase_probe", &neo::chase_probe, py::call_guard<py::gil_scoped_release>(),
+        "Diagnostics: from row `start`, `steps` dependent reads of a flat buffer whose rows of row_bytes bytes "
+        "each hold the next row's index in their first 8 bytes (the memory latency); returns the row reached",
+        py::arg("table"), py::arg("row_bytes"), py::arg("start"), py::arg("steps"));
   m.def("interaction_traffic_forward", &neo::interaction_traffic_forward, py::call_guard<py::gil_scoped_release>(),
         "Diagnostics: dot_interaction_forward's reads and writes alone, no arithmetic (its memory floor); "
         "an output of the same shape, of no meaning", py::arg("dense"), py::arg("pooled"), py::arg("num_features"));

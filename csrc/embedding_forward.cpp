@@ -2,6 +2,8 @@
 // (csrc/kernels/forward.h: the bag sums in registers, prefetching rows ahead; bit-identical
 // to the reference in every variant) into an output buffer reused across calls
 // (reused_buffers.h); and the gradient of its per-id weights (weight_grad.h).
+#include <cstring>
+
 #include "cpu_isa.h"
 #include "embedding_kernels.h"
 #include "reused_buffers.h"
@@ -81,6 +83,28 @@ int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tenso
   TORCH_CHECK(invalid == 0, "neo._C.gather_probe: ids must lie in [0, ", rows, "): ", invalid, " of ", ids.numel(),
               " do not");
   return static_cast<int64_t>(sum & 0x7fffffffffffffffULL);
+}
+
+int64_t chase_probe(const at::Tensor& table, int64_t row_bytes, int64_t start, int64_t steps) {
+  TORCH_CHECK(table.device().is_cpu() && table.is_contiguous(),
+              "neo._C.chase_probe: table must be a contiguous CPU tensor");
+  TORCH_CHECK(row_bytes >= 8 && row_bytes % 8 == 0, "neo._C.chase_probe: row_bytes must be a positive multiple of 8");
+  TORCH_CHECK(steps >= 0, "neo._C.chase_probe: steps must be >= 0, got ", steps);
+  const uint64_t rows = static_cast<uint64_t>(table.numel() * table.element_size() / row_bytes);
+  TORCH_CHECK(start >= 0 && static_cast<uint64_t>(start) < rows, "neo._C.chase_probe: start must lie in [0, ", rows,
+              "), got ", start);
+  const auto* base = static_cast<const uint8_t*>(table.data_ptr());
+  uint64_t row = static_cast<uint64_t>(start);
+  int64_t s = 0;
+  for (; s < steps; ++s) {   // one dependent load a step: the next row's address is this row's value
+    uint64_t next;
+    std::memcpy(&next, base + row * static_cast<uint64_t>(row_bytes), sizeof(next));
+    if (next >= rows) break;
+    row = next;
+  }
+  TORCH_CHECK(s == steps, "neo._C.chase_probe: step ", s, " reads row ", row, ", whose next row lies outside [0, ",
+              rows, ")");
+  return static_cast<int64_t>(row);
 }
 
 }  // namespace neo

@@ -43,6 +43,13 @@ at::Tensor round_rows(const at::Tensor& x, const std::string& dtype, bool stocha
 int64_t gather_probe(const at::Tensor& table, int64_t row_bytes, const at::Tensor& ids, int64_t near, int64_t far,
                      int64_t far_hint, int64_t far_every);
 
+// Diagnostics (tools/bench_gather_probe.py): the memory latency. Rows of `row_bytes` bytes of
+// a flat buffer each hold, in their first 8 bytes, the index of the next row to read; `steps`
+// dependent reads from row `start` (no prefetch can run ahead: each address is the previous
+// read's value); returns the row reached. Raises where a row's next index lies outside the
+// buffer, naming the step.
+int64_t chase_probe(const at::Tensor& table, int64_t row_bytes, int64_t start, int64_t steps);
+
 // Gradient of the pooled lookup with respect to its per-id weights: (N,) fp32 (see
 // csrc/kernels/weight_grad.h), from grad_output (B, total_dim) fp32.
 at::Tensor embedding_weight_grad(

@@ -16,6 +16,21 @@ limit is the memory system's, not the TLB's. Reported: lookups/s and GB/s (row b
 read per second), per row size and thread count; ``tools/bench_embedding.py`` reports every
 kernel's lookups/s as a fraction of it.
 
+Every timed call reads ids of its own (drawn for it, the same for every schedule) after a
+pass over a buffer twice the last-level cache (``--flush-mib``; 512 MiB where the cache size is
+unknown), so that no call finds rows in cache that an earlier call read: the limit is for rows
+from DRAM, as a batch's rows mostly come. (Until 2026-12-06 every call read the same ids: on a
+VM with a 300 MiB last-level cache, 2026-12-06, 1M ids of 256 B rows read again found most of
+their 256 MB there, 74-76 M lookups/s at one thread, against 39-55 M read cold.)
+
+The memory latency (``latency_ns``): a chain of dependent reads over the same table
+(``neo._C.chase_probe``: rows of 256 B in one random cycle, each holding the next row's index,
+2^18 steps after the flush, the median of three chains). With it, Little's law gives the cache
+lines a gather keeps in flight on average (``lines_in_flight`` = lookups/s x lines a row x
+latency): set beside what a core can track (16 L1 misses on Intel's Golden Cove and its
+successors, its fill buffers; a few dozen more through prefetches into L2, its miss queue) it
+says whether a faster gather is left to find.
+
 Whether the limit could be beaten, in the same run:
 
 - ``--wide`` adds schedules whose far prefetch differs, at each far distance of the default
@@ -28,7 +43,8 @@ Whether the limit could be beaten, in the same run:
 
 JSON fields per record: ``row_bytes``, ``threads``, ``lookups_per_s``, ``gb_per_s``,
 ``best_prefetch`` (a schedule: ``near,far`` or ``near,far,t2|nta|every2``),
-``lookups_per_s_by_prefetch``, with ``--sorted`` also ``lookups_per_s_sorted``,
+``lookups_per_s_by_prefetch``, ``latency_ns``, ``lines_in_flight``, ``flush_mib``, with ``--sorted``
+also ``lookups_per_s_sorted``,
 ``best_prefetch_sorted``, ``lookups_per_s_sorted_by_prefetch``; ``table_gib``, ``table_rows``,
 ``lookups``, ``dim``, ``machine``.
 """
@@ -40,11 +56,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
-                          multiple_of_list, positive_float, positive_int, positive_int_list, write_json)
+                          multiple_of_list, nonneg_int, positive_float, positive_int, positive_int_list,
+                          write_json)
 
 import torch  # noqa: E402
 
@@ -83,42 +100,94 @@ def make_table(gib: float) -> torch.Tensor:
     return t
 
 
-def _time_schedules(table: torch.Tensor, row_bytes: int, ids: torch.Tensor, reps: int,
-                    scheds: Sequence) -> Dict[str, float]:
-    """Lookups/s of every schedule (median over `reps`, after a warm-up call)."""
+def flush_mib_default(caches: Dict[str, str]) -> int:
+    """Twice the last-level cache (``cpu_caches`` of machine_info, sizes like ``'307200K'``) in
+    MiB, at least 1; 512 where no cache size is known."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = [int(v[:-1]) * units[v[-1]] if v[-1:] in units else int(v)
+             for k, v in (caches or {}).items() if k in ("L2", "L3") and v[:-1].isdigit()]
+    return max(1, -(-2 * max(sizes) // (1 << 20))) if sizes else 512
+
+
+class Flush:
+    """A pass over `mib` MiB (0: none), run before each timed call: the rows of earlier calls are
+    then out of every cache."""
+
+    def __init__(self, mib: int):
+        self.mib = mib
+        self.buf = torch.ones(mib << 17, dtype=torch.int64) if mib else None
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            self.buf.sum()
+
+
+CHASE_ROW_BYTES = 256      # the latency chain's rows: whole lines, each hop on a line of its own
+CHASE_STEPS = 1 << 18
+
+
+def memory_latency_ns(table: torch.Tensor, flush: Flush, steps: int = CHASE_STEPS, chains: int = 3,
+                      seed: int = 0) -> float:
+    """Nanoseconds per dependent read over `table` (module doc), the median of `chains` chains,
+    each after `flush`. Writes the chain into the first 8 bytes of each 256-byte row."""
+    from neo import _C
+
+    rows = table.numel() // CHASE_ROW_BYTES
+    perm = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    table[: rows * CHASE_ROW_BYTES].view(torch.int64).view(rows, CHASE_ROW_BYTES // 8)[perm, 0] = perm.roll(-1)
+    times = []
+    for c in range(chains):
+        flush()
+        t0 = time.perf_counter()
+        _C.chase_probe(table, CHASE_ROW_BYTES, int(perm[c * rows // chains]), steps)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / steps * 1e9
+
+
+def _time_schedules(table: torch.Tensor, row_bytes: int, id_sets: Sequence[torch.Tensor], scheds: Sequence,
+                    flush: Flush) -> Dict[str, float]:
+    """Lookups/s of every schedule: a warm-up call on id_sets[0], then one timed call on each
+    later set, each after `flush`; the median."""
     from neo import _C
 
     out = {}
     for name, near, far, hint, every in scheds:
-        _C.gather_probe(table, row_bytes, ids, near, far, hint, every)          # warm-up
+        _C.gather_probe(table, row_bytes, id_sets[0], near, far, hint, every)          # warm-up
         times = []
-        for _ in range(reps):
+        for ids in id_sets[1:]:
+            flush()
             t0 = time.perf_counter()
             _C.gather_probe(table, row_bytes, ids, near, far, hint, every)
             times.append(time.perf_counter() - t0)
-        out[name] = ids.numel() / statistics.median(times)
+        out[name] = id_sets[1].numel() / statistics.median(times)
     return out
 
 
 def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 << 20, reps: int = 5,
-          wide: bool = False, sorted_too: bool = False, seed: int = 0) -> Dict:
-    """The best (median over `reps`) gather speed over the schedules for rows of `row_bytes`;
-    with `sorted_too` also on the same ids in address order (module doc)."""
+          wide: bool = False, sorted_too: bool = False, seed: int = 0, flush: Optional[Flush] = None,
+          latency_ns: Optional[float] = None) -> Dict:
+    """The best (median over `reps` calls, each on ids of its own after `flush`) gather speed
+    over the schedules for rows of `row_bytes`; with `sorted_too` also on the same ids in
+    address order (module doc); with `latency_ns` the lines kept in flight."""
+    flush = flush or Flush(0)
     rows = table.numel() // row_bytes
-    ids = torch.randint(0, rows, (lookups,), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    id_sets = [torch.randint(0, rows, (lookups,), generator=g) for _ in range(reps + 1)]
     scheds = schedules(wide)
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        by_schedule = _time_schedules(table, row_bytes, ids, reps, scheds)
-        by_schedule_sorted = _time_schedules(table, row_bytes, ids.sort().values, reps, scheds) if sorted_too else None
+        by_schedule = _time_schedules(table, row_bytes, id_sets, scheds, flush)
+        by_schedule_sorted = (_time_schedules(table, row_bytes, [i.sort().values for i in id_sets], scheds, flush)
+                              if sorted_too else None)
     finally:
         torch.set_num_threads(prev)
     best = max(by_schedule, key=by_schedule.get)
     lps = by_schedule[best]
     rec = {"row_bytes": row_bytes, "threads": threads, "lookups_per_s": lps, "gb_per_s": lps * row_bytes / 1e9,
            "best_prefetch": best, "lookups_per_s_by_prefetch": by_schedule, "table_gib": table.numel() / (1 << 30),
-           "table_rows": rows, "lookups": lookups}
+           "table_rows": rows, "lookups": lookups, "flush_mib": flush.mib, "latency_ns": latency_ns,
+           "lines_in_flight": (lps * -(-row_bytes // 64) * latency_ns * 1e-9) if latency_ns else None}
     if by_schedule_sorted is not None:
         best_s = max(by_schedule_sorted, key=by_schedule_sorted.get)
         rec.update(lookups_per_s_sorted=by_schedule_sorted[best_s], best_prefetch_sorted=best_s,
@@ -128,11 +197,15 @@ def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 <<
 
 def print_probe(records: List[Dict]) -> None:
     sorted_too = any("lookups_per_s_sorted" in r for r in records)
-    print(f"\n{'row bytes':>9} {'threads':>7} {'Mlookups/s':>11} {'GB/s':>7} {'best prefetch':>20}"
+    if records[0].get("latency_ns"):
+        print(f"\nmemory latency: {records[0]['latency_ns']:.0f} ns a dependent read (lines in flight = "
+              "lookups/s x lines a row x latency)")
+    print(f"\n{'row bytes':>9} {'threads':>7} {'Mlookups/s':>11} {'GB/s':>7} {'best prefetch':>20} {'in flight':>9}"
           + (f" {'sorted Mlookups/s':>18} {'sorted / random':>15}" if sorted_too else ""))
     for r in records:
+        flight = f"{r['lines_in_flight']:>9.1f}" if r.get("lines_in_flight") else f"{'-':>9}"
         line = (f"{r['row_bytes']:>9} {r['threads']:>7} {r['lookups_per_s'] / 1e6:>11.1f} {r['gb_per_s']:>7.1f} "
-                f"{r['best_prefetch']:>20}")
+                f"{r['best_prefetch']:>20} {flight}")
         if "lookups_per_s_sorted" in r:
             line += f" {r['lookups_per_s_sorted'] / 1e6:>18.1f} {r['lookups_per_s_sorted'] / r['lookups_per_s']:>14.2f}x"
         print(line)
@@ -150,7 +223,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=positive_int_list, default=[1, 2], help="comma-separated thread counts, e.g. 1,2")
     p.add_argument("--table-gib", type=positive_float, default=2.0)
     p.add_argument("--lookups", type=positive_int, default=1 << 20)
-    p.add_argument("--reps", type=positive_int, default=5, help="timed calls per schedule (the median is kept)")
+    p.add_argument("--reps", type=positive_int, default=5,
+                   help="timed calls per schedule, each on ids of its own (the median is kept)")
+    p.add_argument("--flush-mib", type=nonneg_int, default=None,
+                   help="MiB read before each timed call (default: twice the last-level cache; 0: none)")
     p.add_argument("--wide", action="store_true",
                    help="also the far prefetch's variants: prefetcht2, non-temporal, every other line")
     p.add_argument("--sorted", action="store_true", help="also the same ids in address order (not part of the limit)")
@@ -167,7 +243,10 @@ def main(argv=None) -> int:
     machine = machine_info(args.isa)
     print(describe_machine(machine))
     table = make_table(args.table_gib)
-    records = [dict(probe(table, 4 * d, t, args.lookups, args.reps, args.wide, args.sorted), dim=d, machine=machine)
+    flush = Flush(flush_mib_default(machine["cpu_caches"]) if args.flush_mib is None else args.flush_mib)
+    latency = memory_latency_ns(table, flush)
+    records = [dict(probe(table, 4 * d, t, args.lookups, args.reps, args.wide, args.sorted, flush=flush,
+                          latency_ns=latency), dim=d, machine=machine)
                for d in args.dims for t in args.threads]
     print_probe(records)
     if args.json:

@@ -3,7 +3,8 @@ variant this machine runs, against a plain-torch reference.
 
 - bucketization of ids into row-range shards (the input distribution's) and the ids' range
   check equal the reference, bad ids included;
-- the gather probe (tools/bench_gather_probe.py) reads exactly the rows it is given, and the
+- the gather probe (tools/bench_gather_probe.py) reads exactly the rows it is given, its
+  latency chain (chase_probe, not per variant) follows the rows' links, and the
   dot interaction's traffic probe (tools/bench_interaction.py --bounds) reads every input and
   writes every output.
 
@@ -139,6 +140,29 @@ def test_gather_probe_reads_the_rows_it_is_given(isa):
         C.gather_probe(table, 256, ids, 16, 128, 3, 1)
     with pytest.raises(RuntimeError, match="far_every must be >= 1"):
         C.gather_probe(table, 256, ids, 16, 128, 1, 0)
+
+
+def test_chase_probe_follows_the_links_it_is_given():
+    """neo._C.chase_probe (the memory latency) ends where following each row's first 8 bytes
+    as the next row's index ends, step by step in Python; a link out of the table is an error
+    naming the step."""
+    g = torch.Generator().manual_seed(4)
+    rows, row_bytes = 300, 128
+    table = torch.randint(0, 2 ** 31, (rows, row_bytes // 8), dtype=torch.int64, generator=g)
+    table[:, 0] = torch.randint(0, rows, (rows,), generator=g)     # any links, cycles and all
+    for start, steps in ((0, 0), (5, 1), (17, 7), (299, 1000)):
+        row = start
+        for _ in range(steps):
+            row = int(table[row, 0])
+        assert C.chase_probe(table, row_bytes, start, steps) == row
+    table[:, 0] = torch.arange(1, rows + 1)                          # row r links to r + 1: the last row out
+    assert C.chase_probe(table, row_bytes, 290, 9) == 299
+    with pytest.raises(RuntimeError, match=r"step 9 reads row 299, whose next row lies outside \[0, 300\)"):
+        C.chase_probe(table, row_bytes, 290, 10)
+    with pytest.raises(RuntimeError, match="start must lie in"):
+        C.chase_probe(table, row_bytes, 300, 1)
+    with pytest.raises(RuntimeError, match="row_bytes must be a positive multiple of 8"):
+        C.chase_probe(table, 12, 0, 1)
 
 
 def _traffic_sums(spans, lanes):
