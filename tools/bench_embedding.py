@@ -47,6 +47,12 @@ with Neo's forward as the peer. Such a record then holds both speeds
 rotation: since every runner there has tables of its own, the two fractions agree (within a few
 percent on the AMD EPYC Zen 5 VM of 2026-12-05).
 
+The memory latency (``latency_ns`` in every forward record) is measured on the probe's table
+before the rotation (``bench_gather_probe.memory_latency_ns``: dependent reads after a pass over
+twice the last-level cache), and each forward's ``lines_in_flight`` (the "in flight" column) is
+its lookups/s x the row's cache lines x that latency: the misses it keeps in flight on average
+(Little's law), beside the probe's and what one core can track (``bench_gather_probe.py``'s doc).
+
 Backends, same tables, ids and offsets:
 
 - ``neo``: ``TableBatchedEmbedding(tables, backend="cpu")`` with its default input
@@ -247,7 +253,11 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
           f"{'learnable per-id weights, ' if args.learnable_weights else 'per-id weights, ' if args.weighted else ''}"
           f"rowwise adagrad; median of {args.iters} iters after {args.warmup} warm-up")
     neo, weights = neo_runners(args, dtype=dtype, tunings=tuple(args.neo_tuning))
-    probes, systems, notes = probe_runners(args, dtype, batches), list(neo), {}
+    (probes, latency_ns), systems, notes = probe_runners(args, dtype, batches), list(neo), {}
+    row_bytes = args.dim * (2 if dtype == "fp16" else 4)
+    if latency_ns:
+        print(f"memory latency: {latency_ns:.0f} ns a dependent read; lines in flight = lookups/s x "
+              f"{-(-row_bytes // 64)} lines a row x latency (Little's law)")
     fb = None if args.no_fbgemm else fbgemm_runner(args, weights, notes, dtype)
     if fb is not None:
         systems.append(fb)
@@ -290,8 +300,10 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
                                     **same_state_fields(same.get(name) if same and fwd else None, name, best, n_ids),
                                     probe_prefetch=best.split("@")[1] if probes and name == "probe" else None,
                                     probe_settings_ms=settings_ms if name == "probe" else None,
-                                    row_bytes=args.dim * (2 if dtype == "fp16" else 4),
-                                    gb_per_s=lps * args.dim * (2 if dtype == "fp16" else 4) / 1e9,
+                                    latency_ns=latency_ns if fwd else None,
+                                    lines_in_flight=(lps * -(-row_bytes // 64) * latency_ns * 1e-9
+                                                     if latency_ns and fwd else None),
+                                    row_bytes=row_bytes, gb_per_s=lps * row_bytes / 1e9,
                                     max_abs_diff_vs_neo=diffs.get(name),
                                     max_abs_weight_grad_diff_vs_neo=grad_diffs.get(name),
                                     device="cpu", **workload_fields(args, n_ids, dtype), machine=machine))
@@ -302,12 +314,13 @@ def run_cpu(args, dtype: str, machine: dict) -> List[dict]:
 def print_table(records: List[dict]) -> None:
     w = max([11] + [len(r["backend"]) for r in records])   # --neo-tuning's runners have long names
     print(f"\n{'backend':<{w}} {'dtype':<5} {'threads':>7} {'phase':<8} {'ms':>10} {'Mlookups/s':>11} {'GB/s':>6} "
-          f"{'of probe':>9} {'of alone':>9} {'same st.':>9}")
+          f"{'of probe':>9} {'of alone':>9} {'same st.':>9} {'in flight':>9}")
     for r in records:
         frac = " ".join(f"{100 * r[k]:8.0f}%" if r.get(k) else f"{'-':>9}"
                        for k in ("fraction_of_probe", "fraction_of_probe_alone", "fraction_of_probe_same_state"))
+        flight = f"{r['lines_in_flight']:>9.1f}" if r.get("lines_in_flight") else f"{'-':>9}"
         print(f"{r['backend']:<{w}} {r['dtype']:<5} {r['threads']:>7} {r['phase']:<8} {r['ms']:>10.2f} "
-              f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac}")
+              f"{r['lookups_per_s'] / 1e6:>11.2f} {r['gb_per_s']:>6.1f} {frac} {flight}")
     by = {(r["backend"], r["dtype"], r["threads"], r["phase"]): r["ms"] for r in records}
     keys = sorted({(r["dtype"], r["threads"]) for r in records})
     tuned = sorted({r["backend"] for r in records if r["backend"].startswith("neo@")})

@@ -36,6 +36,9 @@ def test_quick_run_reports_each_forward_against_the_probe(tmp_path):
             assert r["fraction_of_probe_alone"] == r["lookups_per_s"] / alone
             assert r["row_bytes"] == row_bytes
             assert r["fraction_of_probe_same_state"] is None   # no peer to run between them
+        for r in fwd.values():   # the lines each forward keeps in flight, from the run's one latency
+            assert r["latency_ns"] == fwd["probe"]["latency_ns"] > 0
+            assert r["lines_in_flight"] == pytest.approx(r["lookups_per_s"] * row_bytes // 64 * r["latency_ns"] * 1e-9)
         fwd_bwd = [r for r in records if r["dtype"] == dtype and r["phase"] == "fwd_bwd"]
         assert {r["backend"] for r in fwd_bwd} == {"neo", "neo-noval"}
         assert all(r["fraction_of_probe_alone"] is None for r in fwd_bwd)   # forward lookups only
@@ -147,6 +150,7 @@ def test_rows_of_partial_lines_run_without_a_probe(tmp_path):
     assert set(fwd) == {"neo", "neo-noval", "fbgemm"} and all(r["ms"] > 0 for r in fwd.values())
     for r in fwd.values():
         assert r["fraction_of_probe"] is None and r["fraction_of_probe_same_state"] is None
+        assert r["latency_ns"] is None and r["lines_in_flight"] is None
 
 
 def test_peers_start_from_neos_tables_and_a_left_out_peer_is_a_note(tmp_path):
