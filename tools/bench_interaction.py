@@ -40,7 +40,9 @@ come from where theirs do), without autograd. ``floor`` is the larger of the two
 memory fully overlapped), ``serial`` their sum; ``torch / floor`` is the most any kernel that
 reads its inputs and writes its outputs could be faster than the torch path here (records:
 ``bound_fma_ms``, ``bound_traffic_ms`` with ``bound_traffic_fwd_ms`` and ``bound_traffic_bwd_ms``,
-``bound_floor_ms``, ``bound_serial_ms``, ``torch_over_floor``). For comparison, the same bytes at
+``bound_floor_ms``, ``bound_serial_ms``, ``torch_over_floor``; and, where a record has a target,
+``target_within_floor``: whether ``torch / floor`` reaches it, printed where it does not, since
+then no kernel with these inputs and outputs meets the target in this run). For comparison, the same bytes at
 the copy bandwidth of ``tools/bench_stream.py`` for a working set as large as both passes'
 traffic, the next power of two MiB, with that many threads (``bound_memory_ms``,
 ``bound_copy_gb_s``, ``bound_working_set_mib``, ``torch_over_memory_model``): a model, which on
@@ -324,6 +326,8 @@ def add_bounds(records: List[dict], isa: str) -> None:
                  bound_serial_ms=fma_ms + tr["fwd_bwd_ms"], bound_isa=isa, bound_fma_per_s=fma_per_s * T,
                  bound_copy_gb_s=bandwidth[(mb, T)] / 1e9, bound_working_set_mib=mb,
                  torch_over_floor=torch_ms / floor_ms, torch_over_memory_model=torch_ms / mem_ms)
+        if "target_vs_torch" in r:
+            r["target_within_floor"] = r["torch_over_floor"] >= r["target_vs_torch"]
         if T == 1 and r["system"] == f"neo-{isa}":
             phases = kernel_in_and_out_of_cache(r["features"], D, B)
             for where, (fwd_ms, bwd_ms) in phases.items():
@@ -379,6 +383,9 @@ def print_bounds(records: List[dict]) -> None:
         print(f"    Neo {r['fwd_bwd_ms']:5.2f} = {r['fwd_bwd_ms'] / r['bound_floor_ms']:.2f}x the floor (forward "
               f"{r['fwd_ms'] / r['bound_traffic_fwd_ms']:.2f}x, backward {r['bwd_ms'] / r['bound_traffic_bwd_ms']:.2f}x "
               f"their traffic)")
+        if r.get("target_within_floor") is False:
+            print(f"    the {r['target_vs_torch']:g}x target is beyond this run's floor: a kernel at the floor "
+                  f"would be {r['torch_over_floor']:.2f}x torch's path")
         if "kernel_in_l2_ms" in r:
             print(f"    its kernels alone: {r['kernel_in_l2_ms']:5.2f} with the data in L2 "
                   f"({r['bound_fma_ms'] / r['kernel_in_l2_ms']:.0%} of the FMA peak; forward "

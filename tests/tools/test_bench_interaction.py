@@ -125,6 +125,7 @@ def test_bounds_are_the_larger_of_the_arithmetic_and_the_measured_traffic(capsys
     sample) beside them."""
     records = bench.run_shape(small_args(torchrec=False, bounds=True), 8, 1, machine={})
     assert [r["system"] for r in records][-2:] == ["torch", "traffic"]
+    bench.add_verdicts(records, 1e6)                                      # a target no floor reaches
     bench.add_bounds(records, "avx2")
     bench.print_bounds(records)
     bench.print_records(records)
@@ -140,7 +141,13 @@ def test_bounds_are_the_larger_of_the_arithmetic_and_the_measured_traffic(capsys
     assert neo["torch_over_floor"] == pytest.approx(torch_path["fwd_bwd_ms"] / neo["bound_floor_ms"])
     assert "bound_floor_ms" not in torch_path and "bound_floor_ms" not in traffic
     assert "speedup_vs_torch" not in traffic                               # not a system compared with torch
-    assert "torch / floor" in capsys.readouterr().out
+    assert neo["target_within_floor"] is False and "target_within_floor" not in torch_path
+    out = capsys.readouterr().out
+    assert "torch / floor" in out and "the 1e+06x target is beyond this run's floor" in out
+    bench.add_verdicts(records, neo["torch_over_floor"] / 2)             # one within it: nothing printed
+    bench.add_bounds(records, "avx2")
+    bench.print_bounds(records)
+    assert neo["target_within_floor"] is True and "beyond this run's floor" not in capsys.readouterr().out
 
 
 def test_kernels_alone_are_timed_per_phase_in_l2_and_from_memory():
