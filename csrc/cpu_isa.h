@@ -20,7 +20,7 @@
 // baseline's instructions, and the variants' objects are linked after every baseline
 // object, so where a variant emits an inline function of a shared header (std::, c10::)
 // out of line the linker keeps the baseline copy (the first definition of a COMDAT
-// group wins). tests/embedding/test_cpu_isa.py checks the built library: no AVX
+// group wins). tests/embedding/test_cpu_isa_selection.py checks the built library: no AVX
 // instruction outside neo::avx2 / neo::avx512, no AVX-512 register outside neo::avx512.
 #pragma once
 

@@ -8,7 +8,8 @@ variant this machine runs, against a plain-torch reference.
   dot interaction's traffic probe (tools/bench_interaction.py --bounds) reads every input and
   writes every output.
 
-(Variant selection, the embedding kernels per variant and portability: test_cpu_isa.py.)
+(Variant selection and portability: test_cpu_isa_selection.py; the embedding kernels per
+variant: test_cpu_isa.py.)
 """
 
 from __future__ import annotations
