@@ -18,10 +18,14 @@ kernel's lookups/s as a fraction of it.
 
 Every timed call reads ids of its own (drawn for it, the same for every schedule) after a
 pass over a buffer twice the last-level cache (``--flush-mib``; 512 MiB where the cache size is
-unknown), so that no call finds rows in cache that an earlier call read: the limit is for rows
-from DRAM, as a batch's rows mostly come. (Until 2026-12-06 every call read the same ids: on a
-VM with a 300 MiB last-level cache, 2026-12-06, 1M ids of 256 B rows read again found most of
-their 256 MB there, 74-76 M lookups/s at one thread, against 39-55 M read cold.)
+unknown), so that a call finds few rows in cache: its ids meet an earlier call's rows only by
+chance (1M rows of 256 B are 12.5% of a 2 GiB table), and the pass evicts most of those (not all:
+a last-level cache's replacement policy can keep lines read more than once; on the Intel Xeon VM
+of 2026-12-06 a 64 MiB chain after a 600 MiB pass answered in 40-73 ns a read, 31 without it,
+100-150 from a 2 GiB table). The limit is for rows from DRAM, as a batch's rows mostly come.
+(Until 2026-12-06 every call read the same ids: on that VM, with a 300 MiB last-level cache, 1M
+ids of 256 B rows read again found most of their 256 MB there, 74-76 M lookups/s at one thread,
+against 39-55 M read cold.)
 
 The memory latency (``latency_ns``): a chain of dependent reads over the same table
 (``neo._C.chase_probe``: rows of 256 B in one random cycle, each holding the next row's index,
