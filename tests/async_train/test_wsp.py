@@ -130,15 +130,18 @@ def test_a_slowed_worker_is_never_more_than_staleness_waves_behind(tmp_data):
     fast_done = next(c["t_s"] for c in clocks if c["worker"] == 0 and c["wave"] == WAVES - 1)
     slow_done = next(c["t_s"] for c in clocks if c["worker"] == 1 and c["wave"] == WAVES - 1)
     assert fast_done < slow_done
-    # It trains: its AUC on the whole validation set within 0.1 of the synchronous trainer's on the
-    # same data and steps (0.5: no training). The waves' staleness, so the AUC, depends on timing as
-    # well as on the seeds. At 24 steps, over eight seed shifts the gap was 0 to 0.076, then 0.1002
-    # and 0.1008 at a shift of 11 with the other core busy (the full suite; alone 0.04-0.06); at 48
-    # steps, with the other core busy, 0.004-0.068 over shifts 1, 5, 7, 11, 13 (2026-12-06). A fixed
-    # bar (once 0.55 on 4 batches) failed at seeds shifted by 1234.
+    # It trains: its AUC on the whole validation set (2048 samples, 29% of them clicks, where an
+    # untrained model's AUC is 0.5 with a standard deviation of 0.014) above 0.55, three and a half
+    # of those, and within
+    # 0.15 of the synchronous trainer's on the same data and steps. The waves' staleness, so the
+    # AUC, depends on timing as well as on the seeds: at 24 steps the gap was 0 to 0.076 over eight
+    # seed shifts, then 0.1002-0.1008 at a shift of 11 with the other core busy; at 48 steps
+    # 0.004-0.068 over shifts 1, 5, 7, 11, 13 beside a busy loop, and 0.1004 at 11 in the full
+    # suite (AUC 0.585 against 0.685; 2026-12-06). A bar of 0.55 on 4 validation batches once
+    # failed at seeds shifted by 1234.
     bsp = run_multiprocess(_bsp, 2, tmp_data, [f"train.steps={STEPS}", f"train.run_dir={tmp_data}/slow_bsp"])[0]["final"]
     assert bsp["eval_samples"] == final["eval_samples"] == 2048
-    assert final["auc"] > bsp["auc"] - 0.1 and final["auc"] > 0.5
+    assert final["auc"] > 0.55 and final["auc"] > bsp["auc"] - 0.15
 
 
 def test_a_virtual_worker_of_two_ranks_moves_in_lock_step(tmp_data):
