@@ -98,7 +98,7 @@ def systems(args) -> Dict[str, Callable[[], Any]]:
         mine = pw(plain).weights.detach()
         got = theirs(kjt).weights().detach()
         if not torch.equal(got, mine):
-            raise AssertionError(f"TorchRec's position weights differ from Neo's by {float((got - mine).abs().max())}")
+            raise AssertionError(f"TorchRec's position weights differ from Neo's by {float((got - mine).abs().max()):.6g}")
         out["torchrec.position"] = lambda: (theirs(kjt).weights() * scale).sum().backward()
     return out
 

@@ -127,9 +127,13 @@ def test_compiled_head_is_one_graph_and_matches_the_torch_path():
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
         out.square().sum().backward()
         want.square().sum().backward()
-        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6)
+        # The fused interaction and the torch path sum in different orders: a gradient element that
+        # cancels to a small value keeps the rounding of its large terms (4.8e-6 on one of 0.017,
+        # 2.7e-4 relative, under --seed-shift 19), so the absolute slack scales with the tensor's
+        # largest element instead of a fixed 1e-6.
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-5 * float(p2.grad.abs().max()))
         for a, b in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5 * float(b.grad.abs().max()))
 
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
