@@ -85,8 +85,10 @@ def test_position_weights_train_in_the_pipeline_as_under_ddp(tmp_path):
         keys = sorted(k for k in ddp["dense"] if k.startswith("position_weights."))
         assert keys == ["position_weights.weights.category", "position_weights.weights.user"]
         for k in keys:                           # trained (moved from their start at 1), by the same steps
-            moved = ddp["dense"][k] - 1.0        # every position: one alone can move little (7e-6 under a seed shift)
-            assert float(moved.abs().max()) > 1e-6, k
+            # SGD's steps on a weight can be tiny (the largest move 8.9e-7 under --seed-shift 43, positions
+            # no bag reached not moving at all); untrained, every position stays exactly at 1
+            moved = ddp["dense"][k] - 1.0
+            assert bool((moved != 0).any()), k
             torch.testing.assert_close(pipe["dense"][k] - 1.0, ddp["dense"][k] - 1.0, rtol=1e-3, atol=1e-9,
                                        msg=lambda m: f"{k}'s steps: {m}")
         for k, v in ddp["dense"].items():
