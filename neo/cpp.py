@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 __all__ = ["KernelSettingError", "check_kernel_settings", "cpu_kernels", "cpu_isa_info", "cpu_model", "cpu_id",
-           "cpu_caches", "use_cpu_isa", "use_interaction_tiles"]
+           "cpu_caches", "cache_size_bytes", "use_cpu_isa", "use_interaction_tiles"]
 
 # The environment variables neo._C reads when it loads; a bad value makes the load fail.
 _SETTINGS = ("NEO_CPU_ISA", "NEO_INTERACTION_TILES")
@@ -106,6 +106,17 @@ def cpu_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> Dict[str, st
         suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
         out[f"L{level}{suffix}"] = size
     return out
+
+
+def cache_size_bytes(size: Optional[str]) -> Optional[int]:
+    """Bytes of a cache size as sysfs (:func:`cpu_caches`) gives it: ``"48K"``, ``"32M"``, or a
+    plain number of bytes; None where there is none or it does not parse."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = (size or "").strip()
+    try:
+        return int(s[:-1]) * units[s[-1]] if s[-1:] in units else int(s)
+    except ValueError:
+        return None
 
 
 def _read(path: str) -> str:

@@ -48,7 +48,7 @@ rotation: since every runner there has tables of its own, the two fractions agre
 percent on the AMD EPYC Zen 5 VM of 2026-12-05).
 
 The memory latency (``latency_ns`` in every forward record) is measured on the probe's table
-before the rotation (``bench_gather_probe.memory_latency_ns``: dependent reads after a pass over
+before the rotation (``bench_gather_probe.memory_latency_ns``: dependent reads after a write pass over
 twice the last-level cache), and each forward's ``lines_in_flight`` (the "in flight" column) is
 its lookups/s x the row's cache lines x that latency: the misses it keeps in flight on average
 (Little's law), beside the probe's and what one core can track (``bench_gather_probe.py``'s doc).

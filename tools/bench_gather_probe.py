@@ -17,12 +17,13 @@ read per second), per row size and thread count; ``tools/bench_embedding.py`` re
 kernel's lookups/s as a fraction of it.
 
 Every timed call reads ids of its own (drawn for it, the same for every schedule) after a
-pass over a buffer twice the last-level cache (``--flush-mib``; 512 MiB where the cache size is
-unknown), so that a call finds few rows in cache: its ids meet an earlier call's rows only by
-chance (1M rows of 256 B are 12.5% of a 2 GiB table), and the pass evicts most of those (not all:
-a last-level cache's replacement policy can keep lines read more than once; on the Intel Xeon VM
-of 2026-12-06 a 64 MiB chain after a 600 MiB pass answered in 40-73 ns a read, 31 without it,
-100-150 from a 2 GiB table). The limit is for rows from DRAM, as a batch's rows mostly come.
+write pass over a buffer twice the last-level cache (``--flush-mib``; 512 MiB where the cache
+size is unknown; calibration's ``CacheEvictor``), so that a call finds few rows in cache: its
+ids meet an earlier call's rows only by chance (1M rows of 256 B are 12.5% of a 2 GiB table),
+and the pass evicts most of those (not all: a last-level cache's replacement policy can keep
+lines read more than once; on the Intel Xeon VM of 2026-12-06 a 64 MiB chain answered in 40-42
+ns a read after a 600 MiB write pass, 40-73 after a read pass, 31 without any, 100-150 from a
+2 GiB table). The limit is for rows from DRAM, as a batch's rows mostly come.
 (Until 2026-12-06 every call read the same ids: on that VM, with a 300 MiB last-level cache, 1M
 ids of 256 B rows read again found most of their 256 MB there, 74-76 M lookups/s at one thread,
 against 39-55 M read cold.)
@@ -60,7 +61,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from bench_common import (add_isa_arg, apply_isa, describe_machine, json_path, machine_info,  # noqa: E402
@@ -107,33 +108,29 @@ def make_table(gib: float) -> torch.Tensor:
 def flush_mib_default(caches: Dict[str, str]) -> int:
     """Twice the last-level cache (``cpu_caches`` of machine_info, sizes like ``'307200K'``) in
     MiB, at least 1; 512 where no cache size is known."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = [int(v[:-1]) * units[v[-1]] if v[-1:] in units else int(v)
-             for k, v in (caches or {}).items() if k in ("L2", "L3") and v[:-1].isdigit()]
+    from neo.cpp import cache_size_bytes
+
+    sizes = [b for b in (cache_size_bytes((caches or {}).get(k)) for k in ("L2", "L3")) if b]
     return max(1, -(-2 * max(sizes) // (1 << 20))) if sizes else 512
 
 
-class Flush:
-    """A pass over `mib` MiB (0: none), run before each timed call: the rows of earlier calls are
-    then out of every cache."""
+def evictor(mib: int) -> Callable[[], None]:
+    """What runs before each timed call: a write pass over `mib` MiB (``neo.calibrate``'s
+    :class:`~neo.calibrate.measure.CacheEvictor`, which calibration runs before its timed lookups
+    for the same reason), or nothing where `mib` is 0."""
+    from neo.calibrate.measure import CacheEvictor
 
-    def __init__(self, mib: int):
-        self.mib = mib
-        self.buf = torch.ones(mib << 17, dtype=torch.int64) if mib else None
-
-    def __call__(self) -> None:
-        if self.buf is not None:
-            self.buf.sum()
+    return CacheEvictor(mib << 20) if mib else (lambda: None)
 
 
 CHASE_ROW_BYTES = 256      # the latency chain's rows: whole lines, each hop on a line of its own
 CHASE_STEPS = 1 << 18
 
 
-def memory_latency_ns(table: torch.Tensor, flush: Flush, steps: int = CHASE_STEPS, chains: int = 3,
+def memory_latency_ns(table: torch.Tensor, flush: Callable[[], None], steps: int = CHASE_STEPS, chains: int = 3,
                       seed: int = 0) -> float:
     """Nanoseconds per dependent read over `table` (module doc), the median of `chains` chains,
-    each after `flush`. Writes the chain into the first 8 bytes of each 256-byte row."""
+    each after `flush` (:func:`evictor`). Writes the chain into the first 8 bytes of each 256-byte row."""
     from neo import _C
 
     rows = table.numel() // CHASE_ROW_BYTES
@@ -149,7 +146,7 @@ def memory_latency_ns(table: torch.Tensor, flush: Flush, steps: int = CHASE_STEP
 
 
 def _time_schedules(table: torch.Tensor, row_bytes: int, id_sets: Sequence[torch.Tensor], scheds: Sequence,
-                    flush: Flush) -> Dict[str, float]:
+                    flush: Callable[[], None]) -> Dict[str, float]:
     """Lookups/s of every schedule: a warm-up call on id_sets[0], then one timed call on each
     later set, each after `flush`; the median."""
     from neo import _C
@@ -168,12 +165,11 @@ def _time_schedules(table: torch.Tensor, row_bytes: int, id_sets: Sequence[torch
 
 
 def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 << 20, reps: int = 5,
-          wide: bool = False, sorted_too: bool = False, seed: int = 0, flush: Optional[Flush] = None,
+          wide: bool = False, sorted_too: bool = False, seed: int = 0, flush: Callable[[], None] = lambda: None,
           latency_ns: Optional[float] = None) -> Dict:
-    """The best (median over `reps` calls, each on ids of its own after `flush`) gather speed
-    over the schedules for rows of `row_bytes`; with `sorted_too` also on the same ids in
-    address order (module doc); with `latency_ns` the lines kept in flight."""
-    flush = flush or Flush(0)
+    """The best (median over `reps` calls, each on ids of its own after `flush`, :func:`evictor`)
+    gather speed over the schedules for rows of `row_bytes`; with `sorted_too` also on the same
+    ids in address order (module doc); with `latency_ns` the lines kept in flight."""
     rows = table.numel() // row_bytes
     g = torch.Generator().manual_seed(seed)
     id_sets = [torch.randint(0, rows, (lookups,), generator=g) for _ in range(reps + 1)]
@@ -190,7 +186,7 @@ def probe(table: torch.Tensor, row_bytes: int, threads: int, lookups: int = 1 <<
     lps = by_schedule[best]
     rec = {"row_bytes": row_bytes, "threads": threads, "lookups_per_s": lps, "gb_per_s": lps * row_bytes / 1e9,
            "best_prefetch": best, "lookups_per_s_by_prefetch": by_schedule, "table_gib": table.numel() / (1 << 30),
-           "table_rows": rows, "lookups": lookups, "flush_mib": flush.mib, "latency_ns": latency_ns,
+           "table_rows": rows, "lookups": lookups, "latency_ns": latency_ns,
            "lines_in_flight": (lps * -(-row_bytes // 64) * latency_ns * 1e-9) if latency_ns else None}
     if by_schedule_sorted is not None:
         best_s = max(by_schedule_sorted, key=by_schedule_sorted.get)
@@ -247,10 +243,11 @@ def main(argv=None) -> int:
     machine = machine_info(args.isa)
     print(describe_machine(machine))
     table = make_table(args.table_gib)
-    flush = Flush(flush_mib_default(machine["cpu_caches"]) if args.flush_mib is None else args.flush_mib)
+    flush_mib = flush_mib_default(machine["cpu_caches"]) if args.flush_mib is None else args.flush_mib
+    flush = evictor(flush_mib)
     latency = memory_latency_ns(table, flush)
     records = [dict(probe(table, 4 * d, t, args.lookups, args.reps, args.wide, args.sorted, flush=flush,
-                          latency_ns=latency), dim=d, machine=machine)
+                          latency_ns=latency), dim=d, flush_mib=flush_mib, machine=machine)
                for d in args.dims for t in args.threads]
     print_probe(records)
     if args.json:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from bench_gather_probe import Flush, flush_mib_default, make_table, memory_latency_ns  # noqa: E402
+from bench_gather_probe import evictor, flush_mib_default, make_table, memory_latency_ns  # noqa: E402
 
 from data_pipeline.locality import coprime_multiplier, zipf_ranks  # noqa: E402
 
@@ -81,8 +81,8 @@ PROBE_DISTANCES = ((0, 0), (8, 0), (16, 0), (16, 128), (32, 256), (64, 512))
 
 def probe_runners(args, dtype: str, batches) -> Tuple[List[Runner], Optional[float]]:
     """The gather probe on the rows each batch reads, one runner per prefetch setting; and the
-    memory latency on the probe's table (bench_gather_probe.memory_latency_ns, after a pass over
-    twice the last-level cache; None without a probe)."""
+    memory latency on the probe's table (bench_gather_probe.memory_latency_ns, after a write pass
+    over twice the last-level cache; None without a probe)."""
     from neo import _C
     from neo.cpp import cpu_isa_info
 
@@ -91,7 +91,7 @@ def probe_runners(args, dtype: str, batches) -> Tuple[List[Runner], Optional[flo
         print(f"note: rows of {row_bytes} bytes are not whole cache lines; no probe")
         return [], None
     table = make_table(args.tables * args.rows * row_bytes / (1 << 30))
-    latency_ns = memory_latency_ns(table, Flush(flush_mib_default(cpu_isa_info()["cpu_caches"])))
+    latency_ns = memory_latency_ns(table, evictor(flush_mib_default(cpu_isa_info()["cpu_caches"])))
     B = args.batch
     gids = {}
     for b in batches:   # global row of every id: table t's rows follow table t - 1's

@@ -247,14 +247,11 @@ def cache_constants(meas: Dict[str, Any], host_bw: float) -> Dict[str, float]:
 def _machine() -> Dict[str, Any]:
     from neo.machine import machine_info
 
+    from neo.cpp import cache_size_bytes, cpu_caches
+
     m = machine_info()
-    for level, key in ((2, "l2_bytes"), (3, "l3_bytes")):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu0/cache/index{level}/size") as f:
-                s = f.read().strip()
-            m[key] = int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1) if s[-1] in "KM" else int(s)
-        except (OSError, ValueError):
-            m[key] = None
+    caches = cpu_caches()
+    m["l2_bytes"], m["l3_bytes"] = (cache_size_bytes(caches.get(level)) for level in ("L2", "L3"))
     return m
 
 

@@ -177,14 +177,12 @@ def test_fbgemm_backend_behind_the_cache():
     assert_same_tables(dev, cached)
 
 
-def test_triton_data_path_matches_torch(monkeypatch):
-    """The Triton kernels (interpreted on CPU tensors without CUDA, compiled on CUDA tensors with it)
-    move rows exactly like torch indexing."""
+def test_triton_data_path_matches_torch():
+    """The Triton kernels (interpreted on CPU tensors without CUDA: tests/conftest.py, compiled on
+    CUDA tensors with it) move rows exactly like torch indexing."""
     from neo.embedding.cache.moves import TorchMoves, TritonMoves
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     try:
         tm = TritonMoves()
     except Exception as e:  # noqa: BLE001

@@ -24,11 +24,12 @@ import pytest
 
 import neo._C as C  # a missing build must fail here, not skip
 from neo.config.embedding import TableConfig
-from neo.cpp import cpu_caches, cpu_id, cpu_isa_info, use_cpu_isa
+from neo.cpp import cache_size_bytes, cpu_caches, cpu_id, cpu_isa_info, use_cpu_isa
 from neo.embedding import TableBatchedEmbedding
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 VARIANTS = C.cpu_isa_supported()
+
 
 def _cpuinfo_flags() -> set:
     with open("/proc/cpuinfo") as f:
@@ -131,6 +132,13 @@ def test_cpu_id_and_caches_name_the_machine(tmp_path):
     assert cpu_caches(str(tmp_path)) == {"L1d": "48K", "L1i": "32K", "L2": "2048K"}
     assert cpu_caches(str(tmp_path / "absent")) == {}
     assert cpu_isa_info()["cpu_caches"] == cpu_caches() and cpu_isa_info()["cpu_id"] == cpu_id()
+    # their sizes in bytes (the planner's calibration and the benchmarks' cache evictions)
+    assert [cache_size_bytes(x) for x in ("48K", "2048K\n", "32M", "1G", "4096", None, "", "big")] == \
+        [48 << 10, 2 << 20, 32 << 20, 1 << 30, 4096, None, None, None]
+    from neo import calibrate
+
+    machine = calibrate._machine()
+    assert (machine["l2_bytes"], machine["l3_bytes"]) == tuple(cache_size_bytes(cpu_caches().get(k)) for k in ("L2", "L3"))
 
 
 def _import_with(isa: str) -> subprocess.CompletedProcess:

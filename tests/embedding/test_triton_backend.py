@@ -4,7 +4,7 @@ Without a GPU the kernels run in Triton's interpreter on CPU tensors. ``TRITON_I
 must be in the environment before triton decorates the kernels (``@triton.jit`` picks the
 compiled or the interpreted implementation when the kernel module is imported, and
 triton.language's own helpers when triton is imported), so tests/conftest.py sets it before
-collection, and this module again for a run outside the suite's conftest. With CUDA, the kernels are compiled and run on "cuda".
+collection. With CUDA, the kernels are compiled and run on "cuda".
 The interpreter is slow: shapes here are tiny (the file runs in well under 90 s on 2 cores).
 
 Tolerances: fp32 compares at 1e-5 relative (forward pools in a different order than the
@@ -21,29 +21,23 @@ differences do not compound.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: see the module docstring
+import triton  # noqa: F401  (a core dependency: missing must fail, not skip)
 
-import pytest  # noqa: E402
-
-import triton  # noqa: E402,F401  (a core dependency: missing must fail, not skip)
-
-from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType  # noqa: E402
-from neo.embedding import TableBatchedEmbedding  # noqa: E402
-from neo.embedding.checks import EmbeddingInputError  # noqa: E402
-from neo.sparse import KeyedJaggedBatch  # noqa: E402
-from tests.embedding.harness import clone_weights, random_batch, run_steps  # noqa: E402
-from tests.multiprocess import ROOT, child_env  # noqa: E402
-from neo.embedding.backends.reference import round_weights, sr_uniform  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from neo.embedding.backends import triton_kernels as tk  # noqa: E402
+from neo.config.embedding import OptimizerConfig, TableConfig, WeightDType
+from neo.embedding import TableBatchedEmbedding
+from neo.embedding.checks import EmbeddingInputError
+from neo.sparse import KeyedJaggedBatch
+from tests.embedding.harness import clone_weights, random_batch, run_steps
+from tests.multiprocess import ROOT, child_env
+from neo.embedding.backends.reference import round_weights, sr_uniform
+import triton.language as tl
+from neo.embedding.backends import triton_kernels as tk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPTS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lamb"]

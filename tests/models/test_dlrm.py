@@ -42,15 +42,19 @@ def test_dot_interaction_is_every_pair_once():
     torch.testing.assert_close(out, expected)
 
 
+def _interaction_formula(d, p, F, D):
+    """[dense, v_i . v_j for i < j], v = [dense, pooled_1 .. pooled_F] (B, F + 1, D), plainly."""
+    v = torch.cat([d.unsqueeze(1), p.view(-1, F, D)], 1)
+    return torch.cat([d] + [(v[:, i] * v[:, j]).sum(1, keepdim=True) for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
+
+
 def test_dot_interaction_gradient_matches_autograd_of_the_formula():
     """The hand-written backward against autograd through a plain restatement, in float64."""
     torch.manual_seed(0)
     F, D, B = 5, 4, 3
     dense = torch.randn(B, D, dtype=torch.float64, requires_grad=True)
     pooled = torch.randn(B, F * D, dtype=torch.float64, requires_grad=True)
-    v = torch.cat([dense.unsqueeze(1), pooled.view(B, F, D)], 1)
-    plain = torch.cat([dense] + [(v[:, i] * v[:, j]).sum(1, keepdim=True)
-                                 for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
+    plain = _interaction_formula(dense, pooled, F, D)
     out = DotInteraction(F, D)(dense, pooled)
     torch.testing.assert_close(out, plain)
     g = torch.randn(out.shape, dtype=torch.float64)
@@ -115,12 +119,6 @@ def test_interaction_tiles_setting_is_checked_and_restored():
                 ["narrow", "grouped", "grouped", "grouped", "wide", "wide"] if full_rate
                 else ["tall"] * 6 if (isa == "avx2" and amd) or (isa == "avx512" and features["amd_family_19h"])
                 else ["narrow"] * 6)
-
-
-def _interaction_formula(d, p, F, D):
-    """[dense, v_i . v_j for i < j], v = [dense, pooled_1 .. pooled_F] (B, F + 1, D), plainly."""
-    v = torch.cat([d.unsqueeze(1), p.view(-1, F, D)], 1)
-    return torch.cat([d] + [(v[:, i] * v[:, j]).sum(1, keepdim=True) for i in range(F + 1) for j in range(i + 1, F + 1)], 1)
 
 
 def _fused_against_float64(F, D, B=37):
