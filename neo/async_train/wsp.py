@@ -43,7 +43,9 @@ wave); each rank still pushes its own gradients. ``async_train.slowdown`` (or ``
 stretches a rank's steps by a sleep, to emulate slower devices on one host. Evaluation runs once,
 at the end, on the final state (every version applied). Checkpoints (``train.checkpoint_dir``,
 every ``train.checkpoint_every`` steps, a multiple of ``wave_steps``): rank 0 writes its replica
-at a version, every rank resumes from it (:mod:`neo.async_train.checkpoint`).
+at a version, every rank resumes from it (:mod:`neo.async_train.checkpoint`). ``replay`` (a
+run directory of an earlier WSP run of the same config) computes every wave on the version that
+run's wave did, reproducing its training bit for bit (:mod:`neo.async_train.replay`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.async_train.checkpoint import WSPCheckpoints
+from neo.async_train.replay import check_replay, replay_versions
 from neo.async_train.wsp_checkpointing import WSPCheckpointing
 from neo.async_train.wsp_report import WSPReport
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
@@ -99,9 +102,11 @@ def check_wsp_config(cfg) -> None:
 
 class WSPTrainer(WSPCheckpointing, WSPReport):
     """Trains a validated config under WSP (module docstring). ``fit()`` returns the final metrics
-    (rank 0's, with every worker's clocks in the run log)."""
+    (rank 0's, with every worker's clocks in the run log). ``replay``: the run directory (or
+    ``metrics.jsonl``) of an earlier run of this config whose schedule to follow
+    (:mod:`neo.async_train.replay`)."""
 
-    def __init__(self, cfg, pg=None, log=print):
+    def __init__(self, cfg, pg=None, log=print, replay: Optional[str] = None):
         from neo.distributed import ShardedEmbeddingCollection
         from neo.embedding import PositionWeights, TableBatchedEmbedding
         from neo.models import DLRM
@@ -159,6 +164,13 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
         """The version this run starts at (a resumed run: its checkpoint's)."""
         if t.checkpoint_dir:
             self._open_checkpoints()
+        self.replay: Optional[List[int]] = None
+        """The version each wave from start_version on computes on, where replaying a run's schedule."""
+        if replay is not None:     # every worker's schedule checked on every rank: all fail alike, none hangs
+            schedules = [replay_versions(replay, r, self.waves, self.start_version) for r in range(self.W)]
+            for r, versions in enumerate(schedules):
+                check_replay(versions, self.start_version, self.staleness, r)
+            self.replay = schedules[self.rank]
         self.say(report)
         self.say(f"neo wsp: {len(self.groups)} virtual workers {self.groups}, staleness {self.staleness}, "
                  f"{self.wave_steps} steps per wave, {self.waves} waves")
@@ -228,13 +240,14 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
         if self.rank == 0 and self.ckpt is not None and self.ckpt.due(version):
             self._save(version)
 
-    def _catch_up(self, need: int, stop: Optional[StopSignals] = None) -> None:
-        """Wait for ``need`` versions, then pull and apply every version there is. ``stop``: the
-        wait ends in :class:`WaveStop` once a signal of train.stop_signals came, here or elsewhere."""
+    def _catch_up(self, need: int, stop: Optional[StopSignals] = None, exact: bool = False) -> None:
+        """Wait for ``need`` versions, then pull and apply every version there is (``exact``: up to
+        version ``need`` alone). ``stop``: the wait ends in :class:`WaveStop` once a signal of
+        train.stop_signals came, here or elsewhere."""
         asked = None if stop is None else (lambda: self._stop_signal(stop) is not None)
         with self.timers("wsp_wait"):
             self.clock.wait_version(need, asked)
-        latest = max(need, self.clock.version())
+        latest = need if exact else max(need, self.clock.version())
         if latest > self.version:
             with self.timers("wsp_pull"):
                 updates = self.link.pull(self.version, latest)
@@ -359,7 +372,10 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
             try:
                 if stoppable is not None and self._stop_signal(stop) is not None:
                     raise WaveStop()
-                self._catch_up(max(0, c - self.staleness), stoppable)
+                if self.replay is None:
+                    self._catch_up(max(0, c - self.staleness), stoppable)
+                else:                                          # the recorded run's version, no later one
+                    self._catch_up(self.replay[c - self.start_version], stoppable, exact=True)
             except WaveStop:
                 return self._stopped(self._stop_signal(stop), c, runlog, start)
             self.waves_log.append({"wave": c, "t": time.time(), "version": self.version,

@@ -30,13 +30,13 @@ def _bsp(rank, world_size, tmp, overrides):
             "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}}
 
 
-def _wsp(rank, world_size, tmp, overrides):
+def _wsp(rank, world_size, tmp, overrides, replay=None):
     from neo.async_train import WSPTrainer
 
-    tr = WSPTrainer(tiny_config(tmp, "async_train.mode=wsp", *overrides), log=lambda *a, **k: None)
+    tr = WSPTrainer(tiny_config(tmp, "async_train.mode=wsp", *overrides), log=lambda *a, **k: None, replay=replay)
     final = tr.fit()
     emb = tr.embedding
-    return {"losses": tr.losses, "final": final,
+    return {"losses": tr.losses, "final": final, "versions": [w["version"] for w in tr.waves_log],
             "weights": {t.name: emb.table_weight(t.name).clone() for t in emb.tables},
             "states": {t.name: {k: v.clone() for k, v in emb.table_optimizer_state(t.name).items()} for t in emb.tables},
             "dense": {k: v.clone() for k, v in tr.model.state_dict().items() if not k.startswith("embedding.")}}

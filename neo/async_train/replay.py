@@ -1,0 +1,66 @@
+"""Replaying a WSP run's schedule: the version each of a worker's waves computed on.
+
+A WSP run depends on its timing only through one thing: the version v(w, c) on which worker w
+computed its wave c (every version is applied in order, the same on every replica; within a wave
+nothing waits on another worker). The run log records it (``wsp_wave`` records: worker, wave,
+version). :func:`replay_versions` reads one worker's; ``WSPTrainer(cfg, replay_versions=...)``
+then computes each wave on exactly that version (it waits for it and applies no later one), so a
+run of the same config and data reproduces the recorded run's training bit for bit, whatever its
+own speed: a way to rerun a run that went wrong, and the oracle of tests/async_train/test_wsp_replay.py
+(the schedule alone decides the result; with the synchronous schedule it is the synchronous trainer's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Sequence
+
+__all__ = ["replay_versions", "check_replay"]
+
+
+def replay_versions(run_log: str, worker: int, waves: int, first: int = 0) -> List[int]:
+    """The versions worker ``worker``'s waves ``first .. waves - 1`` computed on, from the
+    ``wsp_wave`` records of ``run_log`` (a run directory or its ``metrics.jsonl``). Raises
+    FileNotFoundError or ValueError naming the file, line, worker and wave of what is missing or
+    malformed."""
+    path = run_log if run_log.endswith(".jsonl") else os.path.join(run_log, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"WSP replay: no run log at {path}")
+    found: Dict[int, int] = {}
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"WSP replay: {path} line {line_no}: not a JSON record ({e.msg})") from None
+            if not isinstance(r, dict) or r.get("kind") != "wsp_wave" or r.get("worker") != worker:
+                continue
+            wave, version = r.get("wave"), r.get("version")
+            if not isinstance(wave, int) or not isinstance(version, int):
+                raise ValueError(f"WSP replay: {path} line {line_no}: a wsp_wave record without an integer "
+                                 f"wave and version: {line.strip()[:200]}")
+            found[wave] = version      # a resumed run's log: the later record of a wave wins
+    missing = [c for c in range(first, waves) if c not in found]
+    if missing:
+        raise ValueError(f"WSP replay: {path} has no wsp_wave record of worker {worker}, wave {missing[0]} "
+                         f"({len(missing)} of waves {first} .. {waves - 1} missing): not a WSP run of this "
+                         "config and world size?")
+    return [found[c] for c in range(first, waves)]
+
+
+def check_replay(versions: Sequence[int], first: int, staleness: int, worker: int) -> None:
+    """ValueError unless ``versions`` (of waves ``first, first + 1, ..``; a run resumed at version
+    ``first`` starts there) is a schedule this config's WSP could have run: version v of wave c in
+    [max(c - staleness, first), c], never decreasing."""
+    for k, v in enumerate(versions):
+        c = first + k
+        lo = max(0, c - staleness, first)
+        if not lo <= v <= c:
+            raise ValueError(f"WSP replay: worker {worker}, wave {c}: version {v} is outside [{lo}, {c}] "
+                             f"(async_train.staleness = {staleness}, starting at version {first})")
+        if k and v < versions[k - 1]:
+            raise ValueError(f"WSP replay: worker {worker}, wave {c}: version {v} is older than the "
+                             f"{versions[k - 1]} of wave {c - 1} (a replica's versions only grow)")
