@@ -3,11 +3,13 @@
 A WSP run depends on its timing only through one thing: the version v(w, c) on which worker w
 computed its wave c (every version is applied in order, the same on every replica; within a wave
 nothing waits on another worker). The run log records it (``wsp_wave`` records: worker, wave,
-version). :func:`replay_versions` reads one worker's; ``WSPTrainer(cfg, replay_versions=...)``
-then computes each wave on exactly that version (it waits for it and applies no later one), so a
-run of the same config and data reproduces the recorded run's training bit for bit, whatever its
-own speed: a way to rerun a run that went wrong, and the oracle of tests/async_train/test_wsp_replay.py
-(the schedule alone decides the result; with the synchronous schedule it is the synchronous trainer's).
+version). :func:`replay_versions` reads one worker's; ``WSPTrainer(cfg, replay=RUN_DIR)`` then
+computes each wave on exactly that version (it waits for it and applies no later one), so a run
+of the same config and data (and world size, threads per rank and CPU kernels' ISA) reproduces
+the recorded run's training bit for bit, whatever its own speed: a way to rerun a run that went
+wrong, and the oracle of tests/async_train/test_wsp_replay.py (the schedule alone decides the
+result; tests/async_train/test_wsp.py: the synchronous schedule, one step a wave, is the
+synchronous trainer's, bit for bit at 2 ranks).
 """
 
 from __future__ import annotations
