@@ -59,6 +59,7 @@ def train_and_compare_16bit(tables, steps=3, batch_size=16, weighted=False, long
     gen = torch.Generator().manual_seed(seed + 1)
     for step in range(steps):
         batch = random_batch(tables, batch_size, gen, weighted=weighted, long_bag=long_bag)
+        before = {t.name: ref.table_weight(t.name).float() for t in tables}      # copies (16-bit storage)
         out_ref, out_fast = ref(batch), fast(batch)
         torch.testing.assert_close(out_fast, out_ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} forward: {m}")
         grad = torch.randn(out_ref.shape, generator=gen)
@@ -71,6 +72,13 @@ def train_and_compare_16bit(tables, steps=3, batch_size=16, weighted=False, long
             if exact:
                 assert torch.equal(wa.view(torch.int16), wb.view(torch.int16)), f"{where}: {int((d > 0).sum())} weights differ"
             else:
+                # Where the update nearly cancels the weight (w - u, u ~ w) the result is small and its
+                # 16-bit ulp finer than the fp32 update's own rounding at the operands' scale: there
+                # the two may differ by a few fp32 ulps of max(|w|, |u|) instead (seeds shifted by 97:
+                # 0.0664 - 0.0664 gave 1.64e-7 and 1.71e-7, 8 bf16 ulps apart, 1 fp32 ulp of 0.0664).
+                w0, u = before[t.name], before[t.name] - wa.float()
+                operand = 4 * torch.finfo(torch.float32).eps * torch.maximum(w0.abs(), u.abs())
+                d = torch.where((wa.float() - wb.float()).abs() <= operand, torch.zeros_like(d), d)
                 assert int(d.max()) <= 1, f"{where}: weights differ by {int(d.max())} ulp"
                 assert int((d > 0).sum()) <= max(2, wa.numel() // 100), f"{where}: {int((d > 0).sum())} weights differ by 1 ulp"
             sa, sb = ref.table_optimizer_state(t.name), fast.table_optimizer_state(t.name)

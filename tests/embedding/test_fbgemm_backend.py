@@ -12,7 +12,13 @@ from harness import run_steps
 import fbgemm_gpu  # noqa: E402,F401
 
 
-OPTS = [OptimizerConfig("sgd", lr=0.1), OptimizerConfig("adagrad", lr=0.1), OptimizerConfig("rowwise_adagrad", lr=0.1)]
+# Adagrad from a zero accumulator updates an element by lr g / (|g| + eps) on its first step, whose
+# derivative lr eps / (|g| + eps)^2 is up to lr / (4 eps) where the summed gradient g nearly cancels:
+# FBGEMM's and the reference's summation orders then move the weight by more than any tolerance,
+# with nothing wrong (seeds shifted by 97: g = 7e-7, 0.5% apart by order, weights 7e-6 apart).
+# From 0.01 (as tests/embedding/test_cpu_backend.py starts it) the derivative is at most lr / 0.1.
+OPTS = [OptimizerConfig("sgd", lr=0.1), OptimizerConfig("adagrad", lr=0.1, initial_accumulator_value=0.01),
+        OptimizerConfig("rowwise_adagrad", lr=0.1)]
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
