@@ -19,8 +19,13 @@ store_pid=
 # however the script ends (a failure, Ctrl-C, kill; a signal exits through the EXIT trap): the
 # agents still running are stopped (they pass SIGTERM on to their ranks), then the store, and
 # the logs removed
-trap 'kill -TERM "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true;
-      [ -n "$store_pid" ] && kill -TERM "$store_pid" 2>/dev/null; rm -rf "$LOGDIR"' EXIT
+cleanup() {
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+  if [ -n "$store_pid" ]; then kill -TERM "$store_pid" 2>/dev/null || true; fi
+  rm -rf "$LOGDIR"
+}
+trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 "$PY" - "$LOGDIR/store_port" "${PORT:-0}" >"$LOGDIR/store.log" 2>&1 <<'PYEOF' &
