@@ -3,7 +3,7 @@
 A WSP run depends on its timing only through one thing: the version v(w, c) on which worker w
 computed its wave c (every version is applied in order, the same on every replica; within a wave
 nothing waits on another worker). The run log records it (``wsp_wave`` records: worker, wave,
-version). :func:`replay_versions` reads one worker's; ``WSPTrainer(cfg, replay=RUN_DIR)`` then
+version). :func:`replay_versions` reads every worker's; ``WSPTrainer(cfg, replay=RUN_DIR)`` then
 computes each wave on exactly that version (it waits for it and applies no later one), so a run
 of the same config and data (and world size, threads per rank and CPU kernels' ISA) reproduces
 the recorded run's training bit for bit, whatever its own speed: a way to rerun a run that went
@@ -21,15 +21,15 @@ from typing import Dict, List, Sequence
 __all__ = ["replay_versions", "check_replay"]
 
 
-def replay_versions(run_log: str, worker: int, waves: int, first: int = 0) -> List[int]:
-    """The versions worker ``worker``'s waves ``first .. waves - 1`` computed on, from the
-    ``wsp_wave`` records of ``run_log`` (a run directory or its ``metrics.jsonl``). Raises
-    FileNotFoundError or ValueError naming the file, line, worker and wave of what is missing or
-    malformed."""
+def replay_versions(run_log: str, workers: int, waves: int, first: int = 0) -> List[List[int]]:
+    """For each of ``workers`` workers, the versions its waves ``first .. waves - 1`` computed on,
+    from the ``wsp_wave`` records of ``run_log`` (a run directory or its ``metrics.jsonl``), read
+    once. Raises FileNotFoundError or ValueError naming the file, line, worker and wave of what is
+    missing or malformed."""
     path = run_log if run_log.endswith(".jsonl") else os.path.join(run_log, "metrics.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"WSP replay: no run log at {path}")
-    found: Dict[int, int] = {}
+    found: List[Dict[int, int]] = [{} for _ in range(workers)]
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -38,19 +38,23 @@ def replay_versions(run_log: str, worker: int, waves: int, first: int = 0) -> Li
                 r = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"WSP replay: {path} line {line_no}: not a JSON record ({e.msg})") from None
-            if not isinstance(r, dict) or r.get("kind") != "wsp_wave" or r.get("worker") != worker:
+            if not isinstance(r, dict) or r.get("kind") != "wsp_wave":
                 continue
-            wave, version = r.get("wave"), r.get("version")
-            if not isinstance(wave, int) or not isinstance(version, int):
+            worker, wave, version = r.get("worker"), r.get("wave"), r.get("version")
+            if not all(isinstance(x, int) for x in (worker, wave, version)):
                 raise ValueError(f"WSP replay: {path} line {line_no}: a wsp_wave record without an integer "
-                                 f"wave and version: {line.strip()[:200]}")
-            found[wave] = version      # a resumed run's log: the later record of a wave wins
-    missing = [c for c in range(first, waves) if c not in found]
-    if missing:
-        raise ValueError(f"WSP replay: {path} has no wsp_wave record of worker {worker}, wave {missing[0]} "
-                         f"({len(missing)} of waves {first} .. {waves - 1} missing): not a WSP run of this "
-                         "config and world size?")
-    return [found[c] for c in range(first, waves)]
+                                 f"worker, wave and version: {line.strip()[:200]}")
+            if not 0 <= worker < workers:
+                raise ValueError(f"WSP replay: {path} line {line_no}: a wave of worker {worker}, where this run "
+                                 f"has {workers}: a run of another world size")
+            found[worker][wave] = version      # a resumed run's log: the later record of a wave wins
+    for worker, got in enumerate(found):
+        missing = [c for c in range(first, waves) if c not in got]
+        if missing:
+            raise ValueError(f"WSP replay: {path} has no wsp_wave record of worker {worker}, wave {missing[0]} "
+                             f"({len(missing)} of waves {first} .. {waves - 1} missing): not a WSP run of this "
+                             "config and world size?")
+    return [[got[c] for c in range(first, waves)] for got in found]
 
 
 def check_replay(versions: Sequence[int], first: int, staleness: int, worker: int) -> None:

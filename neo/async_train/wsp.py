@@ -167,7 +167,7 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
         self.replay: Optional[List[int]] = None
         """The version each wave from start_version on computes on, where replaying a run's schedule."""
         if replay is not None:     # every worker's schedule checked on every rank: all fail alike, none hangs
-            schedules = [replay_versions(replay, r, self.waves, self.start_version) for r in range(self.W)]
+            schedules = replay_versions(replay, self.W, self.waves, self.start_version)
             for r, versions in enumerate(schedules):
                 check_replay(versions, self.start_version, self.staleness, r)
             self.replay = schedules[self.rank]

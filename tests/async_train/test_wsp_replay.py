@@ -40,7 +40,7 @@ def test_a_replayed_schedule_gives_the_recorded_run_bit_for_bit(tmp_data):
     out = run_multiprocess(_wsp, 2, tmp_data, COMMON + ["async_train.slowdown=[{rank: 1, factor: 4}]",
                                                         f"train.run_dir={run}"])
     assert out[0]["final"]["max_staleness_observed"] == S       # a schedule far from the synchronous one
-    assert [replay_versions(run, r, WAVES) for r in range(2)] == [o["versions"] for o in out]
+    assert replay_versions(run, 2, WAVES) == [o["versions"] for o in out]
     # the other worker slowed: left to itself this run would compute on other versions
     again = run_multiprocess(_wsp, 2, tmp_data, COMMON + ["async_train.slowdown=[{rank: 0, factor: 4}]",
                                                           f"train.run_dir={tmp_data}/replay"], replay=run)
@@ -76,20 +76,24 @@ def test_a_replayed_schedule_gives_the_recorded_run_bit_for_bit(tmp_data):
 
 def test_replay_versions_names_what_is_missing_or_malformed(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"WSP replay: no run log at .*nowhere/metrics\.jsonl"):
-        replay_versions(str(tmp_path / "nowhere"), 0, 3)
+        replay_versions(str(tmp_path / "nowhere"), 1, 3)
     log = tmp_path / "metrics.jsonl"
     waves = [{"kind": "wsp_wave", "worker": w, "wave": c, "version": max(0, c - 1)} for w in (0, 1) for c in range(3)]
+    log.write_text("\n".join(json.dumps(r) for r in waves) + "\n")
+    assert replay_versions(str(tmp_path), 2, 3) == [[0, 0, 1]] * 2 == replay_versions(str(log), 2, 3)
     log.write_text("\n".join(json.dumps(r) for r in waves if (r["worker"], r["wave"]) != (1, 2)) + "\n")
-    assert replay_versions(str(tmp_path), 0, 3) == [0, 0, 1] == replay_versions(str(log), 0, 3)
-    assert replay_versions(str(tmp_path), 1, 2, first=1) == [0]          # wave 1 alone
+    assert replay_versions(str(tmp_path), 2, 2, first=1) == [[0], [0]]   # wave 1 alone, of both
     with pytest.raises(ValueError, match=r"no wsp_wave record of worker 1, wave 2 \(1 of waves 0 \.\. 2 missing\)"):
-        replay_versions(str(tmp_path), 1, 3)
+        replay_versions(str(tmp_path), 2, 3)
     log.write_text(json.dumps(waves[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl line 2: not a JSON record"):
-        replay_versions(str(tmp_path), 0, 1)
+        replay_versions(str(tmp_path), 1, 1)
     log.write_text(json.dumps({"kind": "wsp_wave", "worker": 0, "wave": 0, "version": "0"}) + "\n")
-    with pytest.raises(ValueError, match=r"line 1: a wsp_wave record without an integer wave and version"):
-        replay_versions(str(tmp_path), 0, 1)
+    with pytest.raises(ValueError, match=r"line 1: a wsp_wave record without an integer worker, wave and version"):
+        replay_versions(str(tmp_path), 1, 1)
+    log.write_text("\n".join(json.dumps(r) for r in waves) + "\n")
+    with pytest.raises(ValueError, match=r"line 4: a wave of worker 1, where this run has 1: a run of another world"):
+        replay_versions(str(tmp_path), 1, 3)
 
 
 @pytest.mark.parametrize("versions, first, match", [
