@@ -81,7 +81,7 @@ def train_and_compare_16bit(tables, steps=3, batch_size=16, weighted=False, long
                 # mean, and u ~ 1 / sqrt(sum) moves by at most half that relatively (seeds shifted by
                 # 199, D 72: 8.05e-6 and 8.17e-6 from w = -0.0474, 1.2e-7 apart: 2 bf16 ulps, 21 eps of |u|).
                 w0, u = before[t.name], before[t.name] - wa.float()
-                rel = 4 + (t.dim - 1) / 2 if tables[0].optimizer.type.value == "rowwise_adagrad" else 4
+                rel = 4 + (t.dim - 1) / 2 if t.optimizer.type.value == "rowwise_adagrad" else 4
                 operand = rel * torch.finfo(torch.float32).eps * torch.maximum(w0.abs(), u.abs())
                 d = torch.where((wa.float() - wb.float()).abs() <= operand, torch.zeros_like(d), d)
                 assert int(d.max()) <= 1, f"{where}: weights differ by {int(d.max())} ulp"
