@@ -369,6 +369,32 @@ def machine_info(isa: str = "native") -> Dict[str, Any]:
     }
 
 
+def memory_latency_ns() -> float:
+    """Nanoseconds a dependent read takes from DRAM now (bench_gather_probe.memory_latency_ns: a
+    pointer chase over a table of at least 1 GiB and twice the last-level cache, after a write pass
+    over twice that cache; about a second). A shared VM's memory moves between phases (the
+    same runs of 2026-12-06 saw 109 ns and 189-309 ns), which shifts every memory-bound figure;
+    the end-to-end benchmarks record it before and after their runs so that a phase is not read as
+    a regression."""
+    from bench_gather_probe import evictor, flush_mib_default, make_table
+    from bench_gather_probe import memory_latency_ns as chase
+
+    from neo.cpp import cpu_isa_info
+
+    flush_mib = flush_mib_default(cpu_isa_info()["cpu_caches"])
+    table = make_table(max(1.0, flush_mib / 1024))
+    return chase(table, evictor(flush_mib))
+
+
+def note_memory_latency(records: List[Dict[str, Any]], before: float, after: float) -> None:
+    """Prints the memory latency around a benchmark's runs and adds it to every record's
+    ``machine`` as ``memory_latency_ns``: ``{"before": ns, "after": ns}``."""
+    print(f"memory latency: {before:.0f} ns a dependent read before the runs, {after:.0f} ns after")
+    for r in records:
+        if isinstance(r.get("machine"), dict):
+            r["machine"]["memory_latency_ns"] = {"before": round(before, 1), "after": round(after, 1)}
+
+
 def describe_machine(m: Dict[str, Any]) -> str:
     """One line for the console: CPU, flags, the ISA cap and what the kernels chose."""
     flags = " ".join(f for f in m["cpu_flags"] if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve")))

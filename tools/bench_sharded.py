@@ -32,7 +32,8 @@ at AVX2 in every process (tools/bench_common.py), so an AVX-512 machine stands i
 
 Output: a table on stdout and, with ``--json``, a list of records with ``system``,
 ``sharding_type``, ``world_size``, ``step_ms`` (and the phases) and ``machine`` (CPU model,
-ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
+ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose, and ``memory_latency_ns``: a
+dependent read from DRAM before and after the runs, printed too; bench_common.memory_latency_ns).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, machine_info,  # noqa: E402
-                          run_world_sizes, shard_torchrec, start_rank, write_json)
+                          memory_latency_ns, note_memory_latency, run_world_sizes, shard_torchrec, start_rank,
+                          write_json)
 from bench_common import add_sharded_workload_args, apply_quick, json_path, positive_int  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -256,7 +258,9 @@ def main(argv=None) -> int:
     print(f"Neo embedding backend: {resolve_backend_name(args.backend, torch.device('cpu'))}; "
           f"{args.tables} tables x {args.rows} rows, D={args.dim}, batch {args.batch}/rank, ~{args.mean_ids} ids/bag; "
           f"{args.steps} timed steps (median){'; glibc malloc defaults' if args.system_malloc else ''}")
+    latency_before = memory_latency_ns()
     records = run_world_sizes(_rank_main, args, args.world_sizes)
+    note_memory_latency(records, latency_before, memory_latency_ns())
     _print(records)
     if args.json:
         write_json(args.json, records)

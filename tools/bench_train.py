@@ -46,7 +46,8 @@ The check runs in fp32 under ``--dense-dtype bf16`` too (bf16 rounding would hid
 Output: a table and, with ``--json``, records with ``system``, ``sharding_type``, ``workload``,
 ``samples_per_s``, ``samples_per_cpu_s``, ``step_ms`` (Neo: ``phase_ms``, rank 0's blocked time per phase),
 ``max_abs_diff_vs_neo`` (TorchRec's records: the forward check above; None in Neo's) and ``machine``
-(CPU model, ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose).
+(CPU model, ISA flags, the --isa cap, the ISA Neo's kernels and ATen chose, and ``memory_latency_ns``:
+a dependent read from DRAM before and after the runs, printed too; bench_common.memory_latency_ns).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_common import (add_isa_arg, add_no_shm_arg, add_system_malloc_arg, apply_isa, apply_quick,  # noqa: E402
-                          copy_into_torchrec, describe_machine, json_path, machine_info, multiple_of, nonneg_int,
-                          positive_int, start_rank, write_json)
+                          copy_into_torchrec, describe_machine, json_path, machine_info, memory_latency_ns, multiple_of,
+                          nonneg_int, note_memory_latency, positive_int, start_rank, write_json)
 import torch.distributed as dist  # noqa: E402
 
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
@@ -450,10 +451,12 @@ def main(argv=None) -> int:
     from tests.multiprocess import run_multiprocess
 
     t0 = time.time()
+    latency_before = memory_latency_ns()
     out = run_multiprocess(_rank_main, args.world_size, args, timeout_s=3600, collective_timeout_s=600,
                            threads=args.threads, env={"OMP_NUM_THREADS": str(args.threads)})
     records = out[0]
     print(describe_machine(records[0]["machine"]))
+    note_memory_latency(records, latency_before, memory_latency_ns())
     _print(records)
     print(f"({time.time() - t0:.0f} s; {args.world_size} processes x {args.threads} thread; "
           f"machine load average {os.getloadavg()[0]:.1f})")

@@ -39,6 +39,12 @@ def test_torchrec_starts_from_neos_weights_and_computes_the_same_logits(tmp_path
     # logits of order 1: the same fp32 arithmetic in another order is ~1e-7 apart
     assert diff is not None and math.isfinite(diff) and 0.0 <= diff < 1e-5, diff
     assert "forward check: max |torchrec logit - neo (table_wise)|" in run.stdout
+    # the memory latency around the runs, in every record: a chase over more than the last-level
+    # cache, so DRAM's tens of ns at least, never a cache hit's few
+    for r in records:
+        lat = r["machine"]["memory_latency_ns"]
+        assert set(lat) == {"before", "after"} and all(20 < v < 10_000 for v in lat.values()), lat
+    assert "memory latency:" in run.stdout and "ns a dependent read before the runs" in run.stdout
 
 
 def test_a_torchrec_model_that_is_not_neos_stops_the_run_before_timing(tmp_path):
