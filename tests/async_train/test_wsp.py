@@ -83,10 +83,17 @@ def test_position_weights_under_staleness_zero_train_as_the_synchronous_trainer(
     """``model.position_weights`` under WSP: each worker's weights get the gradient of its own ids
     (the server averages them), the tables' update weighs the ids with the weights the step used.
     Against the synchronous trainer (its shards' weight gradients averaged by DDP): the same
-    training up to the summation order of the weights' gradient."""
+    training up to the summation order of the weights' gradient: the synchronous trainer sums a
+    row-wise table's weight gradients on the ranks holding its rows, WSP on the ranks whose samples
+    hold the ids, so the two averages can differ by an ulp (at ``--seed-shift 211``, from the second
+    step). The tables' Adagrad starts from an accumulator of 0.01: from 0 its first update is
+    lr * sign(g) for any g, and an element whose gradient nearly cancels turned that ulp into a
+    weight 1.3e-5 apart (lr 0.1); from 0.01 a gradient difference moves the update by at most
+    lr / 0.1 times itself. The dense optimizer keeps its 0 (it trains the position weights)."""
     plan = ["sharding.types.user=row_wise", "sharding.types.item=table_wise", "sharding.types.category=data_parallel",
             "sharding.types.country=table_wise"]
-    weights = ["model.position_weights.user=3", "model.position_weights.category=2"]
+    weights = ["model.position_weights.user=3", "model.position_weights.category=2"] + [
+        f"tables.{t}.optimizer.initial_accumulator_value=0.01" for t in (0, 1, 2)]   # user, item, category: (row-wise) Adagrad
     bsp = run_multiprocess(_bsp, 2, tmp_data, COMMON + plan + weights)
     wsp = run_multiprocess(_wsp, 2, tmp_data, COMMON + plan + weights +
                            ["async_train.staleness=0", "async_train.wave_steps=1", f"train.run_dir={tmp_data}/wsp_pw"])
