@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from typing import Tuple
 
 import numpy as np
 import pytest
@@ -305,23 +306,38 @@ def test_small_tables_pick_is_never_slower_than_all_row_or_all_column_wise(make_
         assert free.summary["max_ms"] <= other.summary["max_ms"] * 1.001 + 1e-9, st
 
 
+def _search_best(plan: Plan) -> Tuple[float, str, str]:
+    """The feasible candidate the search ranks first: least busiest rank by the search's own
+    costs (the candidates' ``max_ms``), the earliest on a tie."""
+    done = [c for c in plan.summary["candidates"] if c["partitioner"] != "bound" and c["feasible"]]
+    best = min(done, key=lambda c: c["max_ms"])            # min keeps the first of equals
+    return best["max_ms"], best["proposal"], best["partitioner"]
+
+
 @pytest.mark.parametrize("W,L,n,max_rows,seed", [(8, 8, 20, 1e6, 0), (16, 8, 60, 1e8, 1)])
-def test_proposals_skipped_by_their_bound_never_hold_the_pick(W, L, n, max_rows, seed, make_tables):
+def test_proposals_skipped_by_their_bound_never_hold_the_searchs_best(W, L, n, max_rows, seed, make_tables):
     """A proposal whose lower bound (neo.planner.partition.lower_bound) already ranks below the
     best so far is not partitioned. With ``alternatives`` every proposal is partitioned: the
-    pick must be the same plan, and the skipped ones must have been skipped for a reason (each
-    one's bound ranks below the pick: above its busiest rank)."""
+    search's best candidate must be the same one, each skipped proposal's bound must lie above
+    it (the reason for the skip) and at or below every partition of that proposal (a bound).
+
+    The pick itself may differ: the plans are ranked again at their ranks' own footprints,
+    which the search's bounds do not bound, so a skipped proposal can win there (seeds 240-299
+    and 240-279 of these two settings: the pick differed at one seed of each, its busiest rank
+    3.7% and 0% above the exhaustive pick's; docs/planner.md, "pick")."""
     tables = make_tables(n, seed=seed, max_rows=max_rows)
     topo = Topology.uniform(W, L, hbm_gib=24)
     fast = plan_tables(tables, topo)
     every = plan_tables(tables, topo, alternatives=1)
-    assert fast.tables == every.tables
-    assert fast.summary["max_ms"] == pytest.approx(every.summary["max_ms"], rel=1e-12)
+    best = _search_best(fast)
+    assert best == _search_best(every)
     skipped = [c for c in fast.summary["candidates"] if c["partitioner"] == "bound"]
     assert skipped, "no proposal skipped: the case tests nothing"
     assert not [c for c in every.summary["candidates"] if c["partitioner"] == "bound"]
     for c in skipped:
-        assert c["max_ms"] > fast.summary["max_ms"], c
+        assert c["max_ms"] > best[0], c
         done = [x["max_ms"] for x in every.summary["candidates"] if x["proposal"] == c["proposal"]]
         assert done and min(done) >= c["max_ms"] * (1 - 1e-9), (c, done)
+    kept = {(c["proposal"], c["partitioner"]) for c in fast.summary["candidates"] if c["feasible"]}
+    assert (fast.summary["proposal"], fast.summary["partitioner"]) in kept
     assert "not partitioned" in format_report(fast)
