@@ -323,8 +323,8 @@ def test_proposals_skipped_by_their_bound_never_hold_the_searchs_best(W, L, n, m
 
     The pick itself may differ: the plans are ranked again at their ranks' own footprints,
     which the search's bounds do not bound, so a skipped proposal can win there (seeds 240-299
-    and 240-279 of these two settings: the pick differed at one seed of each, its busiest rank
-    3.7% and 0% above the exhaustive pick's; docs/planner.md, "pick")."""
+    of these two settings: the pick differed at one seed of each, its busiest rank 3.7% and 0%
+    above the exhaustive pick's; ``tools/bench_planner.py --skip-seeds``, docs/planner.md, "pick")."""
     tables = make_tables(n, seed=seed, max_rows=max_rows)
     topo = Topology.uniform(W, L, hbm_gib=24)
     fast = plan_tables(tables, topo)
