@@ -239,21 +239,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(stochastically keyed by seed, step and the flat element index elem0 + i D + d)",
         py::arg("x"), py::arg("dtype"), py::arg("stochastic_rounding"), py::arg("seed"), py::arg("step"), py::arg("elem0"));
   m.def("_set_tuning", [](int64_t fwd_prefetch, int64_t bwd_lookahead, int64_t fwd_stream, int64_t sort_prefetch,
-                          int64_t bwd_far) {
+                          int64_t bwd_far, int64_t fwd_far, int64_t fwd_prefetch32, int64_t fwd_far32) {
         const neo::Tuning d = neo::default_tuning();
         const auto pick = [](int64_t v, int64_t fallback) { return v < 0 ? fallback : v; };
-        neo::tuning() = neo::Tuning{pick(fwd_prefetch, d.fwd_prefetch), pick(bwd_lookahead, d.bwd_lookahead),
-                                    pick(fwd_stream, d.fwd_stream), pick(sort_prefetch, d.sort_prefetch),
-                                    pick(bwd_far, d.bwd_far)};
+        // The forward's distances as fwd_prefetch alone set them before the others existed: a far
+        // distance left out, its near one given, is 8 times it; an fp32 one left out follows the
+        // 16-bit one where that is given.
+        const int64_t near = pick(fwd_prefetch, d.fwd_prefetch);
+        const int64_t far = pick(fwd_far, fwd_prefetch >= 0 ? 8 * near : d.fwd_far);
+        const int64_t near32 = pick(fwd_prefetch32, fwd_prefetch >= 0 ? near : d.fwd_prefetch32);
+        const int64_t far32 = pick(fwd_far32, fwd_prefetch32 >= 0 ? 8 * near32
+                                                                  : fwd_prefetch >= 0 || fwd_far >= 0 ? far : d.fwd_far32);
+        neo::tuning() = neo::Tuning{near, pick(bwd_lookahead, d.bwd_lookahead), pick(fwd_stream, d.fwd_stream),
+                                    pick(sort_prefetch, d.sort_prefetch), pick(bwd_far, d.bwd_far), far, near32, far32};
       }, py::arg("fwd_prefetch") = -1, py::arg("bwd_lookahead") = -1, py::arg("fwd_stream") = -1,
-      py::arg("sort_prefetch") = -1, py::arg("bwd_far") = -1,
-      "Benchmarking only: prefetch distances of the kernels (ids ahead in the forward, rows ahead in the "
-      "sorted backward), the forward's streaming stores and the backward sort's write prefetches; a negative "
-      "value (the default) sets this CPU's default, so _set_tuning() restores them all");
+      py::arg("sort_prefetch") = -1, py::arg("bwd_far") = -1, py::arg("fwd_far") = -1,
+      py::arg("fwd_prefetch32") = -1, py::arg("fwd_far32") = -1,
+      "Benchmarking only: prefetch distances of the kernels (the forward's ids ahead into L1 and L2, "
+      "fwd_prefetch / fwd_far for 16-bit tables and fwd_prefetch32 / fwd_far32 for fp32 ones, far 0: none; "
+      "rows ahead in the sorted backward), the forward's streaming stores and the backward sort's write "
+      "prefetches. A negative value (the default) sets this CPU's default, so _set_tuning() restores them all; "
+      "but a far distance left out, its near one given, is 8 times it, and an fp32 distance left out follows "
+      "the 16-bit one where that is given (fwd_prefetch=16 alone: 16 and 128 ids ahead for every table)");
   m.def("_tuning", [] {
         const neo::Tuning& t = neo::tuning();
         return py::dict(py::arg("fwd_prefetch") = t.fwd_prefetch, py::arg("bwd_lookahead") = t.bwd_lookahead,
                         py::arg("fwd_stream") = t.fwd_stream, py::arg("sort_prefetch") = t.sort_prefetch,
-                        py::arg("bwd_far") = t.bwd_far);
+                        py::arg("bwd_far") = t.bwd_far, py::arg("fwd_far") = t.fwd_far,
+                        py::arg("fwd_prefetch32") = t.fwd_prefetch32, py::arg("fwd_far32") = t.fwd_far32);
       }, "Benchmarking only: the kernels' prefetch distances and store policy now in force (_set_tuning)");
 }

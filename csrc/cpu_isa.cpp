@@ -29,6 +29,18 @@ Tuning default_tuning() {
     // 0.5%. Each row brings 5-8 lines (weights and state): 16 rows ahead are 80-128 lines, more
     // than the core keeps in flight (about 16), so the prefetches of later rows waited on earlier ones.
     t.bwd_lookahead = 8;
+  } else if (amd_zen3()) {
+    // AMD Zen 3 (measured on an EPYC, AuthenticAMD 25/1/1, 2026-12-07; docs/benchmarks.md): no
+    // prefetch of fp32 rows (four lines) into L2 far ahead, in the forward or the backward, and the
+    // forward's L1 prefetch 16 ids ahead, not 32. The forward (8 tables of 1M rows, D 64, bags of
+    // 1-39), the two in one rotation: from 1% slower to 9% faster at one thread, 4-12% faster at
+    // two, in seven runs; with fp16 rows (two lines) no L2 prefetch was 10% slower, so 16-bit
+    // tables keep theirs. The forward + backward on 4 tables of 100k rows (row-wise Adagrad): 8-10%
+    // faster without bwd_far, at one and two threads; the L1 prefetch 8 rows ahead instead of 16
+    // no better.
+    t.fwd_prefetch32 = 16;
+    t.fwd_far32 = 0;
+    t.bwd_far = 0;
   }
   return t;
 }
@@ -194,6 +206,7 @@ std::string cpu_isa() { return kernels().isa; }
 
 bool amd_family_19h() { return features().amd_family_19h; }
 bool amd_family_1ah() { return features().amd_family_1ah; }
+bool amd_zen3() { return features().amd_family_19h && !features().avx512f; }
 bool intel_cpu() { return features().intel; }
 bool interaction_l1_next() { return features().amd_family_1ah; }
 

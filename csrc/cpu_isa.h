@@ -161,6 +161,7 @@ constexpr int64_t kWideMinDim = 96;
 constexpr int64_t kGroupedMinDim = 16;               // below: no whole 16-column block to interleave
 bool amd_family_19h();                               // this CPU is AMD family 19h (Zen 3, Zen 4)
 bool amd_family_1ah();                               // this CPU is AMD family 1Ah (Zen 5)
+bool amd_zen3();                                     // AMD family 19h without AVX-512 (Zen 3; Zen 4 has it)
 bool intel_cpu();                                    // this CPU is an Intel one (GenuineIntel)
 bool interaction_l1_next();                          // the next sample into L1: this CPU is Zen 5 (above)
 void set_interaction_tiles(const std::string& name); // "auto", "narrow", "wide", "grouped", "tall"; throws otherwise

@@ -103,14 +103,18 @@ struct IdCheckArgs {
 // in cpu_isa.cpp (one instance for every variant).
 constexpr int64_t kBwdFar = 128;   // backward: rows ahead (in sorted order) whose weight rows are prefetched into L2
 struct Tuning {
-  int64_t fwd_prefetch = 32;   // forward: ids ahead whose rows are prefetched into L1 (and 8x that into L2)
+  int64_t fwd_prefetch = 32;   // forward, 16-bit tables: ids ahead whose rows are prefetched into L1
   int64_t bwd_lookahead = 16;  // backward: rows ahead (in sorted order) prefetched into L1 (24 on AMD Zen 5, 8 on Intel)
   int64_t fwd_stream = 1;     // forward: pooled rows of whole aligned cache lines written with streaming stores
   int64_t sort_prefetch = 1;  // backward's radix sort: each bucket's next lines prefetched for writing (0 on Zen 5)
   int64_t bwd_far = kBwdFar;  // the same for fp32 tables (0: none; 16-bit tables always kBwdFar)
+  int64_t fwd_far = 8 * 32;   // forward, 16-bit tables: ids ahead whose rows are prefetched into L2 (0: none)
+  int64_t fwd_prefetch32 = 32;   // forward, fp32 tables: as fwd_prefetch (16 on AMD Zen 3)
+  int64_t fwd_far32 = 8 * 32;    // forward, fp32 tables: as fwd_far (0 on AMD Zen 3)
 };
 Tuning& tuning();            // starts at default_tuning()
 Tuning default_tuning();     // this CPU's: bwd_far 0, bwd_lookahead 24 and sort_prefetch 0 on AMD Zen 5
-                             // (backward.h, radix_sort.h), bwd_lookahead 8 on Intel, the fields' defaults elsewhere
+                             // (backward.h, radix_sort.h), bwd_lookahead 8 on Intel, fwd_prefetch32 16,
+                             // fwd_far32 0 and bwd_far 0 on AMD Zen 3 (forward.h), the fields' defaults elsewhere
 
 }  // namespace neo

@@ -387,7 +387,8 @@ int64_t backward_impl(const GroupMeta& m, T* W, const Lookup& L, const UpdateArg
   // over 8M rows (row-wise Adagrad, 1 thread: 59 -> 44 ms). On sparser batches (one-hot ids
   // over 1.3M rows: 4%) it cost about 10%, so it runs only from 1/16 as many ids as rows.
   // Its distance: kBwdFar rows; for fp32 tables tuning().bwd_far, kBwdFar but 0 (none) on AMD Zen 5
-  // (family 1Ah, default_tuning). There, 655k ids over 8M rows of D 64, row-wise Adagrad,
+  // (family 1Ah, default_tuning) and Zen 3 (the same measured there: 8-10% faster without it on
+  // 328k ids over 400k rows, 2026-12-07). On Zen 5, 655k ids over 8M rows of D 64, row-wise Adagrad,
   // bwd_far 0 against 128 in one process, alternating, FBGEMM's time as the yardstick
   // (2026-12-02): fp32 tables 2-8% faster at 1 thread (six runs), 1-5% at 2 (three); fp16
   // tables (rows of two lines, not four) 1-8% slower at 1 thread (three), 4-8% faster at 2.

@@ -13,7 +13,11 @@
 //
 // Memory: random rows of a large table are a DRAM miss each, so the gather is bound by how
 // many misses are in flight. The rows of the ids P ahead (P = tuning().fwd_prefetch, same
-// feature) are prefetched into L1 and those 8P ahead into L2.
+// feature) are prefetched into L1 and those F ahead into L2 (F = tuning().fwd_far, 0: none), by
+// default 32 and 256 ids. fp32 tables have distances of their own (fwd_prefetch32, fwd_far32): on
+// AMD Zen 3 16 and none, which ran their 4-line rows from 1% slower to 9% faster at one thread
+// and 4-12% faster at two (16-bit rows of two lines: 10% slower without the L2 prefetch;
+// docs/benchmarks.md, 2026-12-07).
 //
 // Instructions: a core shared with another hardware thread (a busy neighbour on a VM) issues
 // fewer of them, and then a gather with more instructions per id than the probe falls behind
@@ -52,7 +56,7 @@ struct FeatureRun {
   int64_t fb0, fb1;
   float* out;              // output row of bag fb0 (this feature's columns)
   int64_t out_stride;      // floats between the output rows of consecutive bags
-  int64_t near, far;       // prefetch distances in ids (L1, L2)
+  int64_t near, far;       // prefetch distances in ids (L1, L2; far 0: no L2 prefetch)
   bool stream;             // pooled rows written with streaming stores (whole aligned lines)
 };
 
@@ -106,14 +110,16 @@ __attribute__((always_inline)) inline int64_t pool_bag(const T* table, const Fea
   };
   int64_t i0 = s;
   if constexpr (FIRST && DK != 0) {
-    if (e + far <= fend) {   // every prefetch of the bag inside the feature's ids: no bound tests
+    if (e + std::max(near, far) <= fend) {   // every prefetch of the bag inside the feature's ids: no bound tests
       const char* base = reinterpret_cast<const char*>(table);
       for (; i0 < e; ++i0) {
         // ids unchecked: a prefetch never faults, and a bad id's row is skipped by add()
         const char* pn = base + static_cast<uint64_t>(idx[i0 + near]) * kBytes;
         for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(pn + b, 0, 3);
-        const char* pf = base + static_cast<uint64_t>(idx[i0 + far]) * kBytes;
-        for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(pf + b, 0, 1);
+        if (far != 0) {
+          const char* pf = base + static_cast<uint64_t>(idx[i0 + far]) * kBytes;
+          for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(pf + b, 0, 1);
+        }
         add(i0);
       }
     }
@@ -124,7 +130,7 @@ __attribute__((always_inline)) inline int64_t pool_bag(const T* table, const Fea
         if (exact) prefetch_id<kBytes, 3>(table, D, rows, idx[i + near], row_bytes);
         else prefetch_id<0, 3>(table, D, rows, idx[i + near], row_bytes);
       }
-      if (__builtin_expect(i + far < fend, 1)) {
+      if (far != 0 && __builtin_expect(i + far < fend, 1)) {
         if (exact) prefetch_id<kBytes, 1>(table, D, rows, idx[i + far], row_bytes);
         else prefetch_id<0, 1>(table, D, rows, idx[i + far], row_bytes);
       }
@@ -196,7 +202,7 @@ int64_t pool_run_generic(const T* table, const FeatureRun& r, float* buf) {
         const int64_t pid = r.idx[i + r.near];
         if (static_cast<uint64_t>(pid) < rows) prefetch_row(table + pid * D, row_bytes);
       }
-      if (i + r.far < r.fend) {
+      if (r.far != 0 && i + r.far < r.fend) {
         const int64_t pid = r.idx[i + r.far];
         if (static_cast<uint64_t>(pid) < rows) prefetch_row_l2(table + pid * D, row_bytes);
       }
@@ -236,9 +242,12 @@ int64_t forward(const GroupMeta& m, const T* W, const Lookup& L, float* out) {
   const int64_t chunks = num_chunks(off[nbags] - off[0] + nbags, 2048);
   const std::vector<int64_t> starts = split_bags_by_ids(off, nbags, chunks);
   std::vector<int64_t> invalid(chunks, 0);
-  const int64_t near = std::max<int64_t>(1, tuning().fwd_prefetch);
+  const Tuning& tune = tuning();
+  const bool f32 = std::is_same_v<T, float>;
+  const int64_t near = std::max<int64_t>(1, f32 ? tune.fwd_prefetch32 : tune.fwd_prefetch);
+  const int64_t far = std::max<int64_t>(0, f32 ? tune.fwd_far32 : tune.fwd_far);
+  const bool lines = tune.fwd_stream != 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0 && m.total_dim % 16 == 0;
   // whole cache lines: the row stride, and (per feature) the row length and column offset
-  const bool lines = tuning().fwd_stream != 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0 && m.total_dim % 16 == 0;
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> buf(m.max_dim);
     bool streamed = false;
@@ -249,7 +258,7 @@ int64_t forward(const GroupMeta& m, const T* W, const Lookup& L, float* out) {
         const bool stream = lines && D % 16 == 0 && m.outoff[f] % 16 == 0;
         FeatureRun r{L.idx, L.psw, off, m.rows[t], D, off[(f + 1) * B], m.fmean[f] != 0,
                      fb, std::min(starts[c + 1], (f + 1) * B), out + (fb - f * B) * m.total_dim + m.outoff[f],
-                     m.total_dim, near, 8 * near, stream};
+                     m.total_dim, near, far, stream};
         const T* table = W + m.woff[t];
         bad += L.psw ? pool_run_dispatch<T, true>(table, r, buf.data()) : pool_run_dispatch<T, false>(table, r, buf.data());
         streamed |= stream;

@@ -107,6 +107,47 @@ def test_weight_grad_matches_the_reference(isa, dtype):
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"{isa}: {m}")
 
 
+# (fwd_prefetch, fwd_far) as fp32 tables' and as 16-bit tables' distances: the defaults, no L2
+# prefetch, the L1 one farther than the L2 one, both beyond every feature's ids, the nearest
+PREFETCH = ((32, 256), (16, 0), (40, 8), (5000, 9000), (1, 0))
+
+
+@pytest.mark.parametrize("isa", VARIANTS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_forward_prefetch_distances_leave_the_output_bit_identical(isa, dtype):
+    """The forward's prefetches of the rows ahead (csrc/kernels/forward.h; near into L1, far into
+    L2, far 0: none) stay inside each feature's ids and change no output bit, whatever the
+    distances: features of 1 to 300 ids (bags of 0 to 70), 5% of the ids out of range (counted,
+    adding nothing), at 1 and 2 threads, against the reference. The distances are set through
+    each dtype's own fields (fwd_prefetch32 / fwd_far32 for fp32 tables)."""
+    tables = _tables(dtype, dims=(16, 64, 128), rows=3000)
+    ref = TableBatchedEmbedding(tables, backend="reference", validate=False)
+    fast = TableBatchedEmbedding(tables, backend="cpu", validate=False)
+    clone_weights(ref, fast)
+    gen = torch.Generator().manual_seed(11)
+    prev = torch.get_num_threads()
+    try:
+        for batch_size in (1, 40):
+            batch = random_batch(tables, batch_size, gen, max_len=20, long_bag=70)
+            values = batch.values.clone()
+            bad = torch.rand(values.numel(), generator=gen) < 0.05
+            values[bad] = torch.tensor([-1, 10 ** 6])[torch.randint(0, 2, (int(bad.sum()),), generator=gen)]
+            batch = KeyedJaggedBatch(batch.keys, values, batch.lengths, batch_size)
+            expected = ref(batch)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for near, far in PREFETCH:
+                    names = ("fwd_prefetch32", "fwd_far32") if dtype == "fp32" else ("fwd_prefetch", "fwd_far")
+                    C._set_tuning(**dict(zip(names, (near, far))))
+                    with use_cpu_isa(isa):
+                        out = fast(batch)
+                    assert torch.equal(out, expected), \
+                        f"{isa}, {threads} threads, B {batch_size}, ({near}, {far}): max diff {(out - expected).abs().max()}"
+    finally:
+        C._set_tuning()   # this CPU's defaults
+        torch.set_num_threads(prev)
+
+
 @pytest.mark.parametrize("isa", VARIANTS)
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_forward_streaming_stores_match_plain_stores_and_the_reference(isa, dtype):

@@ -73,6 +73,13 @@ def _amd_family():
     return int(fields["cpu family"]) if fields.get("vendor_id") == "AuthenticAMD" and "cpu family" in fields else None
 
 
+def _cpu_flags():
+    """The flags /proc/cpuinfo reports for the first CPU (empty where it is not there)."""
+    info = Path("/proc/cpuinfo")
+    found = re.search(r"^flags\s*:(.*)$", info.read_text() if info.exists() else "", re.M)
+    return set(found.group(1).split()) if found else set()
+
+
 def _cpu_vendor():
     """The vendor_id /proc/cpuinfo reports (GenuineIntel, AuthenticAMD, ...), None where unknown."""
     return _cpuinfo().get("vendor_id")
@@ -87,24 +94,40 @@ def test_interaction_l1_next_only_on_zen5():
 
 
 def test_tuning_defaults_per_cpu_and_set_tuning_restores_them():
-    """The backward's prefetches by CPU (csrc/cpu_isa.cpp default_tuning): on AMD family 1Ah
-    (Zen 5) no far prefetch of fp32 rows, the L1 prefetch 24 rows ahead and no write prefetches
-    in the radix sort; on Intel CPUs the L1 prefetch 8 rows ahead; elsewhere 128, 16 and the
-    sort's prefetches (the vendor and family read here from /proc/cpuinfo). _set_tuning sets
-    the fields it is given, and a field left out (or negative) gets this CPU's default back, so
-    _set_tuning() undoes a benchmark's or a test's settings."""
+    """The prefetches by CPU (csrc/cpu_isa.cpp default_tuning), the vendor, family and flags
+    read here from /proc/cpuinfo. The backward's: on AMD family 1Ah (Zen 5) no far prefetch of
+    fp32 rows, the L1 prefetch 24 rows ahead and no write prefetches in the radix sort; on Intel
+    CPUs the L1 prefetch 8 rows ahead; on AMD Zen 3 no far prefetch of fp32 rows; elsewhere 128,
+    16 and the sort's prefetches. The
+    forward's: 32 ids ahead into L1 and 256 into L2, but for fp32 tables on AMD Zen 3 (family
+    19h without AVX-512) 16 and none. _set_tuning sets the fields it is given, and a field left
+    out (or negative) gets this CPU's default back, so _set_tuning() undoes a benchmark's or a
+    test's settings; but the forward's distances follow the rule of the time before they were
+    split: a far one left out, its near one given, is 8 times it, and an fp32 one left out
+    follows the 16-bit one where that is given."""
     zen5 = _amd_family() == 26
+    zen3 = _amd_family() == 25 and "avx512f" not in _cpu_flags()
     intel = _cpu_vendor() == "GenuineIntel"
     C._set_tuning()
     defaults = C._tuning()
     assert (defaults["bwd_far"], defaults["bwd_lookahead"], defaults["sort_prefetch"]) == \
-        ((0, 24, 0) if zen5 else (128, 8, 1) if intel else (128, 16, 1))
-    assert (defaults["fwd_prefetch"], defaults["fwd_stream"]) == (32, 1)
+        ((0, 24, 0) if zen5 else (128, 8, 1) if intel else (0, 16, 1) if zen3 else (128, 16, 1))
+    assert (defaults["fwd_prefetch"], defaults["fwd_far"], defaults["fwd_stream"]) == (32, 256, 1)
+    assert (defaults["fwd_prefetch32"], defaults["fwd_far32"]) == ((16, 0) if zen3 else (32, 256))
     try:
         C._set_tuning(fwd_prefetch=8, bwd_far=64)
-        assert C._tuning() == {**defaults, "fwd_prefetch": 8, "bwd_far": 64}
+        assert C._tuning() == {**defaults, "fwd_prefetch": 8, "fwd_far": 64, "fwd_prefetch32": 8,
+                               "fwd_far32": 64, "bwd_far": 64}
         C._set_tuning(5, -1, 0)
-        assert C._tuning() == {**defaults, "fwd_prefetch": 5, "fwd_stream": 0}
+        assert C._tuning() == {**defaults, "fwd_prefetch": 5, "fwd_far": 40, "fwd_prefetch32": 5,
+                               "fwd_far32": 40, "fwd_stream": 0}
+        C._set_tuning(fwd_far=0)
+        assert C._tuning() == {**defaults, "fwd_far": 0, "fwd_far32": 0}
+        C._set_tuning(fwd_prefetch32=12)
+        assert C._tuning() == {**defaults, "fwd_prefetch32": 12, "fwd_far32": 96}
+        C._set_tuning(fwd_prefetch=24, fwd_prefetch32=16, fwd_far32=0)
+        assert C._tuning() == {**defaults, "fwd_prefetch": 24, "fwd_far": 192, "fwd_prefetch32": 16,
+                               "fwd_far32": 0}
     finally:
         C._set_tuning()
     assert C._tuning() == defaults
