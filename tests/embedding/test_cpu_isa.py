@@ -117,9 +117,10 @@ PREFETCH = ((32, 256), (16, 0), (40, 8), (5000, 9000), (1, 0))
 def test_forward_prefetch_distances_leave_the_output_bit_identical(isa, dtype):
     """The forward's prefetches of the rows ahead (csrc/kernels/forward.h; near into L1, far into
     L2, far 0: none) stay inside each feature's ids and change no output bit, whatever the
-    distances: features of 1 to 300 ids (bags of 0 to 70), 5% of the ids out of range (counted,
-    adding nothing), at 1 and 2 threads, against the reference. The distances are set through
-    each dtype's own fields (fwd_prefetch32 / fwd_far32 for fp32 tables)."""
+    distances: features of none to a few hundred ids (B 1 and 40, bags of 0 to 70), 5% of the
+    ids out of range (counted, adding nothing), at 1 and 2 threads, against the reference. The
+    distances are set through each dtype's own fields (fwd_prefetch32 / fwd_far32 for fp32
+    tables)."""
     tables = _tables(dtype, dims=(16, 64, 128), rows=3000)
     ref = TableBatchedEmbedding(tables, backend="reference", validate=False)
     fast = TableBatchedEmbedding(tables, backend="cpu", validate=False)

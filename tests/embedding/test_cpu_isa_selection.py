@@ -98,9 +98,9 @@ def test_tuning_defaults_per_cpu_and_set_tuning_restores_them():
     read here from /proc/cpuinfo. The backward's: on AMD family 1Ah (Zen 5) no far prefetch of
     fp32 rows, the L1 prefetch 24 rows ahead and no write prefetches in the radix sort; on Intel
     CPUs the L1 prefetch 8 rows ahead; on AMD Zen 3 no far prefetch of fp32 rows; elsewhere 128,
-    16 and the sort's prefetches. The
-    forward's: 32 ids ahead into L1 and 256 into L2, but for fp32 tables on AMD Zen 3 (family
-    19h without AVX-512) 16 and none. _set_tuning sets the fields it is given, and a field left
+    16 and the sort's prefetches. The forward's: 32 ids ahead into L1 and 256 into L2, but for
+    fp32 tables on AMD Zen 3 (family 19h without AVX-512) 16 and none. _set_tuning sets the
+    fields it is given, and a field left
     out (or negative) gets this CPU's default back, so _set_tuning() undoes a benchmark's or a
     test's settings; but the forward's distances follow the rule of the time before they were
     split: a far one left out, its near one given, is 8 times it, and an fp32 one left out
