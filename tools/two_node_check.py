@@ -32,7 +32,12 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     W, rank = dist.get_world_size(), dist.get_rank()
     L = int(os.environ.get("LOCAL_WORLD_SIZE", W))
-    ts = tables(6, OptimizerConfig("adagrad", lr=0.3), mean=(2, 3))
+    # Adagrad's state from 0.1, not 0, as in tests/distributed/test_distributed_equivalence.py
+    # (ACC0): from zero, the first step divides a gradient element by its own magnitude, so where
+    # a row's gradient nearly cancels, the last-bit differences of summing it in another order
+    # (the row-wise shards' partial sums) grow past any fixed tolerance: at seed shift 311 one
+    # element of t4 (row_wise) of 640 was off by 1.3e-4 relative, with nothing wrong.
+    ts = tables(6, OptimizerConfig("adagrad", lr=0.3, initial_accumulator_value=0.1), mean=(2, 3))
     types = {"t0": "table_row_wise", "t1": "table_column_wise", "t2": "table_row_wise",
              "t3": "table_column_wise", "t4": "row_wise", "t5": "table_wise"}
     case = Case(f"two nodes W{W} L{L}", ts, types, W, L, weighted=True)
