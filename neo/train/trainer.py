@@ -62,10 +62,16 @@ def dense_optimizer(cfg, params) -> torch.optim.Optimizer:
 
     torch's fused (single-kernel) implementation where it has one for the parameters' device
     (Adagrad: CPU only; SGD and Adam: CPU and CUDA): about 2.5x faster than the per-tensor
-    loop on DLRM's dense parameters on one CPU thread, same update."""
+    loop on DLRM's dense parameters on one CPU thread, same update.
+
+    No parameters (a pipeline rank whose chunks hold only parameterless layers, such as a stage
+    of the interaction alone): one empty parameter group, whose ``step`` does nothing, instead of
+    torch's "empty parameter list" error."""
     params = list(params)
     fused_devices = {"cpu"} if cfg.type == "adagrad" else {"cpu", "cuda"}
     fused = {p.device.type for p in params} <= fused_devices or None       # None: torch's default
+    if not params:
+        params = [{"params": []}]
     if cfg.type == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused)
     if cfg.type == "adagrad":

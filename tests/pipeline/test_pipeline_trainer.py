@@ -1,7 +1,8 @@
 """``neo train`` with ``parallel.pipeline``: the Trainer's pipelined step equals its data-parallel one.
 
 Two ranks train the tiny config with a deeper top MLP twice in one spawn: once data-parallel
-(DDP), once with the dense layers pipelined over 2 stages (1F1B, 4 micro-batches). Same
+(DDP), once with the dense layers pipelined over 2 stages (1F1B, 4 micro-batches); three ranks
+the same with 3 stages, one of which holds the interaction alone and trains nothing. Same
 loaders, same plan, same init: the global losses, the dense weights (every rank's whole model
 after the final evaluation's ``sync_weights``), the tables and the AUC agree within 1e-5 (the
 tables with row-wise Adagrad or SGD: element-wise Adagrad amplifies rounding, see the test).
@@ -32,11 +33,17 @@ def _config(tmp: str, *overrides: str):
     return config_from_dict(data, base + DEEP + list(overrides))
 
 
-def _train_both(rank: int, world: int, tmp: str, common=()):
+# 3 stages, the second of the dot interaction alone (layers: bottom.0-1, interaction, top.0-4): its
+# rank trains no parameter of its own (an "auto" split can choose that too)
+PIPE_EMPTY_STAGE = ["parallel.pipeline.stages=3", "parallel.pipeline.schedule=1f1b", "parallel.pipeline.micro_batches=3",
+                    "parallel.pipeline.split=[[0,1],[2,2],[3,7]]"]
+
+
+def _train_both(rank: int, world: int, tmp: str, common=(), pipe=tuple(PIPE)):
     from neo.train.trainer import Trainer
 
     out = {}
-    for name, extra in (("ddp", []), ("pipeline", PIPE)):
+    for name, extra in (("ddp", []), ("pipeline", list(pipe))):
         tr = Trainer(_config(tmp, *common, *extra), log=lambda *a, **k: None)
         final = tr.fit()
         losses = torch.tensor(tr.losses, dtype=torch.float64)
@@ -58,8 +65,9 @@ def _train_both(rank: int, world: int, tmp: str, common=()):
 ROWWISE_TABLES = ["tables.0.optimizer.type=rowwise_adagrad", "tables.2.optimizer.type=rowwise_adagrad"]
 
 
-def test_trainer_pipeline_equals_data_parallel(tmp_path):
-    for per_rank in run_multiprocess(_train_both, 2, str(tmp_path), ROWWISE_TABLES, timeout_s=240):
+@pytest.mark.parametrize("world,pipe", [(2, PIPE), (3, PIPE_EMPTY_STAGE)], ids=["2stages", "stage_without_parameters"])
+def test_trainer_pipeline_equals_data_parallel(tmp_path, world, pipe):
+    for per_rank in run_multiprocess(_train_both, world, str(tmp_path), ROWWISE_TABLES, pipe, timeout_s=240):
         ddp, pipe = per_rank["ddp"], per_rank["pipeline"]
         assert pipe["pipelined"] and not ddp["pipelined"]
         # the planner's step model (data-parallel dense) predicts the DDP run only
