@@ -68,6 +68,26 @@ class MultiProcessError(AssertionError):
         self.failures = failures
 
 
+SECONDARY = ("a peer rank has probably failed", "has probably failed or stalled", "Connection closed by peer",
+             "Connection reset by peer", "did not finish in time")
+"""Words of a rank's failure that only echo another's: a collective broken by a peer that exited."""
+
+
+def _failure_report(world_size: int, failures: Dict[int, str], summaries: Dict[int, str]) -> str:
+    """The failed ranks, causes first: ranks whose error does not only echo a peer's (SECONDARY),
+    each group in the order the errors arrived; the header names the first cause's exception, so
+    that it survives a log cut to its first lines."""
+    order = list(failures)                       # arrival order (dicts keep insertion order)
+    echo = [r for r in order if any(w in failures[r] for w in SECONDARY)]
+    causes = [r for r in order if r not in echo]
+    ranked = causes + echo
+    lead = ranked[0]
+    head = summaries.get(lead, failures[lead].strip().splitlines()[-1])
+    return (f"{len(failures)} of {world_size} ranks failed: {sorted(failures)}; "
+            f"{'first cause' if causes else 'first to fail'}: rank {lead}: {head}\n\n"
+            + "\n\n".join(failures[r] for r in ranked))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -118,8 +138,9 @@ def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Ca
         buf = io.BytesIO()
         torch.save(out, buf)
         results.put((rank, True, buf.getvalue()))
-    except BaseException:  # noqa: BLE001 - report everything, including KeyboardInterrupt/SystemExit
-        results.put((rank, False, f"rank {rank} of {world_size} failed:\n{traceback.format_exc()}"))
+    except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt/SystemExit
+        summary = "".join(traceback.format_exception_only(type(e), e)).strip()
+        results.put((rank, False, (f"rank {rank} of {world_size} failed:\n{traceback.format_exc()}", summary)))
     finally:
         try:
             if dist.is_initialized():
@@ -160,7 +181,8 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
     grace = collective_timeout_s + 15.0 if grace_s is None else grace_s
     deadline = time.monotonic() + timeout_s
     outputs: Dict[int, Any] = {}
-    failures: Dict[int, str] = {}
+    failures: Dict[int, str] = {}      # rank -> traceback, in the order they arrived
+    summaries: Dict[int, str] = {}     # rank -> its exception's own lines
     try:
         while len(outputs) + len(failures) < world_size:
             now = time.monotonic()
@@ -183,7 +205,7 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
             if ok:
                 outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
             else:
-                failures[rank] = payload
+                failures[rank], summaries[rank] = payload
                 deadline = min(deadline, time.monotonic() + grace)
     finally:
         for p in procs:
@@ -196,7 +218,5 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
     for r in missing:
         failures[r] = f"rank {r} did not finish in time (timeout {timeout_s:.0f} s or {grace:.0f} s after another rank failed)"
     if failures:
-        first = sorted(failures)
-        body = "\n\n".join(failures[r] for r in first)
-        raise MultiProcessError(f"{len(failures)} of {world_size} ranks failed: {first}\n\n{body}", failures)
+        raise MultiProcessError(_failure_report(world_size, failures, summaries), failures)
     return [outputs[r] for r in range(world_size)]

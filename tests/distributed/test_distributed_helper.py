@@ -41,6 +41,30 @@ def test_failing_rank_is_named_and_peers_time_out():
     assert "rank 1 of 2 failed" in str(info.value)
 
 
+def _cause_arrives_last(rank, world_size):
+    from neo.distributed.comms import all_reduce
+
+    if rank == 1:
+        dist.destroy_process_group()    # the peers' collective breaks now: their errors come first
+        time.sleep(3)
+        raise ValueError("the cause, reported last")
+    return all_reduce(torch.ones(1), dist.group.WORLD, name="broken_all_reduce").wait()
+
+
+def test_the_cause_leads_the_report_whatever_order_errors_arrive_in():
+    """A log cut to its first lines (as CI's is) must still show the failing rank's own error,
+    not a peer's echo of it ("a peer rank has probably failed")."""
+    with pytest.raises(MultiProcessError) as info:
+        run_multiprocess(_cause_arrives_last, 3, collective_timeout_s=20, grace_s=20, timeout_s=60)
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1, 2]
+    assert list(failures)[-1] == 1, list(failures)           # it did arrive last
+    assert all("probably failed" in failures[r] for r in (0, 2))
+    msg = str(info.value)
+    assert msg.splitlines()[0] == "3 of 3 ranks failed: [0, 1, 2]; first cause: rank 1: ValueError: the cause, reported last"
+    assert msg.index("rank 1 of 3 failed") < min(msg.index("rank 0 of 3 failed"), msg.index("rank 2 of 3 failed"))
+
+
 def _one_rank_stalls(rank, world_size):
     from neo.distributed.comms import all_reduce
 
