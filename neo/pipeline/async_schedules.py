@@ -189,15 +189,16 @@ class AsyncPipeline:
     def _apply_update(self, stash: _Version, optimizer, scale: float) -> None:
         """pipedream_async: the micro-batch's gradient (on its stashed copy) -> the latest weights."""
         names = list(self.params)
-        grads = [stash.leaves[n].grad if stash.leaves[n].grad is not None else torch.zeros_like(self.params[n])
-                 for n in names]
-        flat = torch.cat([g.reshape(-1) for g in grads]) * scale
-        if self.groups.sync is not None:
-            dist.all_reduce(flat, group=self.groups.sync)
-            flat.div_(self.mesh.replicas)
-        for n, g in zip(names, torch.split(flat, [g.numel() for g in grads])):
-            self.params[n].grad = g.view_as(self.params[n])
-            stash.leaves[n].grad = None
+        if names:                                        # none: a stage of parameterless layers
+            grads = [stash.leaves[n].grad if stash.leaves[n].grad is not None else torch.zeros_like(self.params[n])
+                     for n in names]
+            flat = torch.cat([g.reshape(-1) for g in grads]) * scale
+            if self.groups.sync is not None:             # its copies hold the same (no) parameters
+                dist.all_reduce(flat, group=self.groups.sync)
+                flat.div_(self.mesh.replicas)
+            for n, g in zip(names, torch.split(flat, [g.numel() for g in grads])):
+                self.params[n].grad = g.view_as(self.params[n])
+                stash.leaves[n].grad = None
         optimizer.step()
         for p in self.params.values():
             p.grad = None
