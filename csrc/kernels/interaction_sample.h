@@ -79,6 +79,11 @@ constexpr int64_t kL1NextBytes = 16 << 10;
 // with the tall tiles and the contiguous range it made the AVX-512 backward at D 64 2-4% slower
 // in three runs of the module after a torch-path pass (2.16 -> 2.21, 2.25 -> 2.30, 2.24 ->
 // 2.34 ms) and the forward 1-4%; AVX2 within 2% either way; 3-4% slower in the C++ harness.
+// On Zen 3 (AMD EPYC 25/1/1, AVX2, 2026-12-07, B 2048, n 27, the module after a torch-path
+// pass, variants alternating in one process, paired medians of 40): without these prefetches
+// forward + backward 14-24% slower at D 64 and 35-38% at D 128 (one and two threads); the next
+// sample into L1 instead of L2 0.93-1.01x the time over three runs (no clear gain, as on Zen 4);
+// two or three samples ahead instead of one 0.99-1.06x (two runs). So Zen 3 keeps these defaults.
 class NextSample {
  public:
   struct Plan {
