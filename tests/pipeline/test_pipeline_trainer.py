@@ -65,9 +65,9 @@ def _train_both(rank: int, world: int, tmp: str, common=(), pipe=tuple(PIPE)):
 ROWWISE_TABLES = ["tables.0.optimizer.type=rowwise_adagrad", "tables.2.optimizer.type=rowwise_adagrad"]
 
 
-@pytest.mark.parametrize("world,pipe", [(2, PIPE), (3, PIPE_EMPTY_STAGE)], ids=["2stages", "stage_without_parameters"])
-def test_trainer_pipeline_equals_data_parallel(tmp_path, world, pipe):
-    for per_rank in run_multiprocess(_train_both, world, str(tmp_path), ROWWISE_TABLES, pipe, timeout_s=240):
+@pytest.mark.parametrize("world,layout", [(2, PIPE), (3, PIPE_EMPTY_STAGE)], ids=["2stages", "stage_without_parameters"])
+def test_trainer_pipeline_equals_data_parallel(tmp_path, world, layout):
+    for per_rank in run_multiprocess(_train_both, world, str(tmp_path), ROWWISE_TABLES, layout, timeout_s=240):
         ddp, pipe = per_rank["ddp"], per_rank["pipeline"]
         assert pipe["pipelined"] and not ddp["pipelined"]
         # the planner's step model (data-parallel dense) predicts the DDP run only
