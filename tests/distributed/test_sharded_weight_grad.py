@@ -47,6 +47,7 @@ def _global(step: int, W: int, ts) -> tuple:
     for t in ts:
         for f in t.feature_names:
             lens = torch.randint(0, 4, (W * B,), generator=gen)
+            lens[0].clamp_(min=1)       # every feature has ids: each position weight gets a gradient
             ids = torch.randint(0, t.num_rows, (int(lens.sum()),), generator=gen)
             ids[torch.rand(ids.numel(), generator=gen) < 0.3] = 1                 # repeated rows
             keys.append(f)
