@@ -3,7 +3,11 @@
 Stated bound (checked below): the refinement is never worse than the better of greedy and
 KK (it starts from them and only accepts improvements), hence on identical ranks without
 binding memory within Graham's LPT bound 4/3 - 1/(3m) of the optimum; on the tiny cases here
-within 1.05 x the optimum, and at the exact optimum on at least 97% of them. Measured
+at the exact optimum on every one: on two ranks the descent's pair re-partition tries every
+split, on three ranks or more refine evaluates every assignment where there are at most
+refine._WHOLE_EXACT_MAX (since 2026-12-07: until then kicks searched them, within 1.05 x the
+optimum and at it on at least 97% of the cases, which ``--seed-shift 313`` broke with a case
+at 1.069 x: 8 items, 3 ranks). Before that, measured
 (2026-12-01): at the exact optimum on every case of this seed (greedy 58/28/50/25% for
 identical ranks, heterogeneous speeds, tight memory, both; KK 82/23/56/9%); on 20 other seeds
 (2000-2019, 4,341 cases) 100/100/100/99.9%, the worst 1.026 x. Before its kicks could swap
@@ -76,8 +80,8 @@ def run_all(p):
     return out
 
 
-@pytest.mark.parametrize("hetero,mem_slack,min_rate", [(False, None, 0.97), (True, None, 0.97), (False, 1.3, 0.97),
-                                                       (True, 1.3, 0.97)])
+@pytest.mark.parametrize("hetero,mem_slack,min_rate", [(False, None, 1.0), (True, None, 1.0), (False, 1.3, 1.0),
+                                                       (True, 1.3, 1.0)])
 def test_refine_vs_exhaustive_on_tiny_cases(hetero, mem_slack, min_rate):
     rng = np.random.default_rng(1234)
     hits = total = 0
@@ -96,7 +100,7 @@ def test_refine_vs_exhaustive_on_tiny_cases(hetero, mem_slack, min_rate):
         if not hetero and mem_slack is None:
             m = W
             assert res["refine"] <= (4 / 3 - 1 / (3 * m)) * opt + tol, "Graham's LPT bound"
-        assert res["refine"] <= 1.05 * opt + tol, "stated bound on tiny cases (observed worst: 1.026)"
+        assert res["refine"] <= opt + tol, "tiny cases: exact (two ranks: the pair re-partition; more: all of them)"
         hits += res["refine"] <= opt + tol
         for k in wins:
             wins[k] += res[k] <= opt + tol
