@@ -68,8 +68,8 @@ class MultiProcessError(AssertionError):
         self.failures = failures
 
 
-SECONDARY = ("a peer rank has probably failed", "has probably failed or stalled", "Connection closed by peer",
-             "Connection reset by peer", "did not finish in time")
+SECONDARY = ("has probably failed or stalled", "Connection closed by peer", "Connection reset by peer",
+             "did not finish in time")
 """Words of a rank's failure that only echo another's: a collective broken by a peer that exited."""
 
 

@@ -244,14 +244,18 @@ def evaluate(p: Problem, a: Assignment, cost: Optional[np.ndarray] = None):
     return loads, hbm, host
 
 
-def objective(loads: np.ndarray, imbalance_weight: float) -> float:
-    """max + imbalance_weight * (max - mean) of the rank times."""
-    mx = float(loads.max())
-    return mx + imbalance_weight * (mx - float(loads.mean()))
+def objective(loads: np.ndarray, imbalance_weight: float):
+    """max + imbalance_weight * (max - mean) of the rank times: a float for (W,) loads, one per
+    row for [K, W] (refine's exhaustive search of tiny problems)."""
+    mx = loads.max(axis=-1)
+    out = mx + imbalance_weight * (mx - loads.mean(axis=-1))
+    return float(out) if np.ndim(out) == 0 else out
 
 
-def fits(p: Problem, hbm: np.ndarray, host: np.ndarray) -> bool:
-    return bool((hbm <= p.hbm_cap * (1 + 1e-12)).all() and (host <= p.host_cap * (1 + 1e-12)).all())
+def fits(p: Problem, hbm: np.ndarray, host: np.ndarray):
+    """Whether the memory fits every rank: a bool for (W,) bytes, one per row for [K, W]."""
+    out = (hbm <= p.hbm_cap * (1 + 1e-12)).all(axis=-1) & (host <= p.host_cap * (1 + 1e-12)).all(axis=-1)
+    return bool(out) if np.ndim(out) == 0 else out
 
 
 def lower_bound(p: Problem, cost: Optional[np.ndarray] = None) -> float:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from neo.planner.partition import _EPS, Assignment, Problem, evaluate, objective
+from neo.planner.partition import _EPS, Assignment, Problem, evaluate, fits, objective
 
 __all__ = ["refine"]
 
@@ -218,12 +218,10 @@ def _whole_exact(p: Problem, cost, rank, loads, hbm, host, imbalance_weight: flo
     L = base[0] + np.einsum("knw,nw->kw", onehot, cost)                 # [K, W] seconds
     H = base[1] + np.einsum("knw,n->kw", onehot, p.hbm)                 # [K, W] bytes
     O = base[2] + np.einsum("knw,n->kw", onehot, p.host)
-    ok = (p.allowed[idx[None, :], A].all(axis=1) & (H <= p.hbm_cap * (1 + 1e-12)).all(axis=1)
-          & (O <= p.host_cap * (1 + 1e-12)).all(axis=1))
+    ok = p.allowed[idx[None, :], A].all(axis=1) & fits(p, H, O)
     if not ok.any():
         return None
-    mx = L.max(axis=1)
-    obj = np.where(ok, mx + imbalance_weight * (mx - L.mean(axis=1)), np.inf)
+    obj = np.where(ok, objective(L, imbalance_weight), np.inf)
     k = int(np.argmin(obj))
     return A[k].astype(rank.dtype), float(obj[k])
 
