@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from neo.planner import Topology, plan_tables
+import pytest
+
+from neo.planner import PlanningError, Topology, plan_tables
 from neo.planner.workloads import production_like_tables
 from tests.tools import load_tool
 
@@ -31,3 +33,15 @@ def test_the_skipping_section_reports_each_seed_whose_pick_differs(tmp_path):
                 ratio = fast.summary["max_ms"] / every.summary["max_ms"]
                 assert reported[seed]["max_ratio"] == round(ratio, 6)
                 assert f["worst_max_ratio"] >= round(ratio, 6)
+
+
+def test_a_case_whose_tables_do_not_fit_reports_each_planners_error():
+    """Tables over the ranks' memory (here 200 production-like tables on 16 ranks of 1 GiB; at
+    --seed-shift 347 the 24 GiB case's own draw was one, 435 GiB on 384): every planner's row
+    holds the planner's own error, as neo plan raises it, and the benchmark goes on."""
+    tables = production_like_tables(200, seed=2)
+    with pytest.raises(PlanningError) as raised:                # the oracle: the planner itself
+        plan_tables(tables, Topology.uniform(16, 8, hbm_gib=1))
+    case = bench.run_case("tight", 200, 16, 8, 1, 2, torchrec=False)
+    assert [r["planner"] for r in case["results"]] == ["greedy", "karmarkar_karp", "refine", "neo (auto)"]
+    assert all(r["error"] == str(raised.value)[:200] for r in case["results"]), case["results"]
