@@ -146,17 +146,14 @@ def _pipelined(pg, name: str, init: Dict[str, torch.Tensor], S: int, schedule: s
     return sec, model, PipelinedDense(cfg, model, pg, batch, NUM_DENSE, 4 * D)
 
 
-def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
-    from neo.distributed import ProcessGroups
-
-    pg = ProcessGroups.build(world, shm=False)
-    refs: Dict[str, Dict[str, Any]] = {}
-    out = []
-    for name, S, schedule, v, M, split in cases:
-        if name not in refs:
-            refs[name] = _reference(name, world)
-        ref = refs[name]
+def _run_case(rank: int, world: int, ref: Dict[str, Any], name: str, S: int, schedule: str, v: int, M: int, split,
+              pg) -> Dict[str, Any]:
+    """One case on this rank, checked against the single-process reference ``ref``."""
+    tag = f"[W{world} {name} S{S} {schedule} v{v} M{M} split {split}]"
+    try:
         sec, model, pipe = _pipelined(pg, name, ref["init"], S, schedule, v, M, split)
+        # the schedule and split "auto" chose (timing-dependent), named in any failure
+        tag = f"[W{world} {name} S{S} {pipe.schedule_name} v{v} M{M} split {[list(c) for c in pipe.split]}]"
         opt = _optimizer(pipe.parameters())
         losses = []
         for dense, sparse, y in _batches(world):
@@ -165,7 +162,6 @@ def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
             losses.append(float(pipe.step(dense[lo:hi], pooled, y[lo:hi], optimizer=opt)))
             if not pipe.updates_inside:                                   # pipedream_async stepped it
                 opt.step()
-        tag = f"[W{world} {name} S{S} {schedule} v{v} M{M}]"
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref["losses"]), rtol=TOL, atol=TOL,
                                    msg=lambda m: f"{tag} losses: {m}")
         mine = pipe.named_parameters()
@@ -179,7 +175,22 @@ def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
             if not n.startswith("embedding."):
                 torch.testing.assert_close(p.detach(), ref["dense"][n], rtol=TOL, atol=TOL,
                                            msg=lambda m: f"{tag} after sync_weights {n}: {m}")
-        out.append({"case": tag, "trained": sorted(mine), "split": pipe.split})
+        return {"case": tag, "trained": sorted(mine), "split": pipe.split}
+    except Exception as e:
+        e.add_note(f"in case {tag}")
+        raise
+
+
+def _run_cases(rank: int, world: int, cases) -> List[Dict[str, Any]]:
+    from neo.distributed import ProcessGroups
+
+    pg = ProcessGroups.build(world, shm=False)
+    refs: Dict[str, Dict[str, Any]] = {}
+    out = []
+    for name, S, schedule, v, M, split in cases:
+        if name not in refs:
+            refs[name] = _reference(name, world)
+        out.append(_run_case(rank, world, refs[name], name, S, schedule, v, M, split, pg))
     return out
 
 
