@@ -120,14 +120,14 @@ def run_case(name: str, n: int, W: int, L: int, hbm_gib: float, seed: int, torch
             "results": []}
     # each of Neo's partitioners alone, then the planner as neo plan runs it; a case whose tables
     # do not fit the ranks under one of them gets that planner's error, and the run goes on
-    for name, partitioners in [(p, (p,)) for p in PARTITIONERS] + [("neo (auto)", PARTITIONERS)]:
+    for planner, partitioners in [(p, (p,)) for p in PARTITIONERS] + [("neo (auto)", PARTITIONERS)]:
         t0 = time.perf_counter()
         try:
             plan = plan_tables(tables, topo, partitioners=partitioners)
         except PlanningError as e:
-            case["results"].append({"planner": name, "error": str(e)[:200]})
+            case["results"].append({"planner": planner, "error": str(e)[:200]})
             continue
-        case["results"].append(_record(name, plan, time.perf_counter() - t0, topo))
+        case["results"].append(_record(planner, plan, time.perf_counter() - t0, topo))
     if torchrec:
         try:
             logging.disable(logging.WARNING)

@@ -209,12 +209,13 @@ def _whole_exact(p: Problem, cost, rank, loads, hbm, host, imbalance_weight: flo
     groups and bases as they are; None where the problem is not tiny (_WHOLE_EXACT_MAX), has
     fewer than three ranks, or nothing fits."""
     n, W = p.n, p.world_size
-    if W < 3 or n == 0 or n > 16 or W ** n > _WHOLE_EXACT_MAX:
+    if W < 3 or n == 0 or W ** n > _WHOLE_EXACT_MAX:
         return None
     A, onehot = _all_assignments(n, W)
     idx = np.arange(n)
     # the ranks' loads and memory without the items (bases and groups), then with each assignment's
-    base = [x - np.bincount(rank, weights=w, minlength=W) for x, w in ((loads, cost[idx, rank]), (hbm, p.hbm), (host, p.host))]
+    base = [x - np.bincount(rank, weights=w, minlength=W)
+            for x, w in ((loads, cost[idx, rank]), (hbm, p.hbm), (host, p.host))]
     L = base[0] + np.einsum("knw,nw->kw", onehot, cost)                 # [K, W] seconds
     H = base[1] + np.einsum("knw,n->kw", onehot, p.hbm)                 # [K, W] bytes
     O = base[2] + np.einsum("knw,n->kw", onehot, p.host)
