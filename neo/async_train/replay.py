@@ -3,7 +3,8 @@
 A WSP run depends on its timing only through one thing: the version v(w, c) on which worker w
 computed its wave c (every version is applied in order, the same on every replica; within a wave
 nothing waits on another worker). The run log records it (``wsp_wave`` records: worker, wave,
-version). :func:`replay_versions` reads every worker's; ``WSPTrainer(cfg, replay=RUN_DIR)`` then
+version). :func:`replay_versions` reads every worker's; ``WSPTrainer(cfg, replay=RUN_DIR)`` (the
+config's ``async_train.replay``, as ``neo train`` runs it) then
 computes each wave on exactly that version (it waits for it and applies no later one), so a run
 of the same config and data (and world size, threads per rank and CPU kernels' ISA) reproduces
 the recorded run's training bit for bit, whatever its own speed: a way to rerun a run that went
@@ -18,7 +19,9 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-__all__ = ["replay_versions", "check_replay"]
+from neo.config.embedding import ConfigError
+
+__all__ = ["replay_versions", "check_replay", "check_replay_source"]
 
 
 def replay_versions(run_log: str, workers: int, waves: int, first: int = 0) -> List[List[int]]:
@@ -70,3 +73,12 @@ def check_replay(versions: Sequence[int], first: int, staleness: int, worker: in
         if k and v < versions[k - 1]:
             raise ValueError(f"WSP replay: worker {worker}, wave {c}: version {v} is older than the "
                              f"{versions[k - 1]} of wave {c - 1} (a replica's versions only grow)")
+
+
+def check_replay_source(replay: str, run_dir: str) -> None:
+    """A replay must not read the run log of the run it starts: rank 0 moves that log aside as the
+    run opens it, maybe before another rank has read it."""
+    log = replay if replay.endswith(".jsonl") else os.path.join(replay, "metrics.jsonl")
+    if run_dir and os.path.realpath(log) == os.path.realpath(os.path.join(run_dir, "metrics.jsonl")):
+        raise ConfigError(f"async_train.replay: {replay} is this run's own train.run_dir ({run_dir}), whose run "
+                          "log a new run moves aside: give the replay another train.run_dir")

@@ -62,7 +62,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neo.async_train.checkpoint import WSPCheckpoints
-from neo.async_train.replay import check_replay, replay_versions
+from neo.async_train.replay import check_replay, check_replay_source, replay_versions
 from neo.async_train.wsp_checkpointing import WSPCheckpointing
 from neo.async_train.wsp_report import WSPReport
 from neo.async_train.server import ParameterServer, RemoteLink, ServerLink, WaveClock, WaveStop, make_stores
@@ -104,7 +104,7 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
     """Trains a validated config under WSP (module docstring). ``fit()`` returns the final metrics
     (rank 0's, with every worker's clocks in the run log). ``replay``: the run directory (or
     ``metrics.jsonl``) of an earlier run of this config whose schedule to follow
-    (:mod:`neo.async_train.replay`)."""
+    (:mod:`neo.async_train.replay`); None: the config's ``async_train.replay``, where set."""
 
     def __init__(self, cfg, pg=None, log=print, replay: Optional[str] = None):
         from neo.distributed import ShardedEmbeddingCollection
@@ -166,7 +166,9 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
             self._open_checkpoints()
         self.replay: Optional[List[int]] = None
         """The version each wave from start_version on computes on, where replaying a run's schedule."""
+        replay = replay if replay is not None else (a.replay or None)
         if replay is not None:     # every worker's schedule checked on every rank: all fail alike, none hangs
+            check_replay_source(replay, t.run_dir)
             schedules = replay_versions(replay, self.W, self.waves, self.start_version)
             for r, versions in enumerate(schedules):
                 check_replay(versions, self.start_version, self.staleness, r)

@@ -54,7 +54,8 @@ class SlowdownEntry:
     ``factor`` 1 it is a ConfigError."""
 
 
-WSP_ONLY = ("staleness", "wave_steps", "virtual_workers", "num_virtual_workers", "slowdown", "emulate_speeds")
+WSP_ONLY = ("staleness", "wave_steps", "virtual_workers", "num_virtual_workers", "slowdown", "emulate_speeds",
+            "replay")
 """The fields of :class:`AsyncTrainConfig` that only ``mode: wsp`` reads (neo/async_train/wsp.py,
 ``WSPTrainer``); the synchronous trainer reads ``mode`` alone. Set away from its default under
 ``bsp``, each is a ConfigError."""
@@ -84,6 +85,11 @@ class AsyncTrainConfig:
     """WSP: ranks made slower on purpose (heterogeneous devices emulated on one CPU host)."""
     emulate_speeds: bool = False
     """WSP: slow every rank down to its ``topology.devices`` speed (factor = fastest speed / its speed)."""
+    replay: str = ""
+    """WSP: the run directory (or its ``metrics.jsonl``) of an earlier run of this config whose
+    schedule to follow: every wave computes on the version the recorded run's did, reproducing
+    its training bit for bit (:mod:`neo.async_train.replay`). Empty: the run's own timing decides.
+    Not this run's own ``train.run_dir`` (whose log a new run moves aside)."""
 
     def validate(self, where: str = "async_train") -> None:
         self.mode = choice(self.mode, [m.value for m in AsyncMode], f"{where}.mode")

@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from neo.async_train.replay import check_replay, replay_versions
+from neo.async_train.replay import check_replay, check_replay_source, replay_versions
+from neo.config import ConfigError
 from tests.async_train.test_wsp import _wsp, assert_same_state
 from tests.multiprocess import MultiProcessError, run_multiprocess
 
@@ -41,9 +42,11 @@ def test_a_replayed_schedule_gives_the_recorded_run_bit_for_bit(tmp_data):
                                                         f"train.run_dir={run}"])
     assert out[0]["final"]["max_staleness_observed"] == S       # a schedule far from the synchronous one
     assert replay_versions(run, 2, WAVES) == [o["versions"] for o in out]
-    # the other worker slowed: left to itself this run would compute on other versions
+    # the other worker slowed: left to itself this run would compute on other versions; the
+    # schedule named by the config's key, as neo train gives it (the runs below: WSPTrainer's argument)
     again = run_multiprocess(_wsp, 2, tmp_data, COMMON + ["async_train.slowdown=[{rank: 0, factor: 4}]",
-                                                          f"train.run_dir={tmp_data}/replay"], replay=run)
+                                                          f"train.run_dir={tmp_data}/replay",
+                                                          f"async_train.replay={run}"])
     for r, (a, b) in enumerate(zip(out, again)):
         assert b["versions"] == a["versions"], r
         assert b["losses"] == a["losses"], r                   # every step of every worker
@@ -107,3 +110,22 @@ def test_check_replay_refuses_a_schedule_this_config_could_not_have_run(versions
     with pytest.raises(ValueError, match=match):
         check_replay(versions, first, 2, 3)
     check_replay([0, 0, 0, 1, 2, 3], 0, 2, 3)                  # at the bound: accepted
+
+
+def test_the_replay_key_acts_under_wsp_only_and_never_reads_the_runs_own_log(tmp_data):
+    from neo.async_train import WSPTrainer
+    from tests.train.test_trainer import tiny_config
+
+    tmp = tmp_data
+    assert tiny_config(tmp, "async_train.mode=wsp").async_train.replay == ""
+    assert tiny_config(tmp, "async_train.mode=wsp", f"async_train.replay={tmp}/old").async_train.replay == f"{tmp}/old"
+    with pytest.raises(ConfigError, match=r"async_train\.replay: .*has no effect with mode bsp"):
+        tiny_config(tmp, f"async_train.replay={tmp}/old")
+    check_replay_source(f"{tmp}/old", f"{tmp}/run")                              # another run's log
+    check_replay_source(f"{tmp}/run/metrics.jsonl", "")                          # a run without a run log
+    for own in (f"{tmp}/run", f"{tmp}/run/", f"{tmp}/run/metrics.jsonl", f"{tmp}/x/../run"):
+        with pytest.raises(ConfigError, match=r"async_train\.replay: .* is this run's own train\.run_dir .*another "
+                                              r"train\.run_dir"):
+            check_replay_source(own, f"{tmp}/run")
+    with pytest.raises(ConfigError, match=r"async_train\.replay: .* is this run's own train\.run_dir"):
+        WSPTrainer(tiny_config(tmp, "async_train.mode=wsp", f"async_train.replay={tmp}/run"), log=lambda *a, **k: None)
