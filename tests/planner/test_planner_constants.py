@@ -390,7 +390,8 @@ def test_calibration_takes_the_sharing_of_cores_out_of_the_small_models_componen
 
 def test_timed_counts_cpu_seconds_for_compute_and_the_wall_clock_otherwise():
     """``timed(cpu=True)``: a call that waits (a sleep: descheduled) costs nothing; a computing one
-    costs about its wall time."""
+    costs the CPU seconds it used (30 ms spent, counted by the process's own clock: on a loaded
+    machine its wall time is longer)."""
     import time
 
     import torch
@@ -403,11 +404,11 @@ def test_timed_counts_cpu_seconds_for_compute_and_the_wall_clock_otherwise():
         assert timed(lambda: time.sleep(0.03), 3, warmup=0) >= 0.03
         assert timed(lambda: time.sleep(0.03), 3, warmup=0, cpu=True) < 0.01
 
-        def spin():
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 0.03:
+        def spin():                   # 30 ms of this process's CPU, however long the machine's load makes it
+            t0 = time.process_time()
+            while time.process_time() - t0 < 0.03:
                 pass
-        assert timed(spin, 3, warmup=0, cpu=True) == pytest.approx(0.03, rel=0.5)
+        assert 0.03 <= timed(spin, 3, warmup=0, cpu=True) < 0.04
     finally:
         torch.set_num_threads(prev)
 
