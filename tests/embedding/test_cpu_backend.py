@@ -10,7 +10,10 @@ Tolerances:
   reductions whose order inside torch is its own, so a rare fp32 value differs in its last
   bit and, after rounding, a rare fp16/bf16 weight by 1 ulp of the storage type. For those
   two we allow 1 ulp on a small share of elements; the modules are re-synchronised after
-  every step so that differences do not compound.
+  every step so that differences do not compound. Where an update nearly cancels its weight
+  the fp32 results may differ by their own rounding error, larger than a 16-bit ulp of the
+  small result; with stochastic rounding two such results on either side of a 16-bit value
+  may step 2 ulps apart, which is allowed where the element's uniform makes it possible.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.embedding import TableBatchedEmbedding
+from neo.embedding.backends.reference import sr_uniform
 from neo.sparse import KeyedJaggedBatch
 
 from harness import clone_weights, random_batch, run_steps
@@ -48,6 +52,14 @@ def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         i = x.view(torch.int16).to(torch.int32)
         return torch.where(i < 0, -(i & 0x7FFF), i)
     return (ordered(a) - ordered(b)).abs()
+
+
+def sr_uniforms(module: TableBatchedEmbedding, name: str, step: int) -> torch.Tensor:
+    """(rows, D): the uniforms with which update ``step`` (1, 2, ..) rounded table ``name``'s
+    elements stochastically, the reference's and the kernels' (one counter-based stream)."""
+    g, t, _ = module._locate(name)
+    rows, D, off = int(g.layout.table_rows[t]), int(g.layout.table_dims[t]), int(g.layout.weight_offsets[t])
+    return sr_uniform(module.rounding_seed, step, off + torch.arange(rows).unsqueeze(1) * D + torch.arange(D))
 
 
 def train_and_compare_16bit(tables, steps=3, batch_size=16, weighted=False, long_bag=0, seed=0):
@@ -83,7 +95,19 @@ def train_and_compare_16bit(tables, steps=3, batch_size=16, weighted=False, long
                 w0, u = before[t.name], before[t.name] - wa.float()
                 rel = 4 + (t.dim - 1) / 2 if t.optimizer.type.value == "rowwise_adagrad" else 4
                 operand = rel * torch.finfo(torch.float32).eps * torch.maximum(w0.abs(), u.abs())
-                d = torch.where((wa.float() - wb.float()).abs() <= operand, torch.zeros_like(d), d)
+                gap = (wa.float() - wb.float()).abs()
+                d = torch.where(gap <= operand, torch.zeros_like(d), d)
+                if t.stochastic_rounding:
+                    # Stochastic rounding goes from the nearest 16-bit value r to its neighbour on
+                    # x's side when u < |x - r| / ulp, u the element's uniform (the same in both).
+                    # Two fp32 results a hair apart on either side of a 16-bit value m (both
+                    # nearest to m) can so both step away from it, 2 ulps apart, when u ulp is
+                    # under each one's distance to m, so u |wa - wb| = 2 u ulp < |x_a - x_b| <=
+                    # operand. Seeds shifted by 421 (bf16, row-wise Adagrad, a 500-id bag):
+                    # w 0.0464 less an update of 0.04637 gave 1.5378e-5 and 1.5616e-5, 2 ulps
+                    # around 2^-16 + 2 ulps, u 0.0113. Only such a pair is excused.
+                    across = (d == 2) & (sr_uniforms(ref, t.name, step + 1) * gap < operand)
+                    d = torch.where(across, torch.zeros_like(d), d)
                 assert int(d.max()) <= 1, f"{where}: weights differ by {int(d.max())} ulp"
                 assert int((d > 0).sum()) <= max(2, wa.numel() // 100), f"{where}: {int((d > 0).sum())} weights differ by 1 ulp"
             sa, sb = ref.table_optimizer_state(t.name), fast.table_optimizer_state(t.name)
