@@ -89,5 +89,11 @@ def test_training_without_the_extension_matches_training_with_it(tmp_data):
     assert a["steps"] == b["steps"] == 12
     # Different kernels sum in different orders: the metrics agree to rounding, not bit for bit
     # (on 2026-12-04 the logloss differed by 4e-9, the AUC and the training loss not at all).
-    for key in ("train_loss", "logloss", "auc"):
+    for key in ("train_loss", "logloss"):
         assert abs(a[key] - b[key]) < 1e-6, (key, a[key], b[key])
+    # The AUC counts ordered pairs (a tie as half): predictions a rounding apart can untie or swap
+    # a pair, which moves it by 0.5 or 1 / (positives x negatives) >= 4 / n^2 for n samples, not by
+    # a rounding (seeds shifted by 431: 0.6257161 against 0.6257071, one tie of 512 samples). At
+    # most two pairs may move.
+    n = a["eval_samples"]
+    assert n == b["eval_samples"] and abs(a["auc"] - b["auc"]) * n * n / 4 <= 2, (a["auc"], b["auc"], n)
