@@ -24,12 +24,17 @@ from neo.config.embedding import ConfigError
 __all__ = ["replay_versions", "check_replay", "check_replay_source"]
 
 
+def run_log_path(run: str) -> str:
+    """The run log a replay names: a run directory's ``metrics.jsonl``, or that file itself."""
+    return run if run.endswith(".jsonl") else os.path.join(run, "metrics.jsonl")
+
+
 def replay_versions(run_log: str, workers: int, waves: int, first: int = 0) -> List[List[int]]:
     """For each of ``workers`` workers, the versions its waves ``first .. waves - 1`` computed on,
     from the ``wsp_wave`` records of ``run_log`` (a run directory or its ``metrics.jsonl``), read
     once. Raises FileNotFoundError or ValueError naming the file, line, worker and wave of what is
     missing or malformed."""
-    path = run_log if run_log.endswith(".jsonl") else os.path.join(run_log, "metrics.jsonl")
+    path = run_log_path(run_log)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"WSP replay: no run log at {path}")
     found: List[Dict[int, int]] = [{} for _ in range(workers)]
@@ -78,7 +83,6 @@ def check_replay(versions: Sequence[int], first: int, staleness: int, worker: in
 def check_replay_source(replay: str, run_dir: str) -> None:
     """A replay must not read the run log of the run it starts: rank 0 moves that log aside as the
     run opens it, maybe before another rank has read it."""
-    log = replay if replay.endswith(".jsonl") else os.path.join(replay, "metrics.jsonl")
-    if run_dir and os.path.realpath(log) == os.path.realpath(os.path.join(run_dir, "metrics.jsonl")):
+    if run_dir and os.path.realpath(run_log_path(replay)) == os.path.realpath(run_log_path(run_dir)):
         raise ConfigError(f"async_train.replay: {replay} is this run's own train.run_dir ({run_dir}), whose run "
                           "log a new run moves aside: give the replay another train.run_dir")

@@ -115,6 +115,9 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
         validate_training_config(cfg)
         check_wsp_config(cfg)
         self.cfg, t, a = cfg, cfg.train, cfg.async_train
+        replay = replay if replay is not None else (a.replay or None)
+        if replay is not None:     # a config error: before the data and the plan are built
+            check_replay_source(replay, t.run_dir)
         job = build_job(cfg, pg, log)
         self.pg, self.device, self.say, tables = job.pg, job.device, job.say, job.tables
         self.rank, self.W = self.pg.rank, self.pg.world_size
@@ -166,9 +169,7 @@ class WSPTrainer(WSPCheckpointing, WSPReport):
             self._open_checkpoints()
         self.replay: Optional[List[int]] = None
         """The version each wave from start_version on computes on, where replaying a run's schedule."""
-        replay = replay if replay is not None else (a.replay or None)
         if replay is not None:     # every worker's schedule checked on every rank: all fail alike, none hangs
-            check_replay_source(replay, t.run_dir)
             schedules = replay_versions(replay, self.W, self.waves, self.start_version)
             for r, versions in enumerate(schedules):
                 check_replay(versions, self.start_version, self.staleness, r)
