@@ -17,7 +17,8 @@ whole session (multiprocessing's "forkserver": a rank starts in ~0.05 s where a 
 interpreter takes 1.5-2.5 s to import them, and the suite starts ~150 of them), one torch
 thread (``threads``), ``init_process_group``
 on gloo with a TCP rendezvous on a free port of 127.0.0.1 and a short collective
-``timeout`` (so a rank waiting on a dead peer fails instead of hanging), environment
+``timeout`` (so a rank waiting on a dead peer fails instead of hanging; ``fn`` starts once every
+rank is set up), environment
 RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT set as
 torchrun would. A rank's environment is the caller's at the time of the call plus ``env`` (as a
 spawned process's would be), its working directory and ``sys.path`` the caller's too. What the
@@ -122,6 +123,24 @@ def _context(env: Dict[str, str]):
     return mp.get_context("forkserver" if same else "spawn")
 
 
+def _wait_for_every_rank_set_up(rank: int, world_size: int, timeout_s: float) -> None:
+    """Returns once every rank's ``init_process_group`` has returned. gloo connects a pair of ranks
+    from both ends: a rank can return from its setup while a peer is still connecting its pairs, and
+    a rank whose ``fn`` then ends at once (or leaves its group on purpose) closes them under that
+    peer, which fails in its setup ("Gloo connectFullMesh failed ... Connection closed by peer";
+    tests/distributed/test_distributed_helper.py at seed shift 461) instead of where the test looks.
+    Over the group's store (TCP), not a collective: a barrier could end the same way."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"neo_test_set_up_{rank}", "1")
+    try:
+        store.wait([f"neo_test_set_up_{r}" for r in range(world_size)], datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:                             # DistStoreError: a peer's setup failed or hangs
+        raise RuntimeError(f"rank {rank}: a peer rank's process group setup has probably failed or stalled "
+                           f"(waited {timeout_s:.0f} s for every rank's): {e}") from e
+
+
 def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Callable, args, kwargs,
             results, collective_timeout_s: float, threads: int, env: Dict[str, str]) -> None:
     os.environ.clear()
@@ -134,6 +153,7 @@ def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Ca
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
+        _wait_for_every_rank_set_up(rank, world_size, collective_timeout_s)
         out = fn(rank, world_size, *args, **kwargs)
         buf = io.BytesIO()
         torch.save(out, buf)
