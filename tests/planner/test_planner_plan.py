@@ -240,10 +240,11 @@ def test_a_planner_restricted_to_fewer_kinds_is_seldom_and_little_faster(W, n, m
     are proposed for it). The planner is a heuristic, and the rivals search too: over 30 workloads
     of three families (W 4 n 8, W 8 n 20 and n 40; 791 comparisons, 2026-12-02) a rival predicted a
     less busy busiest rank in 4, by 0.7-2.2% (before the pick was ranked by the plan's own numbers
-    and near proposals' variants were tried: 4, by up to 10.3%). Here, under EPYC_2CORE, the six
-    workloads from ``seed`` that fit and every rival that can be planned: none more than 2.5%
-    faster, more than 0.1% faster in at most one workload, and most of them other plans than the
-    pick."""
+    and near proposals' variants were tried: 4, by up to 10.3%; with six variant bases instead of
+    twelve, at seed shift 487: one by 6.2%, three kind-dropping variants short of it). Here, under
+    EPYC_2CORE, the six workloads from ``seed`` that fit and every rival that can be planned: none
+    more than 2.5% faster, more than 0.1% faster in at most one workload, and most of them other
+    plans than the pick."""
     c = EPYC_2CORE
     topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
     ratios, other_plans, workloads = [], 0, 0
