@@ -157,21 +157,23 @@ def speed(n: int, W: int, L: int, repeat: int) -> dict:
             "partitioner": plan.summary["partitioner"], "proposal": plan.summary["proposal"]}
 
 
-def rivals(seeds: int) -> dict:
+def rivals(seeds: int, start: int = 0) -> dict:
     """The planner's pick against planners restricted to fewer sharding kinds, on the same tables:
     every table forced to one kind (table-, row-, column-wise) and each kind forbidden in turn. A
     restricted planner searches less, but its proposals differ, so it can find a plan the free one
     missed. Three small families (the built-in CPU constants, 8 GiB a rank, batch 1,024), seeds
-    0..``seeds``-1 each; a workload or rival that cannot be placed is left out."""
+    ``start`` .. ``start + seeds - 1`` each; a workload or rival that cannot be placed is left out.
+    ``ratios``: every comparison's pick / rival (busiest rank); ``cases``: those above 1.001."""
     from dataclasses import replace
 
     from neo.planner.constants import builtin_constants
 
     c = builtin_constants("cpu")
-    out = {"comparisons": 0, "rival_faster": 0, "worst_ratio": 1.0, "seconds_free": 0.0, "cases": []}
+    out = {"seeds": [start, start + seeds - 1], "comparisons": 0, "rival_faster": 0, "worst_ratio": 1.0,
+           "seconds_free": 0.0, "cases": [], "ratios": []}
     for W, n, max_rows in ((4, 8, 1e8), (8, 20, 1e6), (8, 40, 1e6)):
         topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
-        for seed in range(seeds):
+        for seed in range(start, start + seeds):
             tables = production_like_tables(n, seed=seed, max_rows=max_rows)
             t0 = time.perf_counter()
             try:
@@ -189,6 +191,7 @@ def rivals(seeds: int) -> dict:
                     continue
                 r = free.summary["max_ms"] / other.summary["max_ms"]
                 out["comparisons"] += 1
+                out["ratios"].append({"world_size": W, "tables": n, "seed": seed, "rival": name, "ratio": round(r, 6)})
                 out["worst_ratio"] = max(out["worst_ratio"], r)
                 if r > 1.001:
                     out["rival_faster"] += 1
@@ -244,6 +247,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rival-seeds", type=nonneg_int, default=None,
                     help="workloads per family of the pick against planners restricted to fewer kinds "
                          "(0: skip; default 10, 0 with --quick)")
+    ap.add_argument("--rival-seed-start", type=nonneg_int, default=0, help="the first seed of --rival-seeds")
     ap.add_argument("--skip-seeds", type=nonneg_int, default=0,
                     help="workloads per family of the pick with skipping against every proposal partitioned "
                          "(default 0: skip)")
@@ -294,9 +298,10 @@ def main(argv=None) -> int:
     if args.rival_seeds is None:
         args.rival_seeds = 0 if args.quick else 10
     if args.rival_seeds:
-        rv = rivals(args.rival_seeds)
+        rv = rivals(args.rival_seeds, args.rival_seed_start)
         records["rivals"] = rv
-        print(f"\nAgainst planners restricted to fewer kinds ({args.rival_seeds} workloads x 3 families): "
+        print(f"\nAgainst planners restricted to fewer kinds ({args.rival_seeds} workloads x 3 families, seeds "
+              f"{rv['seeds'][0]}-{rv['seeds'][1]}): "
               f"{rv['comparisons']} comparisons, a rival faster by more than 0.1% in {rv['rival_faster']}, "
               f"worst pick / rival {rv['worst_ratio']}; the free planner's time {rv['seconds_free']} s")
         for case in rv["cases"]:

@@ -45,3 +45,25 @@ def test_a_case_whose_tables_do_not_fit_reports_each_planners_error():
     case = bench.run_case("tight", 200, 16, 8, 1, 2, torchrec=False)
     assert [r["planner"] for r in case["results"]] == ["greedy", "karmarkar_karp", "refine", "neo (auto)"]
     assert all(r["error"] == str(raised.value)[:200] for r in case["results"]), case["results"]
+
+
+def test_the_rivals_section_starts_at_the_seed_it_is_given():
+    """``--rival-seed-start``: the workloads of seed 491 (at which, under the suite's EPYC_2CORE
+    constants, six variant bases let a rival win by 6.2%): the first family's all-table-wise rival
+    as the planner itself finds it there."""
+    from dataclasses import replace
+
+    from neo.planner import ShardingType, TableConstraints
+    from neo.planner.constants import builtin_constants
+
+    rv = bench.rivals(1, 491)
+    assert rv["seeds"] == [491, 491] and rv["comparisons"] > 0
+    c = builtin_constants("cpu")
+    topo = replace(Topology.uniform(4, 4, hbm_gib=8), batch_size_per_rank=1024)
+    tables = production_like_tables(8, seed=491, max_rows=1e8)        # the oracle: the planner itself
+    free = plan_tables(tables, topo, c)
+    tw = plan_tables([replace(t, constraints=TableConstraints((ShardingType.TABLE_WISE,))) for t in tables], topo, c)
+    ratio = free.summary["max_ms"] / tw.summary["max_ms"]
+    assert [x["ratio"] for x in rv["ratios"] if (x["tables"], x["rival"]) == (8, "uniform table_wise")] == [round(ratio, 6)]
+    assert len(rv["ratios"]) == rv["comparisons"] and all(x["seed"] == 491 for x in rv["ratios"])
+    assert rv["rival_faster"] == len(rv["cases"]) == sum(x["ratio"] > 1.001 for x in rv["ratios"])
