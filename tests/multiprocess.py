@@ -16,9 +16,11 @@ Each process: a fork of a server process that has imported torch and Neo once fo
 whole session (multiprocessing's "forkserver": a rank starts in ~0.05 s where a spawned
 interpreter takes 1.5-2.5 s to import them, and the suite starts ~150 of them), one torch
 thread (``threads``), ``init_process_group``
-on gloo with a TCP rendezvous on a free port of 127.0.0.1 and a short collective
-``timeout`` (so a rank waiting on a dead peer fails instead of hanging; ``fn`` starts once every
-rank is set up), environment
+on gloo with a short collective ``timeout`` (so a rank waiting on a dead peer fails instead of
+hanging; ``fn`` starts once every rank is set up), its rendezvous a TCP store that the calling
+process hosts on a port of 127.0.0.1 it binds itself (as torchrun's agent hosts its workers'
+store: no rank's exit takes the store with it, and no port is chosen and released before a rank
+binds it), environment
 RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT set as
 torchrun would. A rank's environment is the caller's at the time of the call plus ``env`` (as a
 spawned process's would be), its working directory and ``sys.path`` the caller's too. What the
@@ -39,7 +41,6 @@ import datetime
 import io
 import os
 import queue
-import socket
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -47,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["run_multiprocess", "free_port", "child_env", "MultiProcessError", "ROOT"]
+__all__ = ["run_multiprocess", "child_env", "MultiProcessError", "ROOT"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository's root."""
@@ -89,10 +90,15 @@ def _failure_report(world_size: int, failures: Dict[int, str], summaries: Dict[i
             + "\n\n".join(failures[r] for r in ranked))
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _host_store(timeout_s: float):
+    """The ranks' rendezvous store, served from this process on a port it binds itself (port 0,
+    the system's choice, read back), as torchrun's agent serves its workers'. The ranks used to
+    find it on a port chosen here (a socket bound to port 0, read and closed) and bound later by
+    rank 0: another socket could take the port in between, and rank 0's exit ended the store under
+    its peers (tests/distributed/test_distributed_helper.py checks that it no longer does)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 # Modules every rank imports, loaded once into the fork server. Some are not imported with the
@@ -151,8 +157,9 @@ def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Ca
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout)   # a client of the caller's (_host_store)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         _wait_for_every_rank_set_up(rank, world_size, collective_timeout_s)
         out = fn(rank, world_size, *args, **kwargs)
         buf = io.BytesIO()
@@ -191,7 +198,8 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
     full_env = {**os.environ, **(env or {})}
     ctx = _context(full_env)
     results = ctx.Queue()
-    port = free_port()
+    store = _host_store(collective_timeout_s)
+    port = store.port
     procs = [ctx.Process(target=_worker, name=f"neo-rank{r}", daemon=True,
                          args=(r, world_size, L, port, fn, args, kwargs, results, collective_timeout_s, threads,
                                full_env))
@@ -234,6 +242,7 @@ def run_multiprocess(fn: Callable, world_size: int, *args: Any, local_world_size
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5.0)
+        del store                        # the server stops with its last reference
     missing = [r for r in range(world_size) if r not in outputs and r not in failures]
     for r in missing:
         failures[r] = f"rank {r} did not finish in time (timeout {timeout_s:.0f} s or {grace:.0f} s after another rank failed)"

@@ -111,3 +111,35 @@ def test_a_variable_read_at_import_gets_fresh_interpreters():
 
     assert run_multiprocess(_where, 1)[0]["isa"] == _C.cpu_isa()
     assert run_multiprocess(_where, 1, env={"NEO_CPU_ISA": "baseline"})[0]["isa"] == "baseline"
+
+
+def _rank_zero_dies_first(rank, world_size):
+    import os
+    import signal
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("rank0_pid", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    pid = int(store.get("rank0_pid"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:          # until rank 0 is gone (or a zombie: dead, not yet reaped)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("rank 0 did not die")
+    store.set("after", "rank 1 alone")             # the store is the caller's, not rank 0's
+    return store.get("after").decode()
+
+
+def test_the_store_outlives_rank_zero():
+    """The ranks' rendezvous store is served by the calling process, as torchrun's agent serves its
+    workers': a test that kills rank 0 still has a store for the others (heartbeats, waits), and no
+    port is picked and released before a rank binds it. Rank 0 hosted it until 2026-12-07."""
+    assert run_multiprocess(_rank_zero_dies_first, 2, may_die=[0], collective_timeout_s=10, timeout_s=60) == \
+        [None, "rank 1 alone"]
