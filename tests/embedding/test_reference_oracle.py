@@ -15,7 +15,7 @@ from neo.config.embedding import OptimizerConfig, TableConfig
 from neo.embedding import TableBatchedEmbedding
 from neo.sparse import KeyedJaggedBatch
 
-from harness import random_batch
+from harness import assert_pooled_close, random_batch, summation_slack
 
 
 def tables_for(opt: OptimizerConfig, pooling: str = "sum"):
@@ -134,7 +134,11 @@ def test_fused_update_matches_dense_torch_optim(opt, weighted, pooling):
         batch = covering_batch(tables, 6, gen, weighted)
         out = emb(batch)
         expected = dense_forward(tables, oracle.params, batch, pooling)
-        torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-6)
+        # the two sum each bag in their own order, from weights that differ after the first step by
+        # what the updates' rounding left (checked below): a bag whose terms cancel moves by more than
+        # 1e-6 (seed shift 511: 1.17e-6 on a pooled 0.008), within that bound
+        assert_pooled_close(out.detach(), expected.detach(), summation_slack(emb, batch, oracle.params), 1e-5, 1e-6,
+                            f"{kind} step {step} forward")
         grad = torch.randn(out.shape, generator=gen)
         out.backward(grad)
         oracle.zero_grad()
