@@ -157,6 +157,10 @@ def speed(n: int, W: int, L: int, repeat: int) -> dict:
             "partitioner": plan.summary["partitioner"], "proposal": plan.summary["proposal"]}
 
 
+RIVAL_FAMILIES = ((4, 8, 1e8), (8, 20, 1e6), (8, 40, 1e6))
+"""The rivals section's workload families: (ranks, tables, most rows a table)."""
+
+
 def rivals(seeds: int, start: int = 0) -> dict:
     """The planner's pick against planners restricted to fewer sharding kinds, on the same tables:
     every table forced to one kind (table-, row-, column-wise) and each kind forbidden in turn. A
@@ -171,7 +175,7 @@ def rivals(seeds: int, start: int = 0) -> dict:
     c = builtin_constants("cpu")
     out = {"seeds": [start, start + seeds - 1], "comparisons": 0, "rival_faster": 0, "worst_ratio": 1.0,
            "seconds_free": 0.0, "cases": [], "ratios": []}
-    for W, n, max_rows in ((4, 8, 1e8), (8, 20, 1e6), (8, 40, 1e6)):
+    for W, n, max_rows in RIVAL_FAMILIES:
         topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
         for seed in range(start, start + seeds):
             tables = production_like_tables(n, seed=seed, max_rows=max_rows)
@@ -300,8 +304,8 @@ def main(argv=None) -> int:
     if args.rival_seeds:
         rv = rivals(args.rival_seeds, args.rival_seed_start)
         records["rivals"] = rv
-        print(f"\nAgainst planners restricted to fewer kinds ({args.rival_seeds} workloads x 3 families, seeds "
-              f"{rv['seeds'][0]}-{rv['seeds'][1]}): "
+        print(f"\nAgainst planners restricted to fewer kinds ({args.rival_seeds} workloads x {len(RIVAL_FAMILIES)} "
+              f"families, seeds {rv['seeds'][0]}-{rv['seeds'][1]}): "
               f"{rv['comparisons']} comparisons, a rival faster by more than 0.1% in {rv['rival_faster']}, "
               f"worst pick / rival {rv['worst_ratio']}; the free planner's time {rv['seconds_free']} s")
         for case in rv["cases"]:

@@ -64,7 +64,7 @@ def test_the_rivals_section_starts_at_the_seed_it_is_given():
     rivals = {"uniform table_wise": (ShardingType.TABLE_WISE,), "uniform row_wise": (ShardingType.ROW_WISE,),
               "without row_wise": tuple(k for k in ShardingType if k is not ShardingType.ROW_WISE)}
     placed = 0
-    for W, n, max_rows in ((4, 8, 1e8), (8, 20, 1e6), (8, 40, 1e6)):   # the tool's families
+    for W, n, max_rows in bench.RIVAL_FAMILIES:
         topo = replace(Topology.uniform(W, W, hbm_gib=8), batch_size_per_rank=1024)
         tables = production_like_tables(n, seed=491, max_rows=max_rows)     # the oracle: the planner itself
         try:
