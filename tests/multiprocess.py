@@ -129,16 +129,14 @@ def _context(env: Dict[str, str]):
     return mp.get_context("forkserver" if same else "spawn")
 
 
-def _wait_for_every_rank_set_up(rank: int, world_size: int, timeout_s: float) -> None:
+def _wait_for_every_rank_set_up(store, rank: int, world_size: int, timeout_s: float) -> None:
     """Returns once every rank's ``init_process_group`` has returned. gloo connects a pair of ranks
     from both ends: a rank can return from its setup while a peer is still connecting its pairs, and
     a rank whose ``fn`` then ends at once (or leaves its group on purpose) closes them under that
     peer, which fails in its setup ("Gloo connectFullMesh failed ... Connection closed by peer";
     tests/distributed/test_distributed_helper.py at seed shift 461) instead of where the test looks.
-    Over the group's store (TCP), not a collective: a barrier could end the same way."""
-    import torch.distributed as dist
-
-    store = dist.distributed_c10d._get_default_store()
+    Over the ranks' store (the caller's, see _host_store), not a collective: a barrier could end the
+    same way."""
     store.set(f"neo_test_set_up_{rank}", "1")
     try:
         store.wait([f"neo_test_set_up_{r}" for r in range(world_size)], datetime.timedelta(seconds=timeout_s))
@@ -160,7 +158,7 @@ def _worker(rank: int, world_size: int, local_world_size: int, port: int, fn: Ca
         timeout = datetime.timedelta(seconds=collective_timeout_s)
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout)   # a client of the caller's (_host_store)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        _wait_for_every_rank_set_up(rank, world_size, collective_timeout_s)
+        _wait_for_every_rank_set_up(store, rank, world_size, collective_timeout_s)
         out = fn(rank, world_size, *args, **kwargs)
         buf = io.BytesIO()
         torch.save(out, buf)
