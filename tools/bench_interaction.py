@@ -3,6 +3,7 @@
     python tools/bench_interaction.py                              # n = 27, D = 64 and 128, B = 2048, 1 thread
     python tools/bench_interaction.py --isa avx2 --json bench_out/interaction_avx2.json
     python tools/bench_interaction.py --threads 1,2 --all-variants
+    python tools/bench_interaction.py --processes 3 --no-torchrec    # three fresh processes, pooled
 
 Both are ``neo.models.interaction.DotInteraction`` on the same fp32 tensors: ``kernel="auto"``
 (``neo._C``'s fused forward and backward, csrc/kernels/interaction.h, in the ISA variant
@@ -70,6 +71,15 @@ iterations' ratios, ``bench_common.median_ci``) with the machine (CPU model, ISA
 record's paired forward + backward ratio over torch's path by that interval (``target_vs_torch``,
 ``target_verdict``): ``met`` where the whole interval is at or above the target, ``not met``
 where it is below, ``undecided`` where it spans it (then more ``--iters`` narrow it).
+``--processes N``: the whole measurement N times, each in a fresh process, one after another
+(on the Zen 4 VM of 2026-12-07 the same kernel's forward + backward took 3.7 to 4.4 ms at D 64
+from one process to the next: a state of the process's memory, docs/benchmarks.md), and the
+records pooled: per system and shape, every process's timed iterations together (medians, the
+paired ratios each paired within its process, their interval and the verdict over all of
+them; ``processes``), and each process's own record, with its ratios, verdict and floors, in
+``per_process``. The pooled interval treats the iterations as independent draws; where the
+processes differ, their own figures say by how much. Every record keeps its timed iterations
+(``iterations``: ``fwd_ms``, ``bwd_ms`` and ``after``, the system that ran just before each).
 ``fwd_bwd_ms_by_predecessor``: each system's median forward + backward time grouped by the
 system that ran just before it (printed where they differ by more than 5%): what a call finds
 in the caches and the memory map depends on it (on the Zen 4 VM of 2026-12-05, in the order used
@@ -81,8 +91,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -241,9 +255,59 @@ def run_shape(args, D: int, threads: int, machine: dict) -> List[dict]:
         ms = {p: 1e3 * statistics.median(t) for p, t in phase_times(s).items()}
         records.append(dict(system=s.name, features=F, n=n, dim=D, batch=B, threads=threads, **ms,
                             fwd_bwd_ms_by_predecessor=by_predecessor(s),
-                            forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine))
+                            forward_tiles=s.forward_tiles(D), iters=args.iters, machine=machine,
+                            iterations=dict(fwd_ms=[1e3 * t for t in s.times["fwd"]],
+                                            bwd_ms=[1e3 * t for t in s.times["bwd"]], after=list(s.after))))
     add_paired(records, systems)
     return records
+
+
+def pool_processes(runs: List[List[dict]], target: float) -> List[dict]:
+    """The records of several processes' runs (each run_shape's records of every shape, the same
+    systems and shapes in each) as one run's: per system, D and thread count, every process's
+    timed iterations together (medians, times by predecessor, the paired ratios over the
+    iterations of all processes, each paired within its process, their intervals and the
+    verdict), ``processes``, and each process's own record in ``per_process`` (without its
+    iterations and machine)."""
+    def key(r: dict) -> tuple:
+        return r["system"], r["dim"], r["threads"]
+
+    shapes = list(dict.fromkeys((r["dim"], r["threads"]) for r in runs[0]))
+    records: List[dict] = []
+    for shape in shapes:
+        systems, recs = [], []
+        for first in (r for r in runs[0] if (r["dim"], r["threads"]) == shape):
+            mine = [next(r for r in run if key(r) == key(first)) for run in runs]
+            s = System(first["system"], None)
+            for r in mine:
+                s.times["fwd"] += [t / 1e3 for t in r["iterations"]["fwd_ms"]]
+                s.times["bwd"] += [t / 1e3 for t in r["iterations"]["bwd_ms"]]
+                s.after += r["iterations"]["after"]
+            rec = {k: first[k] for k in ("system", "features", "n", "dim", "batch", "threads", "forward_tiles",
+                                         "machine")}
+            rec.update({p: 1e3 * statistics.median(t) for p, t in phase_times(s).items()},
+                       fwd_bwd_ms_by_predecessor=by_predecessor(s), iters=len(s.after), processes=len(runs),
+                       per_process=[{k: v for k, v in r.items() if k not in ("iterations", "machine")} for r in mine])
+            systems.append(s)
+            recs.append(rec)
+        add_paired(recs, systems)
+        records += recs
+    add_verdicts(records, target)
+    return records
+
+
+def print_per_process(records: List[dict]) -> None:
+    """Each Neo record's paired forward + backward ratio over torch's path in each process, with its verdict."""
+    lines = []
+    for r in records:
+        if is_neo(r["system"]) and "speedup_vs_torch_paired" in r:
+            lines.append(f"  {r['system']:<19} D={r['dim']:<4} threads={r['threads']}: " + ", ".join(
+                f"{x['speedup_vs_torch_paired']['fwd_bwd_ms']:.2f}x" + (f" {x['target_verdict']}" if
+                                                                       'target_verdict' in x else "")
+                for x in r["per_process"]))
+    if lines:
+        print("\ntorch / neo per process (paired, fwd+bwd)")
+        print("\n".join(lines))
 
 
 def phase_times(s: System) -> Dict[str, List[float]]:
@@ -438,7 +502,7 @@ def print_by_predecessor(records: List[dict], spread: float = 1.05) -> None:
         print("\n".join(lines))
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--features", type=positive_int, default=26, help="pooled features F (n = F + 1 vectors)")
     p.add_argument("--dims", type=multiple_of_list(4), default=[64, 128],
@@ -455,10 +519,54 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=positive_float, default=5.0,
                    help="the paired forward + backward ratio over torch's path to judge (issue 15: 5x): met, "
                         "not met or undecided by its 95%% interval")
+    p.add_argument("--processes", type=positive_int, default=1,
+                   help="run the whole measurement in this many fresh processes, one after another, and pool "
+                        "their timed iterations (each process's figures printed and kept in per_process)")
     add_isa_arg(p)
     p.add_argument("--json", metavar="FILE", type=json_path)
-    args = p.parse_args(argv)
+    return p
+
+
+def child_argv(args: argparse.Namespace) -> List[str]:
+    """The command line of one measuring process of --processes: every option of ``args`` but
+    --processes and --json."""
+    argv = ["--features", str(args.features), "--dims", ",".join(map(str, args.dims)), "--batch", str(args.batch),
+            "--threads", ",".join(map(str, args.threads)), "--iters", str(args.iters), "--warmup", str(args.warmup),
+            "--target", repr(args.target), "--isa", args.isa]
+    return argv + [flag for flag, on in (("--all-variants", args.all_variants), ("--bounds", args.bounds),
+                                         ("--no-torchrec", not args.torchrec)) if on]
+
+
+def run_processes(args: argparse.Namespace) -> int:
+    """--processes N: the script itself N times, one after another, each in a fresh process with
+    its own records (a temporary JSON); then the pooled records (pool_processes)."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="neo_bench_interaction_") as tmp:
+        for k in range(args.processes):
+            print(f"== process {k + 1} of {args.processes}", flush=True)
+            path = os.path.join(tmp, f"{k}.json")
+            rc = subprocess.call([sys.executable, os.path.abspath(__file__), *child_argv(args), "--json", path])
+            if rc != 0:
+                print(f"process {k + 1} of {args.processes} failed (exit status {rc}): nothing pooled")
+                return rc
+            with open(path) as f:
+                runs.append(json.load(f))
+    records = pool_processes(runs, args.target)
+    print(f"\n== pooled: the {args.processes} processes' timed iterations together")
+    print_records(records)
+    print_per_process(records)
+    if args.bounds:
+        print("(--bounds: each process's floors are in its own records, per_process)")
+    if args.json:
+        write_json(args.json, records)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     apply_isa(args.isa)
+    if args.processes > 1:
+        return run_processes(args)
     start_rank(1, system_malloc=False)
     machine = machine_info(args.isa)
     print(describe_machine(machine))

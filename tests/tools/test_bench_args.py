@@ -24,6 +24,7 @@ CASES = [
     ("bench_gather_probe.py", ["--reps", "0"], "--reps"),
     ("bench_interaction.py", ["--dims", "0"], "--dims"),
     ("bench_interaction.py", ["--iters", "0"], "--iters"),
+    ("bench_interaction.py", ["--processes", "0"], "--processes"),
     ("bench_sequence.py", ["--seq-len", "0"], "--seq-len"),
     ("bench_sequence.py", ["--threads", "0"], "--threads"),
     ("bench_vbe.py", ["--dedup", "0"], "--dedup"),

@@ -3,6 +3,7 @@ the ratios against each peer are the peer's time over Neo's."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -200,3 +201,75 @@ def test_every_record_has_its_times_by_predecessor_and_the_differences_are_print
     out = capsys.readouterr().out
     assert "neo-avx2            D=8    threads=1: after torch 1.00, after torchrec 1.20" in out
     assert "after neo-avx2" not in out   # torch's two medians within 5% of each other: not printed
+
+
+def test_each_measuring_process_gets_every_option_but_processes_and_json():
+    """--processes: child_argv, parsed again, gives back every option of the command line it came
+    from (a new option that child_argv drops fails here), with --processes and --json left out."""
+    parser = bench.build_parser()
+    for argv in ([], ["--features", "7", "--dims", "16,32", "--batch", "64", "--threads", "1,2", "--iters", "5",
+                      "--warmup", "0", "--all-variants", "--bounds", "--no-torchrec", "--target", "4.5",
+                      "--isa", "avx2", "--processes", "3", "--json", "x.json"]):
+        args = parser.parse_args(argv)
+        child = parser.parse_args(bench.child_argv(args))
+        mine = {k: v for k, v in vars(args).items() if k not in ("processes", "json")}
+        assert {k: v for k, v in vars(child).items() if k not in ("processes", "json")} == mine
+        assert child.processes == 1 and child.json is None
+
+
+def fake_run(neo_ms, torch_ms, after_neo, after_torch):
+    """One process's records at D 8, one thread: Neo's and torch's forward + backward times per iteration."""
+    def record(system, ms, after):
+        return dict(system=system, features=5, n=6, dim=8, batch=16, threads=1, forward_tiles=None, machine={},
+                    fwd_ms=0.0, bwd_ms=0.0, fwd_bwd_ms=0.0, target_verdict="process's own",
+                    speedup_vs_torch_paired={"fwd_bwd_ms": 0.0},
+                    iterations=dict(fwd_ms=[m / 2 for m in ms], bwd_ms=[m / 2 for m in ms], after=after))
+    return [record("neo-avx2", neo_ms, after_neo), record("torch", torch_ms, after_torch)]
+
+
+def test_processes_are_pooled_iteration_by_iteration_each_pair_within_its_process(capsys):
+    """pool_processes: medians over every process's iterations, the paired ratios over the pairs of
+    each process (process 1: 10 / 2 and 12 / 2; process 2: 30 / 6 and 36 / 6: ratios 5, 6, 5, 6;
+    pairing across processes would give 10 / 6 or 36 / 2 too), each process's record without its
+    iterations in per_process."""
+    runs = [fake_run([2.0, 2.0], [10.0, 12.0], ["torch"] * 2, ["neo-avx2"] * 2),
+            fake_run([6.0, 6.0], [30.0, 36.0], ["torch", "none"], ["neo-avx2"] * 2)]
+    records = bench.pool_processes(runs, target=5.0)
+    neo, torch_path = records
+    assert (neo["system"], torch_path["system"]) == ("neo-avx2", "torch")
+    assert neo["processes"] == 2 and neo["iters"] == 4
+    assert neo["fwd_bwd_ms"] == pytest.approx(4.0) and torch_path["fwd_bwd_ms"] == pytest.approx(21.0)
+    assert neo["fwd_ms"] == pytest.approx(2.0) and neo["bwd_ms"] == pytest.approx(2.0)
+    assert neo["speedup_vs_torch_paired"]["fwd_bwd_ms"] == pytest.approx(5.5)
+    assert neo["speedup_vs_torch_paired_ci95"]["fwd_bwd_ms"] == pytest.approx([5.0, 6.0])   # 4 ratios: their range
+    assert neo["target_verdict"] == "met" and "target_verdict" not in torch_path
+    assert neo["fwd_bwd_ms_by_predecessor"] == pytest.approx({"torch": 2.0, "none": 6.0})   # 2, 2, 6 after torch
+    assert [p["target_verdict"] for p in neo["per_process"]] == ["process's own"] * 2
+    assert all("iterations" not in p and "machine" not in p for p in neo["per_process"])
+    bench.print_records(records)
+    bench.print_per_process(records)
+    out = capsys.readouterr().out
+    assert "neo-avx2            D=8    threads=1: 0.00x process's own, 0.00x process's own" in out
+
+
+def test_processes_run_apart_and_their_records_are_pooled(tmp_path):
+    """--processes 2 end to end: two child processes, their records pooled into the JSON."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.tools import TOOLS
+
+    out = tmp_path / "p.json"
+    p = subprocess.run([sys.executable, os.path.join(TOOLS, "bench_interaction.py"), "--processes", "2",
+                        "--features", "4", "--dims", "16", "--batch", "32", "--iters", "3", "--warmup", "1",
+                        "--no-torchrec", "--threads", "1", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "== process 2 of 2" in p.stdout and "torch / neo per process" in p.stdout
+    records = json.loads(out.read_text())
+    assert [r["system"] for r in records][-1] == "torch" and records[0]["system"].startswith("neo-")
+    for r in records:
+        assert r["processes"] == 2 and r["iters"] == 6 and len(r["per_process"]) == 2
+        assert all(x["iters"] == 3 for x in r["per_process"])
+    assert "target_verdict" in records[0] and all("target_verdict" in x for x in records[0]["per_process"])
