@@ -462,3 +462,28 @@ def test_a_non_finite_format_is_refused_naming_the_file(tmp_path, fmt):
         resolve_constants(str(flat), CPU, 1)
     with pytest.raises(PlanningError, match=f"cannot use '{re.escape(str(calib))}'.*calibration format .* is not"):
         resolve_constants(str(calib), CPU, 1)
+
+
+def test_the_cache_fit_keeps_a_positive_miss_latency_the_cost_model_accepts():
+    """Cache records whose time the batches and accesses explain alone (each miss's two row moves
+    at host_bw taken out, nothing left for the misses, as on a loaded machine): the fitted miss
+    latency is the 1 ns floor, not 0, and the constants load (``neo plan`` refused a calibration
+    with 0 at seed shift 563, 2026-12-07); where the misses do cost, the fit recovers them."""
+    from dataclasses import replace
+
+    from neo.calibrate import cache_constants
+    from neo.planner.constants import CostConstants
+
+    host_bw, row_bytes = 3e9, 256.0
+    design = [(1.0, 4096.0, 1024.0), (1.0, 65536.0, 30000.0), (1.0, 16384.0, 16000.0)]
+
+    def rows(miss_s):
+        return [{"batches": b, "accesses": a, "misses": m, "row_bytes": row_bytes,
+                 "seconds": 0.3e-3 * b + 0.2e-6 * a + m * (2 * row_bytes / host_bw + miss_s)} for b, a, m in design]
+
+    hidden = cache_constants({"cache": rows(0.0)}, host_bw)
+    assert hidden["cache_miss_latency"] == 1e-9
+    assert hidden["cache_batch_s"] == pytest.approx(0.3e-3, rel=1e-6)
+    replace(CostConstants(), **hidden)                  # validated: a 0 latency raised PlanningError here
+    seen = cache_constants({"cache": rows(1.5e-6)}, host_bw)
+    assert seen["cache_miss_latency"] == pytest.approx(1.5e-6, rel=1e-6)
