@@ -14,7 +14,9 @@ cache, or a cache instead of every row on the device) in the order of the least 
 per byte saved, until they fit. Every proposal is partitioned by greedy, Karmarkar-Karp and
 the refinement, unless its lower bound (:func:`neo.planner.partition.lower_bound`) already
 ranks below the best candidate so far. Then come the variants of the best so far (:func:`variants`: the plan without
-one of its collective kinds, and the uniform plans), which per-table choices cannot reach. The
+one of its collective kinds, and the uniform plans), which per-table choices cannot reach; for the
+best, the proposals without each of its kinds are made at every cap, as the planner makes them
+when the config forbids that kind. The
 feasible result whose busiest rank is least busy wins (the step model's embedding part; within
 0.1%, the lower objective max + imbalance_weight x (max - mean) predicted rank time).
 
@@ -59,7 +61,8 @@ A variant is a base too, so kinds leave one per level: with 6 bases one workload
 ranks, the test suite's seeds shifted by 487) kept a column- and row-wise plan 6.2% slower than the
 all-but-one table-wise plan three levels down, which the same search with row-wise forbidden
 reached; with 12 that and 515 other comparisons against restricted searches showed none faster (a
-1,000-table plan on 128 ranks no slower: 2.09-2.55 s against 2.02-2.37, 2026-12-07)."""
+1,000-table plan on 128 ranks no slower: 2.09-2.55 s against 2.02-2.37, 2026-12-07). The best's
+own kind-dropping proposals come at every cap (:func:`variants`, ``all_caps``; docs/planner.md)."""
 _VARIANT_BASES = 12
 
 
@@ -160,14 +163,19 @@ def _type_codes(options: Sequence[Sequence[Option]]) -> np.ndarray:
 
 
 def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], topo: Topology,
-             c: CostConstants, base: Proposal, work=None) -> List[Proposal]:
+             c: CostConstants, base: Proposal, work=None, all_caps: bool = False) -> List[Proposal]:
     """Proposals the per-table choices of :func:`propose` cannot reach: ``base`` without each
     collective kind it uses (a kind's fixed per-step latency is paid once, by the plan, and so is
     invisible to any one table's choice), and the uniform plans (one sharding type for every
     table). Without a kind, two proposals: the tables of that kind each moved to their least
     work of another type, and, for a base that :func:`propose` made, every table choosing again
     as the base chose (at its theta and memory cap, that kind left out), the proposal the
-    planner makes when the config forbids the kind."""
+    planner makes when the config forbids the kind. ``all_caps`` (the best candidate): every
+    table choosing again at every cap, that kind left out, for any base: all the proposals of
+    the planner the config forbids the kind. At seed shift 559 of the test suite (8 tables on 4
+    ranks, the 2-core EPYC's constants) the best, a table-, column- and row-wise plan at theta
+    0.25, was 5.1% slower than that planner's least-work proposal without table-wise (theta inf),
+    the variant of a proposal whose bound was too far from the best to be a base."""
     work = work or _work_and_memory(tables, options, topo, c)
     totals, sumhbm, cap = work
     out: List[Proposal] = []
@@ -182,8 +190,9 @@ def variants(tables: Sequence[TableSpec], options: Sequence[Sequence[Option]], t
     kinds = {options[k][j].sharding_type for k, j in enumerate(base.choice)}
     base_types = types[np.arange(len(options)), list(base.choice)].tolist()
     for kind in sorted(kinds, key=lambda t: t.value) if len(kinds) > 1 else []:
-        if base.theta is not None:
-            out.extend(propose(tables, options, topo, c, without=kind, caps=[(base.mem_frac, base.theta)], work=work))
+        if all_caps or base.theta is not None:
+            caps = None if all_caps else [(base.mem_frac, base.theta)]
+            out.extend(propose(tables, options, topo, c, without=kind, caps=caps, work=work))
         other = best((types != _CODE[kind]) & (types >= 0))
         choice = [other[k] if base_types[k] == _CODE[kind] else j for k, j in enumerate(base.choice)]
         if None not in choice:
@@ -251,14 +260,15 @@ def _plan(tables: Sequence[TableSpec], topo: Topology, c: CostConstants, partiti
             if best is None:           # proposals whose bound is near it (a few)
                 break
             near = [p for k, _, p in sorted(reach) if k <= best[0][0] + _VARIANT_STEPS and p.choice not in expanded]
-            if best[1].choice not in expanded:
+            all_caps = best[1].choice not in expanded
+            if all_caps:
                 base = best[1]
             elif near and len(expanded) < _VARIANT_BASES:
                 base = near[0]
             else:
                 break
             expanded.add(base.choice)
-            extra = [p for p in variants(tables, options, topo, c, base, work) if p.choice not in tried]
+            extra = [p for p in variants(tables, options, topo, c, base, work, all_caps) if p.choice not in tried]
             tried.update(p.choice for p in extra)
             proposals.extend(extra)
             continue
