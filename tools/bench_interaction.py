@@ -72,9 +72,9 @@ record's paired forward + backward ratio over torch's path by that interval (``t
 ``target_verdict``): ``met`` where the whole interval is at or above the target, ``not met``
 where it is below, ``undecided`` where it spans it (then more ``--iters`` narrow it).
 ``--processes N``: the whole measurement N times, each in a fresh process, one after another
-(on the Zen 4 VM of 2026-12-07 the same kernel's forward + backward took 3.7 to 4.4 ms at D 64
-from one process to the next: a state of the process's memory, docs/benchmarks.md), and the
-records pooled: per system and shape, every process's timed iterations together (medians, the
+(on the Zen 4 VM of 2026-12-07, in one run of ``--processes 3``, Neo's AVX-512 forward +
+backward at D 64, one thread, took 4.24, 3.64 and 3.77 ms in its three processes, the paired
+ratio over torch's path 4.83x, 5.09x and 5.29x: docs/benchmarks.md), and the records pooled: per system and shape, every process's timed iterations together (medians, the
 paired ratios each paired within its process, their interval and the verdict over all of
 them; ``processes``), and each process's own record, with its ratios, verdict and floors, in
 ``per_process``. The pooled interval treats the iterations as independent draws; where the
