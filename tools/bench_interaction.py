@@ -74,9 +74,10 @@ where it is below, ``undecided`` where it spans it (then more ``--iters`` narrow
 ``--processes N``: the whole measurement N times, each in a fresh process, one after another
 (on the Zen 4 VM of 2026-12-07, in one run of ``--processes 3``, Neo's AVX-512 forward +
 backward at D 64, one thread, took 4.24, 3.64 and 3.77 ms in its three processes, the paired
-ratio over torch's path 4.83x, 5.09x and 5.29x: docs/benchmarks.md), and the records pooled: per system and shape, every process's timed iterations together (medians, the
-paired ratios each paired within its process, their interval and the verdict over all of
-them; ``processes``), and each process's own record, with its ratios, verdict and floors, in
+ratio over torch's path 4.83x, 5.09x and 5.29x: docs/benchmarks.md), and the records pooled:
+per system and shape, every process's timed iterations together (medians, the paired ratios
+each paired within its process, their interval and the verdict over all of them;
+``processes``), and each process's own record, with its ratios, verdict and floors, in
 ``per_process``. The pooled interval treats the iterations as independent draws; where the
 processes differ, their own figures say by how much. Every record keeps its timed iterations
 (``iterations``: ``fwd_ms``, ``bwd_ms`` and ``after``, the system that ran just before each).
