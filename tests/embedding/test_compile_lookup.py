@@ -36,6 +36,9 @@ def test_compiled_sequence_lookup_trains_as_eager():
         for step in range(4):
             gen = torch.Generator().manual_seed(step)
             lengths = torch.randint(0, 4, (F * B,), generator=gen)
+            # at least 2 ids a feature: torch specializes a size of 0 or 1 (a feature of 1 id under
+            # --seed-shift 603 recompiled), its generic rule, not the lookup's; empty bags stay
+            lengths[::B] = lengths[::B].clamp(min=2)
             ids = torch.randint(0, ROWS, (int(lengths.sum()),), generator=gen)
             batch = KeyedJaggedBatch(tuple(f"t{i}" for i in range(F)), ids, lengths, B)
             want, got = loss(eager, batch), compiled(twin, batch)
